@@ -1,0 +1,27 @@
+"""Catalogs as data: GPUs, models, precisions and engine profiles, each entry with a source."""
+
+from kvscale.sizing.catalog.loader import (
+    Catalog,
+    CatalogError,
+    EngineProfile,
+    GpuSpec,
+    KvPrecisionSpec,
+    LinkSpec,
+    ModelArch,
+    PrecisionSpec,
+    default_catalog,
+    load_catalog,
+)
+
+__all__ = [
+    "Catalog",
+    "CatalogError",
+    "EngineProfile",
+    "GpuSpec",
+    "KvPrecisionSpec",
+    "LinkSpec",
+    "ModelArch",
+    "PrecisionSpec",
+    "default_catalog",
+    "load_catalog",
+]

@@ -1,0 +1,335 @@
+"""Loads the YAML catalogs into frozen pydantic models and answers look-ups by name."""
+
+from __future__ import annotations
+
+import difflib
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kvscale.sizing.units import GB, GIB
+
+
+class CatalogError(ValueError):
+    """An unknown name or a malformed catalog entry; the message lists what is allowed."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+Efficiency = float
+
+
+class LinkSpec(_Frozen):
+    bandwidth_bytes_per_s_per_direction: float = Field(gt=0)
+    latency_s: float = Field(ge=0)
+    source: str
+
+
+class GpuSpec(_Frozen):
+    name: str
+    vendor: Literal["nvidia", "amd"]
+    memory_gb: float = Field(gt=0, description="Marketed capacity, decimal GB")
+    memory_gib: float = Field(gt=0, description="Capacity the driver reports, GiB")
+    hbm_bandwidth_bytes_per_s: float = Field(gt=0)
+    flops_16bit_per_s: float = Field(gt=0)
+    flops_fp8_per_s: float | None = Field(default=None, gt=0)
+    ops_int8_per_s: float | None = Field(default=None, gt=0)
+    bf16_supported: bool = True
+    link: str
+    gpus_per_node: tuple[int, ...]
+    price_usd_per_gpu_hour: float = Field(gt=0)
+    node_labels: tuple[str, ...]
+    label_key: str = "nvidia.com/gpu.product"
+    resource_name: str = "nvidia.com/gpu"
+    matmul_efficiency: Efficiency = Field(gt=0, le=1)
+    bandwidth_efficiency: Efficiency = Field(gt=0, le=1)
+    source: str
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    @property
+    def max_gpus_per_node(self) -> int:
+        return max(self.gpus_per_node)
+
+    def peak_flops_per_s(self, compute: str) -> float | None:
+        """Dense peak for a compute path ('16bit', 'fp8', 'int8'); None when unsupported."""
+        if compute == "16bit":
+            return self.flops_16bit_per_s
+        if compute == "fp8":
+            return self.flops_fp8_per_s
+        if compute == "int8":
+            return self.ops_int8_per_s
+        raise CatalogError(f"unknown compute path {compute!r}")
+
+
+class ModelArch(_Frozen):
+    name: str
+    layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    params: float = Field(gt=0, description="Total parameters (all experts)")
+    active_params: float | None = Field(default=None, gt=0, description="Parameters per token (MoE)")
+    experts: int = Field(default=1, ge=1)
+    active_experts: int = Field(default=1, ge=1)
+    ffn_activation: Literal["swiglu", "gelu"] = "swiglu"
+    tied_embeddings: bool = False
+    max_context_tokens: int = Field(default=4096, gt=0)
+    aliases: tuple[str, ...] = ()
+    source: str = "user-supplied architecture"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelArch:
+        if self.kv_heads > self.heads:
+            raise ValueError(f"kv_heads ({self.kv_heads}) cannot exceed heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.active_experts > self.experts:
+            raise ValueError("active_experts cannot exceed experts")
+        if self.active_params is not None and self.active_params > self.params:
+            raise ValueError("active_params cannot exceed params")
+        return self
+
+    @property
+    def hf_id(self) -> str:
+        """What an engine loads: the first Hugging Face id among the aliases, else the name."""
+        return next((a for a in self.aliases if "/" in a), self.name)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 1
+
+    @property
+    def ffn_matrices(self) -> int:
+        return 3 if self.ffn_activation == "swiglu" else 2
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of one expert's FFN across all layers (the whole FFN for dense models)."""
+        return float(self.ffn_matrices * self.hidden_size * self.intermediate_size * self.layers)
+
+    @property
+    def params_per_token(self) -> float:
+        """Parameters each token multiplies through: active params for MoE, all for dense."""
+        if self.active_params is not None:
+            return self.active_params
+        if not self.is_moe:
+            return self.params
+        return self.params - (self.experts - self.active_experts) * self.expert_params
+
+    @property
+    def shared_params(self) -> float:
+        """Parameters every token reads regardless of routing (attention, norms, embeddings)."""
+        if not self.is_moe:
+            return self.params
+        return max(self.params - self.experts * self.expert_params, 0.0)
+
+    @classmethod
+    def from_architecture(cls, name: str, **fields: Any) -> ModelArch:
+        """A custom architecture; params derived from the shapes when not given."""
+        if "params" not in fields or fields["params"] is None:
+            fields["params"] = estimate_params(**fields)
+        return cls(name=name, **fields)
+
+
+def estimate_params(
+    *,
+    layers: int,
+    hidden_size: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    vocab_size: int,
+    experts: int = 1,
+    ffn_activation: str = "swiglu",
+    tied_embeddings: bool = False,
+    **_: Any,
+) -> float:
+    """Weights of a decoder-only transformer from its shapes (norms and biases ignored)."""
+    attention = hidden_size * heads * head_dim * 2 + hidden_size * kv_heads * head_dim * 2
+    ffn = (3 if ffn_activation == "swiglu" else 2) * hidden_size * intermediate_size * experts
+    router = hidden_size * experts if experts > 1 else 0
+    embeddings = vocab_size * hidden_size * (1 if tied_embeddings else 2)
+    return float(layers * (attention + ffn + router) + embeddings)
+
+
+class PrecisionSpec(_Frozen):
+    name: str
+    bytes_per_param: float = Field(gt=0)
+    compute: Literal["16bit", "fp8", "int8"]
+    weight_bandwidth_efficiency: Efficiency = Field(gt=0, le=1)
+    vllm_dtype: Literal["bfloat16", "float16"]
+    vllm_quantization: str | None = None
+    source: str
+
+
+class KvPrecisionSpec(_Frozen):
+    name: str
+    bytes_per_element: float = Field(gt=0)
+    source: str
+
+
+class EngineProfile(_Frozen):
+    name: str
+    gpu_memory_utilization: Efficiency = Field(gt=0, le=1)
+    non_torch_memory_bytes: float = Field(ge=0)
+    cuda_graph_memory_bytes: float = Field(ge=0)
+    max_num_batched_tokens: int = Field(gt=0)
+    kv_block_tokens: int = Field(gt=0)
+    max_num_seqs_limit: int = Field(gt=0)
+    decode_layer_overhead_s: float = Field(ge=0)
+    prefill_layer_overhead_s: float = Field(ge=0)
+    step_overhead_s: float = Field(ge=0)
+    prefill_half_efficiency_flops: float = Field(ge=0)
+    allreduce_efficiency: Efficiency = Field(gt=0, le=1)
+    allreduce_hop_latency_s: float = Field(ge=0)
+    tpot_tail_factor: float = Field(ge=1)
+    source: str
+
+
+class Catalog(_Frozen):
+    gpus: dict[str, GpuSpec]
+    models: dict[str, ModelArch]
+    links: dict[str, LinkSpec]
+    precisions: dict[str, PrecisionSpec]
+    kv_cache_precisions: dict[str, KvPrecisionSpec]
+    engines: dict[str, EngineProfile]
+
+    @model_validator(mode="after")
+    def _links_known(self) -> Catalog:
+        for gpu in self.gpus.values():
+            if gpu.link not in self.links:
+                raise ValueError(f"GPU {gpu.name}: unknown link {gpu.link!r}; known: {sorted(self.links)}")
+        return self
+
+    def gpu(self, name: str) -> GpuSpec:
+        return self.gpus[_resolve(name, self.gpus, _gpu_aliases(self.gpus), "GPU type", "kvscale gpus")]
+
+    def model(self, name: str) -> ModelArch:
+        aliases = {alias.lower(): key for key, m in self.models.items() for alias in m.aliases}
+        return self.models[_resolve(name, self.models, aliases, "model", "kvscale models")]
+
+    def precision(self, name: str) -> PrecisionSpec:
+        return self.precisions[_resolve(name, self.precisions, {}, "precision", None)]
+
+    def kv_precision(self, name: str) -> KvPrecisionSpec:
+        return self.kv_cache_precisions[
+            _resolve(name, self.kv_cache_precisions, {}, "KV-cache precision", None)
+        ]
+
+    def engine(self, name: str = "vllm") -> EngineProfile:
+        return self.engines[_resolve(name, self.engines, {}, "engine", None)]
+
+    def link(self, gpu: GpuSpec) -> LinkSpec:
+        return self.links[gpu.link]
+
+    def gpu_for_node_label(self, label_value: str) -> GpuSpec | None:
+        for gpu in self.gpus.values():
+            if label_value in gpu.node_labels:
+                return gpu
+        return None
+
+    def with_prices(self, prices_usd_per_gpu_hour: dict[str, float]) -> Catalog:
+        gpus = dict(self.gpus)
+        for name, price in prices_usd_per_gpu_hour.items():
+            gpu = self.gpu(name)
+            gpus[gpu.name] = gpu.model_copy(update={"price_usd_per_gpu_hour": price})
+        return self.model_copy(update={"gpus": gpus})
+
+
+def _gpu_aliases(gpus: dict[str, GpuSpec]) -> dict[str, str]:
+    aliases = {label.lower(): key for key, g in gpus.items() for label in g.node_labels}
+    aliases.update({"h100": "H100-SXM", "a100": "A100-80GB", "h100-80gb": "H100-SXM"})
+    return aliases
+
+
+def _resolve(
+    name: str, table: dict[str, Any], aliases: dict[str, str], what: str, hint: str | None
+) -> str:
+    if name in table:
+        return name
+    lowered = name.strip().lower()
+    for key in table:
+        if key.lower() == lowered:
+            return key
+    if lowered in aliases:
+        return aliases[lowered]
+    candidates = list(table) + list(aliases)
+    close = difflib.get_close_matches(lowered, [c.lower() for c in candidates], n=3, cutoff=0.6)
+    suggestion = f" Did you mean {', '.join(close)}?" if close else ""
+    listing = f" Run `{hint}` to list them." if hint else ""
+    raise CatalogError(
+        f"unknown {what} {name!r}.{suggestion} Known: {', '.join(sorted(table))}.{listing}"
+    )
+
+
+def _named(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {key: {"name": key, **value} for key, value in (entries or {}).items()}
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise CatalogError(f"cannot read catalog file {path}: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise CatalogError(f"catalog file {path}: top level must be a mapping")
+    return data
+
+
+def _builtin_raw() -> dict[str, Any]:
+    raw: dict[str, Any] = {}
+    package = resources.files("kvscale.sizing.catalog")
+    for filename in ("gpus.yaml", "models.yaml", "precisions.yaml", "engines.yaml"):
+        raw.update(yaml.safe_load(package.joinpath(filename).read_text()) or {})
+    return raw
+
+
+def load_catalog(*overlays: Path) -> Catalog:
+    """The built-in catalog with user files laid over it (new GPUs, models, prices, links).
+
+    An overlay entry for an existing name is merged field by field, so a file holding
+    only `gpus: {H100-SXM: {price_usd_per_gpu_hour: 2.10}}` overrides one price.
+    """
+    raw = _builtin_raw()
+    for path in overlays:
+        extra = _read_yaml(path)
+        unknown = set(extra) - {"gpus", "models", "links", "precisions", "kv_cache_precisions", "engines"}
+        if unknown:
+            raise CatalogError(
+                f"catalog file {path}: unknown sections {sorted(unknown)}; allowed: gpus, models, "
+                "links, precisions, kv_cache_precisions, engines"
+            )
+        for section, entries in extra.items():
+            merged = dict(raw.get(section) or {})
+            for key, value in (entries or {}).items():
+                merged[key] = {**merged.get(key, {}), **(value or {})}
+            raw[section] = merged
+    try:
+        return Catalog(**{section: _named(raw.get(section, {})) for section in (
+            "gpus", "models", "precisions", "kv_cache_precisions", "engines")},
+            links=raw.get("links", {}))
+    except ValidationError as exc:
+        raise CatalogError(f"invalid catalog: {exc}") from exc
+
+
+@cache
+def default_catalog() -> Catalog:
+    return load_catalog()
+
+
+__all__ = ["GB", "Catalog", "CatalogError", "GpuSpec", "ModelArch", "estimate_params", "load_catalog"]

@@ -1,0 +1,116 @@
+"""One serving configuration: a model on a GPU type at a precision and tensor-parallel degree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from kvscale.sizing.catalog import (
+    Catalog,
+    EngineProfile,
+    GpuSpec,
+    KvPrecisionSpec,
+    LinkSpec,
+    ModelArch,
+    PrecisionSpec,
+)
+from kvscale.sizing.memory import MemoryBudget, memory_budget
+
+
+@dataclass(frozen=True)
+class Rates:
+    matmul_flops_per_s: float  # peak x large-matmul efficiency
+    weight_bytes_per_s: float  # HBM x efficiency x the precision's dequantization factor
+    kv_bytes_per_s: float
+    linear_flops_per_token: float  # 2 x active params / tp
+    attention_flops_per_token_per_context: float  # 4 x layers x heads x head_dim / tp
+    dense_weight_bytes: float  # this GPU's whole weight shard
+
+
+class UnsupportedConfig(ValueError):
+    """The combination cannot run at all (not a matter of memory or speed)."""
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    model: ModelArch
+    gpu: GpuSpec
+    link: LinkSpec
+    precision: PrecisionSpec
+    kv: KvPrecisionSpec
+    engine: EngineProfile
+    tensor_parallel: int
+
+    @classmethod
+    def build(
+        cls,
+        catalog: Catalog,
+        model: ModelArch,
+        gpu: GpuSpec,
+        precision: str = "bf16",
+        tensor_parallel: int = 1,
+        kv_cache_precision: str = "auto",
+        engine: str = "vllm",
+    ) -> ServingConfig:
+        return cls(
+            model=model,
+            gpu=gpu,
+            link=catalog.link(gpu),
+            precision=catalog.precision(precision),
+            kv=catalog.kv_precision(kv_cache_precision),
+            engine=catalog.engine(engine),
+            tensor_parallel=tensor_parallel,
+        )
+
+    @cached_property
+    def peak_flops_per_s(self) -> float:
+        """Dense peak of one GPU on the precision's compute path."""
+        peak = self.gpu.peak_flops_per_s(self.precision.compute)
+        if peak is None:
+            raise UnsupportedConfig(self.unsupported_reason() or "unsupported precision")
+        return peak
+
+    @cached_property
+    def rates(self) -> Rates:
+        """Per-GPU rates the step-time formulas divide by, derived once."""
+        m, tp = self.model, self.tensor_parallel
+        kv_bandwidth = self.gpu.hbm_bandwidth_bytes_per_s * self.gpu.bandwidth_efficiency
+        return Rates(
+            matmul_flops_per_s=self.peak_flops_per_s * self.gpu.matmul_efficiency,
+            weight_bytes_per_s=kv_bandwidth * self.precision.weight_bandwidth_efficiency,
+            kv_bytes_per_s=kv_bandwidth,
+            linear_flops_per_token=2.0 * m.params_per_token / tp,
+            attention_flops_per_token_per_context=4.0 * m.layers * m.heads * m.head_dim / tp,
+            dense_weight_bytes=m.params * self.precision.bytes_per_param / tp,
+        )
+
+    @cached_property
+    def memory(self) -> MemoryBudget:
+        return memory_budget(self.model, self.gpu, self.precision, self.kv, self.engine, self.tensor_parallel)
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel
+
+    @property
+    def price_usd_per_hour(self) -> float:
+        return self.gpu.price_usd_per_gpu_hour * self.tensor_parallel
+
+    def unsupported_reason(self) -> str | None:
+        """Why this combination cannot run regardless of load, or None."""
+        tp = self.tensor_parallel
+        if tp not in (1, 2, 4, 8):
+            return f"tensor parallel {tp} is not one of 1, 2, 4, 8"
+        if tp > self.gpu.max_gpus_per_node:
+            return f"tensor parallel {tp} exceeds the {self.gpu.max_gpus_per_node} {self.gpu.name} GPUs a node holds"
+        if self.model.heads % tp:
+            return f"{self.model.heads} attention heads do not split evenly over {tp} GPUs"
+        if self.model.kv_heads % tp and tp % self.model.kv_heads:
+            return f"{self.model.kv_heads} KV heads and tensor parallel {tp} do not divide each other"
+        if self.gpu.peak_flops_per_s(self.precision.compute) is None:
+            return f"{self.gpu.name} has no {self.precision.compute} tensor cores for {self.precision.name}"
+        if self.precision.name == "bf16" and not self.gpu.bf16_supported:
+            return f"{self.gpu.name} has no bfloat16 support; use fp16"
+        if self.kv.name == "fp8" and self.gpu.flops_fp8_per_s is None:
+            return f"{self.gpu.name} has no FP8 support for an fp8 KV cache"
+        return None

@@ -1,0 +1,27 @@
+"""Tensor-parallel communication: the all-reduces each layer pays when weights are split."""
+
+from __future__ import annotations
+
+from kvscale.sizing.catalog import EngineProfile, LinkSpec
+
+ALLREDUCES_PER_LAYER = 2  # after attention's output projection and after the MLP
+ACTIVATION_BYTES = 2.0  # all-reduced activations are 16-bit
+
+
+def allreduce_time_s(message_bytes: float, tensor_parallel: int, link: LinkSpec, engine: EngineProfile) -> float:
+    """Ring all-reduce: 2(n-1)/n of the message crosses each link, plus a latency per hop."""
+    if tensor_parallel <= 1:
+        return 0.0
+    n = tensor_parallel
+    wire_bytes = 2.0 * (n - 1) / n * message_bytes
+    bandwidth = link.bandwidth_bytes_per_s_per_direction * engine.allreduce_efficiency
+    latency = link.latency_s + engine.allreduce_hop_latency_s * (n - 1)
+    return latency + wire_bytes / bandwidth
+
+
+def forward_communication_s(
+    tokens: float, hidden_size: int, layers: int, tensor_parallel: int, link: LinkSpec, engine: EngineProfile
+) -> float:
+    """All-reduce time of one forward pass over `tokens` tokens."""
+    message = tokens * hidden_size * ACTIVATION_BYTES
+    return layers * ALLREDUCES_PER_LAYER * allreduce_time_s(message, tensor_parallel, link, engine)

@@ -1,0 +1,326 @@
+"""The planner: every GPU type x tensor-parallel degree x precision, the cheapest (or fastest)
+that meets the SLO, and for every other candidate the reason it lost."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvscale.sizing.catalog import Catalog, GpuSpec, ModelArch
+from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.load import LoadPoint, ReplicaModel
+from kvscale.sizing.queueing import replicas_for_rate
+from kvscale.sizing.units import GIB, format_duration
+from kvscale.sizing.workload import Slo, Workload
+
+Objective = Literal["cost", "latency"]
+Verdict = Literal["chosen", "alternative", "rejected"]
+TENSOR_PARALLEL_DEGREES = (1, 2, 4, 8)
+DEFAULT_HEADROOM = 0.10
+FULLY_RANKED = 5  # alternatives evaluated in full, beyond the chosen one
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a feasible candidate is predicted to do at the requested load."""
+
+    max_batch: int
+    replicas: int
+    rate_per_replica_max: float  # the most one replica sustains within the SLO
+    ttft_p_s: float  # at the requested load spread over `replicas`
+    tpot_p_s: float
+    throughput_tokens_per_s: float  # generated tokens per second per replica at max rate
+    limited_by: str
+    mbu: float
+    mfu: float
+    kv_cache_tokens: int
+    weights_bytes_per_gpu: float
+    cost_usd_per_hour: float
+
+
+@dataclass(frozen=True)
+class Candidate:
+    gpu: str
+    tensor_parallel: int
+    precision: str
+    kv_cache_precision: str
+    verdict: Verdict
+    reason: str
+    prediction: Prediction | None = None
+    # For SLO misses: the best this candidate can do, to say what would make it feasible.
+    best_ttft_s: float | None = None
+    best_tpot_s: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpu} x{self.tensor_parallel} {self.precision}"
+
+    @property
+    def total_gpus(self) -> int:
+        return self.tensor_parallel * (self.prediction.replicas if self.prediction else 1)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    model: ModelArch
+    workload: Workload
+    slo: Slo
+    gpus: tuple[str, ...] = ()  # empty: every catalog type
+    tensor_parallel: tuple[int, ...] = TENSOR_PARALLEL_DEGREES
+    precisions: tuple[str, ...] = ("bf16",)
+    kv_cache_precision: str = "auto"
+    objective: Objective = "cost"
+    headroom: float = DEFAULT_HEADROOM
+    max_replicas: int | None = None
+    gpu_limits: Mapping[str, int] | None = None  # free GPUs per type (cluster inventory)
+    engine: str = "vllm"
+
+
+@dataclass(frozen=True)
+class Plan:
+    request: PlanRequest
+    chosen: Candidate | None
+    alternatives: tuple[Candidate, ...]
+    rejected: tuple[Candidate, ...]
+    suggestions: tuple[str, ...] = field(default=())
+
+    @property
+    def feasible(self) -> bool:
+        return self.chosen is not None
+
+    @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        head = (self.chosen,) if self.chosen else ()
+        return head + self.alternatives + self.rejected
+
+
+def _reject(cfg: ServingConfig, reason: str, **extra: float | None) -> Candidate:
+    return Candidate(cfg.gpu.name, cfg.tensor_parallel, cfg.precision.name, cfg.kv.name, "rejected", reason, **extra)  # type: ignore[arg-type]
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class _Screened:
+    """A candidate that passed the load-independent checks, with its optimistic bound."""
+
+    cfg: ServingConfig
+    replica: ReplicaModel
+    max_batch: int
+    idle: LoadPoint
+    bound: float  # lower bound of the ranking metric: cost at no-queueing capacity, or idle latency
+
+
+def _screen(cfg: ServingConfig, request: PlanRequest) -> Candidate | _Screened:
+    """Load-independent verdicts: can it run, does it fit, can it ever meet the SLO."""
+    unsupported = cfg.unsupported_reason()
+    if unsupported:
+        return _reject(cfg, unsupported)
+    mem = cfg.memory
+    if not mem.fits:
+        return _reject(
+            cfg,
+            f"does not fit: {_gib(mem.weights_bytes)} of weights + {_gib(mem.reserve_bytes)} engine reserve per GPU "
+            f"exceed the {_gib(mem.usable_bytes)} usable of {cfg.gpu.name}",
+        )
+    replica = ReplicaModel(cfg, request.workload)
+    if not replica.max_context_fits:
+        return _reject(
+            cfg,
+            f"KV cache holds {mem.kv_capacity_tokens} tokens per replica, less than one sequence of "
+            f"max context {request.workload.engine_max_context_tokens}",
+        )
+    slo = request.slo
+    idle = replica.zero_load(slo.percentile)
+    max_batch = replica.tpot_batch_limit(slo.tpot_s)
+    if max_batch < 1:
+        return _reject(
+            cfg,
+            f"TPOT {format_duration(idle.tpot_p_s)} at batch 1 exceeds the {format_duration(slo.tpot_s)} target",
+            best_ttft_s=idle.ttft_p_s, best_tpot_s=idle.tpot_p_s,
+        )
+    if idle.ttft_p_s > slo.ttft_s:
+        return _reject(
+            cfg,
+            f"TTFT {format_duration(idle.ttft_p_s)} with no load exceeds the {format_duration(slo.ttft_s)} target",
+            best_ttft_s=idle.ttft_p_s, best_tpot_s=idle.tpot_p_s,
+        )
+    if request.objective == "latency":
+        bound = idle.ttft_p_s + request.workload.output_tokens * idle.tpot_p_s
+    else:
+        optimistic = replicas_for_rate(request.workload.requests_per_s, replica.capacity_rate_per_s(max_batch), request.headroom)
+        bound = optimistic * cfg.price_usd_per_hour
+    return _Screened(cfg, replica, max_batch, idle, bound)
+
+
+def _evaluate(s: _Screened, request: PlanRequest) -> Candidate:
+    """The load-dependent part: the rate one replica sustains, replicas, predictions."""
+    cfg, replica, slo = s.cfg, s.replica, request.slo
+    rate_max = replica.max_rate_meeting(slo, s.max_batch)
+    if rate_max <= 0:
+        return _reject(cfg, "meets neither target under any load", best_ttft_s=s.idle.ttft_p_s, best_tpot_s=s.idle.tpot_p_s)
+    replicas = replicas_for_rate(request.workload.requests_per_s, rate_max, request.headroom)
+    if request.max_replicas is not None and replicas > request.max_replicas:
+        return _reject(cfg, f"needs {replicas} replicas, more than maxReplicas {request.max_replicas}")
+    if request.gpu_limits is not None:
+        free = request.gpu_limits.get(cfg.gpu.name, 0)
+        if replicas * cfg.tensor_parallel > free:
+            return _reject(cfg, f"needs {replicas * cfg.tensor_parallel} {cfg.gpu.name} GPUs, the cluster has {free} free")
+    at_load = replica.at_rate(request.workload.requests_per_s / replicas, s.max_batch, slo.percentile)
+    at_max = replica.at_rate(rate_max, s.max_batch, slo.percentile)
+    kv_bound = s.max_batch == replica.kv_max_batch and at_max.concurrency >= 0.9 * s.max_batch
+    mem = cfg.memory
+    prediction = Prediction(
+        max_batch=s.max_batch,
+        replicas=replicas,
+        rate_per_replica_max=rate_max,
+        ttft_p_s=at_load.ttft_p_s,
+        tpot_p_s=at_load.tpot_p_s,
+        throughput_tokens_per_s=rate_max * request.workload.output_tokens,
+        limited_by="kv-capacity" if kv_bound else at_max.decode.limited_by,
+        mbu=at_max.decode.mbu,
+        mfu=at_max.decode.mfu,
+        kv_cache_tokens=mem.kv_capacity_tokens,
+        weights_bytes_per_gpu=mem.weights_bytes,
+        cost_usd_per_hour=replicas * cfg.price_usd_per_hour,
+    )
+    return Candidate(cfg.gpu.name, cfg.tensor_parallel, cfg.precision.name, cfg.kv.name, "alternative", "", prediction)
+
+
+def _metric(candidate: Candidate, objective: Objective, output_tokens: int) -> float:
+    p = candidate.prediction
+    assert p is not None
+    if objective == "latency":
+        return p.ttft_p_s + output_tokens * p.tpot_p_s
+    return p.cost_usd_per_hour
+
+
+def _rank_key(candidate: Candidate, objective: Objective, output_tokens: int) -> tuple[float | str | int, ...]:
+    p = candidate.prediction
+    assert p is not None
+    latency = p.ttft_p_s + output_tokens * p.tpot_p_s
+    tie = (candidate.total_gpus, candidate.gpu, candidate.tensor_parallel, candidate.precision)
+    if objective == "latency":
+        return (round(latency, 6), round(p.cost_usd_per_hour, 6), *tie)
+    return (round(p.cost_usd_per_hour, 6), round(latency, 6), *tie)
+
+
+def _loss_reason(candidate: Candidate, chosen: Candidate, objective: Objective, output_tokens: int) -> str:
+    p, c = candidate.prediction, chosen.prediction
+    assert p is not None and c is not None
+    if objective == "latency":
+        mine = p.ttft_p_s + output_tokens * p.tpot_p_s
+        best = c.ttft_p_s + output_tokens * c.tpot_p_s
+        if mine > best + 1e-9:
+            return f"slower: {format_duration(mine)} per request vs {format_duration(best)}"
+    if p.cost_usd_per_hour > c.cost_usd_per_hour + 1e-9:
+        return (
+            f"costs ${p.cost_usd_per_hour:.2f}/h ({p.replicas} replica(s) x {candidate.tensor_parallel} GPU(s)) "
+            f"vs ${c.cost_usd_per_hour:.2f}/h"
+        )
+    return "ties on cost and latency; lost the deterministic tie-break (fewer GPUs, then name)"
+
+
+def _suggestions(request: PlanRequest, rejected: Iterable[Candidate]) -> tuple[str, ...]:
+    """For an infeasible SLO: the closest candidates and what would make them feasible."""
+    slo = request.slo
+    near: list[tuple[float, Candidate]] = []
+    for c in rejected:
+        if c.best_ttft_s is None or c.best_tpot_s is None:
+            continue
+        gap = max(c.best_ttft_s / slo.ttft_s, c.best_tpot_s / slo.tpot_s)
+        near.append((gap, c))
+    near.sort(key=lambda item: (item[0], item[1].gpu, item[1].tensor_parallel, item[1].precision))
+    lines = []
+    for _, c in near[:3]:
+        assert c.best_ttft_s is not None and c.best_tpot_s is not None
+        needs = []
+        if c.best_ttft_s > slo.ttft_s:
+            needs.append(f"--ttft {_ceil_ms(c.best_ttft_s * 1.1)}")
+        if c.best_tpot_s > slo.tpot_s:
+            needs.append(f"--tpot {_ceil_ms(c.best_tpot_s * 1.1)}")
+        lines.append(
+            f"{c.label}: best TTFT {format_duration(c.best_ttft_s)}, TPOT {format_duration(c.best_tpot_s)}; "
+            f"feasible with {' '.join(needs)} (or a larger tensor-parallel degree / faster GPU)"
+        )
+    if not lines:
+        lines.append("no candidate fits in memory: allow larger GPUs, a higher tensor-parallel degree, or a smaller precision (e.g. --precision bf16,fp8,int4)")
+    return tuple(lines)
+
+
+def _ceil_ms(seconds: float) -> str:
+    return f"{math.ceil(seconds * 1000)}ms"
+
+
+def configurations(catalog: Catalog, request: PlanRequest) -> list[ServingConfig]:
+    gpus: list[GpuSpec] = [catalog.gpu(g) for g in request.gpus] if request.gpus else list(catalog.gpus.values())
+    return [
+        ServingConfig.build(catalog, request.model, gpu, precision, tp, request.kv_cache_precision, request.engine)
+        for gpu in gpus
+        for tp in request.tensor_parallel
+        for precision in request.precisions
+    ]
+
+
+def plan(catalog: Catalog, request: PlanRequest) -> Plan:
+    """Ranks every configuration; the best feasible one is chosen, the rest say why they lost.
+
+    Candidates are fully evaluated (queueing, replicas) in order of an optimistic bound on
+    the objective; once that bound exceeds the FULLY_RANKED-th best full result, the rest
+    cannot place above it and keep the bound as their stated reason.
+    """
+    rejected: list[Candidate] = []
+    screened: list[_Screened] = []
+    for cfg in configurations(catalog, request):
+        verdict = _screen(cfg, request)
+        (rejected if isinstance(verdict, Candidate) else screened).append(verdict)  # type: ignore[arg-type]
+    screened.sort(key=lambda s: (s.bound, s.cfg.gpus, s.cfg.gpu.name, s.cfg.tensor_parallel, s.cfg.precision.name))
+    out = request.workload.output_tokens
+    feasible: list[Candidate] = []
+    outranked: list[_Screened] = []
+    for s in screened:
+        metrics = sorted(_metric(c, request.objective, out) for c in feasible)
+        if len(metrics) >= FULLY_RANKED and s.bound > metrics[FULLY_RANKED - 1] + 1e-9:
+            outranked.append(s)
+            continue
+        candidate = _evaluate(s, request)
+        (feasible if candidate.prediction else rejected).append(candidate)
+    rejected.sort(key=lambda c: (c.gpu, c.tensor_parallel, c.precision))
+    feasible.sort(key=lambda c: _rank_key(c, request.objective, out))
+    if not feasible:
+        return Plan(request, None, (), tuple(rejected), _suggestions(request, rejected))
+    best = feasible[0]
+    chosen = Candidate(best.gpu, best.tensor_parallel, best.precision, best.kv_cache_precision, "chosen",
+                       _chosen_reason(best, request.objective, len(feasible) + len(outranked)), best.prediction)
+    alternatives = [
+        Candidate(c.gpu, c.tensor_parallel, c.precision, c.kv_cache_precision, "alternative",
+                  _loss_reason(c, best, request.objective, out), c.prediction)
+        for c in feasible[1:]
+    ]
+    alternatives += [_outranked(s, best, request.objective) for s in outranked]
+    return Plan(request, chosen, tuple(alternatives), tuple(rejected))
+
+
+def _outranked(s: _Screened, best: Candidate, objective: Objective) -> Candidate:
+    cfg = s.cfg
+    if objective == "latency":
+        reason = f"slower: at least {format_duration(s.bound)} per request even with no load"
+    else:
+        assert best.prediction is not None
+        reason = f"costs at least ${s.bound:.2f}/h vs ${best.prediction.cost_usd_per_hour:.2f}/h"
+    return Candidate(cfg.gpu.name, cfg.tensor_parallel, cfg.precision.name, cfg.kv.name, "alternative", reason)
+
+
+def _chosen_reason(best: Candidate, objective: Objective, feasible_count: int) -> str:
+    p = best.prediction
+    assert p is not None
+    what = "cheapest" if objective == "cost" else "fastest"
+    return (
+        f"{what} of {feasible_count} feasible: {p.replicas} replica(s) x {best.tensor_parallel} {best.gpu} at "
+        f"${p.cost_usd_per_hour:.2f}/h, each up to {p.rate_per_replica_max:.2f} req/s within the SLO, "
+        f"batch limit {p.max_batch}, limited by {p.limited_by}"
+    )

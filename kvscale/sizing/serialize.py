@@ -1,0 +1,94 @@
+"""Plans and predictions as plain dicts (JSON for the CLI, status for the operator).
+
+Times leave in milliseconds with `_ms` in the key; everything else keeps its SI unit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvscale.sizing.batching import BatchPrediction
+from kvscale.sizing.planner import Candidate, Plan
+from kvscale.sizing.units import GIB
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 3)
+
+
+def candidate_to_dict(c: Candidate) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "gpu": c.gpu,
+        "tensor_parallel": c.tensor_parallel,
+        "precision": c.precision,
+        "kv_cache_precision": c.kv_cache_precision,
+        "verdict": c.verdict,
+        "reason": c.reason,
+    }
+    p = c.prediction
+    if p is not None:
+        out.update(
+            replicas=p.replicas,
+            gpus_total=p.replicas * c.tensor_parallel,
+            max_batch=p.max_batch,
+            rate_per_replica_max=round(p.rate_per_replica_max, 4),
+            ttft_ms=_ms(p.ttft_p_s),
+            tpot_ms=_ms(p.tpot_p_s),
+            throughput_tokens_per_s=round(p.throughput_tokens_per_s, 1),
+            limited_by=p.limited_by,
+            mbu=round(p.mbu, 4),
+            mfu=round(p.mfu, 4),
+            kv_cache_tokens=p.kv_cache_tokens,
+            weights_gib_per_gpu=round(p.weights_bytes_per_gpu / GIB, 2),
+            cost_usd_per_hour=round(p.cost_usd_per_hour, 4),
+        )
+    if c.best_ttft_s is not None:
+        out["best_ttft_ms"] = _ms(c.best_ttft_s)
+    if c.best_tpot_s is not None:
+        out["best_tpot_ms"] = _ms(c.best_tpot_s)
+    return out
+
+
+def plan_to_dict(plan: Plan, engine_args: list[str] | None = None) -> dict[str, Any]:
+    r = plan.request
+    chosen = candidate_to_dict(plan.chosen) if plan.chosen else None
+    if chosen is not None and engine_args is not None:
+        chosen["engine_args"] = engine_args
+    return {
+        "feasible": plan.feasible,
+        "model": r.model.name,
+        "objective": r.objective,
+        "workload": {
+            "input_tokens": r.workload.input_tokens,
+            "output_tokens": r.workload.output_tokens,
+            "requests_per_s": r.workload.requests_per_s,
+            "max_context_tokens": r.workload.engine_max_context_tokens,
+        },
+        "slo": {"ttft_ms": _ms(r.slo.ttft_s), "tpot_ms": _ms(r.slo.tpot_s), "percentile": r.slo.percentile},
+        "headroom": r.headroom,
+        "chosen": chosen,
+        "alternatives": [candidate_to_dict(c) for c in plan.alternatives],
+        "rejected": [candidate_to_dict(c) for c in plan.rejected],
+        "suggestions": list(plan.suggestions),
+    }
+
+
+def prediction_to_dict(p: BatchPrediction, weights_bytes_per_gpu: float) -> dict[str, Any]:
+    return {
+        "fits": p.fits,
+        "batch": p.batch,
+        "input_tokens": p.input_tokens,
+        "output_tokens": p.output_tokens,
+        "ttft_ms": _ms(p.ttft_s),
+        "tpot_ms": _ms(p.tpot_s),
+        "latency_ms": _ms(p.latency_s),
+        "throughput_tokens_per_s": None if p.throughput_tokens_per_s is None else round(p.throughput_tokens_per_s, 2),
+        "requests_per_s": None if p.requests_per_s is None else round(p.requests_per_s, 4),
+        "kv_cache_tokens": p.kv_cache_tokens,
+        "max_batch": p.max_batch,
+        "limited_by": p.limited_by,
+        "mbu": None if p.decode is None else round(p.decode.mbu, 4),
+        "mfu": None if p.decode is None else round(p.decode.mfu, 4),
+        "prefill_mfu": None if p.prefill is None else round(p.prefill.mfu, 4),
+        "weights_gib_per_gpu": round(weights_bytes_per_gpu / GIB, 3),
+    }
