@@ -38,13 +38,20 @@ EXIT_INFEASIBLE = 1
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON instead of a table.")]
 CatalogOpt = Annotated[
     list[Path] | None,
-    typer.Option("--catalog", help="YAML file laid over the built-in catalog (extra GPUs, models, prices). Repeatable."),
+    typer.Option(
+        "--catalog", help="YAML file laid over the built-in catalog (extra GPUs, models, prices). Repeatable."
+    ),
 ]
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Catalog name, alias (e.g. a Hugging Face id) or a YAML file with a custom architecture.")]
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model", "-m", help="Catalog name, alias (e.g. a Hugging Face id) or a YAML file with a custom architecture."
+    ),
+]
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -66,7 +73,7 @@ def _model(catalog: Catalog, name: str) -> ModelArch:
                 fail(f"--model {name}: expected a mapping of architecture fields (layers, hidden_size, heads, ...)")
             model_name = str(fields.pop("name", path.stem))
             return ModelArch.from_architecture(model_name, **fields)
-        except (yaml.YAMLError, ValidationError, TypeError) as exc:
+        except (yaml.YAMLError, ValidationError, ValueError, TypeError) as exc:
             fail(f"--model {name}: invalid architecture: {exc}")
     try:
         return catalog.model(name)
@@ -104,15 +111,33 @@ def gpus(catalog: CatalogOpt = None, as_json: JsonOpt = False) -> None:
         _print_json(rows)
         return
     table = Table(title="GPU catalog (dense peaks; efficiencies apart)")
-    for col in ("GPU", "mem GiB", "HBM GB/s", "16-bit TFLOPS", "8-bit TFLOPS", "link", "$/GPU-h", "matmul eff", "bw eff", "node label"):
+    for col in (
+        "GPU",
+        "mem GiB",
+        "HBM GB/s",
+        "16-bit TFLOPS",
+        "8-bit TFLOPS",
+        "link",
+        "$/GPU-h",
+        "matmul eff",
+        "bw eff",
+        "node label",
+    ):
         table.add_column(col)
     for g in cat.gpus.values():
         eight = g.flops_fp8_per_s or g.ops_int8_per_s
         suffix = "" if g.flops_fp8_per_s else " (int8)"
         table.add_row(
-            g.name, f"{g.memory_gib:g}", f"{g.hbm_bandwidth_bytes_per_s / 1e9:.0f}", f"{g.flops_16bit_per_s / 1e12:.0f}",
-            f"{(eight or 0) / 1e12:.0f}{suffix}", g.link, f"{g.price_usd_per_gpu_hour:.2f}",
-            f"{g.matmul_efficiency:.2f}", f"{g.bandwidth_efficiency:.2f}", g.node_labels[0],
+            g.name,
+            f"{g.memory_gib:g}",
+            f"{g.hbm_bandwidth_bytes_per_s / 1e9:.0f}",
+            f"{g.flops_16bit_per_s / 1e12:.0f}",
+            f"{(eight or 0) / 1e12:.0f}{suffix}",
+            g.link,
+            f"{g.price_usd_per_gpu_hour:.2f}",
+            f"{g.matmul_efficiency:.2f}",
+            f"{g.bandwidth_efficiency:.2f}",
+            g.node_labels[0],
         )
     console.print(table)
 
@@ -125,14 +150,35 @@ def models(catalog: CatalogOpt = None, as_json: JsonOpt = False) -> None:
         _print_json([m.model_dump() for m in cat.models.values()])
         return
     table = Table(title="Model catalog")
-    for col in ("model", "layers", "hidden", "heads", "kv heads", "head dim", "FFN", "vocab", "params", "KV KiB/token (16-bit)"):
+    for col in (
+        "model",
+        "layers",
+        "hidden",
+        "heads",
+        "kv heads",
+        "head dim",
+        "FFN",
+        "vocab",
+        "params",
+        "KV KiB/token (16-bit)",
+    ):
         table.add_column(col)
     for m in cat.models.values():
         kv = 2 * m.layers * m.kv_heads * m.head_dim * 2 / 1024
         ffn = f"{m.intermediate_size} x{m.experts}, top-{m.active_experts}" if m.is_moe else str(m.intermediate_size)
         params = f"{m.params / 1e9:.2f}B" + (f" ({m.params_per_token / 1e9:.1f}B active)" if m.is_moe else "")
-        table.add_row(m.name, str(m.layers), str(m.hidden_size), str(m.heads), str(m.kv_heads), str(m.head_dim), ffn,
-                      str(m.vocab_size), params, f"{kv:.0f}")
+        table.add_row(
+            m.name,
+            str(m.layers),
+            str(m.hidden_size),
+            str(m.heads),
+            str(m.kv_heads),
+            str(m.head_dim),
+            ffn,
+            str(m.vocab_size),
+            params,
+            f"{kv:.0f}",
+        )
     console.print(table)
 
 
@@ -164,14 +210,20 @@ def plan_cmd(
     input_tokens: Annotated[int, typer.Option("--input", help="Typical prompt tokens.")],
     output_tokens: Annotated[int, typer.Option("--output", help="Typical generated tokens.")],
     percentile: Annotated[float, typer.Option(help="SLO percentile, in [50, 100).")] = 95.0,
-    max_context: Annotated[int | None, typer.Option("--max-context", help="Longest context the engine must accept (--max-model-len).")] = None,
+    max_context: Annotated[
+        int | None, typer.Option("--max-context", help="Longest context the engine must accept (--max-model-len).")
+    ] = None,
     gpu: Annotated[str | None, typer.Option(help="Allowed GPU types, comma-separated (default: all).")] = None,
     tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree (1, 2, 4, 8).")] = None,
-    precision: Annotated[str, typer.Option(help="Allowed weight precisions, comma-separated: bf16, fp16, fp8, int8, int4.")] = "bf16",
+    precision: Annotated[
+        str, typer.Option(help="Allowed weight precisions, comma-separated: bf16, fp16, fp8, int8, int4.")
+    ] = "bf16",
     kv_cache_precision: Annotated[str, typer.Option("--kv-cache-precision", help="auto, fp16 or fp8.")] = "auto",
     objective: Annotated[str, typer.Option(help="cost (cheapest meeting the SLO) or latency (fastest).")] = "cost",
     headroom: Annotated[float, typer.Option(help="Spare capacity kept per replica, as a fraction.")] = DEFAULT_HEADROOM,
-    max_replicas: Annotated[int | None, typer.Option("--max-replicas", help="Reject plans needing more replicas.")] = None,
+    max_replicas: Annotated[
+        int | None, typer.Option("--max-replicas", help="Reject plans needing more replicas.")
+    ] = None,
     show: Annotated[int, typer.Option(help="Alternatives to list in the table.")] = 8,
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
@@ -195,9 +247,16 @@ def plan_cmd(
     except ValueError as exc:
         fail(str(exc))
     request = PlanRequest(
-        model=arch, workload=workload, slo=slo, gpus=gpus, tensor_parallel=_tp_values(tp), precisions=precisions,
-        kv_cache_precision=kv_cache_precision, objective=objective,  # type: ignore[arg-type]
-        headroom=headroom, max_replicas=max_replicas,
+        model=arch,
+        workload=workload,
+        slo=slo,
+        gpus=gpus,
+        tensor_parallel=_tp_values(tp),
+        precisions=precisions,
+        kv_cache_precision=kv_cache_precision,
+        objective=objective,  # type: ignore[arg-type]
+        headroom=headroom,
+        max_replicas=max_replicas,
     )
     result = plan(cat, request)
     args = _engine_args(cat, result)
@@ -228,10 +287,14 @@ def _render_plan(result: Plan, args: list[str] | None, show: int) -> None:
     c = result.chosen
     if c is not None and c.prediction is not None:
         p = c.prediction
-        console.print(f"\n[bold green]Plan:[/] {p.replicas} x {c.tensor_parallel} {c.gpu} ({c.precision}), max batch {p.max_batch}, "
-                      f"${p.cost_usd_per_hour:.2f}/h")
-        console.print(f"  predicted p{r.slo.percentile:g} TTFT {p.ttft_p_s * 1e3:.0f} ms, TPOT {p.tpot_p_s * 1e3:.1f} ms at this load; "
-                      f"{p.rate_per_replica_max:.2f} req/s per replica max; limited by {p.limited_by}; MBU {p.mbu:.0%}, MFU {p.mfu:.0%}")
+        console.print(
+            f"\n[bold green]Plan:[/] {p.replicas} x {c.tensor_parallel} {c.gpu} ({c.precision}), max batch {p.max_batch}, "
+            f"${p.cost_usd_per_hour:.2f}/h"
+        )
+        console.print(
+            f"  predicted p{r.slo.percentile:g} TTFT {p.ttft_p_s * 1e3:.0f} ms, TPOT {p.tpot_p_s * 1e3:.1f} ms at this load; "
+            f"{p.rate_per_replica_max:.2f} req/s per replica max; limited by {p.limited_by}; MBU {p.mbu:.0%}, MFU {p.mfu:.0%}"
+        )
         console.print(f"  why: {c.reason}")
         if args:
             console.print(f"  engine: vllm serve {r.model.hf_id} {' '.join(args)}", highlight=False)
@@ -245,8 +308,15 @@ def _render_plan(result: Plan, args: list[str] | None, show: int) -> None:
             table.add_column(col)
         for alt in result.alternatives[:show]:
             d = candidate_to_dict(alt)
-            table.add_row(alt.label, str(d.get("replicas", "")), str(d.get("max_batch", "")),
-                          _fmt(d.get("ttft_ms")), _fmt(d.get("tpot_ms")), _fmt(d.get("cost_usd_per_hour"), 2), alt.reason)
+            table.add_row(
+                alt.label,
+                str(d.get("replicas", "")),
+                str(d.get("max_batch", "")),
+                _fmt(d.get("ttft_ms")),
+                _fmt(d.get("tpot_ms")),
+                _fmt(d.get("cost_usd_per_hour"), 2),
+                alt.reason,
+            )
         if len(result.alternatives) > show:
             table.caption = f"{len(result.alternatives) - show} more; --json lists all"
         console.print(table)
@@ -296,16 +366,21 @@ def predict(
     if as_json:
         _print_json(data)
     else:
-        table = Table(title=f"{cfg.model.name} on {tp} x {cfg.gpu.name} ({precision}), batch {batch}, {input_tokens} in / {output_tokens} out")
+        table = Table(
+            title=f"{cfg.model.name} on {tp} x {cfg.gpu.name} ({precision}), batch {batch}, {input_tokens} in / {output_tokens} out"
+        )
         table.add_column("quantity")
         table.add_column("value")
         for key, value in data.items():
             table.add_row(key, str(value))
         console.print(table)
     if not cfg.memory.fits:
-        fail(f"{cfg.model.name} does not fit on {tp} x {cfg.gpu.name}: {cfg.memory.weights_bytes / GIB:.1f} GiB of weights per GPU "
-             f"+ {cfg.memory.reserve_bytes / GIB:.1f} GiB reserve > {cfg.memory.usable_bytes / GIB:.1f} GiB usable; "
-             "raise --tp or lower --precision", EXIT_INFEASIBLE)
+        fail(
+            f"{cfg.model.name} does not fit on {tp} x {cfg.gpu.name}: {cfg.memory.weights_bytes / GIB:.1f} GiB of weights per GPU "
+            f"+ {cfg.memory.reserve_bytes / GIB:.1f} GiB reserve > {cfg.memory.usable_bytes / GIB:.1f} GiB usable; "
+            "raise --tp or lower --precision",
+            EXIT_INFEASIBLE,
+        )
 
 
 @app.command()
@@ -316,7 +391,9 @@ def roofline(
     precision: Annotated[str, typer.Option(help="Weight precision.")] = "bf16",
     input_tokens: Annotated[int, typer.Option("--input")] = 512,
     output_tokens: Annotated[int, typer.Option("--output")] = 256,
-    png: Annotated[Path | None, typer.Option(help="Write the throughput-latency curve and roofline to this PNG.")] = None,
+    png: Annotated[
+        Path | None, typer.Option(help="Write the throughput-latency curve and roofline to this PNG.")
+    ] = None,
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -325,10 +402,17 @@ def roofline(
     cfg = _config(cat, model, gpu, tp, precision, "auto")
     curve = throughput_latency_curve(cfg, _positive(input_tokens, "--input"), _positive(output_tokens, "--output"))
     if not curve[0].fits:
-        fail(f"{cfg.model.name} does not fit on {tp} x {cfg.gpu.name} at {precision}; raise --tp or lower --precision", EXIT_INFEASIBLE)
+        fail(
+            f"{cfg.model.name} does not fit on {tp} x {cfg.gpu.name} at {precision}; raise --tp or lower --precision",
+            EXIT_INFEASIBLE,
+        )
     data = {
-        "model": cfg.model.name, "gpu": cfg.gpu.name, "tensor_parallel": tp, "precision": precision,
-        "ops_per_byte": round(ops_per_byte(cfg), 2), "ideal_batch": round(ideal_batch(cfg), 1),
+        "model": cfg.model.name,
+        "gpu": cfg.gpu.name,
+        "tensor_parallel": tp,
+        "precision": precision,
+        "ops_per_byte": round(ops_per_byte(cfg), 2),
+        "ideal_batch": round(ideal_batch(cfg), 1),
         "points": [prediction_to_dict(p, cfg.memory.weights_bytes) for p in curve],
     }
     if png is not None:
@@ -338,14 +422,23 @@ def roofline(
     if as_json:
         _print_json(data)
         return
-    console.print(f"{cfg.gpu.name} {precision}: ops:byte {data['ops_per_byte']}, B* = {data['ideal_batch']} "
-                  "(decode is bandwidth-bound below B*, compute-bound above)")
+    console.print(
+        f"{cfg.gpu.name} {precision}: ops:byte {data['ops_per_byte']}, B* = {data['ideal_batch']} "
+        "(decode is bandwidth-bound below B*, compute-bound above)"
+    )
     table = Table(title=f"{cfg.model.name} on {tp} x {cfg.gpu.name}, {input_tokens} in / {output_tokens} out")
     for col in ("batch", "TTFT ms", "TPOT ms", "tokens/s", "limited by", "MBU", "MFU"):
         table.add_column(col)
     for p in data["points"]:  # type: ignore[attr-defined]
-        table.add_row(str(p["batch"]), _fmt(p["ttft_ms"]), _fmt(p["tpot_ms"], 2), _fmt(p["throughput_tokens_per_s"], 0),
-                      p["limited_by"], f"{p['mbu']:.0%}", f"{p['mfu']:.0%}")
+        table.add_row(
+            str(p["batch"]),
+            _fmt(p["ttft_ms"]),
+            _fmt(p["tpot_ms"], 2),
+            _fmt(p["throughput_tokens_per_s"], 0),
+            p["limited_by"],
+            f"{p['mbu']:.0%}",
+            f"{p['mfu']:.0%}",
+        )
     console.print(table)
     if png is not None:
         console.print(f"wrote {png}")

@@ -7,10 +7,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from kvscale.sizing.batching import BatchPrediction  # noqa: E402
-from kvscale.sizing.config import ServingConfig  # noqa: E402
+from kvscale.sizing.batching import BatchPrediction
+from kvscale.sizing.config import ServingConfig
 
 
 def draw_roofline(cfg: ServingConfig, curve: list[BatchPrediction], path: Path) -> None:

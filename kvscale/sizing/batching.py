@@ -62,7 +62,9 @@ def predict_batch(cfg: ServingConfig, batch: int, input_tokens: int, output_toke
     dec = decode_step(cfg, batch, input_tokens + output_tokens / 2.0)
     fits = batch <= max_batch
     limited_by = dec.limited_by if fits else "kv-capacity"
-    return BatchPrediction(batch, input_tokens, output_tokens, fits, mem.kv_capacity_tokens, max_batch, limited_by, pre, dec)
+    return BatchPrediction(
+        batch, input_tokens, output_tokens, fits, mem.kv_capacity_tokens, max_batch, limited_by, pre, dec
+    )
 
 
 def batch_sizes(max_batch: int) -> list[int]:

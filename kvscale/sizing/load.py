@@ -56,7 +56,9 @@ class ReplicaModel:
         mem = self.cfg.memory
         if not mem.fits:
             return 0
-        by_kv = max_batch_for_context(mem.kv_capacity_tokens, self.workload.context_tokens, self.cfg.engine.kv_block_tokens)
+        by_kv = max_batch_for_context(
+            mem.kv_capacity_tokens, self.workload.context_tokens, self.cfg.engine.kv_block_tokens
+        )
         return min(by_kv, self.cfg.engine.max_num_seqs_limit)
 
     @property
@@ -90,7 +92,17 @@ class ReplicaModel:
         prefill_share = rate_per_s * s_p
         if prefill_share >= 1.0 or rate_per_s >= self.capacity_rate_per_s(max_batch):
             step = self.decode(max_batch)
-            return LoadPoint(rate_per_s, max_batch, float(max_batch), s_p, step, math.inf, math.inf, math.inf, min(prefill_share, 1.0))
+            return LoadPoint(
+                rate_per_s,
+                max_batch,
+                float(max_batch),
+                s_p,
+                step,
+                math.inf,
+                math.inf,
+                math.inf,
+                min(prefill_share, 1.0),
+            )
         concurrency = min(rate_per_s * (s_p + out * self.decode(1).seconds), float(max_batch))
         for _ in range(2):  # converges fast: step time grows slowly with batch
             step = self.decode(math.ceil(concurrency))
@@ -119,6 +131,7 @@ class ReplicaModel:
 
     def max_rate_meeting(self, slo: Slo, max_batch: int) -> float:
         """Highest arrival rate at which p-TTFT and p-TPOT both meet the SLO (0 when none)."""
+
         def meets(rate: float) -> bool:
             point = self.at_rate(rate, max_batch, slo.percentile)
             return point.ttft_p_s <= slo.ttft_s and point.tpot_p_s <= slo.tpot_s

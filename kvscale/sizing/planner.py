@@ -141,18 +141,22 @@ def _screen(cfg: ServingConfig, request: PlanRequest) -> Candidate | _Screened:
         return _reject(
             cfg,
             f"TPOT {format_duration(idle.tpot_p_s)} at batch 1 exceeds the {format_duration(slo.tpot_s)} target",
-            best_ttft_s=idle.ttft_p_s, best_tpot_s=idle.tpot_p_s,
+            best_ttft_s=idle.ttft_p_s,
+            best_tpot_s=idle.tpot_p_s,
         )
     if idle.ttft_p_s > slo.ttft_s:
         return _reject(
             cfg,
             f"TTFT {format_duration(idle.ttft_p_s)} with no load exceeds the {format_duration(slo.ttft_s)} target",
-            best_ttft_s=idle.ttft_p_s, best_tpot_s=idle.tpot_p_s,
+            best_ttft_s=idle.ttft_p_s,
+            best_tpot_s=idle.tpot_p_s,
         )
     if request.objective == "latency":
         bound = idle.ttft_p_s + request.workload.output_tokens * idle.tpot_p_s
     else:
-        optimistic = replicas_for_rate(request.workload.requests_per_s, replica.capacity_rate_per_s(max_batch), request.headroom)
+        optimistic = replicas_for_rate(
+            request.workload.requests_per_s, replica.capacity_rate_per_s(max_batch), request.headroom
+        )
         bound = optimistic * cfg.price_usd_per_hour
     return _Screened(cfg, replica, max_batch, idle, bound)
 
@@ -162,14 +166,18 @@ def _evaluate(s: _Screened, request: PlanRequest) -> Candidate:
     cfg, replica, slo = s.cfg, s.replica, request.slo
     rate_max = replica.max_rate_meeting(slo, s.max_batch)
     if rate_max <= 0:
-        return _reject(cfg, "meets neither target under any load", best_ttft_s=s.idle.ttft_p_s, best_tpot_s=s.idle.tpot_p_s)
+        return _reject(
+            cfg, "meets neither target under any load", best_ttft_s=s.idle.ttft_p_s, best_tpot_s=s.idle.tpot_p_s
+        )
     replicas = replicas_for_rate(request.workload.requests_per_s, rate_max, request.headroom)
     if request.max_replicas is not None and replicas > request.max_replicas:
         return _reject(cfg, f"needs {replicas} replicas, more than maxReplicas {request.max_replicas}")
     if request.gpu_limits is not None:
         free = request.gpu_limits.get(cfg.gpu.name, 0)
         if replicas * cfg.tensor_parallel > free:
-            return _reject(cfg, f"needs {replicas * cfg.tensor_parallel} {cfg.gpu.name} GPUs, the cluster has {free} free")
+            return _reject(
+                cfg, f"needs {replicas * cfg.tensor_parallel} {cfg.gpu.name} GPUs, the cluster has {free} free"
+            )
     at_load = replica.at_rate(request.workload.requests_per_s / replicas, s.max_batch, slo.percentile)
     at_max = replica.at_rate(rate_max, s.max_batch, slo.percentile)
     kv_bound = s.max_batch == replica.kv_max_batch and at_max.concurrency >= 0.9 * s.max_batch
@@ -248,7 +256,9 @@ def _suggestions(request: PlanRequest, rejected: Iterable[Candidate]) -> tuple[s
             f"feasible with {' '.join(needs)} (or a larger tensor-parallel degree / faster GPU)"
         )
     if not lines:
-        lines.append("no candidate fits in memory: allow larger GPUs, a higher tensor-parallel degree, or a smaller precision (e.g. --precision bf16,fp8,int4)")
+        lines.append(
+            "no candidate fits in memory: allow larger GPUs, a higher tensor-parallel degree, or a smaller precision (e.g. --precision bf16,fp8,int4)"
+        )
     return tuple(lines)
 
 
@@ -294,11 +304,25 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
     if not feasible:
         return Plan(request, None, (), tuple(rejected), _suggestions(request, rejected))
     best = feasible[0]
-    chosen = Candidate(best.gpu, best.tensor_parallel, best.precision, best.kv_cache_precision, "chosen",
-                       _chosen_reason(best, request.objective, len(feasible) + len(outranked)), best.prediction)
+    chosen = Candidate(
+        best.gpu,
+        best.tensor_parallel,
+        best.precision,
+        best.kv_cache_precision,
+        "chosen",
+        _chosen_reason(best, request.objective, len(feasible) + len(outranked)),
+        best.prediction,
+    )
     alternatives = [
-        Candidate(c.gpu, c.tensor_parallel, c.precision, c.kv_cache_precision, "alternative",
-                  _loss_reason(c, best, request.objective, out), c.prediction)
+        Candidate(
+            c.gpu,
+            c.tensor_parallel,
+            c.precision,
+            c.kv_cache_precision,
+            "alternative",
+            _loss_reason(c, best, request.objective, out),
+            c.prediction,
+        )
         for c in feasible[1:]
     ]
     alternatives += [_outranked(s, best, request.objective) for s in outranked]

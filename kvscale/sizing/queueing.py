@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-
 _FAR_BELOW_SIGMAS = 7.0
 _WARM_START_SIGMAS = 6.0
 

@@ -70,7 +70,7 @@ def expected_experts_touched(experts: int, active_experts: int, tokens: float) -
     """Distinct experts a layer loads when `tokens` tokens each pick active_experts at random."""
     if experts <= 1:
         return 1.0
-    untouched_share = (1.0 - active_experts / experts) ** tokens
+    untouched_share: float = (1.0 - active_experts / experts) ** tokens
     return experts * (1.0 - untouched_share)
 
 

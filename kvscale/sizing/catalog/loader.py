@@ -138,6 +138,10 @@ class ModelArch(_Frozen):
     @classmethod
     def from_architecture(cls, name: str, **fields: Any) -> ModelArch:
         """A custom architecture; params derived from the shapes when not given."""
+        required = ("layers", "hidden_size", "heads", "kv_heads", "head_dim", "intermediate_size", "vocab_size")
+        missing = [f for f in required if f not in fields]
+        if missing:
+            raise ValueError(f"architecture {name!r} lacks {', '.join(missing)}; give all of {', '.join(required)}")
         if "params" not in fields or fields["params"] is None:
             fields["params"] = estimate_params(**fields)
         return cls(name=name, **fields)
@@ -225,9 +229,7 @@ class Catalog(_Frozen):
         return self.precisions[_resolve(name, self.precisions, {}, "precision", None)]
 
     def kv_precision(self, name: str) -> KvPrecisionSpec:
-        return self.kv_cache_precisions[
-            _resolve(name, self.kv_cache_precisions, {}, "KV-cache precision", None)
-        ]
+        return self.kv_cache_precisions[_resolve(name, self.kv_cache_precisions, {}, "KV-cache precision", None)]
 
     def engine(self, name: str = "vllm") -> EngineProfile:
         return self.engines[_resolve(name, self.engines, {}, "engine", None)]
@@ -255,9 +257,7 @@ def _gpu_aliases(gpus: dict[str, GpuSpec]) -> dict[str, str]:
     return aliases
 
 
-def _resolve(
-    name: str, table: dict[str, Any], aliases: dict[str, str], what: str, hint: str | None
-) -> str:
+def _resolve(name: str, table: dict[str, Any], aliases: dict[str, str], what: str, hint: str | None) -> str:
     if name in table:
         return name
     lowered = name.strip().lower()
@@ -270,9 +270,7 @@ def _resolve(
     close = difflib.get_close_matches(lowered, [c.lower() for c in candidates], n=3, cutoff=0.6)
     suggestion = f" Did you mean {', '.join(close)}?" if close else ""
     listing = f" Run `{hint}` to list them." if hint else ""
-    raise CatalogError(
-        f"unknown {what} {name!r}.{suggestion} Known: {', '.join(sorted(table))}.{listing}"
-    )
+    raise CatalogError(f"unknown {what} {name!r}.{suggestion} Known: {', '.join(sorted(table))}.{listing}")
 
 
 def _named(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -320,9 +318,15 @@ def load_catalog(*overlays: Path) -> Catalog:
                 merged[key] = {**merged.get(key, {}), **(value or {})}
             raw[section] = merged
     try:
-        return Catalog(**{section: _named(raw.get(section, {})) for section in (
-            "gpus", "models", "precisions", "kv_cache_precisions", "engines")},
-            links=raw.get("links", {}))
+        return Catalog.model_validate(
+            {
+                **{
+                    section: _named(raw.get(section, {}))
+                    for section in ("gpus", "models", "precisions", "kv_cache_precisions", "engines")
+                },
+                "links": raw.get("links", {}),
+            }
+        )
     except ValidationError as exc:
         raise CatalogError(f"invalid catalog: {exc}") from exc
 

@@ -1,0 +1,325 @@
+"""The CLI contract: names, JSON keys, exit codes and messages for bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from kvscale.cli import app
+
+runner = CliRunner()
+PLAN = [
+    "plan",
+    "--model",
+    "llama-3.1-8b",
+    "--ttft",
+    "500ms",
+    "--tpot",
+    "50ms",
+    "--rps",
+    "10",
+    "--input",
+    "512",
+    "--output",
+    "256",
+]
+
+
+def run_json(*args: str) -> Any:
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_gpus_and_models_list_the_catalog() -> None:
+    gpus = run_json("gpus")
+    assert {g["name"] for g in gpus} >= {"H100-SXM", "T4", "MI300X"}
+    models = run_json("models")
+    assert "llama-3.3-70b" in {m["name"] for m in models}
+
+
+def test_plan_json_contract() -> None:
+    data = run_json(*PLAN)
+    assert isinstance(data, dict) and data["feasible"] is True
+    chosen = data["chosen"]
+    for key in (
+        "gpu",
+        "tensor_parallel",
+        "precision",
+        "max_batch",
+        "replicas",
+        "ttft_ms",
+        "tpot_ms",
+        "limited_by",
+        "mbu",
+        "mfu",
+        "cost_usd_per_hour",
+        "reason",
+        "engine_args",
+    ):
+        assert key in chosen
+    assert chosen["ttft_ms"] <= 500 and chosen["tpot_ms"] <= 50
+    assert "--max-num-seqs" in chosen["engine_args"]
+    assert all(r["reason"] for r in data["rejected"]) and all(a["reason"] for a in data["alternatives"])
+
+
+def test_plan_pins_narrow_the_search() -> None:
+    data = run_json(*PLAN, "--gpu", "H100-SXM", "--tp", "2", "--precision", "fp8")
+    assert isinstance(data, dict)
+    chosen = data["chosen"]
+    assert (chosen["gpu"], chosen["tensor_parallel"], chosen["precision"]) == ("H100-SXM", 2, "fp8")
+    assert "--quantization" in chosen["engine_args"]
+
+
+def test_predict_json_contract() -> None:
+    data = run_json(
+        "predict",
+        "--model",
+        "llama-2-7b",
+        "--gpu",
+        "A100-80GB",
+        "--tp",
+        "1",
+        "--precision",
+        "bf16",
+        "--batch",
+        "8",
+        "--input",
+        "512",
+        "--output",
+        "128",
+    )
+    assert isinstance(data, dict)
+    for key in (
+        "fits",
+        "ttft_ms",
+        "tpot_ms",
+        "throughput_tokens_per_s",
+        "kv_cache_tokens",
+        "max_batch",
+        "limited_by",
+        "mbu",
+        "mfu",
+    ):
+        assert key in data
+    assert data["fits"] is True
+    expected = 8 * 128 / (data["ttft_ms"] / 1e3 + 128 * data["tpot_ms"] / 1e3)
+    assert data["throughput_tokens_per_s"] == pytest.approx(expected, rel=1e-3)
+
+
+def test_roofline_png(tmp_path: Path) -> None:
+    png = tmp_path / "roof.png"
+    result = runner.invoke(
+        app, ["roofline", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--png", str(png), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["ideal_batch"] > 100 and len(data["points"]) >= 5
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            [
+                "plan",
+                "--model",
+                "gpt-9",
+                "--ttft",
+                "1s",
+                "--tpot",
+                "50ms",
+                "--rps",
+                "1",
+                "--input",
+                "10",
+                "--output",
+                "10",
+            ],
+            "unknown model 'gpt-9'",
+        ),
+        (
+            [
+                "plan",
+                "--model",
+                "llama-2-7b",
+                "--ttft",
+                "soon",
+                "--tpot",
+                "50ms",
+                "--rps",
+                "1",
+                "--input",
+                "10",
+                "--output",
+                "10",
+            ],
+            "--ttft: cannot read 'soon'",
+        ),
+        (
+            [
+                "plan",
+                "--model",
+                "llama-2-7b",
+                "--ttft",
+                "1s",
+                "--tpot",
+                "-5ms",
+                "--rps",
+                "1",
+                "--input",
+                "10",
+                "--output",
+                "10",
+            ],
+            "--tpot",
+        ),
+        (
+            [
+                "plan",
+                "--model",
+                "llama-2-7b",
+                "--ttft",
+                "1s",
+                "--tpot",
+                "50ms",
+                "--rps",
+                "1",
+                "--input",
+                "10",
+                "--output",
+                "10",
+                "--gpu",
+                "V100",
+            ],
+            "unknown GPU type 'V100'",
+        ),
+        (
+            [
+                "plan",
+                "--model",
+                "llama-2-7b",
+                "--ttft",
+                "1s",
+                "--tpot",
+                "50ms",
+                "--rps",
+                "1",
+                "--input",
+                "0",
+                "--output",
+                "10",
+            ],
+            "--input must be a positive",
+        ),
+        (
+            [
+                "plan",
+                "--model",
+                "llama-2-7b",
+                "--ttft",
+                "1s",
+                "--tpot",
+                "50ms",
+                "--rps",
+                "1",
+                "--input",
+                "10",
+                "--output",
+                "10",
+                "--tp",
+                "3",
+            ],
+            "--tp must be one of",
+        ),
+        (
+            [
+                "predict",
+                "--model",
+                "llama-2-7b",
+                "--gpu",
+                "A100-80GB",
+                "--precision",
+                "fp8",
+                "--batch",
+                "1",
+                "--input",
+                "1",
+                "--output",
+                "1",
+            ],
+            "no fp8",
+        ),
+    ],
+)
+def test_bad_input_exits_non_zero_naming_the_field(args: list[str], message: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.stderr.split())
+
+
+def test_model_that_fits_nowhere_exits_with_the_fix() -> None:
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            "--model",
+            "llama-3.1-405b",
+            "--ttft",
+            "2s",
+            "--tpot",
+            "100ms",
+            "--rps",
+            "1",
+            "--input",
+            "512",
+            "--output",
+            "128",
+            "--gpu",
+            "L4,T4,A10G",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "No candidate meets the SLO" in result.stdout
+    assert "does not fit" in result.stdout
+
+
+def test_custom_architecture_file(tmp_path: Path) -> None:
+    arch = tmp_path / "tiny.yaml"
+    arch.write_text(
+        "name: tiny\nlayers: 4\nhidden_size: 512\nheads: 8\nkv_heads: 2\nhead_dim: 64\nintermediate_size: 1024\nvocab_size: 1000\n"
+    )
+    data = run_json(
+        "plan",
+        "--model",
+        str(arch),
+        "--ttft",
+        "500ms",
+        "--tpot",
+        "50ms",
+        "--rps",
+        "1",
+        "--input",
+        "100",
+        "--output",
+        "10",
+    )
+    assert isinstance(data, dict) and data["model"] == "tiny" and data["feasible"]
+    arch.write_text("layers: four\n")
+    result = runner.invoke(
+        app,
+        ["plan", "--model", str(arch), "--ttft", "1s", "--tpot", "1s", "--rps", "1", "--input", "1", "--output", "1"],
+    )
+    assert result.exit_code == 2 and "invalid architecture" in result.stderr
+
+
+def test_console_script_runs_as_a_process() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kvscale.cli", *PLAN, "--json"], capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout)["feasible"] is True

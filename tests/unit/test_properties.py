@@ -1,0 +1,68 @@
+"""Monotonicity properties the model must keep whatever its factors."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvscale.sizing.catalog import default_catalog
+from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.load import ReplicaModel
+from kvscale.sizing.memory import kv_bytes_per_token
+from kvscale.sizing.roofline import decode_step, prefill
+from kvscale.sizing.workload import Workload
+
+CAT = default_catalog()
+MODELS = ["llama-2-7b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "mixtral-8x7b", "gemma-7b"]
+GPUS = ["A100-80GB", "H100-SXM", "H200", "L40S", "B200", "MI300X"]
+
+
+def config(model: str, gpu: str, tp: int = 1) -> ServingConfig:
+    return ServingConfig.build(CAT, CAT.model(model), CAT.gpu(gpu), "bf16", tp)
+
+
+@given(st.sampled_from(MODELS), st.sampled_from(GPUS), st.floats(1.01, 4.0), st.integers(1, 512), st.integers(16, 8192))
+def test_more_bandwidth_never_slower(model: str, gpu: str, factor: float, batch: int, context: int) -> None:
+    base = config(model, gpu)
+    faster_gpu = base.gpu.model_copy(update={"hbm_bandwidth_bytes_per_s": base.gpu.hbm_bandwidth_bytes_per_s * factor})
+    faster = ServingConfig(base.model, faster_gpu, base.link, base.precision, base.kv, base.engine, 1)
+    assert decode_step(faster, batch, context).seconds <= decode_step(base, batch, context).seconds
+    assert prefill(faster, 1, context).seconds <= prefill(base, 1, context).seconds
+
+
+@given(st.sampled_from(MODELS), st.sampled_from(GPUS), st.integers(1, 1023), st.integers(16, 4096))
+def test_larger_batch_never_lower_throughput_before_the_knee(model: str, gpu: str, batch: int, context: int) -> None:
+    c = config(model, gpu)
+    small, large = decode_step(c, batch, context), decode_step(c, batch + 1, context)
+    if large.limited_by == "bandwidth":
+        assert (batch + 1) / large.seconds >= batch / small.seconds
+    assert large.seconds >= small.seconds  # a bigger step never takes less time
+
+
+@given(st.sampled_from(MODELS), st.integers(1, 16))
+def test_more_kv_per_token_never_more_capacity(model: str, extra_kv_heads_factor: int) -> None:
+    base = config(model, "A100-80GB")
+    heavier_model = base.model.model_copy(update={"head_dim": base.model.head_dim * (1 + extra_kv_heads_factor)})
+    heavier = ServingConfig(heavier_model, base.gpu, base.link, base.precision, base.kv, base.engine, 1)
+    assert kv_bytes_per_token(heavier_model, base.kv) > kv_bytes_per_token(base.model, base.kv)
+    assert heavier.memory.kv_capacity_tokens <= base.memory.kv_capacity_tokens
+
+
+@settings(max_examples=40)
+@given(st.sampled_from(MODELS), st.sampled_from(GPUS), st.floats(0.05, 0.95))
+def test_ttft_grows_with_load(model: str, gpu: str, share: float) -> None:
+    replica = ReplicaModel(config(model, gpu), Workload(512, 128, 1.0))
+    batch = max(1, replica.kv_max_batch // 2)
+    capacity = replica.capacity_rate_per_s(batch)
+    lighter = replica.at_rate(capacity * share * 0.5, batch, 95)
+    heavier = replica.at_rate(capacity * share, batch, 95)
+    assert heavier.ttft_p_s >= lighter.ttft_p_s
+    assert heavier.tpot_p_s >= lighter.tpot_p_s
+
+
+@given(st.sampled_from(MODELS), st.sampled_from(["A100-80GB", "H100-SXM"]))
+def test_more_tensor_parallel_never_less_kv_capacity(model: str, gpu: str) -> None:
+    capacities = [
+        config(model, gpu, tp).memory.kv_capacity_tokens
+        for tp in (1, 2, 4, 8)
+        if config(model, gpu, tp).unsupported_reason() is None
+    ]
+    assert capacities == sorted(capacities)
