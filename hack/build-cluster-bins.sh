@@ -79,6 +79,20 @@ build_installable() {   # name module/path@version
   rm -rf "$gobin"
 }
 
+kwok_stages() {
+  # kwok ships its lifecycle stages as YAML inside its module, not in the binary:
+  # Nodes become Ready and renew leases, Pods bound to them run, complete and delete.
+  [ -f "$bin_dir/kwok-stages.yaml" ] && return 0
+  local dir; dir="$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage"
+  [ -d "$dir" ] || (cd "$(mktemp -d)" && go mod download "sigs.k8s.io/kwok@$KWOK_VERSION")
+  local out="$bin_dir/kwok-stages.yaml.tmp"; : > "$out"
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+           pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    printf -- '---\n' >> "$out"; cat "$dir/$f" >> "$out"
+  done
+  mv "$out" "$bin_dir/kwok-stages.yaml"
+}
+
 install_prometheus() {
   if command -v prometheus >/dev/null && command -v promtool >/dev/null; then return 0; fi
   log "installing prometheus from Debian's packages"
@@ -93,5 +107,6 @@ install_prometheus
 build_k8s
 build_installable kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 build_installable helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+kwok_stages
 log "ready: $bin_dir"
 echo "$bin_dir"
