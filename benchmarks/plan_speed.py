@@ -40,14 +40,37 @@ def main() -> None:
             result = plan(catalog, request)
             times.append((time.perf_counter() - start) * 1e3)
         times.sort()
-        table.add_row(name, str(len(times)), f"{statistics.median(times):.1f}", f"{times[int(0.9 * len(times)) - 1]:.1f}",
-                      f"{times[-1]:.1f}", str(len(result.alternatives) + 1 if result.chosen else 0))
+        table.add_row(
+            name,
+            str(len(times)),
+            f"{statistics.median(times):.1f}",
+            f"{times[int(0.9 * len(times)) - 1]:.1f}",
+            f"{times[-1]:.1f}",
+            str(len(result.alternatives) + 1 if result.chosen else 0),
+        )
     console = Console(width=140)
     console.print(table)
 
     kvscale = Path(sys.executable).with_name("kvscale")
-    command = [str(kvscale), "plan", "--model", "llama-3.1-8b", "--ttft", "500ms", "--tpot", "50ms", "--rps", "10",
-               "--input", "512", "--output", "256", "--precision", ",".join(PRECISIONS), "--json"]
+    command = [
+        str(kvscale),
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--ttft",
+        "500ms",
+        "--tpot",
+        "50ms",
+        "--rps",
+        "10",
+        "--input",
+        "512",
+        "--output",
+        "256",
+        "--precision",
+        ",".join(PRECISIONS),
+        "--json",
+    ]
     walls = []
     for _ in range(5):
         start = time.perf_counter()

@@ -23,6 +23,11 @@ staging_version="v0.$staging_minor"
 k8s_major_minor="${K8S_VERSION#v}"; k8s_minor="${k8s_major_minor#1.}"; k8s_minor="${k8s_minor%%.*}"
 
 build_k8s() {
+  local have=1
+  for name in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd; do
+    [ -x "$bin_dir/$name" ] || have=0
+  done
+  [ "$have" = 1 ] && return 0
   local work="$cache_root/wrapper-$K8S_VERSION"
   mkdir -p "$work"
   local k8s_mod

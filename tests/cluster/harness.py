@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -60,7 +61,9 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str, interval_
         except (httpx.HTTPError, OSError, ClusterError) as exc:  # still starting: refuses or errors
             last_error = exc
         time.sleep(interval_s)  # poll interval
-    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}" + (f": {last_error}" if last_error else ""))
+    raise TimeoutError(
+        f"timed out after {timeout_s:.0f}s waiting for {what}" + (f": {last_error}" if last_error else "")
+    )
 
 
 def find_bins() -> Path:
@@ -89,10 +92,30 @@ class Cluster:
     apiserver_port: int = 0
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     pki: Pki | None = None
+    external_kubeconfig: Path | None = None  # set by attach(): someone else's cluster
+
+    @classmethod
+    def attach(cls, kubeconfig: Path, workdir: Path) -> Cluster:
+        """Uses an existing cluster (kind, a real one): kubectl and helm from PATH, nothing started."""
+        tools = {name: shutil.which(name) for name in ("kubectl", "helm")}
+        missing = [name for name, path in tools.items() if path is None]
+        if missing:
+            raise ClusterError(f"{', '.join(missing)} not on PATH; needed to test against {kubeconfig}")
+        bins = workdir / "bin"
+        bins.mkdir(parents=True, exist_ok=True)
+        for name, path in tools.items():
+            link = bins / name
+            if not link.exists():
+                link.symlink_to(str(path))
+        return cls(workdir=workdir, bins=bins, external_kubeconfig=kubeconfig)
 
     @property
     def kubeconfig(self) -> Path:
-        return self.workdir / "admin.kubeconfig"
+        return self.external_kubeconfig or self.workdir / "admin.kubeconfig"
+
+    @property
+    def helm(self) -> Path:
+        return self.bins / "helm"
 
     @property
     def server(self) -> str:
@@ -168,7 +191,7 @@ class Cluster:
 
         def healthy() -> bool:
             self._alive("etcd")
-            return httpx.get(f"{self.etcd_url}/health", timeout=2).json().get("health") == "true"
+            return bool(httpx.get(f"{self.etcd_url}/health", timeout=2).json().get("health") == "true")
 
         wait_until(healthy, timeout_s, "etcd /health")
 
@@ -208,12 +231,18 @@ class Cluster:
     def _write_kubeconfig(self) -> None:
         assert self.pki is not None
         p = self.pki
-        b64 = lambda path: base64.b64encode(path.read_bytes()).decode()  # noqa: E731
+
+        def b64(path: Path) -> str:
+            return base64.b64encode(path.read_bytes()).decode()
+
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
-                {"name": "kvscale-test", "cluster": {"server": self.server, "certificate-authority-data": b64(p.ca_cert)}}
+                {
+                    "name": "kvscale-test",
+                    "cluster": {"server": self.server, "certificate-authority-data": b64(p.ca_cert)},
+                }
             ],
             "users": [
                 {
@@ -271,8 +300,11 @@ class Cluster:
 
             wait_until(healthy, timeout_s, f"{component} /healthz")
         # The service-account controller is up once it has made the default namespace's account.
-        wait_until(lambda: self.kubectl_ok("get", "serviceaccount", "default", "-n", "default"), timeout_s,
-                   "the default ServiceAccount (controller manager working)")
+        wait_until(
+            lambda: self.kubectl_ok("get", "serviceaccount", "default", "-n", "default"),
+            timeout_s,
+            "the default ServiceAccount (controller manager working)",
+        )
 
     def _start_kwok(self) -> None:
         self._spawn(
@@ -318,7 +350,9 @@ class Cluster:
             ready = {
                 i["metadata"]["name"]
                 for i in items
-                if any(c["type"] == "Ready" and c["status"] == "True" for c in i.get("status", {}).get("conditions", []))
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True" for c in i.get("status", {}).get("conditions", [])
+                )
             }
             return set(names) <= ready
 

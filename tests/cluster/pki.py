@@ -31,7 +31,9 @@ def _key() -> rsa.RSAPrivateKey:
 
 def _write_key(path: Path, key: rsa.RSAPrivateKey) -> None:
     path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption())
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        )
     )
     path.chmod(0o600)
 
