@@ -29,7 +29,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
+# Wide enough for the plan and policy tables when output goes to a pipe or a file.
+console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 EXIT_BAD_INPUT = 2
@@ -442,6 +443,161 @@ def roofline(
     console.print(table)
     if png is not None:
         console.print(f"wrote {png}")
+
+
+@app.command()
+def simulate(
+    model: ModelOpt,
+    ttft: Annotated[str, typer.Option(help="Time-to-first-token target, e.g. 1s.")],
+    tpot: Annotated[str, typer.Option(help="Time-per-output-token target, e.g. 50ms.")],
+    trace: Annotated[Path | None, typer.Option(help="Azure CSV or Mooncake JSONL trace to replay (open loop).")] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(help="Closed loop: this many users, each sending again on completion.")
+    ] = None,
+    input_tokens: Annotated[int | None, typer.Option("--input", help="Closed loop: prompt tokens per request.")] = None,
+    output_tokens: Annotated[
+        int | None, typer.Option("--output", help="Closed loop: generated tokens per request.")
+    ] = None,
+    duration: Annotated[str | None, typer.Option(help="Closed loop: how long users keep sending, e.g. 10m.")] = None,
+    percentile: Annotated[float, typer.Option(help="SLO percentile.")] = 95.0,
+    policy: Annotated[str, typer.Option(help="kvscale, static, hpa, keda, saturation, oracle, or all.")] = "all",
+    replicas: Annotated[
+        int | None, typer.Option(help="Replicas of the static policy (default: peak provisioning).")
+    ] = None,
+    max_replicas: Annotated[int, typer.Option("--max-replicas", help="Upper bound for every autoscaler.")] = 100,
+    cold_start: Annotated[
+        str | None, typer.Option("--cold-start", help="Replica start time (default: from the model size).")
+    ] = None,
+    rate_scale: Annotated[
+        float, typer.Option("--rate-scale", help="X times the requests, same duration and shape.")
+    ] = 1.0,
+    time_scale: Annotated[float, typer.Option("--time-scale", help="Play the trace X times faster.")] = 1.0,
+    gpu: Annotated[str | None, typer.Option(help="Allowed GPU types for the plan, comma-separated.")] = None,
+    tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree.")] = None,
+    precision: Annotated[str, typer.Option(help="Allowed weight precisions.")] = "bf16",
+    headroom: Annotated[float, typer.Option(help="Spare capacity per replica, as a fraction.")] = DEFAULT_HEADROOM,
+    seed: Annotated[int, typer.Option(help="Seed for --rate-scale sampling.")] = 0,
+    png: Annotated[Path | None, typer.Option(help="Draw load, replicas and latency against time here.")] = None,
+    catalog: CatalogOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay a trace (or a closed loop) through a simulated fleet under each autoscaling policy."""
+    from kvscale.sim.compare import POLICY_NAMES
+    from kvscale.sim.session import Load, SimulationError, setup_from_plan
+    from kvscale.sim.trace import TraceError, duration_s, read_trace
+    from kvscale.sim.trace import rate_scale as scale_rate
+    from kvscale.sim.trace import time_scale as scale_time
+
+    cat = _catalog(catalog)
+    arch = _model(cat, model)
+    names = POLICY_NAMES if policy == "all" else _split(policy)
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown or not names:
+        fail(f"--policy: unknown {', '.join(unknown) or 'empty'}; choose from {', '.join(POLICY_NAMES)} or all")
+    closed_args = (concurrency, input_tokens, output_tokens, duration)
+    if (trace is None) == all(a is None for a in closed_args):
+        fail("give either --trace FILE, or --concurrency N --input N --output N --duration D for a closed loop")
+    if trace is not None:
+        try:
+            requests = scale_time(scale_rate(read_trace(trace), rate_scale, seed), time_scale)
+        except TraceError as exc:
+            fail(str(exc))
+        load = Load(trace=requests)
+        span = max(duration_s(requests), 1.0)
+        workload = Workload(
+            max(1, round(sum(r.input_tokens for r in requests) / len(requests))),
+            max(1, round(sum(r.output_tokens for r in requests) / len(requests))),
+            len(requests) / span,
+        )
+    else:
+        if any(a is None for a in closed_args):
+            fail("a closed loop needs all of --concurrency, --input, --output and --duration")
+        assert (
+            concurrency is not None and input_tokens is not None and output_tokens is not None and duration is not None
+        )
+        users = _positive(concurrency, "--concurrency")
+        seconds = _duration(duration, "--duration")
+        load = Load(closed=(users, _positive(input_tokens, "--input"), _positive(output_tokens, "--output"), seconds))
+        workload = Workload(input_tokens, output_tokens, 0.0)
+    slo = Slo(_duration(ttft, "--ttft"), _duration(tpot, "--tpot"), percentile)
+    gpus = _check_names(cat, _split(gpu), _split(precision), "auto")
+    request = PlanRequest(
+        model=arch,
+        workload=workload,
+        slo=slo,
+        gpus=gpus,
+        tensor_parallel=_tp_values(tp),
+        precisions=_split(precision),
+        headroom=headroom,
+    )
+    cold_start_s = _duration(cold_start, "--cold-start") if cold_start else None
+    try:
+        setup = setup_from_plan(cat, plan(cat, request), cold_start_s, replicas)
+        results, rows = _run_with_progress(setup, load, names, headroom, replicas, max_replicas, show=not as_json)
+    except SimulationError as exc:
+        fail(str(exc), EXIT_INFEASIBLE)
+    if png is not None:
+        from kvscale.sim.plots import draw_timeline
+
+        draw_timeline(results, slo, png, f"{arch.name} on {setup.cfg.tensor_parallel} x {setup.cfg.gpu.name}")
+    if as_json:
+        _print_json(rows)
+        return
+    console.print(
+        f"{arch.name} on {setup.cfg.tensor_parallel} x {setup.cfg.gpu.name} ({setup.cfg.precision.name}), "
+        f"max batch {setup.max_batch}, cold start {setup.cold_start_s:.0f}s; SLO p{percentile:g} TTFT <= "
+        f"{slo.ttft_s * 1e3:g} ms, TPOT <= {slo.tpot_s * 1e3:g} ms"
+    )
+    table = Table(title="Policies on the same arrivals")
+    for col in (
+        "policy",
+        "requests",
+        "SLO met",
+        "TTFT p50/p95 ms",
+        "TPOT p50/p95 ms",
+        "GPU-h",
+        "vs oracle",
+        "cost $",
+        "scale events",
+    ):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(
+            row["policy"],
+            str(row["requests"]),
+            f"{row['slo_attainment']:.2%}",
+            f"{_fmt(row['ttft_p50_ms'], 0)} / {_fmt(row['ttft_p95_ms'], 0)}",
+            f"{_fmt(row['tpot_p50_ms'])} / {_fmt(row['tpot_p95_ms'])}",
+            f"{row['gpu_hours']:.2f}",
+            _fmt(row.get("gpu_hours_vs_oracle"), 2),
+            f"{row['cost_usd']:.2f}",
+            str(row["scale_events"]),
+        )
+    console.print(table)
+    if png is not None:
+        console.print(f"wrote {png}")
+
+
+def _run_with_progress(
+    setup: Any, load: Any, names: tuple[str, ...], headroom: float, replicas: int | None, max_replicas: int, show: bool
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    from rich.progress import Progress
+
+    from kvscale.sim.session import run_policies
+    from kvscale.sim.trace import duration_s
+
+    total = duration_s(load.trace) if load.trace is not None else load.closed[3]
+    if not show or not err.is_terminal:
+        return run_policies(setup, load, names, headroom, replicas, max_replicas)
+    with Progress(console=err, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def tick(name: str, now_s: float) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(f"simulating {name}", total=total)
+            bar.update(tasks[name], completed=min(now_s, total))
+
+        return run_policies(setup, load, names, headroom, replicas, max_replicas, tick)
 
 
 def main() -> None:

@@ -323,3 +323,107 @@ def test_console_script_runs_as_a_process() -> None:
         [sys.executable, "-m", "kvscale.cli", *PLAN, "--json"], capture_output=True, text=True, check=True
     )
     assert json.loads(out.stdout)["feasible"] is True
+
+
+SIM_KEYS = (
+    "policy",
+    "requests",
+    "slo_attainment",
+    "ttft_mean_ms",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "tpot_mean_ms",
+    "tpot_p50_ms",
+    "tpot_p95_ms",
+    "throughput_tokens_per_s",
+    "gpu_hours",
+    "cost_usd",
+    "scale_events",
+)
+
+
+def test_simulate_all_policies_json(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": i * 250, "input_length": 300 + i % 700, "output_length": 20 + i % 150}) + "\n"
+            for i in range(1200)
+        )
+    )
+    png = tmp_path / "sim.png"
+    data = run_json(
+        "simulate",
+        "--trace",
+        str(trace),
+        "--model",
+        "llama-3.1-8b",
+        "--ttft",
+        "1s",
+        "--tpot",
+        "60ms",
+        "--gpu",
+        "L4",
+        "--policy",
+        "all",
+        "--png",
+        str(png),
+    )
+    assert [row["policy"] for row in data] == ["kvscale", "static", "hpa", "keda", "saturation", "oracle"]
+    for row in data:
+        assert set(SIM_KEYS) <= set(row)
+        assert row["requests"] == 1200
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_simulate_closed_loop_and_bad_input() -> None:
+    data = run_json(
+        "simulate",
+        "--concurrency",
+        "4",
+        "--input",
+        "200",
+        "--output",
+        "50",
+        "--duration",
+        "30s",
+        "--model",
+        "llama-3.1-8b",
+        "--ttft",
+        "1s",
+        "--tpot",
+        "60ms",
+        "--policy",
+        "static",
+        "--replicas",
+        "1",
+    )
+    assert data[0]["policy"] == "static" and data[0]["requests"] > 4
+    result = runner.invoke(app, ["simulate", "--model", "llama-3.1-8b", "--ttft", "1s", "--tpot", "60ms"])
+    assert result.exit_code == 2 and "--trace" in result.stderr
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--concurrency",
+            "4",
+            "--input",
+            "200",
+            "--output",
+            "50",
+            "--duration",
+            "30s",
+            "--model",
+            "llama-3.1-8b",
+            "--ttft",
+            "1s",
+            "--tpot",
+            "60ms",
+            "--policy",
+            "oracle",
+        ],
+    )
+    assert result.exit_code == 1 and "oracle needs a trace" in " ".join(result.stderr.split())
+    result = runner.invoke(
+        app, ["simulate", "--trace", "nope.csv", "--model", "llama-3.1-8b", "--ttft", "1s", "--tpot", "60ms"]
+    )
+    assert result.exit_code == 2 and "does not exist" in result.stderr

@@ -200,6 +200,8 @@ class EngineProfile(_Frozen):
     allreduce_efficiency: Efficiency = Field(gt=0, le=1)
     allreduce_hop_latency_s: float = Field(ge=0)
     tpot_tail_factor: float = Field(ge=1)
+    cold_start_fixed_s: float = Field(ge=0)
+    weight_load_bytes_per_s: float = Field(gt=0)
     source: str
 
 

@@ -1,0 +1,163 @@
+"""Autoscaling policies the simulator compares: kvscale's own and today's, as their projects
+document them. Each sees the same Observation every tick and answers a replica count."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvscale.autoscaling.observation import Decision, Observation
+from kvscale.autoscaling.policy import Capacity, PolicyConfig, PolicyState, decide
+
+HPA_TOLERANCE = 0.10  # kube-controller-manager --horizontal-pod-autoscaler-tolerance
+HPA_SYNC_S = 15.0  # --horizontal-pod-autoscaler-sync-period
+HPA_SCALE_DOWN_STABILIZATION_S = 300.0  # behavior.scaleDown.stabilizationWindowSeconds default
+
+
+class SimPolicy(Protocol):
+    name: str
+
+    def decide(self, obs: Observation) -> Decision: ...
+
+
+@dataclass
+class StaticPolicy:
+    replicas: int
+    name: str = "static"
+
+    def decide(self, obs: Observation) -> Decision:
+        return Decision(self.replicas, f"static: always {self.replicas}")
+
+
+@dataclass
+class KvscalePolicy:
+    capacity: Capacity
+    config: PolicyConfig
+    name: str = "kvscale"
+    state: PolicyState = field(default_factory=PolicyState)
+
+    def decide(self, obs: Observation) -> Decision:
+        decision, self.state = decide(obs, self.state, self.capacity, self.config)
+        return decision
+
+
+@dataclass
+class _HpaCore:
+    """The Kubernetes HPA algorithm: ratio with tolerance, default scale-up limits
+    (max of +100% and +4 pods per 15 s), 300 s scale-down stabilization."""
+
+    min_replicas: int
+    max_replicas: int
+    stabilization_s: float = HPA_SCALE_DOWN_STABILIZATION_S
+    recommendations: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def recommend(self, now_s: float, current: int, raw: int) -> int:
+        raw = max(self.min_replicas, min(self.max_replicas, raw))
+        self.recommendations.append((now_s, raw))
+        while self.recommendations and self.recommendations[0][0] < now_s - self.stabilization_s:
+            self.recommendations.popleft()
+        if raw < current:
+            return min(current, max(r for _, r in self.recommendations))
+        return min(raw, max(2 * current, current + 4), self.max_replicas)
+
+
+@dataclass
+class HpaRunningPolicy:
+    """HPA on vllm:num_requests_running, AverageValue target per pod."""
+
+    target_running_per_replica: float
+    min_replicas: int = 1
+    max_replicas: int = 100
+    name: str = "hpa"
+    core: _HpaCore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.core = _HpaCore(self.min_replicas, self.max_replicas)
+
+    def decide(self, obs: Observation) -> Decision:
+        current = obs.current_replicas
+        if obs.running is None or obs.ready_replicas == 0:
+            return Decision(current, "hpa: no metrics, holding")
+        ratio = (obs.running / obs.ready_replicas) / self.target_running_per_replica
+        raw = current if abs(ratio - 1) <= HPA_TOLERANCE else math.ceil(ratio * obs.ready_replicas)
+        desired = self.core.recommend(obs.time_s, current, raw)
+        return Decision(
+            desired,
+            f"hpa: {obs.running / obs.ready_replicas:.1f} running/pod vs target {self.target_running_per_replica:g}",
+        )
+
+
+@dataclass
+class KedaWaitingPolicy:
+    """KEDA's Prometheus scaler on sum(vllm:num_requests_waiting), threshold 5, polling 15 s
+    (the vLLM production-stack chart's defaults). KEDA hands the value to an HPA as an
+    AverageValue target; cooldownPeriod (360 s) governs only scaling to zero."""
+
+    threshold: float = 5.0
+    min_replicas: int = 1
+    max_replicas: int = 100
+    name: str = "keda"
+    core: _HpaCore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.core = _HpaCore(self.min_replicas, self.max_replicas)
+
+    def decide(self, obs: Observation) -> Decision:
+        current = obs.current_replicas
+        if obs.waiting is None:
+            return Decision(current, "keda: no metrics, holding")
+        ratio = obs.waiting / (self.threshold * max(current, 1))
+        raw = current if abs(ratio - 1) <= HPA_TOLERANCE else math.ceil(obs.waiting / self.threshold)
+        desired = self.core.recommend(obs.time_s, current, raw)
+        return Decision(desired, f"keda: {obs.waiting:.0f} waiting vs {self.threshold:g} per replica")
+
+
+@dataclass
+class SaturationPolicy:
+    """Saturation-based scaling (llm-d workload-variant-autoscaler's default mode): one more
+    replica when KV use > 80% or more than 5 waiting per replica; one fewer when the load
+    would still fit under those limits on one replica fewer."""
+
+    max_batch: int
+    kv_limit: float = 0.80
+    waiting_limit: float = 5.0
+    min_replicas: int = 1
+    max_replicas: int = 100
+    name: str = "saturation"
+
+    def decide(self, obs: Observation) -> Decision:
+        current = obs.current_replicas
+        ready = obs.ready_replicas
+        if obs.kv_usage is None or obs.waiting is None or obs.running is None or ready == 0:
+            return Decision(current, "saturation: no metrics, holding")
+        if obs.kv_usage > self.kv_limit or obs.waiting / ready > self.waiting_limit:
+            if obs.starting_replicas:
+                return Decision(current, "saturation: saturated, a replica is already starting")
+            return Decision(
+                min(self.max_replicas, current + 1), f"saturation: KV {obs.kv_usage:.0%}, {obs.waiting:.0f} waiting"
+            )
+        fewer = ready - 1
+        if current > self.min_replicas and fewer >= 1 and obs.starting_replicas == 0:
+            kv_on_fewer = obs.kv_usage * ready / fewer
+            slots_on_fewer = (obs.running + obs.waiting) / (fewer * self.max_batch)
+            if kv_on_fewer <= self.kv_limit and slots_on_fewer <= self.kv_limit and obs.waiting == 0:
+                return Decision(current - 1, f"saturation: load fits on {fewer} (KV {kv_on_fewer:.0%})")
+        return Decision(current, "saturation: within limits")
+
+
+@dataclass
+class SchedulePolicy:
+    """Replays a precomputed replica schedule (the oracle's)."""
+
+    schedule: list[tuple[float, int]]  # (time, replicas), sorted
+    name: str = "oracle"
+
+    def decide(self, obs: Observation) -> Decision:
+        desired = self.schedule[0][1]
+        for when, replicas in self.schedule:
+            if when > obs.time_s:
+                break
+            desired = replicas
+        return Decision(desired, f"oracle: {desired} planned for t={obs.time_s:.0f}s")

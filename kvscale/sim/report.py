@@ -1,0 +1,51 @@
+"""Summaries of simulation results: SLO attainment, latency quantiles, GPU-hours, cost."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from kvscale.sim.run import SimResult
+from kvscale.sizing.workload import Slo
+
+
+def attainment(result: SimResult, slo: Slo) -> float:
+    """Share of requests whose TTFT and TPOT both met the targets (unfinished ones missed)."""
+    if not result.requests:
+        return 1.0
+    met = sum(1 for r in result.requests if r.done and r.ttft_s <= slo.ttft_s and r.tpot_s <= slo.tpot_s)
+    return met / len(result.requests)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def summary(result: SimResult, slo: Slo, oracle_gpu_hours: float | None = None) -> dict[str, Any]:
+    done = [r for r in result.requests if r.done]
+    ttft = [r.ttft_s * 1e3 for r in done]
+    tpot = [r.tpot_s * 1e3 for r in done if r.output_tokens > 1]
+    generated = sum(r.output_tokens for r in done)
+    row: dict[str, Any] = {
+        "policy": result.policy,
+        "requests": len(result.requests),
+        "slo_attainment": round(attainment(result, slo), 5),
+        "ttft_mean_ms": round(statistics.fmean(ttft), 2) if ttft else None,
+        "ttft_p50_ms": round(_quantile(ttft, 0.50), 2) if ttft else None,
+        "ttft_p95_ms": round(_quantile(ttft, 0.95), 2) if ttft else None,
+        "tpot_mean_ms": round(statistics.fmean(tpot), 3) if tpot else None,
+        "tpot_p50_ms": round(_quantile(tpot, 0.50), 3) if tpot else None,
+        "tpot_p95_ms": round(_quantile(tpot, 0.95), 3) if tpot else None,
+        "throughput_tokens_per_s": round(generated / result.duration_s, 2) if result.duration_s > 0 else 0.0,
+        "gpu_hours": round(result.gpu_hours, 4),
+        "cost_usd": round(result.cost_usd, 4),
+        "scale_events": result.scale_events,
+        "preemptions": result.preemptions,
+    }
+    if oracle_gpu_hours:
+        row["gpu_hours_vs_oracle"] = round(result.gpu_hours / oracle_gpu_hours, 3)
+    return row
