@@ -600,6 +600,35 @@ def _run_with_progress(
         return run_policies(setup, load, names, headroom, replicas, max_replicas, tick)
 
 
+@app.command()
+def crd() -> None:
+    """The InferenceService CustomResourceDefinition, generated from kvscale/api."""
+    from kvscale.api.crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+
+
+@app.command()
+def operator(
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option("--namespace", "-n", help="Watch only these namespaces (repeatable); default all."),
+    ] = None,
+    liveness: Annotated[
+        str | None, typer.Option(help="Serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz.")
+    ] = None,
+) -> None:
+    """Run the operator against the cluster of the current kubeconfig (or in-cluster config)."""
+    from kvscale.operator.settings import SettingsError
+
+    try:
+        from kvscale.operator.run import run_operator
+
+        run_operator(tuple(namespace or ()), liveness)
+    except SettingsError as exc:
+        fail(str(exc))
+
+
 def main() -> None:
     app()
 

@@ -124,7 +124,7 @@ class Cluster:
     def log_path(self, component: str) -> Path:
         return self.workdir / "logs" / f"{component}.log"
 
-    def log_tail(self, component: str, lines: int = 40) -> str:
+    def log_tail(self, component: str, lines: int = 15) -> str:
         path = self.log_path(component)
         if not path.exists():
             return "(no log)"

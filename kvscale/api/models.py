@@ -1,0 +1,234 @@
+"""Spec and status of an InferenceService. Strict: unknown fields are rejected, ranges and
+enums enforced; camelCase on the wire. The CRD schema is generated from these models."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)?(us|ms|s|m|h)$"
+_DURATION = re.compile(DURATION_PATTERN)
+
+
+def _duration(value: str) -> str:
+    if not _DURATION.match(value):
+        raise ValueError(f"{value!r} is not a duration; write a number with us, ms, s, m or h, e.g. '500ms'")
+    return value
+
+
+Duration = Annotated[
+    str,
+    Field(pattern=DURATION_PATTERN, description="A duration such as 500ms, 1.5s or 2m."),
+    AfterValidator(_duration),
+]
+Precision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
+
+
+class ModelArchitecture(_Wire):
+    """The shapes of a model that is not in kvscale's catalog."""
+
+    layers: int = Field(ge=1, description="Transformer layers.")
+    hidden_size: int = Field(ge=1, description="Model (residual) width.")
+    heads: int = Field(ge=1, description="Attention heads.")
+    kv_heads: int = Field(ge=1, description="Key/value heads (GQA/MQA); equal to heads for MHA.")
+    head_dim: int = Field(ge=1, description="Dimension of each attention head.")
+    intermediate_size: int = Field(ge=1, description="FFN width (per expert for MoE).")
+    vocab_size: int = Field(ge=1, description="Vocabulary size.")
+    params: float | None = Field(
+        default=None, gt=0, description="Total parameters; derived from the shapes when absent."
+    )
+    experts: int | None = Field(default=None, ge=1, description="MoE experts per layer.")
+    active_experts: int | None = Field(default=None, ge=1, description="Experts each token is routed to.")
+
+
+class ModelSpec(_Wire):
+    """Which model to serve: a catalog name (or alias such as a Hugging Face id), or an explicit architecture."""
+
+    name: str | None = Field(
+        default=None, min_length=1, description="kvscale catalog key or alias, e.g. meta-llama/Llama-3.1-8B-Instruct."
+    )
+    architecture: ModelArchitecture | None = Field(default=None, description="Shapes of a model not in the catalog.")
+    precision: Precision = Field(default="bf16", description="Weight precision: bf16, fp16, fp8, int8 or int4.")
+    kv_cache_precision: Literal["auto", "fp16", "fp8"] = Field(
+        default="auto", description="KV-cache precision; auto keeps the model dtype."
+    )
+    source: str | None = Field(
+        default=None,
+        description="What the engine loads, e.g. hf://meta-llama/Llama-3.1-8B-Instruct; defaults to the catalog's Hugging Face id.",
+    )
+    credentials_secret: str | None = Field(
+        default=None, description="Secret whose keys become the engine's environment (e.g. HF_TOKEN)."
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ModelSpec:
+        if self.name is None and self.architecture is None:
+            raise ValueError("set spec.model.name (a catalog model) or spec.model.architecture (custom shapes)")
+        return self
+
+
+class EnvVar(_Wire):
+    name: str = Field(min_length=1, description="Variable name.")
+    value: str = Field(default="", description="Variable value.")
+
+
+class EngineSpec(_Wire):
+    """The serving engine."""
+
+    type: Literal["vllm"] = Field(default="vllm", description="Serving engine; vllm today.")
+    image: str = Field(default="vllm/vllm-openai:v0.11.0", min_length=1, description="Engine container image.")
+    args: list[str] = Field(default_factory=list, description="Extra engine arguments appended after kvscale's.")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
+
+
+class WorkloadSpec(_Wire):
+    """The traffic the service expects."""
+
+    input_tokens: int = Field(ge=1, description="Typical prompt length in tokens.")
+    output_tokens: int = Field(ge=1, description="Typical generated length in tokens.")
+    max_context_tokens: int | None = Field(
+        default=None, ge=2, description="Longest context to accept (--max-model-len); default input + output."
+    )
+    requests_per_second: float = Field(
+        default=1.0, ge=0, description="Expected request rate, used for the initial plan."
+    )
+
+    @model_validator(mode="after")
+    def _context(self) -> WorkloadSpec:
+        if self.max_context_tokens is not None and self.max_context_tokens < self.input_tokens + self.output_tokens:
+            raise ValueError("spec.workload.maxContextTokens must be at least inputTokens + outputTokens")
+        return self
+
+
+class SloSpec(_Wire):
+    """The latency objective."""
+
+    time_to_first_token: Duration = Field(description="TTFT target at the percentile, e.g. 500ms.")
+    time_per_output_token: Duration = Field(description="TPOT target at the percentile, e.g. 50ms.")
+    percentile: float = Field(default=95.0, ge=50, lt=100, description="Percentile the targets apply to.")
+
+
+class HardwareSpec(_Wire):
+    """Which GPUs the planner may use."""
+
+    gpu_types: list[str] = Field(
+        default_factory=list, description="Allowed GPU types (catalog names); empty: every type in the cluster."
+    )
+    max_tensor_parallel: Literal[1, 2, 4, 8] = Field(
+        default=8, description="Largest tensor-parallel degree to consider."
+    )
+    objective: Literal["cost", "latency"] = Field(
+        default="cost", description="Cheapest plan meeting the SLO, or the fastest."
+    )
+
+
+class ScalingSpec(_Wire):
+    """How many replicas, and who decides."""
+
+    min_replicas: int = Field(default=1, ge=0, description="Lower bound on replicas.")
+    max_replicas: int = Field(default=10, ge=1, description="Upper bound on replicas.")
+    mode: Literal["auto", "recommend"] = Field(
+        default="auto", description="auto deploys and scales; recommend only writes the plan to status."
+    )
+    scale_down_stabilization: Duration = Field(
+        default="120s", description="How long load must stay low before scaling down."
+    )
+    replicas: int | None = Field(
+        default=None, ge=0, description="Pinned replica count (the scale subresource); overrides the policy."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ScalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("spec.scaling.minReplicas must be <= maxReplicas")
+        return self
+
+
+class InferenceServiceSpec(_Wire):
+    model: ModelSpec = Field(description="The model to serve.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="The serving engine.")
+    workload: WorkloadSpec = Field(description="Expected prompt and output lengths and request rate.")
+    slo: SloSpec = Field(description="TTFT and TPOT targets at a percentile.")
+    hardware: HardwareSpec = Field(
+        default_factory=HardwareSpec, description="GPU types and tensor parallelism allowed."
+    )
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="Replica bounds and scaling mode.")
+
+
+class Condition(_Wire):
+    type: str = Field(description="Ready, Planned, SLOMet, MetricsAvailable, ...")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field(default="", description="Human-readable detail.")
+    last_transition_time: str | None = Field(default=None, description="When the status last changed (RFC 3339).")
+    observed_generation: int | None = Field(default=None, description="Generation the condition was computed for.")
+
+
+class CandidateStatus(_Wire):
+    gpu_type: str = Field(description="GPU type.")
+    tensor_parallel: int = Field(description="GPUs per replica.")
+    precision: str = Field(description="Weight precision.")
+    reason: str = Field(description="Why it lost, or why it was chosen.")
+    replicas: int | None = Field(default=None, description="Replicas it would need.")
+    cost_per_hour: float | None = Field(default=None, description="USD per hour for those replicas.")
+
+
+class PlanStatus(_Wire):
+    gpu_type: str = Field(description="Chosen GPU type.")
+    gpu_product: str = Field(description="Node label value (nvidia.com/gpu.product) the pods are pinned to.")
+    tensor_parallel: int = Field(description="GPUs per replica.")
+    precision: str = Field(description="Weight precision.")
+    max_batch: int = Field(description="Engine batch limit (--max-num-seqs).")
+    max_context_tokens: int = Field(description="Engine context limit (--max-model-len).")
+    replicas: int = Field(description="Replicas the plan needs at the spec's request rate.")
+    predicted_ttft: str = Field(description="Predicted TTFT at the percentile and the spec's load.")
+    predicted_tpot: str = Field(description="Predicted TPOT at the percentile and the spec's load.")
+    throughput_tokens_per_second: float = Field(description="Generated tokens/s one replica sustains within the SLO.")
+    rate_per_replica: float = Field(description="Requests/s one replica sustains within the SLO.")
+    limited_by: str = Field(description="bandwidth, compute, kv-capacity, communication or overhead.")
+    mbu: float = Field(description="Model bandwidth utilization of the decode step.")
+    mfu: float = Field(description="Model FLOPs utilization of the decode step.")
+    cost_per_hour: float = Field(description="USD per hour for the planned replicas.")
+    reason: str = Field(description="Why this plan was chosen.")
+    excluded_gpu_types: list[str] = Field(
+        default_factory=list, description="GPU types left out after their pods stayed unschedulable."
+    )
+    alternatives: list[CandidateStatus] = Field(default_factory=list, description="Runners-up, best first.")
+    rejected: list[CandidateStatus] = Field(
+        default_factory=list, description="Candidates that cannot meet the SLO or fit, with reasons."
+    )
+
+
+class ObservedStatus(_Wire):
+    ttft: str | None = Field(default=None, description="Observed TTFT at the percentile.")
+    tpot: str | None = Field(default=None, description="Observed TPOT at the percentile.")
+    requests_per_second: float | None = Field(default=None, description="Observed arrival rate.")
+    queue: float | None = Field(default=None, description="Requests waiting.")
+    kv_cache_usage: float | None = Field(default=None, description="Mean KV-cache use, 0..1.")
+    calibration: float | None = Field(default=None, description="Observed over predicted TPOT.")
+
+
+class InferenceServiceStatus(_Wire):
+    observed_generation: int | None = Field(default=None, description="Spec generation the status describes.")
+    phase: Literal["Pending", "Planned", "Deploying", "Ready", "Recommended", "Failed"] | None = Field(
+        default=None, description="Summary of the state."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Planned, SLOMet, MetricsAvailable.")
+    plan: PlanStatus | None = Field(default=None, description="The chosen plan and its predictions.")
+    replicas: int | None = Field(default=None, description="Replicas of the engine Deployment.")
+    ready_replicas: int | None = Field(default=None, description="Replicas ready to serve.")
+    selector: str | None = Field(default=None, description="Label selector of the engine pods (scale subresource).")
+    observed: ObservedStatus | None = Field(default=None, description="Live measurements.")
+    last_scale_time: str | None = Field(default=None, description="When replicas last changed.")
+    last_scale_reason: str | None = Field(default=None, description="Why replicas last changed.")
+
+
+def parse_spec(spec: dict[str, Any]) -> InferenceServiceSpec:
+    return InferenceServiceSpec.model_validate(spec)

@@ -1,0 +1,1 @@
+"""The kopf operator: thin handlers over pure planning and builders of child objects."""

@@ -1,0 +1,263 @@
+"""kopf handlers: validate -> pure planning and builders -> apply -> patch status.
+
+Invalid or unusable specs get a condition and an Event naming the field and the fix, and a
+PermanentError (kopf retries when the spec changes). No plan fitting the cluster is a
+TemporaryError with a backoff. Nothing here sleeps; nothing returns values.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from kvscale.api import GROUP, PLURAL, VERSION
+from kvscale.api.models import InferenceServiceSpec, parse_spec
+from kvscale.operator import k8s
+from kvscale.operator.inventory import gpu_inventory
+from kvscale.operator.planning import PlanningResult, plan_service
+from kvscale.operator.resources import deployment, pod_disruption_budget, selector, service
+from kvscale.operator.settings import Settings
+from kvscale.operator.status import condition, merge_conditions, plan_status
+from kvscale.sizing.catalog import Catalog, load_catalog
+from kvscale.sizing.config import ServingConfig
+
+SETTINGS = Settings.from_env()
+CATALOG: Catalog = load_catalog(*SETTINGS.catalog_overlays)
+CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kvscale.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kvscale.io", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.peering.standalone = True
+    # kopf keeps a finalizer while the per-object status timer runs, so it can stop it cleanly.
+    settings.persistence.finalizer = "kvscale.io/finalizer"
+
+
+def _errors(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        where = "spec." + ".".join(str(p) for p in e["loc"])
+        parts.append(f"{where}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def _fail(
+    body: Any, patch: kopf.Patch, status: dict[str, Any], reason: str, message: str, generation: int | None
+) -> None:
+    conditions = merge_conditions(
+        status.get("conditions"),
+        condition("Planned", False, reason, message, generation, status.get("conditions")),
+        condition("Ready", False, reason, "not deployed: see Planned", generation, status.get("conditions")),
+    )
+    patch.status["conditions"] = conditions
+    patch.status["phase"] = "Failed"
+    patch.status["observedGeneration"] = generation
+    kopf.warn(body, reason=reason, message=message[:1000])
+
+
+def _excluded(status: dict[str, Any]) -> tuple[str, ...]:
+    return tuple((status.get("plan") or {}).get("excludedGpuTypes") or ())
+
+
+def reconcile(
+    body: Any,
+    spec: dict[str, Any],
+    meta: Any,
+    status: dict[str, Any],
+    patch: kopf.Patch,
+    namespace: str,
+    name: str,
+    excluded: tuple[str, ...] | None = None,
+) -> None:
+    generation = meta.get("generation")
+    try:
+        parsed = parse_spec(dict(spec))
+    except ValidationError as exc:
+        _fail(body, patch, status, "InvalidSpec", _errors(exc), generation)
+        raise kopf.PermanentError(f"invalid spec: {_errors(exc)}") from exc
+    excluded = _excluded(status) if excluded is None else excluded
+    uid = meta.get("uid", "")
+    pools = gpu_inventory(CATALOG, k8s.list_nodes(), k8s.list_gpu_pods(), exclude_owner_uid=uid)
+    result = plan_service(parsed, CATALOG, pools, excluded)
+    if result.outcome == "unusable":
+        _fail(body, patch, status, result.reason, result.message, generation)
+        raise kopf.PermanentError(result.message)
+    if result.outcome == "no-capacity":
+        _fail(body, patch, status, result.reason, result.message, generation)
+        patch.status["phase"] = "Pending"
+        raise kopf.TemporaryError(result.message, delay=SETTINGS.retry_backoff_s)
+    _deploy(body, parsed, result, pools, status, patch, namespace, name, uid, generation, excluded)
+
+
+def _deploy(
+    body: Any,
+    spec: InferenceServiceSpec,
+    result: PlanningResult,
+    pools: Any,
+    status: dict[str, Any],
+    patch: kopf.Patch,
+    namespace: str,
+    name: str,
+    uid: str,
+    generation: int | None,
+    excluded: tuple[str, ...],
+) -> None:
+    chosen, plan, model = result.chosen, result.plan, result.model
+    assert chosen is not None and chosen.prediction is not None and plan is not None and model is not None
+    pool = pools[chosen.gpu]
+    max_context = spec.workload.max_context_tokens or spec.workload.input_tokens + spec.workload.output_tokens
+    patch.status["plan"] = plan_status(plan, pool, max_context, excluded)
+    patch.status["observedGeneration"] = generation
+    patch.status["selector"] = selector(name)
+    planned = condition("Planned", True, "Planned", chosen.reason, generation, status.get("conditions"))
+    summary = (
+        f"{chosen.prediction.replicas} x {chosen.tensor_parallel} {chosen.gpu} ({chosen.precision}), "
+        f"max batch {chosen.prediction.max_batch}, ${chosen.prediction.cost_usd_per_hour:.2f}/h"
+    )
+    if spec.scaling.mode == "recommend":
+        for kind in CHILD_KINDS:
+            k8s.delete_if_present(kind, namespace, name)
+        patch.status["phase"] = "Recommended"
+        patch.status["conditions"] = merge_conditions(
+            status.get("conditions"),
+            planned,
+            condition(
+                "Ready",
+                False,
+                "RecommendOnly",
+                "mode is recommend: nothing deployed",
+                generation,
+                status.get("conditions"),
+            ),
+        )
+        kopf.event(body, type="Normal", reason="Recommended", message=f"Recommend {summary}")
+        return
+    cfg = ServingConfig.build(
+        CATALOG, model, CATALOG.gpu(chosen.gpu), chosen.precision, chosen.tensor_parallel, chosen.kv_cache_precision
+    )
+    replicas = _replicas(spec, namespace, name, chosen.gpu, chosen.prediction.replicas)
+    children = [
+        deployment(
+            name, uid, spec, model, cfg, chosen, pool, replicas, SETTINGS.engine_port, SETTINGS.extra_tolerations
+        ),
+        service(name, SETTINGS.engine_port),
+        pod_disruption_budget(name),
+    ]
+    kopf.adopt(children, owner=body)
+    for child in children:
+        k8s.apply(child)
+    patch.status["replicas"] = replicas
+    patch.status["phase"] = "Deploying"
+    patch.status["conditions"] = merge_conditions(status.get("conditions"), planned)
+    kopf.event(body, type="Normal", reason="Planned", message=f"Deployed {summary}: {chosen.reason}"[:1000])
+
+
+def _replicas(spec: InferenceServiceSpec, namespace: str, name: str, gpu_type: str, planned: int) -> int:
+    """Pinned replicas win; an existing Deployment on the same GPU type keeps its size (the
+    autoscaler owns it); otherwise the plan's count, within the bounds."""
+    s = spec.scaling
+    if s.replicas is not None:
+        return s.replicas
+    existing = k8s.read_deployment(namespace, name)
+    if existing is not None:
+        labels = existing.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
+        if labels.get("kvscale.io/gpu-type") == gpu_type:
+            return int(existing.get("spec", {}).get("replicas") or planned)
+    return max(s.min_replicas, min(s.max_replicas, planned))
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+def on_spec(
+    body: Any, spec: Any, meta: Any, status: Any, patch: kopf.Patch, namespace: str, name: str, **_: Any
+) -> None:
+    reconcile(body, dict(spec), meta, dict(status), patch, namespace, name)
+
+
+def _unschedulable_since(pod: dict[str, Any]) -> dt.datetime | None:
+    for c in pod.get("status", {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            stamp = c.get("lastTransitionTime") or pod.get("metadata", {}).get("creationTimestamp")
+            return dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else None
+    return None
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.status_interval_s, initial_delay=SETTINGS.status_interval_s)
+def refresh(
+    body: Any, spec: Any, meta: Any, status: Any, patch: kopf.Patch, namespace: str, name: str, **_: Any
+) -> None:
+    """Readiness from the Deployment; re-plan without a GPU type whose pods stay unschedulable."""
+    status = dict(status)
+    if status.get("phase") in (None, "Failed", "Pending", "Recommended") or not status.get("plan"):
+        return
+    generation = meta.get("generation")
+    gpu_type = status["plan"]["gpuType"]
+    now = dt.datetime.now(dt.UTC)
+    stuck = [
+        since
+        for p in k8s.list_pods(namespace, selector(name))
+        if p.get("metadata", {}).get("labels", {}).get("kvscale.io/gpu-type") == gpu_type
+        and (since := _unschedulable_since(p)) is not None
+    ]
+    if stuck and (now - min(stuck)).total_seconds() >= SETTINGS.unschedulable_timeout_s:
+        excluded = (*_excluded(status), gpu_type)
+        message = (
+            f"pods on {gpu_type} stayed unschedulable for {SETTINGS.unschedulable_timeout_s:.0f}s: "
+            f"re-planning without {gpu_type}"
+        )
+        kopf.warn(body, reason="GPUTypeUnschedulable", message=message)
+        patch.status["conditions"] = merge_conditions(
+            status.get("conditions"),
+            condition("Scheduled", False, "GPUTypeUnschedulable", message, generation, status.get("conditions")),
+        )
+        status["conditions"] = patch.status["conditions"]
+        reconcile(body, dict(spec), meta, status, patch, namespace, name, excluded=excluded)
+        return
+    existing = k8s.read_deployment(namespace, name)
+    if existing is None:
+        return
+    wanted = int(existing.get("spec", {}).get("replicas") or 0)
+    ready = int(existing.get("status", {}).get("readyReplicas") or 0)
+    is_ready = ready >= wanted and wanted > 0
+    patch.status["replicas"] = wanted
+    patch.status["readyReplicas"] = ready
+    if is_ready != (status.get("phase") == "Ready"):
+        patch.status["phase"] = "Ready" if is_ready else "Deploying"
+        kopf.event(
+            body, type="Normal", reason="Ready" if is_ready else "NotReady", message=f"{ready}/{wanted} replicas ready"
+        )
+    patch.status["conditions"] = merge_conditions(
+        status.get("conditions"),
+        condition(
+            "Ready",
+            is_ready,
+            "ReplicasReady" if is_ready else "ReplicasNotReady",
+            f"{ready}/{wanted} replicas ready",
+            generation,
+            status.get("conditions"),
+        ),
+        *(
+            [
+                condition(
+                    "Scheduled",
+                    True,
+                    "Scheduled",
+                    f"pods scheduled on {gpu_type}",
+                    generation,
+                    status.get("conditions"),
+                )
+            ]
+            if not stuck
+            else []
+        ),
+    )

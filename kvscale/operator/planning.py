@@ -1,0 +1,129 @@
+"""From an InferenceService spec and the cluster's GPUs to a plan, or to a precise reason
+why not (pure: no Kubernetes calls)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from kvscale.api.models import InferenceServiceSpec
+from kvscale.operator.inventory import GpuPool
+from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch
+from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES, Candidate, Plan, PlanRequest, plan
+from kvscale.sizing.units import parse_duration_s
+from kvscale.sizing.workload import Slo, Workload
+
+Outcome = Literal["planned", "unusable", "no-capacity"]
+
+
+@dataclass(frozen=True)
+class PlanningResult:
+    outcome: Outcome
+    reason: str  # CamelCase, for the condition
+    message: str  # names the field and the fix
+    plan: Plan | None = None
+    model: ModelArch | None = None
+
+    @property
+    def chosen(self) -> Candidate | None:
+        return self.plan.chosen if self.plan else None
+
+
+def resolve_model(spec: InferenceServiceSpec, catalog: Catalog) -> ModelArch:
+    m = spec.model
+    if m.architecture is not None:
+        a = m.architecture
+        fields = {
+            "layers": a.layers,
+            "hidden_size": a.hidden_size,
+            "heads": a.heads,
+            "kv_heads": a.kv_heads,
+            "head_dim": a.head_dim,
+            "intermediate_size": a.intermediate_size,
+            "vocab_size": a.vocab_size,
+            "params": a.params,
+            "experts": a.experts or 1,
+            "active_experts": a.active_experts or 1,
+        }
+        return ModelArch.from_architecture(m.name or "custom", **fields)
+    assert m.name is not None
+    return catalog.model(m.name)
+
+
+def _as_sized_in_cluster(catalog: Catalog, pools: Mapping[str, GpuPool]) -> Catalog:
+    """The catalog with each present GPU's node size taken from the cluster's largest node."""
+    gpus = dict(catalog.gpus)
+    for name, pool in pools.items():
+        if pool.max_per_node > 0:
+            gpus[name] = gpus[name].model_copy(update={"gpus_per_node": (pool.max_per_node,)})
+    return catalog.model_copy(update={"gpus": gpus})
+
+
+def plan_service(
+    spec: InferenceServiceSpec,
+    catalog: Catalog,
+    pools: Mapping[str, GpuPool],
+    excluded: tuple[str, ...] = (),
+) -> PlanningResult:
+    try:
+        model = resolve_model(spec, catalog)
+    except CatalogError as exc:
+        return PlanningResult(
+            "unusable", "UnknownModel", f"spec.model.name: {exc}; or describe it with spec.model.architecture"
+        )
+    except ValueError as exc:
+        return PlanningResult("unusable", "InvalidArchitecture", f"spec.model.architecture: {exc}")
+    try:
+        allowed = tuple(catalog.gpu(g).name for g in spec.hardware.gpu_types)
+    except CatalogError as exc:
+        return PlanningResult("unusable", "UnknownGPUType", f"spec.hardware.gpuTypes: {exc}")
+    w, s = spec.workload, spec.slo
+    workload = Workload(w.input_tokens, w.output_tokens, w.requests_per_second, w.max_context_tokens)
+    slo = Slo(parse_duration_s(s.time_to_first_token), parse_duration_s(s.time_per_output_token), s.percentile)
+    tps = tuple(tp for tp in TENSOR_PARALLEL_DEGREES if tp <= spec.hardware.max_tensor_parallel)
+    precisions = (spec.model.precision,)
+
+    def request(gpus: tuple[str, ...], limits: Mapping[str, int] | None) -> PlanRequest:
+        return PlanRequest(
+            model=model,
+            workload=workload,
+            slo=slo,
+            gpus=gpus,
+            tensor_parallel=tps,
+            precisions=precisions,
+            kv_cache_precision=spec.model.kv_cache_precision,
+            objective=spec.hardware.objective,
+            max_replicas=spec.scaling.max_replicas,
+            gpu_limits=limits,
+        )
+
+    # Anywhere at all? If not, the spec itself is unusable: say what would help.
+    everywhere = plan(catalog, request(allowed, None))
+    if not everywhere.feasible:
+        hint = "; ".join(everywhere.suggestions)
+        return PlanningResult(
+            "unusable",
+            "SLOInfeasible",
+            f"no GPU type meets spec.slo for this model and workload: {hint}",
+            everywhere,
+            model,
+        )
+    present = tuple(name for name in pools if name not in excluded and (not allowed or name in allowed))
+    limits = {name: pools[name].free for name in present}
+    in_cluster = plan(_as_sized_in_cluster(catalog, pools), request(present, limits)) if present else None
+    if in_cluster is not None and in_cluster.chosen is not None:
+        return PlanningResult("planned", "Planned", in_cluster.chosen.reason, in_cluster, model)
+    best = everywhere.chosen
+    assert best is not None and best.prediction is not None
+    need = best.prediction.replicas * best.tensor_parallel
+    have = ", ".join(f"{p.free} free {n}" for n, p in sorted(pools.items()) if n not in excluded) or "no GPU nodes"
+    gone = f" ({', '.join(excluded)} left out: pods stayed unschedulable)" if excluded else ""
+    return PlanningResult(
+        "no-capacity",
+        "InsufficientGPUs",
+        f"no plan fits the cluster's free GPUs ({have}){gone}; it would fit on {need} x {best.gpu} "
+        f"({best.prediction.replicas} replica(s) x TP{best.tensor_parallel}): add such nodes or widen spec.hardware.gpuTypes",
+        everywhere,
+        model,
+    )

@@ -1,0 +1,78 @@
+"""Operator settings, from environment variables (documented in README)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvscale.sizing.units import UnitError, parse_duration_s
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def _duration(name: str, default: str) -> float:
+    try:
+        return parse_duration_s(os.environ.get(name, default), field=name)
+    except UnitError as exc:
+        raise SettingsError(str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class Settings:
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    unschedulable_timeout_s: float = 300.0
+    status_interval_s: float = 10.0
+    retry_backoff_s: float = 30.0
+    catalog_overlays: tuple[Path, ...] = ()
+    engine_port: int = 8000
+    extra_tolerations: tuple[dict[str, str], ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        namespaces = tuple(n.strip() for n in os.environ.get("KVSCALE_NAMESPACES", "").split(",") if n.strip())
+        overlays = tuple(Path(p) for p in os.environ.get("KVSCALE_CATALOG", "").split(",") if p.strip())
+        try:
+            port = int(os.environ.get("KVSCALE_ENGINE_PORT", "8000"))
+        except ValueError as exc:
+            raise SettingsError(f"KVSCALE_ENGINE_PORT must be a port number: {exc}") from exc
+        return cls(
+            extra_tolerations=parse_tolerations(os.environ.get("KVSCALE_EXTRA_TOLERATIONS", "")),
+            namespaces=namespaces,
+            unschedulable_timeout_s=_duration("KVSCALE_UNSCHEDULABLE_TIMEOUT", "300s"),
+            status_interval_s=_duration("KVSCALE_STATUS_INTERVAL", "10s"),
+            retry_backoff_s=_duration("KVSCALE_RETRY_BACKOFF", "30s"),
+            catalog_overlays=overlays,
+            engine_port=port,
+        )
+
+
+def parse_tolerations(text: str) -> tuple[dict[str, str], ...]:
+    """'key=value:Effect,key:Effect' -> toleration dicts (Equal with a value, Exists without)."""
+    out: list[dict[str, str]] = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        head, sep, effect = item.rpartition(":")
+        if not sep or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute") or not head:
+            raise SettingsError(
+                f"KVSCALE_EXTRA_TOLERATIONS: {item!r} is not key[=value]:NoSchedule|PreferNoSchedule|NoExecute"
+            )
+        key, eq, value = head.partition("=")
+        out.append(
+            {"key": key, "operator": "Equal", "value": value, "effect": effect}
+            if eq
+            else {"key": key, "operator": "Exists", "effect": effect}
+        )
+    return tuple(out)
+
+
+ENV_DOCS = {
+    "KVSCALE_NAMESPACES": "Comma-separated namespaces to watch; empty watches all.",
+    "KVSCALE_UNSCHEDULABLE_TIMEOUT": "How long pods of the planned GPU type may stay unschedulable before re-planning without it (default 300s).",
+    "KVSCALE_STATUS_INTERVAL": "How often each InferenceService's status is refreshed (default 10s).",
+    "KVSCALE_RETRY_BACKOFF": "Delay before retrying when no plan fits the cluster (default 30s).",
+    "KVSCALE_CATALOG": "Comma-separated catalog overlay YAML files (extra GPUs, prices).",
+    "KVSCALE_ENGINE_PORT": "Port the engine listens on (default 8000).",
+    "KVSCALE_EXTRA_TOLERATIONS": "Extra taints engine pods tolerate, as key[=value]:Effect, comma-separated.",
+}

@@ -1,0 +1,84 @@
+"""The InferenceService API: strict models, the generated CRD, and the samples."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from kvscale.api.crd import crd, crd_yaml
+from kvscale.api.models import parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = sorted((ROOT / "deploy" / "samples").glob("*.yaml"))
+MINIMAL = {
+    "model": {"name": "llama-3.1-8b"},
+    "workload": {"inputTokens": 512, "outputTokens": 128},
+    "slo": {"timeToFirstToken": "500ms", "timePerOutputToken": "50ms"},
+}
+
+
+def test_committed_crd_matches_the_models() -> None:
+    committed = (ROOT / "crds" / "inferenceservices.kvscale.io.yaml").read_text()
+    assert committed == crd_yaml(), (
+        "crds/ drifted from kvscale/api: run `kvscale crd > crds/inferenceservices.kvscale.io.yaml`"
+    )
+
+
+def _walk(node: object, path: str = "") -> list[str]:
+    problems = []
+    if isinstance(node, dict):
+        for bad in ("$ref", "anyOf", "oneOf", "title", "const", "$defs"):
+            if bad in node:
+                problems.append(f"{path}: {bad}")
+        if "properties" in node:
+            for key, child in node["properties"].items():
+                if "description" not in child:
+                    problems.append(f"{path}.{key}: no description")
+                problems += _walk(child, f"{path}.{key}")
+        if "items" in node:
+            problems += _walk(node["items"], f"{path}[]")
+    return problems
+
+
+def test_crd_is_structural_and_explained() -> None:
+    version = crd()["spec"]["versions"][0]
+    assert _walk(version["schema"]["openAPIV3Schema"]) == []
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.scaling.replicas"
+    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {
+        "Model",
+        "GPU",
+        "TP",
+        "Replicas",
+        "Ready",
+        "TTFT",
+        "TPOT",
+        "Phase",
+        "Age",
+    }
+    scaling = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["scaling"]
+    assert any("minReplicas <= self.maxReplicas" in r["rule"] for r in scaling["x-kubernetes-validations"])
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=[s.name for s in SAMPLES])
+def test_samples_validate(sample: Path) -> None:
+    doc = yaml.safe_load(sample.read_text())
+    assert doc["kind"] == "InferenceService"
+    parse_spec(doc["spec"])
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"slo": {"timeToFirstToken": "soon", "timePerOutputToken": "50ms"}}, "timeToFirstToken"),
+        ({"scaling": {"minReplicas": 5, "maxReplicas": 2}}, "minReplicas"),
+        ({"model": {"name": "x", "precision": "fp4"}}, "precision"),
+        ({"model": {}}, "spec.model.name"),
+        ({"workload": {"inputTokens": 512, "outputTokens": 128, "maxContextTokens": 100}}, "maxContextTokens"),
+        ({"unknownField": 1}, "unknownField"),
+    ],
+)
+def test_invalid_specs_name_the_field(patch: dict[str, object], field: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        parse_spec({**MINIMAL, **patch})
+    assert field in str(exc.value)
