@@ -37,9 +37,11 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-bench: venv
+bench: venv cluster-bins
 	$(BIN)/python benchmarks/accuracy.py
 	$(BIN)/python benchmarks/plan_speed.py
+	$(BIN)/python benchmarks/simulate.py
+	PYTHONPATH=. $(BIN)/python benchmarks/operator.py
 
 ## cluster-up / cluster-down: the test cluster in the background, for kubectl
 cluster-up: venv cluster-bins

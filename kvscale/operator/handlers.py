@@ -179,8 +179,9 @@ def _replicas(spec: InferenceServiceSpec, namespace: str, name: str, gpu_type: s
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 def on_spec(
-    body: Any, spec: Any, meta: Any, status: Any, patch: kopf.Patch, namespace: str, name: str, **_: Any
+    *, body: Any, spec: Any, meta: Any, status: Any, patch: kopf.Patch, namespace: str | None, name: str, **_: Any
 ) -> None:
+    assert namespace is not None  # the resource is namespaced
     reconcile(body, dict(spec), meta, dict(status), patch, namespace, name)
 
 
@@ -194,9 +195,10 @@ def _unschedulable_since(pod: dict[str, Any]) -> dt.datetime | None:
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.status_interval_s, initial_delay=SETTINGS.status_interval_s)
 def refresh(
-    body: Any, spec: Any, meta: Any, status: Any, patch: kopf.Patch, namespace: str, name: str, **_: Any
+    *, body: Any, spec: Any, meta: Any, status: Any, patch: kopf.Patch, namespace: str | None, name: str, **_: Any
 ) -> None:
     """Readiness from the Deployment; re-plan without a GPU type whose pods stay unschedulable."""
+    assert namespace is not None
     status = dict(status)
     if status.get("phase") in (None, "Failed", "Pending", "Recommended") or not status.get("plan"):
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import kopf
 
@@ -10,6 +11,9 @@ import kopf
 def run_operator(namespaces: tuple[str, ...], liveness: str | None = None) -> None:
     from kvscale.operator import handlers
 
+    kopf.configure(verbose=False)  # kopf's own log format, to stderr
+    # Per-object INFO lines ("Timer 'refresh' succeeded" every interval) drown real news.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     watched = list(namespaces or handlers.SETTINGS.namespaces)
     asyncio.run(
         kopf.operator(

@@ -111,7 +111,7 @@ def events(api: client.ApiClient, namespace: str, name: str) -> list[tuple[str, 
 
 
 def engine_pods(api: client.ApiClient, namespace: str, name: str) -> list[Any]:
-    return (
+    return list(
         client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={name}").items
     )
 
