@@ -62,17 +62,12 @@ def main() -> None:
 
             wait_until(deployed, 120, "the Deployment", interval_s=0.05)
             to_deployment.append(time.monotonic() - start)
-            wait_until(
-                lambda name=f"timed-{i}": (
-                    objs.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)
-                    .get("status", {})
-                    .get("phase")
-                    == "Ready"
-                ),
-                120,
-                "Ready",
-                interval_s=0.05,
-            )
+
+            def ready(name: str = f"timed-{i}") -> bool:
+                obj = objs.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)
+                return bool(obj.get("status", {}).get("phase") == "Ready")
+
+            wait_until(ready, 120, "Ready", interval_s=0.05)
             to_ready.append(time.monotonic() - start)
             objs.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, f"timed-{i}")
         baseline = rss_mib(operator.process.pid)

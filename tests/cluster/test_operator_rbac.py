@@ -7,8 +7,8 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
-from tests.cluster.harness import Cluster
-from tests.cluster.test_operator import SAMPLES, Operator, create, events, wait_phase, wait_until
+from tests.cluster.harness import Cluster, wait_until
+from tests.cluster.test_operator import SAMPLES, Operator, create, events, wait_phase
 
 ROOT = Path(__file__).resolve().parents[2]
 
