@@ -600,6 +600,44 @@ def _run_with_progress(
         return run_policies(setup, load, names, headroom, replicas, max_replicas, tick)
 
 
+sim_app = typer.Typer(help="Simulator tools.", no_args_is_help=True)
+app.add_typer(sim_app, name="sim")
+
+
+@sim_app.command("serve")
+def sim_serve(
+    name: Annotated[str, typer.Option(help="InferenceService to play the engine for.")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    port: Annotated[int, typer.Option(help="Port of the /metrics endpoint (on 127.0.0.1).")] = 9400,
+    load: Annotated[
+        str, typer.Option(help="constant:R, ramp:R0:R1:SECONDS, steps:R0@T0,R1@T1,... or trace:FILE")
+    ] = "constant:1",
+    cold_start: Annotated[str, typer.Option("--cold-start", help="Time before a new pod serves.")] = "30s",
+    seed: Annotated[int, typer.Option(help="Seed of the arrival process.")] = 0,
+    duration: Annotated[str | None, typer.Option(help="Stop after this long (default: run until killed).")] = None,
+    catalog: CatalogOpt = None,
+) -> None:
+    """Serve vLLM-named metrics for every Running pod of an InferenceService, from the simulator."""
+    from kvscale.sim.load_profile import ProfileError, parse_profile
+
+    try:
+        parse_profile(load, 1, 1)
+    except ProfileError as exc:
+        fail(str(exc))
+    from kvscale.standin.kubernetes_loop import serve
+
+    serve(
+        _catalog(catalog),
+        namespace,
+        name,
+        port,
+        load,
+        _duration(cold_start, "--cold-start"),
+        seed,
+        _duration(duration, "--duration") if duration else None,
+    )
+
+
 @app.command()
 def crd() -> None:
     """The InferenceService CustomResourceDefinition, generated from kvscale/api."""

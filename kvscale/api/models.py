@@ -223,6 +223,7 @@ class InferenceServiceStatus(_Wire):
     conditions: list[Condition] = Field(default_factory=list, description="Ready, Planned, SLOMet, MetricsAvailable.")
     plan: PlanStatus | None = Field(default=None, description="The chosen plan and its predictions.")
     replicas: int | None = Field(default=None, description="Replicas of the engine Deployment.")
+    desired_replicas: int | None = Field(default=None, description="Replicas the autoscaling policy asked for last.")
     ready_replicas: int | None = Field(default=None, description="Replicas ready to serve.")
     selector: str | None = Field(default=None, description="Label selector of the engine pods (scale subresource).")
     observed: ObservedStatus | None = Field(default=None, description="Live measurements.")

@@ -16,18 +16,22 @@ from pydantic import ValidationError
 
 from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.api.models import InferenceServiceSpec, parse_spec
+from kvscale.metrics.client import PrometheusClient
 from kvscale.operator import k8s
+from kvscale.operator.autoscaler import ScalerMemory, observed_status, tick
 from kvscale.operator.inventory import gpu_inventory
 from kvscale.operator.planning import PlanningResult, plan_service
 from kvscale.operator.resources import deployment, pod_disruption_budget, selector, service
 from kvscale.operator.settings import Settings
-from kvscale.operator.status import condition, merge_conditions, plan_status
+from kvscale.operator.status import condition, merge_conditions, now_rfc3339, plan_status
 from kvscale.sizing.catalog import Catalog, load_catalog
 from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.units import parse_duration_s
 
 SETTINGS = Settings.from_env()
 CATALOG: Catalog = load_catalog(*SETTINGS.catalog_overlays)
 CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
+PROMETHEUS = PrometheusClient(SETTINGS.prometheus_url) if SETTINGS.prometheus_url else None
 
 
 @kopf.on.startup()
@@ -262,4 +266,103 @@ def refresh(
             if not stuck
             else []
         ),
+    )
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.scale_interval_s, initial_delay=SETTINGS.scale_interval_s)
+def autoscale(
+    *,
+    body: Any,
+    spec: Any,
+    status: Any,
+    meta: Any,
+    patch: kopf.Patch,
+    memo: Any,
+    namespace: str | None,
+    name: str,
+    **_: Any,
+) -> None:
+    """Observe, ask the policy, scale (mode auto) or only record (mode recommend). Missing
+    metrics hold the current size; a pinned spec.scaling.replicas overrides the policy."""
+    assert namespace is not None
+    status = dict(status)
+    plan = status.get("plan")
+    if not plan or status.get("phase") in (None, "Failed", "Pending"):
+        return
+    parsed = parse_spec(dict(spec))
+    generation = meta.get("generation")
+    if parsed.scaling.replicas is not None:
+        patch.status["desiredReplicas"] = parsed.scaling.replicas
+        return
+    existing = k8s.read_deployment(namespace, name)
+    if parsed.scaling.mode == "auto" and existing is None:
+        return
+    current = int((existing or {}).get("spec", {}).get("replicas") or status.get("desiredReplicas") or plan["replicas"])
+    ready = int((existing or {}).get("status", {}).get("readyReplicas") or 0)
+    memory = memo.setdefault("scaler", ScalerMemory())
+    decision, obs, missing = tick(
+        memory,
+        parsed,
+        plan,
+        CATALOG,
+        PROMETHEUS,
+        namespace,
+        name,
+        current,
+        ready,
+        SETTINGS.scale_interval_s,
+        SETTINGS.metrics_window,
+        SETTINGS.metrics_stale_after_s,
+    )
+    previous = status.get("conditions")
+    met = (
+        None
+        if obs.ttft_p_s is None or obs.tpot_p_s is None
+        else (
+            obs.ttft_p_s <= parse_duration_s(parsed.slo.time_to_first_token)
+            and obs.tpot_p_s <= parse_duration_s(parsed.slo.time_per_output_token)
+        )
+    )
+    patch.status["observed"] = observed_status(obs, decision)
+    patch.status["desiredReplicas"] = decision.replicas
+    patch.status["conditions"] = merge_conditions(
+        previous,
+        condition(
+            "MetricsAvailable",
+            missing is None,
+            "MetricsAvailable" if missing is None else "MetricsMissing",
+            missing or "engine metrics present and fresh",
+            generation,
+            previous,
+        ),
+        condition(
+            "SLOMet",
+            met,
+            "Unknown" if met is None else ("WithinTarget" if met else "OverTarget"),
+            "no latency samples yet"
+            if met is None
+            else f"observed TTFT {patch.status['observed']['ttft']}, TPOT {patch.status['observed']['tpot']}",
+            generation,
+            previous,
+        ),
+    )
+    if decision.replicas == current:
+        return
+    if parsed.scaling.mode == "recommend":
+        kopf.event(
+            body,
+            type="Normal",
+            reason="Recommendation",
+            message=f"Would scale {current} -> {decision.replicas}: {decision.reason}"[:1000],
+        )
+        return
+    k8s.scale_deployment(namespace, name, decision.replicas)
+    patch.status["replicas"] = decision.replicas
+    patch.status["lastScaleTime"] = now_rfc3339()
+    patch.status["lastScaleReason"] = decision.reason[:500]
+    kopf.event(
+        body,
+        type="Normal",
+        reason="Scaled",
+        message=f"Scaled {current} -> {decision.replicas}: {decision.reason}"[:1000],
     )

@@ -89,3 +89,8 @@ def delete_if_present(kind: str, namespace: str, name: str) -> bool:
             return False
         raise
     return True
+
+
+def scale_deployment(namespace: str, name: str, replicas: int) -> None:
+    """Through the scale subresource, so only the replica count changes."""
+    apps().patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})

@@ -29,6 +29,10 @@ class Settings:
     catalog_overlays: tuple[Path, ...] = ()
     engine_port: int = 8000
     extra_tolerations: tuple[dict[str, str], ...] = field(default_factory=tuple)
+    prometheus_url: str | None = None
+    scale_interval_s: float = 15.0
+    metrics_window: str = "1m"
+    metrics_stale_after_s: float = 120.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -46,7 +50,18 @@ class Settings:
             retry_backoff_s=_duration("KVSCALE_RETRY_BACKOFF", "30s"),
             catalog_overlays=overlays,
             engine_port=port,
+            prometheus_url=os.environ.get("KVSCALE_PROMETHEUS_URL") or None,
+            scale_interval_s=_duration("KVSCALE_SCALE_INTERVAL", "15s"),
+            metrics_window=_window(os.environ.get("KVSCALE_METRICS_WINDOW", "1m")),
+            metrics_stale_after_s=_duration("KVSCALE_METRICS_STALE_AFTER", "120s"),
         )
+
+
+def _window(text: str) -> str:
+    """A PromQL range: whole seconds or minutes."""
+    if not text or not text[:-1].isdigit() or text[-1] not in "smh":
+        raise SettingsError(f"KVSCALE_METRICS_WINDOW must be a PromQL range such as 30s or 1m, got {text!r}")
+    return text
 
 
 def parse_tolerations(text: str) -> tuple[dict[str, str], ...]:
@@ -75,4 +90,8 @@ ENV_DOCS = {
     "KVSCALE_CATALOG": "Comma-separated catalog overlay YAML files (extra GPUs, prices).",
     "KVSCALE_ENGINE_PORT": "Port the engine listens on (default 8000).",
     "KVSCALE_EXTRA_TOLERATIONS": "Extra taints engine pods tolerate, as key[=value]:Effect, comma-separated.",
+    "KVSCALE_PROMETHEUS_URL": "Prometheus base URL the autoscaler reads engine metrics from; unset: no autoscaling, replicas held.",
+    "KVSCALE_SCALE_INTERVAL": "How often the autoscaling policy runs per InferenceService (default 15s).",
+    "KVSCALE_METRICS_WINDOW": "PromQL range for rates and quantiles (default 1m).",
+    "KVSCALE_METRICS_STALE_AFTER": "Engine samples older than this count as missing (default 120s).",
 }

@@ -44,9 +44,7 @@ class SimSetup:
 
 
 def default_cold_start_s(cfg: ServingConfig) -> float:
-    """Image pull and engine start plus loading this GPU's weight shard."""
-    engine = cfg.engine
-    return engine.cold_start_fixed_s + cfg.memory.weights_bytes / engine.weight_load_bytes_per_s
+    return cfg.cold_start_s
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,11 @@ class ServingConfig:
     def price_usd_per_hour(self) -> float:
         return self.gpu.price_usd_per_gpu_hour * self.tensor_parallel
 
+    @property
+    def cold_start_s(self) -> float:
+        """A new replica's start: container and engine start plus loading this GPU's weight shard."""
+        return self.engine.cold_start_fixed_s + self.memory.weights_bytes / self.engine.weight_load_bytes_per_s
+
     def unsupported_reason(self) -> str | None:
         """Why this combination cannot run regardless of load, or None."""
         tp = self.tensor_parallel

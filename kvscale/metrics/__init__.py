@@ -1,0 +1,1 @@
+"""Prometheus in: an HTTP API client, PromQL builders and engine metric adapters."""

@@ -1,0 +1,93 @@
+"""The stand-in's Kubernetes side: which pods of the InferenceService are Running, and its plan."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kubernetes import client, config
+from prometheus_client import start_http_server
+from prometheus_client.registry import CollectorRegistry
+
+from kvscale.api import GROUP, PLURAL, VERSION
+from kvscale.api.models import parse_spec
+from kvscale.operator.planning import resolve_model
+from kvscale.operator.resources import selector
+from kvscale.sim.engine import StepTimes
+from kvscale.sim.load_profile import parse_profile
+from kvscale.sim.serve import StandIn
+from kvscale.sizing.catalog import Catalog
+from kvscale.sizing.config import ServingConfig
+
+POD_SYNC_S = 1.0
+TICK_S = 0.1
+
+
+def _api() -> client.ApiClient:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def wait_for_plan(api: client.ApiClient, namespace: str, name: str, timeout_s: float = 300.0) -> dict[str, Any]:
+    objects = client.CustomObjectsApi(api)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        obj = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        if obj.get("status", {}).get("plan"):
+            return dict(obj)
+        time.sleep(1.0)  # poll until the operator has planned
+    raise TimeoutError(f"InferenceService {namespace}/{name} has no plan in status after {timeout_s:.0f}s")
+
+
+def serve(
+    catalog: Catalog,
+    namespace: str,
+    name: str,
+    port: int,
+    load: str,
+    cold_start_s: float,
+    seed: int,
+    duration_s: float | None = None,
+) -> None:
+    api = _api()
+    obj = wait_for_plan(api, namespace, name)
+    spec = parse_spec(obj["spec"])
+    plan = obj["status"]["plan"]
+    model = resolve_model(spec, catalog)
+    cfg = ServingConfig.build(
+        catalog,
+        model,
+        catalog.gpu(plan["gpuType"]),
+        plan["precision"],
+        plan["tensorParallel"],
+        spec.model.kv_cache_precision,
+    )
+    arrivals = parse_profile(load, spec.workload.input_tokens, spec.workload.output_tokens, seed)
+    standin = StandIn(
+        namespace,
+        spec.model.name or model.name,
+        StepTimes(cfg),
+        int(plan["maxBatch"]),
+        cfg.memory.kv_capacity_tokens,
+        cfg.engine.max_num_batched_tokens,
+        cold_start_s,
+        arrivals,
+    )
+    registry = CollectorRegistry()
+    registry.register(standin)
+    start_http_server(port, addr="127.0.0.1", registry=registry)
+    core = client.CoreV1Api(api)
+    last_sync = -POD_SYNC_S
+    started = time.monotonic()
+    while duration_s is None or time.monotonic() - started < duration_s:
+        if time.monotonic() - last_sync >= POD_SYNC_S:
+            pods = core.list_namespaced_pod(namespace, label_selector=selector(name)).items
+            standin.sync_pods(
+                [p.metadata.name for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+            )
+            last_sync = time.monotonic()
+        standin.tick()
+        time.sleep(TICK_S)  # real-time pacing of the simulated engines
