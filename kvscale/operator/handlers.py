@@ -209,13 +209,16 @@ def refresh(
     generation = meta.get("generation")
     gpu_type = status["plan"]["gpuType"]
     now = dt.datetime.now(dt.UTC)
-    stuck = [
-        since
+    pods = [
+        p
         for p in k8s.list_pods(namespace, selector(name))
         if p.get("metadata", {}).get("labels", {}).get("kvscale.io/gpu-type") == gpu_type
-        and (since := _unschedulable_since(p)) is not None
     ]
-    if stuck and (now - min(stuck)).total_seconds() >= SETTINGS.unschedulable_timeout_s:
+    stuck = [since for p in pods if (since := _unschedulable_since(p)) is not None]
+    placed = [p for p in pods if p.get("spec", {}).get("nodeName")]
+    # Only a type on which nothing can be placed is abandoned; pods beyond what the nodes
+    # hold (a scale-out past capacity) just wait, and the Scheduled condition says so.
+    if stuck and not placed and (now - min(stuck)).total_seconds() >= SETTINGS.unschedulable_timeout_s:
         excluded = (*_excluded(status), gpu_type)
         message = (
             f"pods on {gpu_type} stayed unschedulable for {SETTINGS.unschedulable_timeout_s:.0f}s: "
@@ -252,19 +255,13 @@ def refresh(
             generation,
             status.get("conditions"),
         ),
-        *(
-            [
-                condition(
-                    "Scheduled",
-                    True,
-                    "Scheduled",
-                    f"pods scheduled on {gpu_type}",
-                    generation,
-                    status.get("conditions"),
-                )
-            ]
-            if not stuck
-            else []
+        condition(
+            "Scheduled",
+            not stuck,
+            "WaitingForGPUs" if stuck else "Scheduled",
+            f"{len(stuck)} pod(s) waiting for free {gpu_type} GPUs" if stuck else f"pods scheduled on {gpu_type}",
+            generation,
+            status.get("conditions"),
         ),
     )
 

@@ -14,6 +14,7 @@ def run_operator(namespaces: tuple[str, ...], liveness: str | None = None) -> No
     kopf.configure(verbose=False)  # kopf's own log format, to stderr
     # Per-object INFO lines ("Timer 'refresh' succeeded" every interval) drown real news.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prometheus query otherwise
     watched = list(namespaces or handlers.SETTINGS.namespaces)
     asyncio.run(
         kopf.operator(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kubernetes import client, config
-from prometheus_client import start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from kvscale.api import GROUP, PLURAL, VERSION
@@ -29,6 +31,27 @@ def _api() -> client.ApiClient:
     except config.ConfigException:
         config.load_kube_config()
     return client.ApiClient()
+
+
+def serve_text_metrics(registry: CollectorRegistry, port: int) -> ThreadingHTTPServer:
+    """/metrics in the classic text format whatever the scraper asks for: vLLM's names carry
+    ':' which prometheus_client's OpenMetrics output renames in samples but not in TYPE lines."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def wait_for_plan(api: client.ApiClient, namespace: str, name: str, timeout_s: float = 300.0) -> dict[str, Any]:
@@ -78,7 +101,7 @@ def serve(
     )
     registry = CollectorRegistry()
     registry.register(standin)
-    start_http_server(port, addr="127.0.0.1", registry=registry)
+    serve_text_metrics(registry, port)
     core = client.CoreV1Api(api)
     last_sync = -POD_SYNC_S
     started = time.monotonic()

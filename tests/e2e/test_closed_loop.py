@@ -1,0 +1,176 @@
+"""Closed-loop autoscaling on the test cluster: the stand-in serves simulated engines behind
+kwok pods, a real Prometheus scrapes it, the operator reads that Prometheus and scales."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.cluster.harness import Cluster, free_port, wait_until
+from tests.cluster.prometheus import Prometheus
+from tests.cluster.test_operator import SAMPLES, Operator, condition, create, get
+
+ROOT = Path(__file__).resolve().parents[2]
+STABILIZATION_S = 20.0
+# One replica of the 3B model on an L4 carries ~1.7 req/s within its SLO.
+LOAD = "steps:0.5@0,6@20,0.2@75"
+
+
+class Process:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.process = subprocess.Popen(
+            args, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.log = log
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def replicas(api: client.ApiClient, namespace: str, name: str) -> int:
+    return int(client.AppsV1Api(api).read_namespaced_deployment(name, namespace).spec.replicas)
+
+
+def events(api: client.ApiClient, namespace: str, name: str, reason: str) -> list[Any]:
+    items = client.CoreV1Api(api).list_namespaced_event(namespace).items
+    return [e for e in items if e.involved_object.name == name and e.reason == reason]
+
+
+@pytest.fixture
+def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.kvscale.io", "--timeout=60s")
+    body = copy.deepcopy(SAMPLES["custom-architecture"])
+    body["metadata"]["name"] = "looped"
+    # Four L4 nodes of one GPU: the fleet can grow to four.
+    body["spec"]["scaling"] = {"minReplicas": 1, "maxReplicas": 4, "scaleDownStabilization": f"{STABILIZATION_S:.0f}s"}
+    body["spec"]["slo"]["timePerOutputToken"] = "60ms"
+    metrics_port = free_port()
+    prom = Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{metrics_port}"]).start()
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    operator_env = {
+        "KVSCALE_PROMETHEUS_URL": prom.url,
+        "KVSCALE_SCALE_INTERVAL": "2s",
+        "KVSCALE_METRICS_WINDOW": "15s",
+        "KVSCALE_METRICS_STALE_AFTER": "10s",
+    }
+    os.environ.update(operator_env)
+    op = Operator(cluster, tmp_path)
+    op.start()
+    for key in operator_env:
+        del os.environ[key]
+    create(api, namespace, body)
+    wait_until(lambda: get(api, namespace, "looped").get("status", {}).get("phase") == "Ready", 60, "Ready")
+    standin = Process(
+        [
+            sys.executable,
+            "-m",
+            "kvscale.cli",
+            "sim",
+            "serve",
+            "--name",
+            "looped",
+            "--namespace",
+            namespace,
+            "--port",
+            str(metrics_port),
+            "--load",
+            LOAD,
+            "--cold-start",
+            "3s",
+        ],
+        env,
+        tmp_path / "standin.log",
+    )
+    started = time.monotonic()
+    try:
+        yield {"prom": prom, "operator": op, "namespace": namespace, "started": started, "tmp": tmp_path}
+    finally:
+        standin.stop()
+        op.stop()
+        prom.stop()
+
+
+def test_fleet_follows_load_holds_without_metrics_and_obeys_a_pin(
+    loop: dict[str, Any], api: client.ApiClient, cluster: Cluster
+) -> None:
+    ns, prom = loop["namespace"], loop["prom"]
+    wait_until(
+        lambda: condition(get(api, ns, "looped"), "MetricsAvailable").get("status") == "True", 60, "metrics flowing"
+    )
+
+    # Ramp at t=20s to 6 req/s: the fleet grows within a bounded number of ticks, TTFT recovers.
+    wait_until(lambda: replicas(api, ns, "looped") >= 3, 60, "scale-up to >= 3 replicas")
+    grown_at = time.monotonic() - loop["started"]
+    assert grown_at < 20 + 45, f"took {grown_at:.0f}s"
+    assert events(api, ns, "looped", "Scaled")
+    assert (
+        "forecast" in get(api, ns, "looped")["status"]["lastScaleReason"]
+        or "over the" in get(api, ns, "looped")["status"]["lastScaleReason"]
+    )
+    wait_until(
+        lambda: condition(get(api, ns, "looped"), "SLOMet").get("status") == "True",
+        60,
+        "TTFT and TPOT back within target",
+    )
+
+    # Drop at t=75s to 0.2 req/s (one replica's worth): the fleet shrinks to one only after
+    # the one-replica target has held for the stabilization window.
+    wait_until(lambda: replicas(api, ns, "looped") == 1, 120, "scale-down to one replica after the drop")
+    shrunk_at = time.monotonic() - loop["started"]
+    assert shrunk_at >= 75 + STABILIZATION_S, f"down to one at {shrunk_at:.0f}s, within the window"
+    assert "scale down" in get(api, ns, "looped")["status"]["lastScaleReason"]
+
+    # Prometheus stopped: the size holds, MetricsAvailable says why, and it recovers.
+    held = replicas(api, ns, "looped")
+    prom.stop()
+    wait_until(
+        lambda: condition(get(api, ns, "looped"), "MetricsAvailable").get("status") == "False", 30, "MetricsMissing"
+    )
+    for _ in range(5):
+        assert replicas(api, ns, "looped") == held
+        time.sleep(2.0)  # five policy ticks
+    prom.start()
+    wait_until(
+        lambda: condition(get(api, ns, "looped"), "MetricsAvailable").get("status") == "True", 60, "metrics back"
+    )
+
+    # kubectl scale pins the size; the policy no longer moves it.
+    cluster.kubectl("scale", "inferenceservice", "looped", "-n", ns, "--replicas=2")
+    wait_until(lambda: replicas(api, ns, "looped") == 2, 30, "the pinned size")
+    for _ in range(4):
+        time.sleep(2.0)  # policy ticks
+        assert replicas(api, ns, "looped") == 2
+
+
+def test_recommend_mode_changes_nothing(cluster: Cluster, api: client.ApiClient, namespace: str) -> None:
+    body = copy.deepcopy(SAMPLES["mistral-7b-recommend"])
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    op = Operator(cluster, Path(cluster.workdir))
+    op.start()
+    try:
+        create(api, namespace, body)
+        wait_until(
+            lambda: get(api, namespace, body["metadata"]["name"]).get("status", {}).get("phase") == "Recommended",
+            60,
+            "Recommended",
+        )
+        assert client.AppsV1Api(api).list_namespaced_deployment(namespace).items == []
+    finally:
+        op.stop()
