@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.api.models import InferenceServiceSpec, parse_spec
 from kvscale.metrics.client import PrometheusClient
-from kvscale.operator import k8s
+from kvscale.operator import k8s, telemetry
 from kvscale.operator.autoscaler import ScalerMemory, observed_status, tick
 from kvscale.operator.inventory import gpu_inventory
 from kvscale.operator.planning import PlanningResult, plan_service
@@ -36,6 +36,8 @@ PROMETHEUS = PrometheusClient(SETTINGS.prometheus_url) if SETTINGS.prometheus_ur
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    if SETTINGS.metrics_port:
+        telemetry.serve(SETTINGS.metrics_port)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kvscale.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kvscale.io", key="last-handled-configuration"
@@ -186,7 +188,14 @@ def on_spec(
     *, body: Any, spec: Any, meta: Any, status: Any, patch: kopf.Patch, namespace: str | None, name: str, **_: Any
 ) -> None:
     assert namespace is not None  # the resource is namespaced
-    reconcile(body, dict(spec), meta, dict(status), patch, namespace, name)
+    with telemetry.RECONCILE_SECONDS.time():
+        try:
+            reconcile(body, dict(spec), meta, dict(status), patch, namespace, name)
+        except kopf.TemporaryError:
+            raise
+        except Exception:
+            telemetry.ERRORS.labels("reconcile").inc()
+            raise
 
 
 def _unschedulable_since(pod: dict[str, Any]) -> dt.datetime | None:
@@ -297,20 +306,22 @@ def autoscale(
     current = int((existing or {}).get("spec", {}).get("replicas") or status.get("desiredReplicas") or plan["replicas"])
     ready = int((existing or {}).get("status", {}).get("readyReplicas") or 0)
     memory = memo.setdefault("scaler", ScalerMemory())
-    decision, obs, missing = tick(
-        memory,
-        parsed,
-        plan,
-        CATALOG,
-        PROMETHEUS,
-        namespace,
-        name,
-        current,
-        ready,
-        SETTINGS.scale_interval_s,
-        SETTINGS.metrics_window,
-        SETTINGS.metrics_stale_after_s,
-    )
+    with telemetry.TICK_SECONDS.time():
+        decision, obs, missing = tick(
+            memory,
+            parsed,
+            plan,
+            CATALOG,
+            PROMETHEUS,
+            namespace,
+            name,
+            current,
+            ready,
+            SETTINGS.scale_interval_s,
+            SETTINGS.metrics_window,
+            SETTINGS.metrics_stale_after_s,
+        )
+    _export(namespace, name, parsed, plan, current, ready, decision, obs, missing)
     previous = status.get("conditions")
     met = (
         None
@@ -363,3 +374,31 @@ def autoscale(
         reason="Scaled",
         message=f"Scaled {current} -> {decision.replicas}: {decision.reason}"[:1000],
     )
+
+
+def _export(
+    namespace: str,
+    name: str,
+    spec: InferenceServiceSpec,
+    plan: dict[str, Any],
+    current: int,
+    ready: int,
+    decision: Any,
+    obs: Any,
+    missing: str | None,
+) -> None:
+    labels = (namespace, name)
+    telemetry.DESIRED.labels(*labels).set(decision.replicas)
+    telemetry.CURRENT.labels(*labels).set(current)
+    telemetry.READY.labels(*labels).set(ready)
+    telemetry.TTFT_TARGET.labels(*labels).set(parse_duration_s(spec.slo.time_to_first_token))
+    telemetry.TPOT_TARGET.labels(*labels).set(parse_duration_s(spec.slo.time_per_output_token))
+    telemetry.TTFT_PREDICTED.labels(*labels).set(parse_duration_s(plan["predictedTtft"]))
+    telemetry.TPOT_PREDICTED.labels(*labels).set(parse_duration_s(plan["predictedTpot"]))
+    if obs.ttft_p_s is not None:
+        telemetry.TTFT_OBSERVED.labels(*labels).set(obs.ttft_p_s)
+    if obs.tpot_p_s is not None:
+        telemetry.TPOT_OBSERVED.labels(*labels).set(obs.tpot_p_s)
+    telemetry.COST.labels(*labels).set(current * float(plan["costPerHour"]) / max(int(plan["replicas"]), 1))
+    telemetry.METRICS_AVAILABLE.labels(*labels).set(1 if missing is None else 0)
+    telemetry.DECISIONS.labels(*labels, telemetry.decision_kind(decision.reason)).inc()

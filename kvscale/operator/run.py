@@ -12,6 +12,7 @@ def run_operator(namespaces: tuple[str, ...], liveness: str | None = None) -> No
     from kvscale.operator import handlers
 
     kopf.configure(verbose=False)  # kopf's own log format, to stderr
+    logging.getLogger().setLevel(handlers.SETTINGS.log_level.upper())
     # Per-object INFO lines ("Timer 'refresh' succeeded" every interval) drown real news.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prometheus query otherwise

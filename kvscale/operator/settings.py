@@ -33,15 +33,14 @@ class Settings:
     scale_interval_s: float = 15.0
     metrics_window: str = "1m"
     metrics_stale_after_s: float = 120.0
+    metrics_port: int = 9090
+    log_level: str = "info"
 
     @classmethod
     def from_env(cls) -> Settings:
         namespaces = tuple(n.strip() for n in os.environ.get("KVSCALE_NAMESPACES", "").split(",") if n.strip())
         overlays = tuple(Path(p) for p in os.environ.get("KVSCALE_CATALOG", "").split(",") if p.strip())
-        try:
-            port = int(os.environ.get("KVSCALE_ENGINE_PORT", "8000"))
-        except ValueError as exc:
-            raise SettingsError(f"KVSCALE_ENGINE_PORT must be a port number: {exc}") from exc
+        port = _port("KVSCALE_ENGINE_PORT", "8000")
         return cls(
             extra_tolerations=parse_tolerations(os.environ.get("KVSCALE_EXTRA_TOLERATIONS", "")),
             namespaces=namespaces,
@@ -54,7 +53,22 @@ class Settings:
             scale_interval_s=_duration("KVSCALE_SCALE_INTERVAL", "15s"),
             metrics_window=_window(os.environ.get("KVSCALE_METRICS_WINDOW", "1m")),
             metrics_stale_after_s=_duration("KVSCALE_METRICS_STALE_AFTER", "120s"),
+            metrics_port=_port("KVSCALE_METRICS_PORT", "9090"),
+            log_level=_level(os.environ.get("KVSCALE_LOG_LEVEL", "info")),
         )
+
+
+def _port(name: str, default: str) -> int:
+    text = os.environ.get(name, default)
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise SettingsError(f"{name} must be a port number (0 disables where allowed), got {text!r}")
+    return int(text)
+
+
+def _level(text: str) -> str:
+    if text.lower() not in ("debug", "info", "warning", "error"):
+        raise SettingsError(f"KVSCALE_LOG_LEVEL must be debug, info, warning or error, got {text!r}")
+    return text.lower()
 
 
 def _window(text: str) -> str:
@@ -94,4 +108,6 @@ ENV_DOCS = {
     "KVSCALE_SCALE_INTERVAL": "How often the autoscaling policy runs per InferenceService (default 15s).",
     "KVSCALE_METRICS_WINDOW": "PromQL range for rates and quantiles (default 1m).",
     "KVSCALE_METRICS_STALE_AFTER": "Engine samples older than this count as missing (default 120s).",
+    "KVSCALE_METRICS_PORT": "Port of the operator's own /metrics (default 9090; 0 disables).",
+    "KVSCALE_LOG_LEVEL": "debug, info, warning or error (default info).",
 }

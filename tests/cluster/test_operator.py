@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from tests.cluster.harness import Cluster, wait_until
+from tests.cluster.harness import Cluster, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "deploy" / "samples").glob("*.yaml"))}
@@ -30,10 +30,12 @@ class Operator:
         self.cluster = cluster
         self.log = workdir / "operator.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.metrics_port = free_port()
 
     def start(self) -> None:
         env = {
             **os.environ,
+            "KVSCALE_METRICS_PORT": str(self.metrics_port),
             "KUBECONFIG": str(self.cluster.kubeconfig),
             "KVSCALE_EXTRA_TOLERATIONS": "kwok.x-k8s.io/node:NoSchedule",
             "KVSCALE_STATUS_INTERVAL": "1s",

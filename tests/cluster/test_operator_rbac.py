@@ -14,10 +14,16 @@ from tests.cluster.test_operator import SAMPLES, Operator, create, events, wait_
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def service_account_kubeconfig(cluster: Cluster, api: client.ApiClient, path: Path) -> Path:
+def service_account_kubeconfig(
+    cluster: Cluster,
+    api: client.ApiClient,
+    path: Path,
+    namespace: str = "kvscale-system",
+    name: str = "kvscale-operator",
+) -> Path:
     core = client.CoreV1Api(api)
     token = core.create_namespaced_service_account_token(
-        "kvscale-operator", "kvscale-system", {"spec": {"expirationSeconds": 3600}}
+        name, namespace, {"spec": {"expirationSeconds": 3600}}
     ).status.token
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
     config = {

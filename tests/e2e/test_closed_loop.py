@@ -4,6 +4,7 @@ kwok pods, a real Prometheus scrapes it, the operator reads that Prometheus and 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import signal
 import subprocess
@@ -62,7 +63,8 @@ def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
     body["spec"]["scaling"] = {"minReplicas": 1, "maxReplicas": 4, "scaleDownStabilization": f"{STABILIZATION_S:.0f}s"}
     body["spec"]["slo"]["timePerOutputToken"] = "60ms"
     metrics_port = free_port()
-    prom = Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{metrics_port}"]).start()
+    op = Operator(cluster, tmp_path)
+    prom = Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{metrics_port}", f"127.0.0.1:{op.metrics_port}"]).start()
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
     operator_env = {
         "KVSCALE_PROMETHEUS_URL": prom.url,
@@ -71,7 +73,6 @@ def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
         "KVSCALE_METRICS_STALE_AFTER": "10s",
     }
     os.environ.update(operator_env)
-    op = Operator(cluster, tmp_path)
     op.start()
     for key in operator_env:
         del os.environ[key]
@@ -150,6 +151,17 @@ def test_fleet_follows_load_holds_without_metrics_and_obeys_a_pin(
     wait_until(
         lambda: condition(get(api, ns, "looped"), "MetricsAvailable").get("status") == "True", 60, "metrics back"
     )
+
+    # Every dashboard panel's query parses and answers on this Prometheus.
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "kvscale.json").read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$namespace", ns).replace("$inferenceservice", "looped")
+
+            def answered(expr: str = expr) -> bool:
+                return bool(prom.query(expr))
+
+            wait_until(answered, 30, f"an answer to panel {panel['title']!r}: {expr}")
 
     # kubectl scale pins the size; the policy no longer moves it.
     cluster.kubectl("scale", "inferenceservice", "looped", "-n", ns, "--replicas=2")

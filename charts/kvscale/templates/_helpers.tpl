@@ -1,0 +1,20 @@
+{{- define "kvscale.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}{{ .Release.Name | trunc 63 | trimSuffix "-" }}{{- else -}}{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}{{- end -}}
+{{- end -}}
+
+{{- define "kvscale.labels" -}}
+app.kubernetes.io/name: kvscale
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "kvscale.selectorLabels" -}}
+app.kubernetes.io/name: kvscale
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "kvscale.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}{{ default (include "kvscale.fullname" .) .Values.serviceAccount.name }}{{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
+{{- end -}}

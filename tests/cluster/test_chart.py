@@ -1,0 +1,160 @@
+"""The Helm chart: lint, schema-checked values, manifests the API server accepts, rules promtool
+accepts, and an install whose ServiceAccount runs the operator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.cluster.harness import Cluster
+from tests.cluster.test_operator import SAMPLES, Operator, create, wait_phase
+from tests.cluster.test_operator_rbac import service_account_kubeconfig
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kvscale"
+KUBE_VERSION = "1.34.4"
+
+
+def helm(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(
+        [str(cluster.helm), f"--kubeconfig={cluster.kubeconfig}", *args], capture_output=True, text=True, timeout=180
+    )
+    if check:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+def render(cluster: Cluster, *sets: str) -> list[dict[str, object]]:
+    args = ["template", "kvscale", str(CHART), "--namespace", "kvscale-system", "--kube-version", KUBE_VERSION]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(cluster, *args).stdout) if d]
+
+
+def test_chart_files_match_the_sources() -> None:
+    files = CHART / "files"
+    assert (files / "crd.yaml").read_text() == (ROOT / "crds" / "inferenceservices.kvscale.io.yaml").read_text()
+    assert json.loads((files / "dashboard.json").read_text()) == json.loads(
+        (ROOT / "deploy" / "grafana" / "kvscale.json").read_text()
+    )
+    assert yaml.safe_load((files / "rules.yaml").read_text()) == yaml.safe_load(
+        (ROOT / "deploy" / "prometheus" / "rules.yaml").read_text()
+    )
+    role = next(
+        d
+        for d in yaml.safe_load_all((ROOT / "deploy" / "rbac" / "operator.yaml").read_text())
+        if d["kind"] == "ClusterRole"
+    )
+    assert yaml.safe_load((files / "rbac-rules.yaml").read_text()) == role["rules"]
+
+
+def test_helm_lint(cluster: Cluster) -> None:
+    out = helm(
+        cluster,
+        "lint",
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "rules.enabled=true,dashboards.enabled=true,monitoring.enabled=true",
+    )
+    assert "0 chart(s) failed" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("operator.logLevel=loud", "logLevel"),
+        ("operator.prometheusUrl=ftp://x", "prometheusUrl"),
+        ("replicaCount=3", "replicaCount"),
+        ("nonsense=1", "nonsense"),
+    ],
+)
+def test_schema_rejects_invalid_values(cluster: Cluster, value: str, message: str) -> None:
+    out = helm(cluster, "template", "k", str(CHART), "--kube-version", KUBE_VERSION, "--set", value, check=False)
+    assert out.returncode != 0 and message in out.stderr
+
+
+def test_operator_pod_is_locked_down(cluster: Cluster) -> None:
+    deployment = next(d for d in render(cluster) if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]  # type: ignore[index]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["resources"]["limits"] and container["livenessProbe"] and container["readinessProbe"]
+
+
+def test_observability_objects_are_off_by_default(cluster: Cluster) -> None:
+    kinds = {d["kind"] for d in render(cluster)}
+    assert not kinds & {"PodMonitor", "PrometheusRule", "ConfigMap"}
+    on = render(
+        cluster, "rules.enabled=true", "dashboards.enabled=true", "monitoring.enabled=true", "dashboards.label=my_dash"
+    )
+    assert {"PodMonitor", "PrometheusRule", "ConfigMap"} <= {d["kind"] for d in on}
+    config_map = next(d for d in on if d["kind"] == "ConfigMap")
+    assert config_map["metadata"]["labels"]["my_dash"] == "1"  # type: ignore[index]
+
+
+def test_rendered_rules_pass_promtool(cluster: Cluster, tmp_path: Path) -> None:
+    rule = next(d for d in render(cluster, "rules.enabled=true") if d["kind"] == "PrometheusRule")
+    groups = tmp_path / "rules.yaml"
+    groups.write_text(yaml.safe_dump(rule["spec"]))
+    out = subprocess.run(["promtool", "check", "rules", str(groups)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "5 rules found" in out.stdout
+
+
+def test_rendered_manifests_pass_server_side_dry_run(cluster: Cluster, tmp_path: Path) -> None:
+    # The Prometheus Operator's kinds are not installed here; everything else goes to the API server.
+    docs = [d for d in render(cluster, "dashboards.enabled=true") if d["kind"] not in ("Pod",)]
+    if not cluster.kubectl_ok("get", "namespace", "kvscale-system"):
+        cluster.kubectl("create", "namespace", "kvscale-system")
+    manifest = tmp_path / "all.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    out = cluster.kubectl("apply", "--dry-run=server", "-f", str(manifest))
+    assert "(server dry run)" in out
+
+
+def test_install_runs_the_operator_under_the_charts_account(
+    cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    release_ns = f"{namespace}-sys"
+    helm(
+        cluster,
+        "install",
+        "kvscale",
+        str(CHART),
+        "--namespace",
+        release_ns,
+        "--create-namespace",
+        "--set",
+        "crds.install=false",
+        "--set",
+        "serviceAccount.name=kvscale-operator",
+    )
+    try:
+        core = client.CoreV1Api(api)
+        assert core.read_namespaced_service_account("kvscale-operator", release_ns)
+        # kwok runs no containers, so the operator runs here, with the chart's ServiceAccount token.
+        kubeconfig = service_account_kubeconfig(cluster, api, tmp_path / "chart-sa.kubeconfig", namespace=release_ns)
+        operator = Operator(Cluster(workdir=tmp_path, bins=cluster.bins, external_kubeconfig=kubeconfig), tmp_path)
+        operator.start()
+        try:
+            body = SAMPLES["custom-architecture"]
+            create(api, namespace, body)
+            wait_phase(api, namespace, body["metadata"]["name"], "Ready", operator)
+        finally:
+            operator.stop()
+    finally:
+        helm(cluster, "uninstall", "kvscale", "--namespace", release_ns, "--wait")
