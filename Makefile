@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SAMPLE_PLAN := --model llama-3.1-8b --ttft 500ms --tpot 50ms --rps 10 --input 512 --output 256
 
-.PHONY: venv plan test test-unit lint bench cluster-bins cluster-up cluster-down clean
+.PHONY: venv plan test test-unit lint bench cluster-bins cluster-up cluster-down demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ cluster-up: venv cluster-bins
 
 cluster-down: venv
 	$(BIN)/python -m tests.cluster.up --down
+
+## demo: cluster, chart, a sample under a load ramp; prints decisions, writes out/demo.png (~4 min)
+demo: venv cluster-bins
+	KVSCALE_CLUSTER_BINS="$$(bash hack/build-cluster-bins.sh 2>/dev/null | tail -n 1)" PYTHONPATH=. $(BIN)/python hack/demo.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -37,6 +37,9 @@ class PolicyConfig:
     forecast_window_s: float = 180.0
     scale_down_stabilization_s: float = 120.0
     queue_per_replica_threshold: float = 4.0
+    # After a feedback scale-up the latency window still holds the old samples: wait this
+    # long before feedback adds more, or one slow minute buys several replicas.
+    feedback_cooldown_s: float = 45.0
     calibration_smoothing: float = 0.3
     calibration_bounds: tuple[float, float] = (0.9, 3.0)  # little optimism: a fast engine is a bonus, not a plan
     scale_down_margin: float = 0.10  # extra spare capacity a scale-down must leave (hysteresis against flapping)
@@ -51,6 +54,7 @@ class PolicyState:
     rates: tuple[tuple[float, float], ...] = ()  # (time, observed arrival rate)
     targets: tuple[tuple[float, int], ...] = ()  # (time, unstabilized target) for scale-down
     calibration: float = 1.0
+    last_feedback_s: float | None = None
     history_limit_s: float = field(default=900.0, repr=False)
 
     def remember(self, time_s: float, rate: float | None, target: int) -> PolicyState:
@@ -153,7 +157,8 @@ def decide(
             f"forecast {forecast:.2f} req/s (now {rate_now:.2f}) over {per_replica:.2f} req/s per replica "
             f"with {config.headroom:.0%} headroom"
         )
-    if missed and obs.starting_replicas == 0:
+    cooled = state.last_feedback_s is None or obs.time_s - state.last_feedback_s >= config.feedback_cooldown_s
+    if missed and obs.starting_replicas == 0 and cooled:
         backlog = math.ceil(obs.waiting / max(capacity.max_batch, 1))
         feedback = obs.ready_replicas + max(1, backlog)
         if feedback > target:
@@ -161,6 +166,7 @@ def decide(
                 feedback,
                 f"{missed}: adding {feedback - obs.ready_replicas} beyond the ready {obs.ready_replicas}",
             )
+            state = replace(state, last_feedback_s=obs.time_s)
     target = _clamp(target, config)
     state = state.remember(obs.time_s, rate_now, target)
 

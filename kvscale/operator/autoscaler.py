@@ -63,7 +63,7 @@ def _capacity(
     return memory.capacity
 
 
-def policy_config(spec: InferenceServiceSpec, cold_start_s: float, interval_s: float) -> PolicyConfig:
+def policy_config(spec: InferenceServiceSpec, cold_start_s: float, interval_s: float, window_s: float) -> PolicyConfig:
     return PolicyConfig(
         ttft_target_s=parse_duration_s(spec.slo.time_to_first_token),
         tpot_target_s=parse_duration_s(spec.slo.time_per_output_token),
@@ -73,6 +73,7 @@ def policy_config(spec: InferenceServiceSpec, cold_start_s: float, interval_s: f
         max_replicas=spec.scaling.max_replicas,
         forecast_horizon_s=cold_start_s + interval_s,
         scale_down_stabilization_s=parse_duration_s(spec.scaling.scale_down_stabilization),
+        feedback_cooldown_s=window_s + interval_s,
     )
 
 
@@ -112,7 +113,9 @@ def tick(
             window,
             stale_after_s,
         )
-    decision, memory.state = decide(obs, memory.state, capacity, policy_config(spec, memory.cold_start_s, interval_s))
+    decision, memory.state = decide(
+        obs, memory.state, capacity, policy_config(spec, memory.cold_start_s, interval_s, parse_duration_s(window))
+    )
     return decision, obs, why
 
 

@@ -98,6 +98,15 @@ def test_slo_miss_adds_capacity_beyond_the_model() -> None:
     assert decisions == [3]
 
 
+def test_feedback_waits_for_its_window_before_adding_again() -> None:
+    # The SLO stays missed while the latency window still holds old samples: one replica per cooldown.
+    series = [obs(15 * i, 2.0, 2 + (1 if i > 1 else 0), ttft_p_s=3.0, waiting=30.0) for i in range(1, 5)]
+    decisions = run(series)
+    assert decisions[0] == 3
+    assert decisions[1:3] == [3, 3]  # within 45 s of the first feedback
+    assert decisions[3] == 4
+
+
 def test_bounds_hold() -> None:
     config = PolicyConfig(
         ttft_target_s=1,
