@@ -96,11 +96,11 @@ def test_operator_pod_is_locked_down(cluster: Cluster) -> None:
 
 def test_observability_objects_are_off_by_default(cluster: Cluster) -> None:
     kinds = {d["kind"] for d in render(cluster)}
-    assert not kinds & {"PodMonitor", "PrometheusRule", "ConfigMap"}
+    assert not kinds & {"PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap"}
     on = render(
         cluster, "rules.enabled=true", "dashboards.enabled=true", "monitoring.enabled=true", "dashboards.label=my_dash"
     )
-    assert {"PodMonitor", "PrometheusRule", "ConfigMap"} <= {d["kind"] for d in on}
+    assert {"PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap"} <= {d["kind"] for d in on}
     config_map = next(d for d in on if d["kind"] == "ConfigMap")
     assert config_map["metadata"]["labels"]["my_dash"] == "1"  # type: ignore[index]
 
