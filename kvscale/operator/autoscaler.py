@@ -17,9 +17,8 @@ from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.autoscaling.policy import PolicyConfig, PolicyState, decide
 from kvscale.metrics.client import PrometheusClient
 from kvscale.metrics.observe import observe
-from kvscale.operator.planning import resolve_model
+from kvscale.operator.planning import serving_config_from_plan
 from kvscale.sizing.catalog import Catalog
-from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.units import format_duration, parse_duration_s
 from kvscale.sizing.workload import Slo
 
@@ -46,15 +45,7 @@ def _capacity(
         spec.slo.model_dump_json(),
     )
     if memory.key != key or memory.capacity is None:
-        model = resolve_model(spec, catalog)
-        cfg = ServingConfig.build(
-            catalog,
-            model,
-            catalog.gpu(plan["gpuType"]),
-            plan["precision"],
-            plan["tensorParallel"],
-            spec.model.kv_cache_precision,
-        )
+        cfg = serving_config_from_plan(spec, plan, catalog)
         slo_s = (parse_duration_s(spec.slo.time_to_first_token), parse_duration_s(spec.slo.time_per_output_token))
         memory.capacity = SizingCapacity(cfg, Slo(*slo_s, spec.slo.percentile), int(plan["maxBatch"]))
         memory.cold_start_s = cfg.cold_start_s

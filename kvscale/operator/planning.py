@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from kvscale.api.models import InferenceServiceSpec
 from kvscale.operator.inventory import GpuPool
 from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch
+from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES, Candidate, Plan, PlanRequest, plan
 from kvscale.sizing.units import parse_duration_s
 from kvscale.sizing.workload import Slo, Workload
@@ -49,6 +50,19 @@ def resolve_model(spec: InferenceServiceSpec, catalog: Catalog) -> ModelArch:
         return ModelArch.from_architecture(m.name or "custom", **fields)
     assert m.name is not None
     return catalog.model(m.name)
+
+
+def serving_config_from_plan(spec: InferenceServiceSpec, plan: Mapping[str, Any], catalog: Catalog) -> ServingConfig:
+    """The configuration a plan in status describes (gpuType, tensorParallel, precision)."""
+    model = resolve_model(spec, catalog)
+    return ServingConfig.build(
+        catalog,
+        model,
+        catalog.gpu(plan["gpuType"]),
+        plan["precision"],
+        plan["tensorParallel"],
+        spec.model.kv_cache_precision,
+    )
 
 
 def _as_sized_in_cluster(catalog: Catalog, pools: Mapping[str, GpuPool]) -> Catalog:

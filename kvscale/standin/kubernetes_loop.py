@@ -7,30 +7,22 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.api.models import parse_spec
-from kvscale.operator.planning import resolve_model
+from kvscale.operator.k8s import api_client
+from kvscale.operator.planning import resolve_model, serving_config_from_plan
 from kvscale.operator.resources import selector
 from kvscale.sim.engine import StepTimes
 from kvscale.sim.load_profile import parse_profile
 from kvscale.sim.serve import StandIn
 from kvscale.sizing.catalog import Catalog
-from kvscale.sizing.config import ServingConfig
 
 POD_SYNC_S = 1.0
 TICK_S = 0.1
-
-
-def _api() -> client.ApiClient:
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
 
 
 def serve_text_metrics(registry: CollectorRegistry, port: int) -> ThreadingHTTPServer:
@@ -75,19 +67,12 @@ def serve(
     seed: int,
     duration_s: float | None = None,
 ) -> None:
-    api = _api()
+    api = api_client()
     obj = wait_for_plan(api, namespace, name)
     spec = parse_spec(obj["spec"])
     plan = obj["status"]["plan"]
     model = resolve_model(spec, catalog)
-    cfg = ServingConfig.build(
-        catalog,
-        model,
-        catalog.gpu(plan["gpuType"]),
-        plan["precision"],
-        plan["tensorParallel"],
-        spec.model.kv_cache_precision,
-    )
+    cfg = serving_config_from_plan(spec, plan, catalog)
     arrivals = parse_profile(load, spec.workload.input_tokens, spec.workload.output_tokens, seed)
     standin = StandIn(
         namespace,
