@@ -66,6 +66,14 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str, interval_
     )
 
 
+def holds_for(check: Callable[[], bool], duration_s: float, what: str, interval_s: float = 0.5) -> None:
+    """Polls `check` for `duration_s`; fails at the first poll where it is false (a steady state)."""
+    deadline = time.monotonic() + duration_s
+    while time.monotonic() < deadline:
+        assert check(), f"{what} did not hold"
+        time.sleep(interval_s)  # poll interval
+
+
 def find_bins() -> Path:
     """The directory of built binaries: $KVSCALE_CLUSTER_BINS, else build (or reuse) them."""
     configured = os.environ.get("KVSCALE_CLUSTER_BINS")

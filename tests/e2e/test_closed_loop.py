@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.cluster.harness import Cluster, free_port, wait_until
+from tests.cluster.harness import Cluster, free_port, holds_for, wait_until
 from tests.cluster.prometheus import Prometheus
 from tests.cluster.test_operator import SAMPLES, Operator, condition, create, get
 
@@ -144,9 +144,7 @@ def test_fleet_follows_load_holds_without_metrics_and_obeys_a_pin(
     wait_until(
         lambda: condition(get(api, ns, "looped"), "MetricsAvailable").get("status") == "False", 30, "MetricsMissing"
     )
-    for _ in range(5):
-        assert replicas(api, ns, "looped") == held
-        time.sleep(2.0)  # five policy ticks
+    holds_for(lambda: replicas(api, ns, "looped") == held, 10.0, "the size while metrics are missing")  # five ticks
     prom.start()
     wait_until(
         lambda: condition(get(api, ns, "looped"), "MetricsAvailable").get("status") == "True", 60, "metrics back"
@@ -166,9 +164,7 @@ def test_fleet_follows_load_holds_without_metrics_and_obeys_a_pin(
     # kubectl scale pins the size; the policy no longer moves it.
     cluster.kubectl("scale", "inferenceservice", "looped", "-n", ns, "--replicas=2")
     wait_until(lambda: replicas(api, ns, "looped") == 2, 30, "the pinned size")
-    for _ in range(4):
-        time.sleep(2.0)  # policy ticks
-        assert replicas(api, ns, "looped") == 2
+    holds_for(lambda: replicas(api, ns, "looped") == 2, 8.0, "the pinned size")  # four policy ticks
 
 
 def test_recommend_mode_changes_nothing(cluster: Cluster, api: client.ApiClient, namespace: str) -> None:
