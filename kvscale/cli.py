@@ -95,8 +95,14 @@ def _duration(value: str, option: str) -> float:
 
 def _positive(value: int, option: str) -> int:
     if value < 1:
-        fail(f"{option} must be a positive whole number of tokens, got {value}")
+        fail(f"{option} must be a positive whole number, got {value}")
     return value
+
+
+def _slo(ttft: str, tpot: str, percentile: float) -> Slo:
+    if not 50 <= percentile < 100:
+        fail(f"--percentile must be in [50, 100), got {percentile:g}")
+    return Slo(_duration(ttft, "--ttft"), _duration(tpot, "--tpot"), percentile)
 
 
 def _print_json(data: Any) -> None:
@@ -244,7 +250,7 @@ def plan_cmd(
     gpus = _check_names(cat, _split(gpu), precisions, kv_cache_precision)
     try:
         workload = Workload(_positive(input_tokens, "--input"), _positive(output_tokens, "--output"), rps, max_context)
-        slo = Slo(_duration(ttft, "--ttft"), _duration(tpot, "--tpot"), percentile)
+        slo = _slo(ttft, tpot, percentile)
     except ValueError as exc:
         fail(str(exc))
     request = PlanRequest(
@@ -519,7 +525,7 @@ def simulate(
         seconds = _duration(duration, "--duration")
         load = Load(closed=(users, _positive(input_tokens, "--input"), _positive(output_tokens, "--output"), seconds))
         workload = Workload(input_tokens, output_tokens, 0.0)
-    slo = Slo(_duration(ttft, "--ttft"), _duration(tpot, "--tpot"), percentile)
+    slo = _slo(ttft, tpot, percentile)
     gpus = _check_names(cat, _split(gpu), _split(precision), "auto")
     request = PlanRequest(
         model=arch,
