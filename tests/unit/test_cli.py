@@ -122,6 +122,31 @@ def test_roofline_png(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bad_percentile_names_the_option() -> None:
+    for command in (
+        PLAN,
+        [
+            "simulate",
+            "--concurrency",
+            "1",
+            "--input",
+            "1",
+            "--output",
+            "1",
+            "--duration",
+            "1s",
+            "--model",
+            "llama-2-7b",
+            "--ttft",
+            "1s",
+            "--tpot",
+            "50ms",
+        ],
+    ):
+        result = runner.invoke(app, [*command, "--percentile", "100"])
+        assert result.exit_code == 2 and "--percentile must be in [50, 100)" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -257,31 +282,6 @@ def test_roofline_png(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_bad_percentile_names_the_option() -> None:
-    for command in (
-        PLAN,
-        [
-            "simulate",
-            "--concurrency",
-            "1",
-            "--input",
-            "1",
-            "--output",
-            "1",
-            "--duration",
-            "1s",
-            "--model",
-            "llama-2-7b",
-            "--ttft",
-            "1s",
-            "--tpot",
-            "50ms",
-        ],
-    ):
-        result = runner.invoke(app, [*command, "--percentile", "100"])
-        assert result.exit_code == 2 and "--percentile must be in [50, 100)" in result.stderr
-
-
 def test_bad_input_exits_non_zero_naming_the_field(args: list[str], message: str) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 2
