@@ -19,7 +19,7 @@ from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.sim.compare import POLICY_NAMES, make_policies, run_oracle
 from kvscale.sim.plots import draw_timeline
 from kvscale.sim.report import summary
-from kvscale.sim.run import SimResult, SimSetup, Source, default_cold_start_s, simulate
+from kvscale.sim.run import SimResult, SimSetup, Source, simulate
 from kvscale.sim.trace import rate_scale, read_trace
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
@@ -40,12 +40,12 @@ def main() -> None:
     cfg = ServingConfig.build(catalog, catalog.model(MODEL), catalog.gpu(GPU), "bf16", 1)
     base = read_trace(TRACE)
     console.print(
-        f"{MODEL} on 1 x {GPU}, max batch {MAX_BATCH}, cold start {default_cold_start_s(cfg):.0f}s; "
+        f"{MODEL} on 1 x {GPU}, max batch {MAX_BATCH}, cold start {cfg.cold_start_s:.0f}s; "
         f"SLO p{SLO.percentile:g} TTFT <= {SLO.ttft_s * 1e3:g} ms, TPOT <= {SLO.tpot_s * 1e3:g} ms; trace {TRACE.name}"
     )
     for scale in SCALES:
         trace = rate_scale(base, scale, seed=0)
-        setup = SimSetup(cfg, SLO, MAX_BATCH, default_cold_start_s(cfg), initial_replicas=max(1, round(2 * scale)))
+        setup = SimSetup(cfg, SLO, MAX_BATCH, cfg.cold_start_s, initial_replicas=max(1, round(2 * scale)))
         capacity = SizingCapacity(cfg, SLO, MAX_BATCH)
         results: list[SimResult] = []
         walls: dict[str, float] = {}

@@ -23,10 +23,6 @@ def _first(names: tuple[str, ...], build: str) -> str:
     return " or ".join(build.format(m=m) for m in names)
 
 
-def _matcher(metric: str, selector: str) -> str:
-    return f'{{__name__="{metric}",{selector}}}'
-
-
 def histogram_quantile(names: tuple[str, ...], selector: str, quantile: float, window: str) -> str:
     return _first(
         names,

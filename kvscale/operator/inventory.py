@@ -9,7 +9,6 @@ from typing import Any
 from kvscale.sizing.catalog import Catalog
 
 GPU_PRODUCT_LABELS = ("nvidia.com/gpu.product", "amd.com/gpu.product-name")
-GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ class FleetSpec:
     kv_capacity_tokens: int
     token_budget: int
     gpus_per_replica: int
-    price_usd_per_gpu_hour: float
     cold_start_s: float
 
 
@@ -27,9 +26,6 @@ class Fleet:
         self.scale_events = 0
 
     # -- views -------------------------------------------------------------------------
-
-    def active(self) -> list[Replica]:
-        return [r for r in self.replicas if r.stopped_s is None]
 
     def serving(self, now_s: float) -> list[Replica]:
         return [r for r in self.replicas if r.is_ready(now_s) and not r.draining]

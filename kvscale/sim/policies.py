@@ -12,7 +12,6 @@ from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.autoscaling.policy import Capacity, PolicyConfig, PolicyState, decide
 
 HPA_TOLERANCE = 0.10  # kube-controller-manager --horizontal-pod-autoscaler-tolerance
-HPA_SYNC_S = 15.0  # --horizontal-pod-autoscaler-sync-period
 HPA_SCALE_DOWN_STABILIZATION_S = 300.0  # behavior.scaleDown.stabilizationWindowSeconds default
 
 

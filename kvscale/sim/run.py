@@ -18,7 +18,7 @@ from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.workload import Slo
 
-TICK_S = 15.0
+TICK_S = 15.0  # the HPA controller's default sync period: every policy ticks alike
 WINDOW_S = 60.0
 
 
@@ -38,13 +38,8 @@ class SimSetup:
             kv_capacity_tokens=self.cfg.memory.kv_capacity_tokens,
             token_budget=self.cfg.engine.max_num_batched_tokens,
             gpus_per_replica=self.cfg.tensor_parallel,
-            price_usd_per_gpu_hour=self.cfg.gpu.price_usd_per_gpu_hour,
             cold_start_s=self.cold_start_s,
         )
-
-
-def default_cold_start_s(cfg: ServingConfig) -> float:
-    return cfg.cold_start_s
 
 
 @dataclass(frozen=True)

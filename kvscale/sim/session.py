@@ -10,7 +10,7 @@ from typing import Any
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.sim.compare import make_policies, run_oracle
 from kvscale.sim.report import summary
-from kvscale.sim.run import SimResult, SimSetup, Source, default_cold_start_s, simulate
+from kvscale.sim.run import SimResult, SimSetup, Source, simulate
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.config import ServingConfig
@@ -44,7 +44,7 @@ def setup_from_plan(catalog: Catalog, plan: Plan, cold_start_s: float | None, re
         cfg=cfg,
         slo=r.slo,
         max_batch=chosen.prediction.max_batch,
-        cold_start_s=cold_start_s if cold_start_s is not None else default_cold_start_s(cfg),
+        cold_start_s=cold_start_s if cold_start_s is not None else cfg.cold_start_s,
         initial_replicas=replicas or chosen.prediction.replicas,
     )
 

@@ -3,6 +3,7 @@ that meets the SLO, and for every other candidate the reason it lost."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -291,14 +292,18 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
     screened.sort(key=lambda s: (s.bound, s.cfg.gpus, s.cfg.gpu.name, s.cfg.tensor_parallel, s.cfg.precision.name))
     out = request.workload.output_tokens
     feasible: list[Candidate] = []
+    metrics: list[float] = []  # the feasible candidates' objective values, kept sorted
     outranked: list[_Screened] = []
     for s in screened:
-        metrics = sorted(_metric(c, request.objective, out) for c in feasible)
         if len(metrics) >= FULLY_RANKED and s.bound > metrics[FULLY_RANKED - 1] + 1e-9:
             outranked.append(s)
             continue
         candidate = _evaluate(s, request)
-        (feasible if candidate.prediction else rejected).append(candidate)
+        if candidate.prediction is None:
+            rejected.append(candidate)
+        else:
+            feasible.append(candidate)
+            bisect.insort(metrics, _metric(candidate, request.objective, out))
     rejected.sort(key=lambda c: (c.gpu, c.tensor_parallel, c.precision))
     feasible.sort(key=lambda c: _rank_key(c, request.objective, out))
     if not feasible:

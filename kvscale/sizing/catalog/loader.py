@@ -11,7 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kvscale.sizing.units import GB, GIB
+from kvscale.sizing.units import GIB
 
 
 class CatalogError(ValueError):
@@ -336,6 +336,3 @@ def load_catalog(*overlays: Path) -> Catalog:
 @cache
 def default_catalog() -> Catalog:
     return load_catalog()
-
-
-__all__ = ["GB", "Catalog", "CatalogError", "GpuSpec", "ModelArch", "estimate_params", "load_catalog"]
