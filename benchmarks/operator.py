@@ -21,7 +21,7 @@ from rich.table import Table
 
 from kvscale.api import GROUP, PLURAL, VERSION
 from tests.cluster.harness import Cluster, find_bins, wait_until
-from tests.cluster.test_operator import Operator
+from tests.cluster.processes import Operator
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = yaml.safe_load((ROOT / "deploy" / "samples" / "custom-architecture.yaml").read_text())

@@ -5,9 +5,7 @@ and latency to out/demo.png. Runs about four minutes."""
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,10 +17,10 @@ import matplotlib.pyplot as plt
 from kubernetes import client, config
 
 from tests.cluster.harness import Cluster, find_bins, free_port, wait_until
+from tests.cluster.processes import KvscaleProcess, Operator, standin
 from tests.cluster.prometheus import Prometheus
-from tests.cluster.test_operator import SAMPLES, Operator, create, get
+from tests.cluster.test_operator import SAMPLES, create, get
 from tests.cluster.test_operator_rbac import service_account_kubeconfig
-from tests.e2e.test_closed_loop import Process
 
 ROOT = Path(__file__).resolve().parents[1]
 LOAD = "steps:0.5@0,6@30,1@130"
@@ -34,7 +32,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="kvscale-demo-"))
     print("starting the test cluster ...", flush=True)
     cluster = Cluster(work, find_bins()).start()
-    processes: list[Process] = []
+    processes: list[KvscaleProcess] = []
     prom = None
     operator = None
     try:
@@ -68,7 +66,7 @@ def main() -> None:
         prom = Prometheus(
             work / "prom", targets=[f"127.0.0.1:{standin_port}", f"127.0.0.1:{operator.metrics_port}"]
         ).start()
-        os.environ.update(
+        operator.env.update(
             {"KVSCALE_PROMETHEUS_URL": prom.url, "KVSCALE_SCALE_INTERVAL": "3s", "KVSCALE_METRICS_WINDOW": "20s"}
         )
         operator.start()
@@ -78,28 +76,7 @@ def main() -> None:
         body["spec"]["slo"]["timePerOutputToken"] = "60ms"
         create(api, "default", body)
         wait_until(lambda: get(api, "default", "demo").get("status", {}).get("phase") == "Ready", 60, "Ready")
-        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-        processes.append(
-            Process(
-                [
-                    sys.executable,
-                    "-m",
-                    "kvscale.cli",
-                    "sim",
-                    "serve",
-                    "--name",
-                    "demo",
-                    "--port",
-                    str(standin_port),
-                    "--load",
-                    LOAD,
-                    "--cold-start",
-                    "5s",
-                ],
-                env,
-                work / "standin.log",
-            )
-        )
+        processes.append(standin(cluster, "demo", "default", standin_port, LOAD, "5s", work / "standin.log"))
         print(f"load {LOAD} (req/s @ s) for {RUN_S}s; decisions:", flush=True)
         start = time.monotonic()
         seen: set[str] = set()

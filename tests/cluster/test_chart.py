@@ -12,7 +12,8 @@ import yaml
 from kubernetes import client
 
 from tests.cluster.harness import Cluster
-from tests.cluster.test_operator import SAMPLES, Operator, create, wait_phase
+from tests.cluster.processes import Operator
+from tests.cluster.test_operator import SAMPLES, create, wait_phase
 from tests.cluster.test_operator_rbac import service_account_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]

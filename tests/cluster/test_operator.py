@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,50 +15,11 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from tests.cluster.harness import Cluster, free_port, wait_until
+from tests.cluster.harness import Cluster, wait_until
+from tests.cluster.processes import Operator
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "deploy" / "samples").glob("*.yaml"))}
-
-
-class Operator:
-    def __init__(self, cluster: Cluster, workdir: Path) -> None:
-        self.cluster = cluster
-        self.log = workdir / "operator.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.metrics_port = free_port()
-
-    def start(self) -> None:
-        env = {
-            **os.environ,
-            "KVSCALE_METRICS_PORT": str(self.metrics_port),
-            "KUBECONFIG": str(self.cluster.kubeconfig),
-            "KVSCALE_EXTRA_TOLERATIONS": "kwok.x-k8s.io/node:NoSchedule",
-            "KVSCALE_STATUS_INTERVAL": "1s",
-            "KVSCALE_UNSCHEDULABLE_TIMEOUT": "4s",
-            "KVSCALE_RETRY_BACKOFF": "2s",
-        }
-        handle = self.log.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "kvscale.cli", "operator"],
-            env=env,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self.process = None
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-60:]) if self.log.exists() else ""
 
 
 @pytest.fixture(scope="module")

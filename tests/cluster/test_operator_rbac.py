@@ -9,7 +9,8 @@ import yaml
 from kubernetes import client
 
 from tests.cluster.harness import Cluster, wait_until
-from tests.cluster.test_operator import SAMPLES, Operator, create, events, wait_phase
+from tests.cluster.processes import Operator
+from tests.cluster.test_operator import SAMPLES, create, events, wait_phase
 
 ROOT = Path(__file__).resolve().parents[2]
 

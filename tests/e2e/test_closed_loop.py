@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,30 +14,14 @@ import pytest
 from kubernetes import client
 
 from tests.cluster.harness import Cluster, free_port, holds_for, wait_until
+from tests.cluster.processes import Operator, standin
 from tests.cluster.prometheus import Prometheus
-from tests.cluster.test_operator import SAMPLES, Operator, condition, create, get
+from tests.cluster.test_operator import SAMPLES, condition, create, get
 
 ROOT = Path(__file__).resolve().parents[2]
 STABILIZATION_S = 20.0
 # One replica of the 3B model on an L4 carries ~1.7 req/s within its SLO.
 LOAD = "steps:0.5@0,6@20,0.2@75"
-
-
-class Process:
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.process = subprocess.Popen(
-            args, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.log = log
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
 
 
 def replicas(api: client.ApiClient, namespace: str, name: str) -> int:
@@ -65,45 +45,23 @@ def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
     metrics_port = free_port()
     op = Operator(cluster, tmp_path)
     prom = Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{metrics_port}", f"127.0.0.1:{op.metrics_port}"]).start()
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-    operator_env = {
-        "KVSCALE_PROMETHEUS_URL": prom.url,
-        "KVSCALE_SCALE_INTERVAL": "2s",
-        "KVSCALE_METRICS_WINDOW": "15s",
-        "KVSCALE_METRICS_STALE_AFTER": "10s",
-    }
-    os.environ.update(operator_env)
+    op.env.update(
+        {
+            "KVSCALE_PROMETHEUS_URL": prom.url,
+            "KVSCALE_SCALE_INTERVAL": "2s",
+            "KVSCALE_METRICS_WINDOW": "15s",
+            "KVSCALE_METRICS_STALE_AFTER": "10s",
+        }
+    )
     op.start()
-    for key in operator_env:
-        del os.environ[key]
     create(api, namespace, body)
     wait_until(lambda: get(api, namespace, "looped").get("status", {}).get("phase") == "Ready", 60, "Ready")
-    standin = Process(
-        [
-            sys.executable,
-            "-m",
-            "kvscale.cli",
-            "sim",
-            "serve",
-            "--name",
-            "looped",
-            "--namespace",
-            namespace,
-            "--port",
-            str(metrics_port),
-            "--load",
-            LOAD,
-            "--cold-start",
-            "3s",
-        ],
-        env,
-        tmp_path / "standin.log",
-    )
+    serving = standin(cluster, "looped", namespace, metrics_port, LOAD, "3s", tmp_path / "standin.log")
     started = time.monotonic()
     try:
         yield {"prom": prom, "operator": op, "namespace": namespace, "started": started, "tmp": tmp_path}
     finally:
-        standin.stop()
+        serving.stop()
         op.stop()
         prom.stop()
 

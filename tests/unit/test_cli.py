@@ -400,53 +400,16 @@ def test_simulate_all_policies_json(tmp_path: Path) -> None:
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+CLOSED_LOOP = ["simulate", "--concurrency", "4", "--input", "200", "--output", "50", "--duration", "30s",
+               "--model", "llama-3.1-8b", "--ttft", "1s", "--tpot", "60ms"]  # fmt: skip
+
+
 def test_simulate_closed_loop_and_bad_input() -> None:
-    data = run_json(
-        "simulate",
-        "--concurrency",
-        "4",
-        "--input",
-        "200",
-        "--output",
-        "50",
-        "--duration",
-        "30s",
-        "--model",
-        "llama-3.1-8b",
-        "--ttft",
-        "1s",
-        "--tpot",
-        "60ms",
-        "--policy",
-        "static",
-        "--replicas",
-        "1",
-    )
+    data = run_json(*CLOSED_LOOP, "--policy", "static", "--replicas", "1")
     assert data[0]["policy"] == "static" and data[0]["requests"] > 4
     result = runner.invoke(app, ["simulate", "--model", "llama-3.1-8b", "--ttft", "1s", "--tpot", "60ms"])
     assert result.exit_code == 2 and "--trace" in result.stderr
-    result = runner.invoke(
-        app,
-        [
-            "simulate",
-            "--concurrency",
-            "4",
-            "--input",
-            "200",
-            "--output",
-            "50",
-            "--duration",
-            "30s",
-            "--model",
-            "llama-3.1-8b",
-            "--ttft",
-            "1s",
-            "--tpot",
-            "60ms",
-            "--policy",
-            "oracle",
-        ],
-    )
+    result = runner.invoke(app, [*CLOSED_LOOP, "--policy", "oracle"])
     assert result.exit_code == 1 and "oracle needs a trace" in " ".join(result.stderr.split())
     result = runner.invoke(
         app, ["simulate", "--trace", "nope.csv", "--model", "llama-3.1-8b", "--ttft", "1s", "--tpot", "60ms"]
