@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from kvscale.autoscaling.observation import Decision, Observation
+from kvscale.autoscaling.observation import Decision, DecisionKind, Observation
 
 
 class Capacity(Protocol):
@@ -33,7 +33,10 @@ class PolicyConfig:
     min_replicas: int = 1
     max_replicas: int = 100
     headroom: float = 0.10
-    forecast_horizon_s: float = 120.0  # a cold start plus a tick: scale-up must land before need
+    # A new replica's start-to-ready time before any was observed: the default from the model
+    # size (container start, weight download and load, engine warm-up); see ServingConfig.
+    cold_start_s: float = 90.0
+    tick_s: float = 15.0  # how often the policy runs
     forecast_window_s: float = 180.0
     scale_down_stabilization_s: float = 120.0
     queue_per_replica_threshold: float = 4.0
@@ -44,9 +47,13 @@ class PolicyConfig:
     calibration_bounds: tuple[float, float] = (0.9, 3.0)  # little optimism: a fast engine is a bonus, not a plan
     scale_down_margin: float = 0.10  # extra spare capacity a scale-down must leave (hysteresis against flapping)
 
+    cold_start_samples: int = 8  # observed start-to-ready times kept for learning
+
     def __post_init__(self) -> None:
         if not 0 <= self.min_replicas <= self.max_replicas:
             raise ValueError(f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})")
+        if not self.cold_start_s >= 0:
+            raise ValueError(f"the cold start must be >= 0 seconds, got {self.cold_start_s}")
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,21 @@ class PolicyState:
     targets: tuple[tuple[float, int], ...] = ()  # (time, unstabilized target) for scale-down
     calibration: float = 1.0
     last_feedback_s: float | None = None
+    # Observed start-to-ready seconds (newest last). The operator may restore them from status
+    # after a restart; empty means the config's default cold start applies.
+    cold_start_samples: tuple[float, ...] = ()
     history_limit_s: float = field(default=900.0, repr=False)
+
+    def cold_start_s(self, config: PolicyConfig) -> float:
+        """The cold start to plan with: the slowest recent observed start (a scale-up must
+        land before the need even when a start is slow), or the config's default."""
+        return max(self.cold_start_samples) if self.cold_start_samples else config.cold_start_s
+
+    def learn_cold_start(self, observed_s: tuple[float, ...], config: PolicyConfig) -> PolicyState:
+        valid = tuple(s for s in observed_s if math.isfinite(s) and s >= 0)
+        if not valid:
+            return self
+        return replace(self, cold_start_samples=(*self.cold_start_samples, *valid)[-config.cold_start_samples :])
 
     def remember(self, time_s: float, rate: float | None, target: int) -> PolicyState:
         horizon = time_s - self.history_limit_s
@@ -102,12 +123,15 @@ def _calibrate(
     obs: Observation, state: PolicyState, capacity: Capacity, config: PolicyConfig, lengths: tuple[float, float]
 ) -> float:
     """Smoothed observed/predicted TPOT at the observed per-replica load: how much slower
-    (or faster) the engine runs than the model says."""
+    (or faster) the engine runs than the model says. Not while replicas warm up or just
+    became ready: their latency window mixes fleet sizes."""
     if (
         obs.tpot_p_s is None
         or obs.arrival_rate_per_s is None
         or obs.ready_replicas < 1
         or not obs.arrival_rate_per_s > 0
+        or obs.starting_replicas > 0
+        or obs.started_to_ready_s
     ):
         return state.calibration
     predicted = capacity.predicted_tpot_s(obs.arrival_rate_per_s / obs.ready_replicas, *lengths)
@@ -122,21 +146,25 @@ def _calibrate(
 def decide(
     obs: Observation, state: PolicyState, capacity: Capacity, config: PolicyConfig
 ) -> tuple[Decision, PolicyState]:
+    """One tick: the replica count, the term that set it (its kind) and why, and the new state."""
+    state = state.learn_cold_start(obs.started_to_ready_s, config)
+    cold_start_s = state.cold_start_s(config)
     current = obs.current_replicas
     missed = _slo_missed(obs, config)
     if not obs.complete:
         # Hold on missing or stale data; only a visible queue may still add a replica.
-        target = current
+        target, kind = current, DecisionKind.MISSING_METRICS
         reason = "metrics missing or stale: holding"
         if (
             obs.waiting is not None
             and obs.waiting > config.queue_per_replica_threshold * max(obs.ready_replicas, 1)
             and obs.starting_replicas == 0
         ):
-            target = current + 1
+            target, kind = current + 1, DecisionKind.BACKLOG
             reason = f"metrics incomplete but {obs.waiting:.0f} requests queued: one more replica"
         replicas = max(current, _clamp(target, config))
-        return Decision(replicas, reason, calibration=state.calibration), state.remember(obs.time_s, None, replicas)
+        decision = Decision(replicas, reason, kind, calibration=state.calibration, cold_start_s=cold_start_s)
+        return decision, state.remember(obs.time_s, None, replicas)
 
     assert obs.arrival_rate_per_s is not None and obs.running is not None and obs.waiting is not None
     lengths = (
@@ -148,31 +176,37 @@ def decide(
     state = replace(state, calibration=calibration)
     rate_now = obs.arrival_rate_per_s
     history = state.remember(obs.time_s, rate_now, 0).rates
-    forecast = forecast_rate(history, obs.time_s, config.forecast_window_s, config.forecast_horizon_s)
+    horizon_s = cold_start_s + config.tick_s
+    forecast = forecast_rate(history, obs.time_s, config.forecast_window_s, horizon_s)
     if per_replica <= 0:
-        target, why = config.max_replicas, "no replica meets the SLO at the observed lengths: scaling to the maximum"
+        target, kind = config.max_replicas, DecisionKind.BOUNDS
+        why = "no replica meets the SLO at the observed lengths: scaling to the maximum"
     else:
-        target = math.ceil(forecast * (1 + config.headroom) / per_replica - 1e-9)
+        target, kind = math.ceil(forecast * (1 + config.headroom) / per_replica - 1e-9), DecisionKind.FORECAST
         why = (
             f"forecast {forecast:.2f} req/s (now {rate_now:.2f}) over {per_replica:.2f} req/s per replica "
-            f"with {config.headroom:.0%} headroom"
+            f"with {config.headroom:.0%} headroom, {horizon_s:.0f}s ahead"
         )
     cooled = state.last_feedback_s is None or obs.time_s - state.last_feedback_s >= config.feedback_cooldown_s
     if missed and obs.starting_replicas == 0 and cooled:
         backlog = math.ceil(obs.waiting / max(capacity.max_batch, 1))
         feedback = obs.ready_replicas + max(1, backlog)
         if feedback > target:
-            target, why = (
-                feedback,
-                f"{missed}: adding {feedback - obs.ready_replicas} beyond the ready {obs.ready_replicas}",
-            )
+            target, kind = feedback, DecisionKind.FEEDBACK
+            why = f"{missed}: adding {feedback - obs.ready_replicas} beyond the ready {obs.ready_replicas}"
             state = replace(state, last_feedback_s=obs.time_s)
-    target = _clamp(target, config)
+    clamped = _clamp(target, config)
+    if clamped != target:
+        bound = "maxReplicas" if clamped < target else "minReplicas"
+        target, kind, why = clamped, DecisionKind.BOUNDS, f"{why}; {bound} {clamped}"
     state = state.remember(obs.time_s, rate_now, target)
+
+    def answer(replicas: int, reason: str, kind: DecisionKind) -> Decision:
+        return Decision(replicas, reason, kind, per_replica, calibration, cold_start_s)
 
     if target >= current:
         verb = "scale up" if target > current else "hold"
-        return Decision(target, f"{verb} {current} -> {target}: {why}", per_replica, calibration), state
+        return answer(target, f"{verb} {current} -> {target}: {why}", kind), state
 
     # Scale-down: the largest target of the stabilization window, and a consolidation check.
     since = obs.time_s - config.scale_down_stabilization_s
@@ -181,22 +215,18 @@ def decide(
     stabilized = max([target, *window]) if history_covers_window else current
     absorbed = rate_now * (1 + config.headroom + config.scale_down_margin) <= stabilized * per_replica
     queue_ok = obs.running + obs.waiting <= stabilized * capacity.max_batch
-    if stabilized >= current or not absorbed or not queue_ok or missed:
-        hold_why = (
-            f"within the {config.scale_down_stabilization_s:.0f}s stabilization window"
-            if stabilized >= current
-            else "the remaining replicas would not absorb the load"
-            if not (absorbed and queue_ok)
-            else missed or ""
-        )
-        return Decision(current, f"hold {current}: {hold_why}", per_replica, calibration), state
+    if stabilized >= current:
+        why = f"within the {config.scale_down_stabilization_s:.0f}s stabilization window"
+        return answer(current, f"hold {current}: {why}", DecisionKind.STABILIZATION), state
+    if not absorbed or not queue_ok or missed:
+        why = "the remaining replicas would not absorb the load" if not (absorbed and queue_ok) else missed or ""
+        return answer(current, f"hold {current}: {why}", DecisionKind.HOLD), state
     return (
-        Decision(
+        answer(
             stabilized,
             f"scale down {current} -> {stabilized}: {stabilized} replicas absorb {rate_now:.2f} req/s "
             f"(capacity {stabilized * per_replica:.2f}) after {config.scale_down_stabilization_s:.0f}s stable",
-            per_replica,
-            calibration,
+            kind if stabilized == target else DecisionKind.STABILIZATION,
         ),
         state,
     )

@@ -62,7 +62,8 @@ def policy_config(spec: InferenceServiceSpec, cold_start_s: float, interval_s: f
         default_output_tokens=spec.workload.output_tokens,
         min_replicas=spec.scaling.min_replicas,
         max_replicas=spec.scaling.max_replicas,
-        forecast_horizon_s=cold_start_s + interval_s,
+        cold_start_s=cold_start_s,
+        tick_s=interval_s,
         scale_down_stabilization_s=parse_duration_s(spec.scaling.scale_down_stabilization),
         feedback_cooldown_s=window_s + interval_s,
     )

@@ -76,7 +76,8 @@ def make_policies(
         default_output_tokens=out,
         max_replicas=max_replicas,
         headroom=headroom,
-        forecast_horizon_s=setup.cold_start_s + setup.tick_s,
+        cold_start_s=setup.cold_start_s,
+        tick_s=setup.tick_s,
     )
     built: dict[str, Callable[[], SimPolicy]] = {
         "kvscale": lambda: KvscalePolicy(capacity, config),

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvscale.autoscaling.observation import Decision, Observation
+from kvscale.autoscaling.observation import Decision, DecisionKind, Observation
 from kvscale.autoscaling.policy import Capacity, PolicyConfig, PolicyState, decide
 
 HPA_TOLERANCE = 0.10  # kube-controller-manager --horizontal-pod-autoscaler-tolerance
@@ -78,13 +78,14 @@ class HpaRunningPolicy:
     def decide(self, obs: Observation) -> Decision:
         current = obs.current_replicas
         if obs.running is None or obs.ready_replicas == 0:
-            return Decision(current, "hpa: no metrics, holding")
+            return Decision(current, "hpa: no metrics, holding", DecisionKind.MISSING_METRICS)
         ratio = (obs.running / obs.ready_replicas) / self.target_running_per_replica
         raw = current if abs(ratio - 1) <= HPA_TOLERANCE else math.ceil(ratio * obs.ready_replicas)
         desired = self.core.recommend(obs.time_s, current, raw)
         return Decision(
             desired,
             f"hpa: {obs.running / obs.ready_replicas:.1f} running/pod vs target {self.target_running_per_replica:g}",
+            DecisionKind.FEEDBACK,
         )
 
 
@@ -106,11 +107,13 @@ class KedaWaitingPolicy:
     def decide(self, obs: Observation) -> Decision:
         current = obs.current_replicas
         if obs.waiting is None:
-            return Decision(current, "keda: no metrics, holding")
+            return Decision(current, "keda: no metrics, holding", DecisionKind.MISSING_METRICS)
         ratio = obs.waiting / (self.threshold * max(current, 1))
         raw = current if abs(ratio - 1) <= HPA_TOLERANCE else math.ceil(obs.waiting / self.threshold)
         desired = self.core.recommend(obs.time_s, current, raw)
-        return Decision(desired, f"keda: {obs.waiting:.0f} waiting vs {self.threshold:g} per replica")
+        return Decision(
+            desired, f"keda: {obs.waiting:.0f} waiting vs {self.threshold:g} per replica", DecisionKind.FEEDBACK
+        )
 
 
 @dataclass
@@ -130,20 +133,24 @@ class SaturationPolicy:
         current = obs.current_replicas
         ready = obs.ready_replicas
         if obs.kv_usage is None or obs.waiting is None or obs.running is None or ready == 0:
-            return Decision(current, "saturation: no metrics, holding")
+            return Decision(current, "saturation: no metrics, holding", DecisionKind.MISSING_METRICS)
         if obs.kv_usage > self.kv_limit or obs.waiting / ready > self.waiting_limit:
             if obs.starting_replicas:
-                return Decision(current, "saturation: saturated, a replica is already starting")
+                return Decision(current, "saturation: saturated, a replica is already starting", DecisionKind.HOLD)
             return Decision(
-                min(self.max_replicas, current + 1), f"saturation: KV {obs.kv_usage:.0%}, {obs.waiting:.0f} waiting"
+                min(self.max_replicas, current + 1),
+                f"saturation: KV {obs.kv_usage:.0%}, {obs.waiting:.0f} waiting",
+                DecisionKind.FEEDBACK,
             )
         fewer = ready - 1
         if current > self.min_replicas and fewer >= 1 and obs.starting_replicas == 0:
             kv_on_fewer = obs.kv_usage * ready / fewer
             slots_on_fewer = (obs.running + obs.waiting) / (fewer * self.max_batch)
             if kv_on_fewer <= self.kv_limit and slots_on_fewer <= self.kv_limit and obs.waiting == 0:
-                return Decision(current - 1, f"saturation: load fits on {fewer} (KV {kv_on_fewer:.0%})")
-        return Decision(current, "saturation: within limits")
+                return Decision(
+                    current - 1, f"saturation: load fits on {fewer} (KV {kv_on_fewer:.0%})", DecisionKind.FEEDBACK
+                )
+        return Decision(current, "saturation: within limits", DecisionKind.HOLD)
 
 
 @dataclass

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from kvscale.autoscaling.observation import Observation
+from kvscale.autoscaling.observation import DecisionKind, Observation
 from kvscale.autoscaling.policy import PolicyConfig, PolicyState, decide, forecast_rate
 
 
@@ -28,12 +28,13 @@ CONFIG = PolicyConfig(
     default_output_tokens=128,
     headroom=0.1,
     scale_down_stabilization_s=120,
-    forecast_horizon_s=60,
+    cold_start_s=45,
+    tick_s=15,
 )
 
 
-def obs(t: float, rate: float | None, ready: int, starting: int = 0, **kw: float | None) -> Observation:
-    defaults: dict[str, float | None] = {
+def obs(t: float, rate: float | None, ready: int, starting: int = 0, **kw: object) -> Observation:
+    defaults: dict[str, object] = {
         "running": 10.0,
         "waiting": 0.0,
         "ttft_p_s": 0.3,
@@ -135,3 +136,54 @@ def test_calibration_learns_a_slow_engine() -> None:
         decision, state = decide(obs(15 * i, 4.0, 3, tpot_p_s=0.045), state, FixedCapacity(tpot_s=0.03), CONFIG)
     assert decision.calibration == pytest.approx(1.5, rel=0.02)
     assert decision.capacity_per_replica == pytest.approx(2.0 / decision.calibration)
+
+
+def kinds(observations: list[Observation], capacity: FixedCapacity | None = None) -> list[DecisionKind]:
+    state, out = PolicyState(), []
+    for o in observations:
+        decision, state = decide(o, state, capacity or FixedCapacity(), CONFIG)
+        assert isinstance(decision.kind, DecisionKind)
+        out.append(decision.kind)
+    return out
+
+
+def test_each_decision_names_the_term_that_set_it() -> None:
+    assert kinds([obs(15, 7.0, 3)]) == [DecisionKind.FORECAST]
+    assert kinds([obs(15, None, 3)]) == [DecisionKind.MISSING_METRICS]
+    assert kinds([obs(15, None, 2, waiting=40.0)]) == [DecisionKind.BACKLOG]
+    assert kinds([obs(15, 2.0, 2, ttft_p_s=3.0, waiting=30.0)]) == [DecisionKind.FEEDBACK]
+    capped = PolicyConfig(
+        ttft_target_s=1, tpot_target_s=0.05, default_input_tokens=1, default_output_tokens=1, max_replicas=5
+    )
+    decision, _ = decide(obs(15, 100.0, 3), PolicyState(), FixedCapacity(), capped)
+    assert decision.kind is DecisionKind.BOUNDS and "maxReplicas" in decision.reason
+    # Load drops: first held by the stabilization window, then scaled down by the forecast.
+    series = [obs(t, 7.0, 4) for t in range(15, 300, 15)] + [obs(t, 1.0, 4) for t in range(300, 600, 15)]
+    seen = kinds(series)
+    assert DecisionKind.STABILIZATION in seen[19:27]
+    assert seen[-1] in (DecisionKind.FORECAST, DecisionKind.HOLD)
+    assert str(DecisionKind.BURST_RESERVE) == "burst_reserve"  # label values are plain strings
+
+
+def test_cold_start_is_learned_from_observed_starts_and_kept_in_state() -> None:
+    state = PolicyState()
+    decision, state = decide(obs(15, 2.0, 1), state, FixedCapacity(), CONFIG)
+    assert decision.cold_start_s == CONFIG.cold_start_s  # nothing observed yet: the default
+    decision, state = decide(obs(30, 2.0, 2, started_to_ready_s=(130.0,)), state, FixedCapacity(), CONFIG)
+    assert decision.cold_start_s == 130.0 and state.cold_start_samples == (130.0,)
+    assert "145s ahead" in decision.reason  # the forecast horizon is the learned start plus a tick
+    # Only the latest samples count: a slow start ages out.
+    for i in range(CONFIG.cold_start_samples):
+        decision, state = decide(obs(45 + 15 * i, 2.0, 2, started_to_ready_s=(60.0,)), state, FixedCapacity(), CONFIG)
+    assert decision.cold_start_s == 60.0
+    # Restored from status after a restart (the operator keeps the samples there).
+    restored = PolicyState(cold_start_samples=(200.0,))
+    decision, _ = decide(obs(15, 2.0, 1), restored, FixedCapacity(), CONFIG)
+    assert decision.cold_start_s == 200.0
+
+
+def test_calibration_ignores_ticks_with_warming_replicas() -> None:
+    state = PolicyState()
+    for i in range(1, 10):
+        decision, state = decide(obs(15 * i, 4.0, 3, 1, tpot_p_s=0.06), state, FixedCapacity(tpot_s=0.03), CONFIG)
+    assert decision.calibration == 1.0
