@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kvscale.autoscaling.capacity import SizingCapacity
+from kvscale.cli.simulate_plot import draw_timeline
 from kvscale.sim.compare import POLICY_NAMES, make_policies, run_oracle
-from kvscale.sim.plots import draw_timeline
 from kvscale.sim.report import summary
 from kvscale.sim.run import SimResult, SimSetup, Source, simulate
 from kvscale.sim.trace import rate_scale, read_trace

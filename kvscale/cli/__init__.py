@@ -1,0 +1,27 @@
+"""The `kvscale` command line, a module per command group:
+
+- `catalog`: `gpus`, `models`
+- `planning`: `plan`, `predict`, `roofline` (its picture in `roofline_plot`)
+- `simulate`: `simulate` (its picture in `simulate_plot`)
+- `sim_serve`: `sim serve`
+- `cluster`: `crd`, `operator`
+
+`common` holds the input checks: bad input exits 2 with a message naming the option and
+the fix, never a traceback. Importing a command module registers its commands on `app`.
+"""
+
+from __future__ import annotations
+
+from kvscale.cli.app import app
+
+# isort: off
+# Registration order is the order of `kvscale --help`.
+from kvscale.cli import catalog, planning, simulate, sim_serve, cluster
+
+# isort: on
+
+__all__ = ["app", "catalog", "cluster", "main", "planning", "sim_serve", "simulate"]
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,200 @@
+"""What every command shares: the consoles, option types, and input checks that exit 2 naming
+the option and the fix (never a traceback)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+
+from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch, load_catalog
+from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES
+from kvscale.sizing.units import UnitError, parse_duration_s
+from kvscale.sizing.workload import Slo
+
+# Wide enough for the plan and policy tables when output goes to a pipe or a file.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+EXIT_BAD_INPUT = 2
+EXIT_INFEASIBLE = 1
+
+# Token counts above this are typos (the longest context any catalog model takes is 128 Ki-1 Mi).
+MAX_TOKENS = 10_000_000
+# The image formats a --png option may name (matplotlib writes each by extension).
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON instead of a table.")]
+CatalogOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--catalog", help="YAML file laid over the built-in catalog (extra GPUs, models, prices). Repeatable."
+    ),
+]
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model", "-m", help="Catalog name, alias (e.g. a Hugging Face id) or a YAML file with a custom architecture."
+    ),
+]
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    # The message may hold user input: escape it so '[/x]' prints as text instead of raising.
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def load(paths: list[Path] | None) -> Catalog:
+    try:
+        return load_catalog(*(paths or []))
+    except CatalogError as exc:
+        fail(str(exc))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValidationError, ValueError, TypeError) as exc:
+        fail(f"--catalog: cannot read {', '.join(map(str, paths or []))}: {_one_line(exc)}")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def model(cat: Catalog, name: str) -> ModelArch:
+    path = Path(name)
+    if name.endswith((".yaml", ".yml")):
+        if not path.is_file():
+            fail(f"--model: file {name} does not exist")
+        try:
+            fields: Any = yaml.safe_load(path.read_text())
+            if not isinstance(fields, dict):
+                fail(f"--model {name}: expected a mapping of architecture fields (layers, hidden_size, heads, ...)")
+            model_name = str(fields.pop("name", path.stem))
+            return ModelArch.from_architecture(model_name, **fields)
+        except (yaml.YAMLError, ValidationError, ValueError, TypeError, OSError, UnicodeDecodeError) as exc:
+            fail(f"--model {name}: invalid architecture: {_one_line(exc)}")
+    try:
+        return cat.model(name)
+    except CatalogError as exc:
+        fail(f"--model: {exc}")
+
+
+def split(value: str | None) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
+
+
+_BARE_NUMBER = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+
+
+def duration(value: str, option: str) -> float:
+    """A positive, finite duration with a unit: '500ms', '1.5s', '2m'. A bare number is refused
+    (is `--ttft 500` half a second or eight minutes?)."""
+    if _BARE_NUMBER.match(value):
+        number = value.strip()
+        fail(f"{option} {number}: add a unit: {number}ms or {number}s")
+    try:
+        seconds = parse_duration_s(value, field=option)
+    except UnitError as exc:
+        fail(str(exc))
+    if not math.isfinite(seconds):
+        fail(f"{option}: {value!r} is not a finite duration; write e.g. '500ms' or '1.5s'")
+    return seconds
+
+
+def positive(value: int, option: str, maximum: int | None = None) -> int:
+    if value < 1:
+        fail(f"{option} must be a positive whole number, got {value}")
+    if maximum is not None and value > maximum:
+        fail(f"{option} must be at most {maximum:,}, got {value:,}")
+    return value
+
+
+def tokens(value: int, option: str) -> int:
+    return positive(value, option, MAX_TOKENS)
+
+
+def number(value: float, option: str, *, low: float, high: float, what: str, high_inclusive: bool = False) -> float:
+    """A finite number in [low, high) (or [low, high]); NaN and infinities are refused by name."""
+    if not math.isfinite(value):
+        fail(f"{option} must be a finite number ({what}), got {value}")
+    if value < low or value > high or (value == high and not high_inclusive):
+        bracket = "]" if high_inclusive else ")"
+        fail(f"{option} must be in [{low:g}, {high:g}{bracket} ({what}), got {value:g}")
+    return value
+
+
+def positive_number(value: float, option: str, *, high: float, what: str) -> float:
+    """A finite number in (0, high]."""
+    if not math.isfinite(value) or not 0 < value <= high:
+        fail(f"{option} must be a finite number in (0, {high:g}] ({what}), got {value:g}")
+    return value
+
+
+def tp_values(tp: int | None) -> tuple[int, ...]:
+    if tp is None:
+        return TENSOR_PARALLEL_DEGREES
+    if tp not in TENSOR_PARALLEL_DEGREES:
+        fail(f"--tp must be one of {', '.join(map(str, TENSOR_PARALLEL_DEGREES))}, got {tp}")
+    return (tp,)
+
+
+def check_names(cat: Catalog, gpus: tuple[str, ...], precisions: tuple[str, ...], kv: str) -> tuple[str, ...]:
+    try:
+        resolved = tuple(cat.gpu(g).name for g in gpus)
+        for p in precisions:
+            cat.precision(p)
+        cat.kv_precision(kv)
+    except CatalogError as exc:
+        fail(str(exc))
+    return resolved
+
+
+def slo(ttft: str, tpot: str, percentile: float) -> Slo:
+    if not 50 <= percentile < 100:
+        fail(f"--percentile must be in [50, 100), got {percentile:g}")
+    return Slo(duration(ttft, "--ttft"), duration(tpot, "--tpot"), percentile)
+
+
+def image_path(path: Path | None, option: str = "--png") -> Path | None:
+    """Checks an output picture's path before any work is done: a known image extension and
+    a writable directory that exists."""
+    if path is None:
+        return None
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        fail(
+            f"{option} {path}: the file name must end in one of {', '.join(IMAGE_SUFFIXES)} "
+            f"(the format is taken from it), e.g. {path.with_suffix('.png').name}"
+        )
+    if path.is_dir():
+        fail(f"{option} {path} is a directory; give a file name inside it, e.g. {path / 'plot.png'}")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        fail(f"{option} {path}: directory {parent} does not exist; create it first (mkdir -p {parent})")
+    if not os.access(parent, os.W_OK):
+        fail(f"{option} {path}: directory {parent} is not writable")
+    return path
+
+
+def write_picture(path: Path, draw: Any, option: str = "--png") -> None:
+    """Draws, turning a failure to write into an error that names the option (the results have
+    been printed already)."""
+    try:
+        draw()
+    except (OSError, ValueError) as exc:
+        fail(f"{option} {path}: could not write the picture: {_one_line(exc)}")

@@ -1,0 +1,295 @@
+"""`kvscale plan`, `kvscale predict` and `kvscale roofline`: the sizing model's answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from kvscale.cli.app import app
+from kvscale.cli.common import (
+    EXIT_INFEASIBLE,
+    MAX_TOKENS,
+    CatalogOpt,
+    JsonOpt,
+    ModelOpt,
+    check_names,
+    console,
+    fail,
+    fmt,
+    image_path,
+    load,
+    number,
+    positive,
+    print_json,
+    split,
+    tokens,
+    tp_values,
+    write_picture,
+)
+from kvscale.cli.common import (
+    model as resolve_model,
+)
+from kvscale.cli.common import (
+    slo as make_slo,
+)
+from kvscale.sizing.batching import predict_batch, throughput_latency_curve
+from kvscale.sizing.catalog import Catalog
+from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.engine_args import vllm_args
+from kvscale.sizing.planner import DEFAULT_HEADROOM, Plan, PlanRequest, plan
+from kvscale.sizing.roofline import ideal_batch, ops_per_byte
+from kvscale.sizing.serialize import candidate_to_dict, plan_to_dict, prediction_to_dict
+from kvscale.sizing.units import GIB
+from kvscale.sizing.workload import Workload
+
+# A request rate above this is a typo: it would need more GPUs than any cloud region holds.
+MAX_RPS = 1_000_000.0
+# The most replicas a plan may name: a fleet larger than this is not what anyone deploys.
+MAX_REPLICAS = 100_000
+
+
+@app.command("plan")
+def plan_cmd(
+    model: ModelOpt,
+    ttft: Annotated[str, typer.Option(help="Time-to-first-token target at the percentile, e.g. 500ms.")],
+    tpot: Annotated[str, typer.Option(help="Time-per-output-token target at the percentile, e.g. 50ms.")],
+    rps: Annotated[float, typer.Option(help="Expected requests per second.")],
+    input_tokens: Annotated[int, typer.Option("--input", help="Typical prompt tokens.")],
+    output_tokens: Annotated[int, typer.Option("--output", help="Typical generated tokens.")],
+    percentile: Annotated[float, typer.Option(help="SLO percentile, in [50, 100).")] = 95.0,
+    max_context: Annotated[
+        int | None, typer.Option("--max-context", help="Longest context the engine must accept (--max-model-len).")
+    ] = None,
+    gpu: Annotated[str | None, typer.Option(help="Allowed GPU types, comma-separated (default: all).")] = None,
+    tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree (1, 2, 4, 8).")] = None,
+    precision: Annotated[
+        str, typer.Option(help="Allowed weight precisions, comma-separated: bf16, fp16, fp8, int8, int4.")
+    ] = "bf16",
+    kv_cache_precision: Annotated[str, typer.Option("--kv-cache-precision", help="auto, fp16 or fp8.")] = "auto",
+    objective: Annotated[str, typer.Option(help="cost (cheapest meeting the SLO) or latency (fastest).")] = "cost",
+    headroom: Annotated[float, typer.Option(help="Spare capacity kept per replica, as a fraction.")] = DEFAULT_HEADROOM,
+    max_replicas: Annotated[
+        int | None, typer.Option("--max-replicas", help="Reject plans needing more replicas.")
+    ] = None,
+    show: Annotated[int, typer.Option(help="Alternatives to list in the table.")] = 8,
+    catalog: CatalogOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The cheapest (or fastest) GPU x TP x precision x batch limit that meets the SLO."""
+    cat = load(catalog)
+    arch = resolve_model(cat, model)
+    if objective not in ("cost", "latency"):
+        fail(f"--objective must be cost or latency, got {objective!r}")
+    number(headroom, "--headroom", low=0, high=10, what="spare capacity as a fraction, e.g. 0.2")
+    number(rps, "--rps", low=0, high=MAX_RPS, what="requests per second", high_inclusive=True)
+    if max_replicas is not None:
+        positive(max_replicas, "--max-replicas", MAX_REPLICAS)
+    if show < 0:
+        fail(f"--show must be zero or more, got {show}")
+    precisions = split(precision)
+    if not precisions:
+        fail("--precision: give at least one of bf16, fp16, fp8, int8, int4")
+    gpus = check_names(cat, split(gpu), precisions, kv_cache_precision)
+    context = tokens(max_context, "--max-context") if max_context is not None else None
+    try:
+        workload = Workload(tokens(input_tokens, "--input"), tokens(output_tokens, "--output"), rps, context)
+        slo = make_slo(ttft, tpot, percentile)
+    except ValueError as exc:
+        fail(str(exc))
+    request = PlanRequest(
+        model=arch,
+        workload=workload,
+        slo=slo,
+        gpus=gpus,
+        tensor_parallel=tp_values(tp),
+        precisions=precisions,
+        kv_cache_precision=kv_cache_precision,
+        objective=objective,  # type: ignore[arg-type]
+        headroom=headroom,
+        max_replicas=max_replicas,
+    )
+    result = plan(cat, request)
+    args = _engine_args(cat, result)
+    if as_json:
+        print_json(plan_to_dict(result, args))
+    else:
+        _render_plan(result, args, show)
+    if not result.feasible:
+        raise typer.Exit(EXIT_INFEASIBLE)
+
+
+def _engine_args(cat: Catalog, result: Plan) -> list[str] | None:
+    c = result.chosen
+    if c is None or c.prediction is None:
+        return None
+    r = result.request
+    cfg = ServingConfig.build(cat, r.model, cat.gpu(c.gpu), c.precision, c.tensor_parallel, c.kv_cache_precision)
+    return vllm_args(cfg, c.prediction.max_batch, r.workload.engine_max_context_tokens)
+
+
+def _render_plan(result: Plan, args: list[str] | None, show: int) -> None:
+    r = result.request
+    console.print(
+        f"[bold]{r.model.name}[/]: {r.workload.requests_per_s:g} req/s, {r.workload.input_tokens} in / "
+        f"{r.workload.output_tokens} out; p{r.slo.percentile:g} TTFT <= {r.slo.ttft_s * 1e3:g} ms, "
+        f"TPOT <= {r.slo.tpot_s * 1e3:g} ms; objective {r.objective}"
+    )
+    c = result.chosen
+    if c is not None and c.prediction is not None:
+        p = c.prediction
+        console.print(
+            f"\n[bold green]Plan:[/] {p.replicas} x {c.tensor_parallel} {c.gpu} ({c.precision}), max batch {p.max_batch}, "
+            f"${p.cost_usd_per_hour:.2f}/h"
+        )
+        console.print(
+            f"  predicted p{r.slo.percentile:g} TTFT {p.ttft_p_s * 1e3:.0f} ms, TPOT {p.tpot_p_s * 1e3:.1f} ms at this load; "
+            f"{p.rate_per_replica_max:.2f} req/s per replica max; limited by {p.limited_by}; MBU {p.mbu:.0%}, MFU {p.mfu:.0%}"
+        )
+        console.print(f"  why: {c.reason}")
+        if args:
+            console.print(f"  engine: vllm serve {r.model.hf_id} {' '.join(args)}", highlight=False)
+    else:
+        console.print("\n[bold red]No candidate meets the SLO.[/] Closest:")
+        for line in result.suggestions:
+            console.print(f"  - {line}")
+    if result.alternatives:
+        table = Table(title="Alternatives (ranked)")
+        for col in ("candidate", "replicas", "batch", "TTFT ms", "TPOT ms", "$/h", "why it lost"):
+            table.add_column(col)
+        for alt in result.alternatives[:show]:
+            d = candidate_to_dict(alt)
+            table.add_row(
+                alt.label,
+                str(d.get("replicas", "")),
+                str(d.get("max_batch", "")),
+                fmt(d.get("ttft_ms")),
+                fmt(d.get("tpot_ms")),
+                fmt(d.get("cost_usd_per_hour"), 2),
+                alt.reason,
+            )
+        if len(result.alternatives) > show:
+            table.caption = f"{len(result.alternatives) - show} more; --json lists all"
+        console.print(table)
+    if result.rejected:
+        table = Table(title="Rejected")
+        table.add_column("candidate")
+        table.add_column("reason")
+        for rej in result.rejected:
+            table.add_row(rej.label, rej.reason)
+        console.print(table)
+
+
+def _config(cat: Catalog, model: str, gpu: str, tp: int, precision: str, kv: str) -> ServingConfig:
+    arch = resolve_model(cat, model)
+    check_names(cat, (gpu,), (precision,), kv)
+    tp_values(tp)
+    cfg = ServingConfig.build(cat, arch, cat.gpu(gpu), precision, tp, kv)
+    reason = cfg.unsupported_reason()
+    if reason:
+        fail(reason)
+    return cfg
+
+
+@app.command()
+def predict(
+    model: ModelOpt,
+    gpu: Annotated[str, typer.Option(help="GPU type.")],
+    batch: Annotated[int, typer.Option(help="Requests in the static batch.")],
+    input_tokens: Annotated[int, typer.Option("--input", help="Prompt tokens per request.")],
+    output_tokens: Annotated[int, typer.Option("--output", help="Generated tokens per request.")],
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
+    precision: Annotated[str, typer.Option(help="Weight precision.")] = "bf16",
+    kv_cache_precision: Annotated[str, typer.Option("--kv-cache-precision")] = "auto",
+    catalog: CatalogOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One static batch: prefilled together, then decoded together."""
+    cat = load(catalog)
+    cfg = _config(cat, model, gpu, tp, precision, kv_cache_precision)
+    positive(batch, "--batch", MAX_TOKENS)
+    prediction = predict_batch(cfg, batch, tokens(input_tokens, "--input"), tokens(output_tokens, "--output"))
+    data = prediction_to_dict(prediction, cfg.memory.weights_bytes)
+    if as_json:
+        print_json(data)
+    else:
+        table = Table(
+            title=f"{cfg.model.name} on {tp} x {cfg.gpu.name} ({precision}), batch {batch}, {input_tokens} in / {output_tokens} out"
+        )
+        table.add_column("quantity")
+        table.add_column("value")
+        for key, value in data.items():
+            table.add_row(key, str(value))
+        console.print(table)
+    if not cfg.memory.fits:
+        fail(
+            f"{cfg.model.name} does not fit on {tp} x {cfg.gpu.name}: {cfg.memory.weights_bytes / GIB:.1f} GiB of weights per GPU "
+            f"+ {cfg.memory.reserve_bytes / GIB:.1f} GiB reserve > {cfg.memory.usable_bytes / GIB:.1f} GiB usable; "
+            "raise --tp or lower --precision",
+            EXIT_INFEASIBLE,
+        )
+
+
+@app.command()
+def roofline(
+    model: ModelOpt,
+    gpu: Annotated[str, typer.Option(help="GPU type.")],
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
+    precision: Annotated[str, typer.Option(help="Weight precision.")] = "bf16",
+    input_tokens: Annotated[int, typer.Option("--input")] = 512,
+    output_tokens: Annotated[int, typer.Option("--output")] = 256,
+    png: Annotated[
+        Path | None, typer.Option(help="Write the throughput-latency curve and roofline to this PNG (or .svg, .pdf).")
+    ] = None,
+    catalog: CatalogOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Throughput against latency over batch sizes, and where each sits on the roofline."""
+    image_path(png)
+    cat = load(catalog)
+    cfg = _config(cat, model, gpu, tp, precision, "auto")
+    curve = throughput_latency_curve(cfg, tokens(input_tokens, "--input"), tokens(output_tokens, "--output"))
+    if not curve[0].fits:
+        fail(
+            f"{cfg.model.name} does not fit on {tp} x {cfg.gpu.name} at {precision}; raise --tp or lower --precision",
+            EXIT_INFEASIBLE,
+        )
+    points = [prediction_to_dict(p, cfg.memory.weights_bytes) for p in curve]
+    data: dict[str, Any] = {
+        "model": cfg.model.name,
+        "gpu": cfg.gpu.name,
+        "tensor_parallel": tp,
+        "precision": precision,
+        "ops_per_byte": round(ops_per_byte(cfg), 2),
+        "ideal_batch": round(ideal_batch(cfg), 1),
+        "points": points,
+    }
+    if as_json:
+        print_json(data)
+    else:
+        console.print(
+            f"{cfg.gpu.name} {precision}: ops:byte {data['ops_per_byte']}, B* = {data['ideal_batch']} "
+            "(decode is bandwidth-bound below B*, compute-bound above)"
+        )
+        table = Table(title=f"{cfg.model.name} on {tp} x {cfg.gpu.name}, {input_tokens} in / {output_tokens} out")
+        for col in ("batch", "TTFT ms", "TPOT ms", "tokens/s", "limited by", "MBU", "MFU"):
+            table.add_column(col)
+        for p in points:
+            table.add_row(
+                str(p["batch"]),
+                fmt(p["ttft_ms"]),
+                fmt(p["tpot_ms"], 2),
+                fmt(p["throughput_tokens_per_s"], 0),
+                p["limited_by"],
+                f"{p['mbu']:.0%}",
+                f"{p['mfu']:.0%}",
+            )
+        console.print(table)
+    if png is not None:
+        from kvscale.cli.roofline_plot import draw_roofline
+
+        write_picture(png, lambda: draw_roofline(cfg, curve, png))
+        if not as_json:
+            console.print(f"wrote {png}")

@@ -1,0 +1,59 @@
+"""`kvscale sim serve`: the stand-in engine's metrics for an InferenceService's pods."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kvscale.cli.app import sim_app
+from kvscale.cli.common import CatalogOpt, duration, fail, load
+
+
+@sim_app.command("serve")
+def sim_serve(
+    name: Annotated[str, typer.Option(help="InferenceService to play the engine for.")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    port: Annotated[int, typer.Option(help="Port of the /metrics endpoint (on 127.0.0.1).")] = 9400,
+    load_profile: Annotated[
+        str, typer.Option("--load", help="constant:R, ramp:R0:R1:SECONDS, steps:R0@T0,R1@T1,... or trace:FILE")
+    ] = "constant:1",
+    cold_start: Annotated[str, typer.Option("--cold-start", help="Time before a new pod serves.")] = "30s",
+    seed: Annotated[int, typer.Option(help="Seed of the arrival process.")] = 0,
+    run_for: Annotated[
+        str | None, typer.Option("--duration", help="Stop after this long (default: run until killed).")
+    ] = None,
+    catalog: CatalogOpt = None,
+) -> None:
+    """Serve vLLM-named metrics for every Running pod of an InferenceService, from the simulator."""
+    from kvscale.sim.load_profile import ProfileError, parse_profile
+
+    if not 1 <= port <= 65535:
+        fail(f"--port must be in [1, 65535], got {port}")
+    try:
+        parse_profile(load_profile, 1, 1)
+    except ProfileError as exc:
+        fail(str(exc))
+    cold_start_s = duration(cold_start, "--cold-start")
+    stop_after_s = duration(run_for, "--duration") if run_for else None
+    cat = load(catalog)
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
+    from kvscale.standin.kubernetes_loop import serve
+
+    try:
+        serve(cat, namespace, name, port, load_profile, cold_start_s, seed, stop_after_s)
+    except ConfigException as exc:
+        fail(f"no cluster to talk to (kubeconfig or in-cluster config): {exc}")
+    except ApiException as exc:
+        if exc.status == 404:
+            fail(
+                f"--name: InferenceService {namespace}/{name} not found; list them with "
+                f"`kubectl get kvis -n {namespace}` (or pass --namespace)"
+            )
+        if exc.status in (401, 403):
+            fail(f"--name: not allowed to read InferenceService {namespace}/{name}: {exc.reason}")
+        raise
+    except OSError as exc:
+        fail(f"--port {port}: cannot serve metrics there: {exc}")

@@ -1,0 +1,247 @@
+"""`kvscale simulate`: a trace (or a closed loop) through a simulated fleet under each policy."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from kvscale.cli.app import app
+from kvscale.cli.common import (
+    EXIT_INFEASIBLE,
+    CatalogOpt,
+    JsonOpt,
+    ModelOpt,
+    check_names,
+    console,
+    err,
+    fail,
+    fmt,
+    image_path,
+    number,
+    positive,
+    positive_number,
+    print_json,
+    split,
+    tokens,
+    tp_values,
+    write_picture,
+)
+from kvscale.cli.common import (
+    duration as parse_duration,
+)
+from kvscale.cli.common import (
+    load as load_catalog,
+)
+from kvscale.cli.common import (
+    model as resolve_model,
+)
+from kvscale.cli.common import (
+    slo as make_slo,
+)
+from kvscale.sizing.planner import DEFAULT_HEADROOM, PlanRequest, plan
+from kvscale.sizing.workload import Workload
+
+# Bounds that keep one run to minutes on a laptop; the messages say how to get under them.
+MAX_REPLICAS = 10_000
+MAX_USERS = 100_000
+MAX_RATE_SCALE = 1_000.0
+MAX_TIME_SCALE = 1_000_000.0
+MIN_TIME_SCALE = 1e-3
+# Plain progress lines on a stderr that is not a terminal, this often (wall-clock seconds).
+PROGRESS_EVERY_S = 10.0
+
+
+@app.command()
+def simulate(
+    model: ModelOpt,
+    ttft: Annotated[str, typer.Option(help="Time-to-first-token target, e.g. 1s.")],
+    tpot: Annotated[str, typer.Option(help="Time-per-output-token target, e.g. 50ms.")],
+    trace: Annotated[Path | None, typer.Option(help="Azure CSV or Mooncake JSONL trace to replay (open loop).")] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(help="Closed loop: this many users, each sending again on completion.")
+    ] = None,
+    input_tokens: Annotated[int | None, typer.Option("--input", help="Closed loop: prompt tokens per request.")] = None,
+    output_tokens: Annotated[
+        int | None, typer.Option("--output", help="Closed loop: generated tokens per request.")
+    ] = None,
+    duration: Annotated[str | None, typer.Option(help="Closed loop: how long users keep sending, e.g. 10m.")] = None,
+    percentile: Annotated[float, typer.Option(help="SLO percentile.")] = 95.0,
+    policy: Annotated[str, typer.Option(help="kvscale, static, hpa, keda, saturation, oracle, or all.")] = "all",
+    replicas: Annotated[
+        int | None, typer.Option(help="Replicas of the static policy (default: peak provisioning).")
+    ] = None,
+    max_replicas: Annotated[int, typer.Option("--max-replicas", help="Upper bound for every autoscaler.")] = 100,
+    cold_start: Annotated[
+        str | None, typer.Option("--cold-start", help="Replica start time (default: from the model size).")
+    ] = None,
+    rate_scale: Annotated[
+        float, typer.Option("--rate-scale", help="X times the requests, same duration and shape.")
+    ] = 1.0,
+    time_scale: Annotated[float, typer.Option("--time-scale", help="Play the trace X times faster.")] = 1.0,
+    gpu: Annotated[str | None, typer.Option(help="Allowed GPU types for the plan, comma-separated.")] = None,
+    tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree.")] = None,
+    precision: Annotated[str, typer.Option(help="Allowed weight precisions.")] = "bf16",
+    headroom: Annotated[float, typer.Option(help="Spare capacity per replica, as a fraction.")] = DEFAULT_HEADROOM,
+    seed: Annotated[int, typer.Option(help="Seed for --rate-scale sampling.")] = 0,
+    png: Annotated[
+        Path | None, typer.Option(help="Draw load, replicas and latency against time here (.png, .svg or .pdf).")
+    ] = None,
+    catalog: CatalogOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay a trace (or a closed loop) through a simulated fleet under each autoscaling policy."""
+    from kvscale.sim.compare import POLICY_NAMES
+    from kvscale.sim.session import Load, SimulationError, setup_from_plan
+    from kvscale.sim.trace import MAX_SPAN_S, TraceError, duration_s, read_trace
+    from kvscale.sim.trace import rate_scale as scale_rate
+    from kvscale.sim.trace import time_scale as scale_time
+
+    # Every option is checked before the trace is read or anything runs.
+    image_path(png)
+    cat = load_catalog(catalog)
+    arch = resolve_model(cat, model)
+    names = POLICY_NAMES if policy == "all" else split(policy)
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown or not names:
+        fail(f"--policy: unknown {', '.join(unknown) or 'empty'}; choose from {', '.join(POLICY_NAMES)} or all")
+    if replicas is not None:
+        positive(replicas, "--replicas", MAX_REPLICAS)
+    positive(max_replicas, "--max-replicas", MAX_REPLICAS)
+    number(headroom, "--headroom", low=0, high=10, what="spare capacity as a fraction, e.g. 0.2")
+    positive_number(rate_scale, "--rate-scale", high=MAX_RATE_SCALE, what="times the requests; 0.5 keeps half")
+    if not MIN_TIME_SCALE <= time_scale <= MAX_TIME_SCALE:  # also refuses NaN
+        fail(
+            f"--time-scale must be in [{MIN_TIME_SCALE:g}, {MAX_TIME_SCALE:g}] (times faster; 2 halves the span), "
+            f"got {time_scale:g}"
+        )
+    slo = make_slo(ttft, tpot, percentile)
+    precisions = split(precision)
+    if not precisions:
+        fail("--precision: give at least one of bf16, fp16, fp8, int8, int4")
+    gpus = check_names(cat, split(gpu), precisions, "auto")
+    tps = tp_values(tp)
+    cold_start_s = parse_duration(cold_start, "--cold-start") if cold_start else None
+    closed_args = (concurrency, input_tokens, output_tokens, duration)
+    if (trace is None) == all(a is None for a in closed_args):
+        fail("give either --trace FILE, or --concurrency N --input N --output N --duration D for a closed loop")
+    if trace is not None:
+        try:
+            requests = scale_time(scale_rate(read_trace(trace), rate_scale, seed), time_scale)
+        except TraceError as exc:
+            fail(str(exc))
+        load = Load(trace=requests)
+        span = max(duration_s(requests), 1.0)
+        workload = Workload(
+            max(1, round(sum(r.input_tokens for r in requests) / len(requests))),
+            max(1, round(sum(r.output_tokens for r in requests) / len(requests))),
+            len(requests) / span,
+        )
+    else:
+        if concurrency is None or input_tokens is None or output_tokens is None or duration is None:
+            fail("a closed loop needs all of --concurrency, --input, --output and --duration")
+        users = positive(concurrency, "--concurrency", MAX_USERS)
+        seconds = parse_duration(duration, "--duration")
+        if seconds > MAX_SPAN_S:
+            fail(f"--duration must be at most {MAX_SPAN_S / 86400:g} days, got {duration}")
+        load = Load(closed=(users, tokens(input_tokens, "--input"), tokens(output_tokens, "--output"), seconds))
+        workload = Workload(input_tokens, output_tokens, 0.0)
+    request = PlanRequest(
+        model=arch,
+        workload=workload,
+        slo=slo,
+        gpus=gpus,
+        tensor_parallel=tps,
+        precisions=precisions,
+        headroom=headroom,
+    )
+    try:
+        setup = setup_from_plan(cat, plan(cat, request), cold_start_s, replicas)
+        results, rows = _run_with_progress(setup, load, names, headroom, replicas, max_replicas)
+    except SimulationError as exc:
+        fail(str(exc), EXIT_INFEASIBLE)
+    title = f"{arch.name} on {setup.cfg.tensor_parallel} x {setup.cfg.gpu.name}"
+    if as_json:
+        print_json(rows)
+    else:
+        _render(setup, rows, slo, percentile)
+    if png is not None:
+        from kvscale.cli.simulate_plot import draw_timeline
+
+        write_picture(png, lambda: draw_timeline(results, slo, png, title))
+        if not as_json:
+            console.print(f"wrote {png}")
+
+
+def _render(setup: Any, rows: list[dict[str, Any]], slo: Any, percentile: float) -> None:
+    console.print(
+        f"{setup.cfg.model.name} on {setup.cfg.tensor_parallel} x {setup.cfg.gpu.name} ({setup.cfg.precision.name}), "
+        f"max batch {setup.max_batch}, cold start {setup.cold_start_s:.0f}s; SLO p{percentile:g} TTFT <= "
+        f"{slo.ttft_s * 1e3:g} ms, TPOT <= {slo.tpot_s * 1e3:g} ms"
+    )
+    table = Table(title="Policies on the same arrivals")
+    for col in (
+        "policy",
+        "requests",
+        "SLO met",
+        "TTFT p50/p95 ms",
+        "TPOT p50/p95 ms",
+        "GPU-h",
+        "vs oracle",
+        "cost $",
+        "scale events",
+    ):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(
+            row["policy"],
+            str(row["requests"]),
+            f"{row['slo_attainment']:.2%}",
+            f"{fmt(row['ttft_p50_ms'], 0)} / {fmt(row['ttft_p95_ms'], 0)}",
+            f"{fmt(row['tpot_p50_ms'])} / {fmt(row['tpot_p95_ms'])}",
+            f"{row['gpu_hours']:.2f}",
+            fmt(row.get("gpu_hours_vs_oracle"), 2),
+            f"{row['cost_usd']:.2f}",
+            str(row["scale_events"]),
+        )
+    console.print(table)
+
+
+def _run_with_progress(
+    setup: Any, load: Any, names: tuple[str, ...], headroom: float, replicas: int | None, max_replicas: int
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Runs the policies with progress on stderr (a bar on a terminal, a line every
+    PROGRESS_EVERY_S otherwise), whatever --json says: stdout stays machine-readable."""
+    from rich.progress import Progress
+
+    from kvscale.sim.session import run_policies
+    from kvscale.sim.trace import duration_s
+
+    total = max(duration_s(load.trace) if load.trace is not None else load.closed[3], 1e-9)
+    if not err.is_terminal:
+        started = time.monotonic()
+        last = [started]
+
+        def line(name: str, now_s: float) -> None:
+            wall = time.monotonic()
+            if wall - last[0] >= PROGRESS_EVERY_S:
+                last[0] = wall
+                err.print(
+                    f"simulating {name}: {min(now_s / total, 1.0):.0%} of {total / 3600:.2f} h simulated "
+                    f"after {wall - started:.0f}s",
+                    highlight=False,
+                )
+
+        return run_policies(setup, load, names, headroom, replicas, max_replicas, line)
+    with Progress(console=err, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def tick(name: str, now_s: float) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(f"simulating {name}", total=total)
+            bar.update(tasks[name], completed=min(now_s, total))
+
+        return run_policies(setup, load, names, headroom, replicas, max_replicas, tick)
