@@ -38,7 +38,7 @@ lint: venv
 	$(BIN)/lint-imports
 
 bench: venv cluster-bins
-	$(BIN)/python benchmarks/accuracy.py
+	PYTHONPATH=. $(BIN)/python benchmarks/accuracy.py
 	$(BIN)/python benchmarks/plan_speed.py
 	$(BIN)/python benchmarks/simulate.py
 	PYTHONPATH=. $(BIN)/python benchmarks/operator.py

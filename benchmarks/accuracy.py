@@ -2,7 +2,7 @@
 
 Prints one row per figure, then the median and 90th-percentile absolute relative error,
 overall and for the figures the sources measured ("model" basis).
-Run: .venv/bin/python benchmarks/accuracy.py
+Run: PYTHONPATH=. .venv/bin/python benchmarks/accuracy.py
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import statistics
 from rich.console import Console
 from rich.table import Table
 
-from kvscale.sizing.published import FIGURES, NOT_COMPARED, bounds_hold
+from benchmarks.data.published import FIGURES, NOT_COMPARED, bounds_hold
 
 
 def _quantile(values: list[float], q: float) -> float:

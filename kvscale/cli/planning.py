@@ -123,11 +123,9 @@ def plan_cmd(
 
 def _engine_args(cat: Catalog, result: Plan) -> list[str] | None:
     c = result.chosen
-    if c is None or c.prediction is None:
+    if c is None:
         return None
-    r = result.request
-    cfg = ServingConfig.build(cat, r.model, cat.gpu(c.gpu), c.precision, c.tensor_parallel, c.kv_cache_precision)
-    return vllm_args(cfg, c.prediction.max_batch, r.workload.engine_max_context_tokens)
+    return vllm_args(c.config, c.prediction.max_batch, result.request.workload.engine_max_context_tokens)
 
 
 def _render_plan(result: Plan, args: list[str] | None, show: int) -> None:
@@ -138,11 +136,11 @@ def _render_plan(result: Plan, args: list[str] | None, show: int) -> None:
         f"TPOT <= {r.slo.tpot_s * 1e3:g} ms; objective {r.objective}"
     )
     c = result.chosen
-    if c is not None and c.prediction is not None:
+    if c is not None:
         p = c.prediction
         console.print(
             f"\n[bold green]Plan:[/] {p.replicas} x {c.tensor_parallel} {c.gpu} ({c.precision}), max batch {p.max_batch}, "
-            f"${p.cost_usd_per_hour:.2f}/h"
+            f"chunk budget {c.max_num_batched_tokens} tokens, ${p.cost_usd_per_hour:.2f}/h"
         )
         console.print(
             f"  predicted p{r.slo.percentile:g} TTFT {p.ttft_p_s * 1e3:.0f} ms, TPOT {p.tpot_p_s * 1e3:.1f} ms at this load; "

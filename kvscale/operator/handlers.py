@@ -25,7 +25,6 @@ from kvscale.operator.resources import deployment, pod_disruption_budget, select
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import condition, merge_conditions, now_rfc3339, plan_status
 from kvscale.sizing.catalog import Catalog, load_catalog
-from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.units import parse_duration_s
 
 SETTINGS = Settings.from_env()
@@ -118,7 +117,7 @@ def _deploy(
     excluded: tuple[str, ...],
 ) -> None:
     chosen, plan, model = result.chosen, result.plan, result.model
-    assert chosen is not None and chosen.prediction is not None and plan is not None and model is not None
+    assert chosen is not None and plan is not None and model is not None
     pool = pools[chosen.gpu]
     max_context = spec.workload.max_context_tokens or spec.workload.input_tokens + spec.workload.output_tokens
     patch.status["plan"] = plan_status(plan, pool, max_context, excluded)
@@ -147,9 +146,7 @@ def _deploy(
         )
         kopf.event(body, type="Normal", reason="Recommended", message=f"Recommend {summary}")
         return
-    cfg = ServingConfig.build(
-        CATALOG, model, CATALOG.gpu(chosen.gpu), chosen.precision, chosen.tensor_parallel, chosen.kv_cache_precision
-    )
+    cfg = chosen.config
     replicas = _replicas(spec, namespace, name, chosen.gpu, chosen.prediction.replicas)
     children = [
         deployment(

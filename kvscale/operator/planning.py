@@ -11,7 +11,7 @@ from kvscale.api.models import InferenceServiceSpec
 from kvscale.operator.inventory import GpuPool
 from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES, Candidate, Plan, PlanRequest, plan
+from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES, Feasible, Plan, PlanRequest, plan
 from kvscale.sizing.units import parse_duration_s
 from kvscale.sizing.workload import Slo, Workload
 
@@ -27,7 +27,7 @@ class PlanningResult:
     model: ModelArch | None = None
 
     @property
-    def chosen(self) -> Candidate | None:
+    def chosen(self) -> Feasible | None:
         return self.plan.chosen if self.plan else None
 
 
@@ -129,7 +129,7 @@ def plan_service(
     if in_cluster is not None and in_cluster.chosen is not None:
         return PlanningResult("planned", "Planned", in_cluster.chosen.reason, in_cluster, model)
     best = everywhere.chosen
-    assert best is not None and best.prediction is not None
+    assert best is not None
     need = best.prediction.replicas * best.tensor_parallel
     have = ", ".join(f"{p.free} free {n}" for n, p in sorted(pools.items()) if n not in excluded) or "no GPU nodes"
     gone = f" ({', '.join(excluded)} left out: pods stayed unschedulable)" if excluded else ""

@@ -9,7 +9,7 @@ from kvscale.operator.inventory import GpuPool
 from kvscale.sizing.catalog import ModelArch
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.engine_args import vllm_args
-from kvscale.sizing.planner import Candidate
+from kvscale.sizing.planner import Feasible
 
 MANAGED_BY = "kvscale"
 SHM_BYTES_PER_TP = 2 * 1024**3  # NCCL shared memory for tensor parallelism
@@ -42,13 +42,12 @@ def deployment(
     spec: InferenceServiceSpec,
     model: ModelArch,
     cfg: ServingConfig,
-    chosen: Candidate,
+    chosen: Feasible,
     pool: GpuPool,
     replicas: int,
     port: int,
     extra_tolerations: tuple[dict[str, str], ...] = (),
 ) -> dict[str, Any]:
-    assert chosen.prediction is not None
     max_len = spec.workload.max_context_tokens or spec.workload.input_tokens + spec.workload.output_tokens
     args = [model_source(spec, model), *vllm_args(cfg, chosen.prediction.max_batch, max_len, port), *spec.engine.args]
     env: list[dict[str, Any]] = [{"name": e.name, "value": e.value} for e in spec.engine.env]

@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from kvscale.operator.inventory import GpuPool
-from kvscale.sizing.planner import Candidate, Plan
+from kvscale.sizing.planner import Candidate, Feasible, Plan
 from kvscale.sizing.units import format_duration
 
 TOP_ALTERNATIVES = 5
@@ -52,7 +52,7 @@ def _candidate(c: Candidate) -> dict[str, Any]:
         "precision": c.precision,
         "reason": c.reason[:300],
     }
-    if c.prediction is not None:
+    if isinstance(c, Feasible):
         out["replicas"] = c.prediction.replicas
         out["costPerHour"] = round(c.prediction.cost_usd_per_hour, 4)
     return out
@@ -60,7 +60,7 @@ def _candidate(c: Candidate) -> dict[str, Any]:
 
 def plan_status(plan: Plan, pool: GpuPool, max_context: int, excluded: tuple[str, ...]) -> dict[str, Any]:
     chosen = plan.chosen
-    assert chosen is not None and chosen.prediction is not None
+    assert chosen is not None
     p = chosen.prediction
     return {
         "gpuType": chosen.gpu,

@@ -36,7 +36,7 @@ class SimSetup:
         return FleetSpec(
             max_batch=self.max_batch,
             kv_capacity_tokens=self.cfg.memory.kv_capacity_tokens,
-            token_budget=self.cfg.engine.max_num_batched_tokens,
+            token_budget=self.cfg.max_num_batched_tokens,
             gpus_per_replica=self.cfg.tensor_parallel,
             cold_start_s=self.cold_start_s,
         )

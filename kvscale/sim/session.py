@@ -13,7 +13,6 @@ from kvscale.sim.report import summary
 from kvscale.sim.run import SimResult, SimSetup, Source, simulate
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import Catalog
-from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.planner import Plan
 
 
@@ -32,14 +31,12 @@ class Load:
 
 def setup_from_plan(catalog: Catalog, plan: Plan, cold_start_s: float | None, replicas: int | None) -> SimSetup:
     chosen = plan.chosen
-    if chosen is None or chosen.prediction is None:
+    if chosen is None:
         raise SimulationError(
             "no plan meets the SLO for this load, so there is nothing to simulate: " + "; ".join(plan.suggestions)
         )
     r = plan.request
-    cfg = ServingConfig.build(
-        catalog, r.model, catalog.gpu(chosen.gpu), chosen.precision, chosen.tensor_parallel, chosen.kv_cache_precision
-    )
+    cfg = chosen.config
     return SimSetup(
         cfg=cfg,
         slo=r.slo,

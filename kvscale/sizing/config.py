@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from kvscale.sizing.catalog import (
@@ -15,6 +15,23 @@ from kvscale.sizing.catalog import (
     PrecisionSpec,
 )
 from kvscale.sizing.memory import MemoryBudget, memory_budget
+
+
+def default_chunk_budget_tokens(engine: EngineProfile, gpu: GpuSpec) -> int:
+    """The engine's `--max-num-batched-tokens` when none is given.
+
+    vLLM (`vllm serve`, vllm/engine/arg_utils.py, EngineArgs._set_default_args in 0.11.0):
+    8192 on GPUs with >= 70 GiB whose name does not contain "a100" (H100-class, MI300X),
+    2048 on every other GPU (A100, L40S, L4, A10(G), T4); recent releases use 16384 on
+    GPUs with >= 160 GiB. An engine profile with a fixed budget uses that instead.
+    """
+    if engine.max_num_batched_tokens is not None:
+        return engine.max_num_batched_tokens
+    if gpu.memory_gib >= 160:
+        return 16384
+    if gpu.memory_gib >= 70 and "a100" not in gpu.name.lower():
+        return 8192
+    return 2048
 
 
 @dataclass(frozen=True)
@@ -40,6 +57,7 @@ class ServingConfig:
     kv: KvPrecisionSpec
     engine: EngineProfile
     tensor_parallel: int
+    chunk_budget_tokens: int | None = None  # --max-num-batched-tokens; None: the engine's default here
 
     @classmethod
     def build(
@@ -51,6 +69,7 @@ class ServingConfig:
         tensor_parallel: int = 1,
         kv_cache_precision: str = "auto",
         engine: str = "vllm",
+        max_num_batched_tokens: int | None = None,
     ) -> ServingConfig:
         return cls(
             model=model,
@@ -60,7 +79,19 @@ class ServingConfig:
             kv=catalog.kv_precision(kv_cache_precision),
             engine=catalog.engine(engine),
             tensor_parallel=tensor_parallel,
+            chunk_budget_tokens=max_num_batched_tokens,
         )
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """Tokens one engine step may carry: running decodes plus prefill chunks."""
+        if self.chunk_budget_tokens is not None:
+            return self.chunk_budget_tokens
+        return default_chunk_budget_tokens(self.engine, self.gpu)
+
+    def with_chunk_budget(self, tokens: int) -> ServingConfig:
+        """The same configuration with another `--max-num-batched-tokens`."""
+        return replace(self, chunk_budget_tokens=tokens)
 
     @cached_property
     def peak_flops_per_s(self) -> float:
@@ -86,7 +117,15 @@ class ServingConfig:
 
     @cached_property
     def memory(self) -> MemoryBudget:
-        return memory_budget(self.model, self.gpu, self.precision, self.kv, self.engine, self.tensor_parallel)
+        return memory_budget(
+            self.model,
+            self.gpu,
+            self.precision,
+            self.kv,
+            self.engine,
+            self.tensor_parallel,
+            self.max_num_batched_tokens,
+        )
 
     @property
     def gpus(self) -> int:

@@ -14,6 +14,8 @@ def vllm_args(cfg: ServingConfig, max_batch: int, max_model_len: int, port: int 
         str(max_batch),
         "--max-model-len",
         str(max_model_len),
+        "--max-num-batched-tokens",
+        str(cfg.max_num_batched_tokens),
         "--gpu-memory-utilization",
         f"{cfg.engine.gpu_memory_utilization:.2f}",
         "--dtype",

@@ -23,14 +23,13 @@ def kv_bytes_per_token(model: ModelArch, kv: KvPrecisionSpec, tensor_parallel: i
     return 2.0 * model.layers * kv_heads_per_gpu(model, tensor_parallel) * model.head_dim * kv.bytes_per_element
 
 
-def activation_peak_bytes(model: ModelArch, engine: EngineProfile, tensor_parallel: int) -> float:
+def activation_peak_bytes(model: ModelArch, engine: EngineProfile, tensor_parallel: int, tokens: int) -> float:
     """Peak activations of one profiled forward pass at the engine's token budget.
 
     The FFN's widest intermediate (gate and up, split by tp) plus the residual stream and
     attention projections, in 16-bit, for max_num_batched_tokens tokens; plus fp32 logits
     for one token per sequence. vLLM measures this by profiling; this estimates it.
     """
-    tokens = engine.max_num_batched_tokens
     widest_bytes_per_token = (2 * model.intermediate_size / tensor_parallel + 4 * model.hidden_size) * 2
     logits_bytes = min(engine.max_num_seqs_limit, tokens) * model.vocab_size * 4 / tensor_parallel
     return tokens * widest_bytes_per_token + logits_bytes
@@ -60,12 +59,13 @@ def memory_budget(
     kv: KvPrecisionSpec,
     engine: EngineProfile,
     tensor_parallel: int,
+    chunk_budget_tokens: int,
 ) -> MemoryBudget:
     total = gpu.memory_bytes
     usable = total * engine.gpu_memory_utilization
     weights = weight_bytes(model, precision) / tensor_parallel
     reserve = (
-        activation_peak_bytes(model, engine, tensor_parallel)
+        activation_peak_bytes(model, engine, tensor_parallel, chunk_budget_tokens)
         + engine.cuda_graph_memory_bytes
         + engine.non_torch_memory_bytes
     )

@@ -17,7 +17,7 @@ from kvscale.sizing.units import GIB, format_duration
 from kvscale.sizing.workload import Slo, Workload
 
 Objective = Literal["cost", "latency"]
-Verdict = Literal["chosen", "alternative", "rejected"]
+Verdict = Literal["chosen", "alternative", "rejected", "outranked"]
 TENSOR_PARALLEL_DEGREES = (1, 2, 4, 8)
 DEFAULT_HEADROOM = 0.10
 FULLY_RANKED = 5  # alternatives evaluated in full, beyond the chosen one
@@ -42,17 +42,38 @@ class Prediction:
 
 
 @dataclass(frozen=True)
-class Candidate:
-    gpu: str
-    tensor_parallel: int
-    precision: str
-    kv_cache_precision: str
-    verdict: Verdict
+class Feasible:
+    """A candidate that meets the SLO at the requested load: the chosen one or an alternative.
+
+    It carries the exact configuration the prediction was made for (chunk budget
+    included), so callers deploy or simulate `config` instead of rebuilding one.
+    """
+
+    config: ServingConfig
+    prediction: Prediction
+    verdict: Literal["chosen", "alternative"]
     reason: str
-    prediction: Prediction | None = None
-    # For SLO misses: the best this candidate can do, to say what would make it feasible.
-    best_ttft_s: float | None = None
-    best_tpot_s: float | None = None
+
+    @property
+    def gpu(self) -> str:
+        return self.config.gpu.name
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.config.tensor_parallel
+
+    @property
+    def precision(self) -> str:
+        return self.config.precision.name
+
+    @property
+    def kv_cache_precision(self) -> str:
+        return self.config.kv.name
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """The chunked-prefill token budget the prediction assumed (`--max-num-batched-tokens`)."""
+        return self.config.max_num_batched_tokens
 
     @property
     def label(self) -> str:
@@ -60,7 +81,60 @@ class Candidate:
 
     @property
     def total_gpus(self) -> int:
-        return self.tensor_parallel * (self.prediction.replicas if self.prediction else 1)
+        return self.tensor_parallel * self.prediction.replicas
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A candidate that cannot run, does not fit, or cannot meet the SLO, and why."""
+
+    gpu: str
+    tensor_parallel: int
+    precision: str
+    kv_cache_precision: str
+    reason: str
+    # For SLO misses: the best this candidate can do, to say what would make it feasible.
+    best_ttft_s: float | None = None
+    best_tpot_s: float | None = None
+    verdict: Literal["rejected"] = "rejected"
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpu} x{self.tensor_parallel} {self.precision}"
+
+
+@dataclass(frozen=True)
+class Outranked:
+    """A candidate that passed every load-independent check but whose optimistic bound on
+    the objective already loses to the fully ranked ones, so it was not evaluated in full."""
+
+    config: ServingConfig
+    bound: float  # lower bound of the ranking metric ($/h, or seconds per request)
+    reason: str
+    verdict: Literal["outranked"] = "outranked"
+
+    @property
+    def gpu(self) -> str:
+        return self.config.gpu.name
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.config.tensor_parallel
+
+    @property
+    def precision(self) -> str:
+        return self.config.precision.name
+
+    @property
+    def kv_cache_precision(self) -> str:
+        return self.config.kv.name
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpu} x{self.tensor_parallel} {self.precision}"
+
+
+Candidate = Feasible | Rejected | Outranked
 
 
 @dataclass(frozen=True)
@@ -82,10 +156,11 @@ class PlanRequest:
 @dataclass(frozen=True)
 class Plan:
     request: PlanRequest
-    chosen: Candidate | None
-    alternatives: tuple[Candidate, ...]
-    rejected: tuple[Candidate, ...]
+    chosen: Feasible | None
+    alternatives: tuple[Feasible, ...]  # fully evaluated runners-up, best first
+    rejected: tuple[Rejected, ...]
     suggestions: tuple[str, ...] = field(default=())
+    outranked: tuple[Outranked, ...] = field(default=())  # feasible-looking, not evaluated in full
 
     @property
     def feasible(self) -> bool:
@@ -93,12 +168,16 @@ class Plan:
 
     @property
     def candidates(self) -> tuple[Candidate, ...]:
-        head = (self.chosen,) if self.chosen else ()
-        return head + self.alternatives + self.rejected
+        head: tuple[Candidate, ...] = (self.chosen,) if self.chosen else ()
+        return head + self.alternatives + self.outranked + self.rejected
 
 
-def _reject(cfg: ServingConfig, reason: str, **extra: float | None) -> Candidate:
-    return Candidate(cfg.gpu.name, cfg.tensor_parallel, cfg.precision.name, cfg.kv.name, "rejected", reason, **extra)  # type: ignore[arg-type]
+def _reject(
+    cfg: ServingConfig, reason: str, best_ttft_s: float | None = None, best_tpot_s: float | None = None
+) -> Rejected:
+    return Rejected(
+        cfg.gpu.name, cfg.tensor_parallel, cfg.precision.name, cfg.kv.name, reason, best_ttft_s, best_tpot_s
+    )
 
 
 def _gib(nbytes: float) -> str:
@@ -116,7 +195,7 @@ class _Screened:
     bound: float  # lower bound of the ranking metric: cost at no-queueing capacity, or idle latency
 
 
-def _screen(cfg: ServingConfig, request: PlanRequest) -> Candidate | _Screened:
+def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
     """Load-independent verdicts: can it run, does it fit, can it ever meet the SLO."""
     unsupported = cfg.unsupported_reason()
     if unsupported:
@@ -162,7 +241,7 @@ def _screen(cfg: ServingConfig, request: PlanRequest) -> Candidate | _Screened:
     return _Screened(cfg, replica, max_batch, idle, bound)
 
 
-def _evaluate(s: _Screened, request: PlanRequest) -> Candidate:
+def _evaluate(s: _Screened, request: PlanRequest) -> Feasible | Rejected:
     """The load-dependent part: the rate one replica sustains, replicas, predictions."""
     cfg, replica, slo = s.cfg, s.replica, request.slo
     rate_max = replica.max_rate_meeting(slo, s.max_batch)
@@ -197,20 +276,18 @@ def _evaluate(s: _Screened, request: PlanRequest) -> Candidate:
         weights_bytes_per_gpu=mem.weights_bytes,
         cost_usd_per_hour=replicas * cfg.price_usd_per_hour,
     )
-    return Candidate(cfg.gpu.name, cfg.tensor_parallel, cfg.precision.name, cfg.kv.name, "alternative", "", prediction)
+    return Feasible(cfg, prediction, "alternative", "")
 
 
-def _metric(candidate: Candidate, objective: Objective, output_tokens: int) -> float:
+def _metric(candidate: Feasible, objective: Objective, output_tokens: int) -> float:
     p = candidate.prediction
-    assert p is not None
     if objective == "latency":
         return p.ttft_p_s + output_tokens * p.tpot_p_s
     return p.cost_usd_per_hour
 
 
-def _rank_key(candidate: Candidate, objective: Objective, output_tokens: int) -> tuple[float | str | int, ...]:
+def _rank_key(candidate: Feasible, objective: Objective, output_tokens: int) -> tuple[float | str | int, ...]:
     p = candidate.prediction
-    assert p is not None
     latency = p.ttft_p_s + output_tokens * p.tpot_p_s
     tie = (candidate.total_gpus, candidate.gpu, candidate.tensor_parallel, candidate.precision)
     if objective == "latency":
@@ -218,9 +295,8 @@ def _rank_key(candidate: Candidate, objective: Objective, output_tokens: int) ->
     return (round(p.cost_usd_per_hour, 6), round(latency, 6), *tie)
 
 
-def _loss_reason(candidate: Candidate, chosen: Candidate, objective: Objective, output_tokens: int) -> str:
+def _loss_reason(candidate: Feasible, chosen: Feasible, objective: Objective, output_tokens: int) -> str:
     p, c = candidate.prediction, chosen.prediction
-    assert p is not None and c is not None
     if objective == "latency":
         mine = p.ttft_p_s + output_tokens * p.tpot_p_s
         best = c.ttft_p_s + output_tokens * c.tpot_p_s
@@ -234,10 +310,10 @@ def _loss_reason(candidate: Candidate, chosen: Candidate, objective: Objective, 
     return "ties on cost and latency; lost the deterministic tie-break (fewer GPUs, then name)"
 
 
-def _suggestions(request: PlanRequest, rejected: Iterable[Candidate]) -> tuple[str, ...]:
+def _suggestions(request: PlanRequest, rejected: Iterable[Rejected]) -> tuple[str, ...]:
     """For an infeasible SLO: the closest candidates and what would make them feasible."""
     slo = request.slo
-    near: list[tuple[float, Candidate]] = []
+    near: list[tuple[float, Rejected]] = []
     for c in rejected:
         if c.best_ttft_s is None or c.best_tpot_s is None:
             continue
@@ -282,16 +358,19 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
 
     Candidates are fully evaluated (queueing, replicas) in order of an optimistic bound on
     the objective; once that bound exceeds the FULLY_RANKED-th best full result, the rest
-    cannot place above it and keep the bound as their stated reason.
+    cannot place above it: they are listed as outranked, with the bound as their reason.
     """
-    rejected: list[Candidate] = []
+    rejected: list[Rejected] = []
     screened: list[_Screened] = []
     for cfg in configurations(catalog, request):
         verdict = _screen(cfg, request)
-        (rejected if isinstance(verdict, Candidate) else screened).append(verdict)  # type: ignore[arg-type]
+        if isinstance(verdict, Rejected):
+            rejected.append(verdict)
+        else:
+            screened.append(verdict)
     screened.sort(key=lambda s: (s.bound, s.cfg.gpus, s.cfg.gpu.name, s.cfg.tensor_parallel, s.cfg.precision.name))
     out = request.workload.output_tokens
-    feasible: list[Candidate] = []
+    feasible: list[Feasible] = []
     metrics: list[float] = []  # the feasible candidates' objective values, kept sorted
     outranked: list[_Screened] = []
     for s in screened:
@@ -299,7 +378,7 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
             outranked.append(s)
             continue
         candidate = _evaluate(s, request)
-        if candidate.prediction is None:
+        if isinstance(candidate, Rejected):
             rejected.append(candidate)
         else:
             feasible.append(candidate)
@@ -309,44 +388,35 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
     if not feasible:
         return Plan(request, None, (), tuple(rejected), _suggestions(request, rejected))
     best = feasible[0]
-    chosen = Candidate(
-        best.gpu,
-        best.tensor_parallel,
-        best.precision,
-        best.kv_cache_precision,
+    chosen = Feasible(
+        best.config,
+        best.prediction,
         "chosen",
         _chosen_reason(best, request.objective, len(feasible) + len(outranked)),
-        best.prediction,
     )
-    alternatives = [
-        Candidate(
-            c.gpu,
-            c.tensor_parallel,
-            c.precision,
-            c.kv_cache_precision,
-            "alternative",
-            _loss_reason(c, best, request.objective, out),
-            c.prediction,
-        )
+    alternatives = tuple(
+        Feasible(c.config, c.prediction, "alternative", _loss_reason(c, best, request.objective, out))
         for c in feasible[1:]
-    ]
-    alternatives += [_outranked(s, best, request.objective) for s in outranked]
-    return Plan(request, chosen, tuple(alternatives), tuple(rejected))
+    )
+    return Plan(
+        request,
+        chosen,
+        alternatives,
+        tuple(rejected),
+        outranked=tuple(_outranked(s, best, request.objective) for s in outranked),
+    )
 
 
-def _outranked(s: _Screened, best: Candidate, objective: Objective) -> Candidate:
-    cfg = s.cfg
+def _outranked(s: _Screened, best: Feasible, objective: Objective) -> Outranked:
     if objective == "latency":
         reason = f"slower: at least {format_duration(s.bound)} per request even with no load"
     else:
-        assert best.prediction is not None
         reason = f"costs at least ${s.bound:.2f}/h vs ${best.prediction.cost_usd_per_hour:.2f}/h"
-    return Candidate(cfg.gpu.name, cfg.tensor_parallel, cfg.precision.name, cfg.kv.name, "alternative", reason)
+    return Outranked(s.cfg, s.bound, reason)
 
 
-def _chosen_reason(best: Candidate, objective: Objective, feasible_count: int) -> str:
+def _chosen_reason(best: Feasible, objective: Objective, feasible_count: int) -> str:
     p = best.prediction
-    assert p is not None
     what = "cheapest" if objective == "cost" else "fastest"
     return (
         f"{what} of {feasible_count} feasible: {p.replicas} replica(s) x {best.tensor_parallel} {best.gpu} at "

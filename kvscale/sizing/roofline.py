@@ -138,7 +138,7 @@ def prefill(cfg: ServingConfig, sequences: int, prompt_tokens: int) -> StepTime:
     if sequences < 1 or prompt_tokens < 1:
         raise ValueError("prefill needs at least one sequence of at least one token")
     tokens = float(sequences * prompt_tokens)
-    chunks = math.ceil(tokens / cfg.engine.max_num_batched_tokens)
+    chunks = math.ceil(tokens / cfg.max_num_batched_tokens)
     flops = _flops_per_gpu(cfg, tokens, prompt_tokens / 2.0)
     efficiency = prefill_efficiency(cfg, flops / chunks / cfg.model.layers)
     compute_s = flops / (cfg.peak_flops_per_s * efficiency)

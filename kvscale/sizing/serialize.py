@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvscale.sizing.batching import BatchPrediction
-from kvscale.sizing.planner import Candidate, Plan
+from kvscale.sizing.planner import Candidate, Feasible, Plan, Rejected
 from kvscale.sizing.units import GIB
 
 
@@ -25,8 +25,8 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
         "verdict": c.verdict,
         "reason": c.reason,
     }
-    p = c.prediction
-    if p is not None:
+    if isinstance(c, Feasible):
+        p = c.prediction
         out.update(
             replicas=p.replicas,
             gpus_total=p.replicas * c.tensor_parallel,
@@ -41,11 +41,13 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
             kv_cache_tokens=p.kv_cache_tokens,
             weights_gib_per_gpu=round(p.weights_bytes_per_gpu / GIB, 2),
             cost_usd_per_hour=round(p.cost_usd_per_hour, 4),
+            max_num_batched_tokens=c.max_num_batched_tokens,
         )
-    if c.best_ttft_s is not None:
-        out["best_ttft_ms"] = _ms(c.best_ttft_s)
-    if c.best_tpot_s is not None:
-        out["best_tpot_ms"] = _ms(c.best_tpot_s)
+    elif isinstance(c, Rejected):
+        if c.best_ttft_s is not None:
+            out["best_ttft_ms"] = _ms(c.best_ttft_s)
+        if c.best_tpot_s is not None:
+            out["best_tpot_ms"] = _ms(c.best_tpot_s)
     return out
 
 
@@ -68,6 +70,7 @@ def plan_to_dict(plan: Plan, engine_args: list[str] | None = None) -> dict[str, 
         "headroom": r.headroom,
         "chosen": chosen,
         "alternatives": [candidate_to_dict(c) for c in plan.alternatives],
+        "outranked": [candidate_to_dict(c) for c in plan.outranked],
         "rejected": [candidate_to_dict(c) for c in plan.rejected],
         "suggestions": list(plan.suggestions),
     }

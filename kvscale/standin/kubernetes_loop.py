@@ -80,7 +80,7 @@ def serve(
         StepTimes(cfg),
         int(plan["maxBatch"]),
         cfg.memory.kv_capacity_tokens,
-        cfg.engine.max_num_batched_tokens,
+        cfg.max_num_batched_tokens,
         cold_start_s,
         arrivals,
     )

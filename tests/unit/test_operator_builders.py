@@ -8,7 +8,6 @@ from kvscale.operator.planning import plan_service
 from kvscale.operator.resources import deployment, labels, pod_disruption_budget, service
 from kvscale.operator.settings import SettingsError, parse_tolerations
 from kvscale.sizing.catalog import default_catalog
-from kvscale.sizing.config import ServingConfig
 from tests.cluster.harness import node_objects
 
 CAT = default_catalog()
@@ -61,8 +60,8 @@ def test_deployment_carries_the_plan() -> None:
     )
     result = plan_service(spec, CAT, pools)
     chosen = result.chosen
-    assert chosen is not None and chosen.prediction is not None and result.model is not None
-    cfg = ServingConfig.build(CAT, result.model, CAT.gpu(chosen.gpu), chosen.precision, chosen.tensor_parallel)
+    assert chosen is not None and result.model is not None
+    cfg = chosen.config
     pool = pools[chosen.gpu]
     dep = deployment(
         "svc",

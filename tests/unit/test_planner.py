@@ -5,6 +5,8 @@ import time
 import pytest
 
 from kvscale.sizing.catalog import default_catalog
+from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.engine_args import vllm_args
 from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.workload import Slo, Workload
 
@@ -26,28 +28,29 @@ def test_every_candidate_has_a_verdict_and_a_reason() -> None:
 
 def test_chosen_is_the_cheapest_fully_evaluated() -> None:
     result = plan(CAT, request())
-    assert result.chosen and result.chosen.prediction
+    assert result.chosen
     chosen_cost = result.chosen.prediction.cost_usd_per_hour
+    assert result.alternatives
     for alt in result.alternatives:
-        if alt.prediction is not None:
-            assert alt.prediction.cost_usd_per_hour >= chosen_cost
+        assert alt.prediction.cost_usd_per_hour >= chosen_cost
+    for out in result.outranked:
+        assert out.bound >= chosen_cost
     pred = result.chosen.prediction
     assert pred.ttft_p_s <= 0.5 and pred.tpot_p_s <= 0.05
 
 
 def test_latency_objective_picks_the_fastest() -> None:
     result = plan(CAT, request(objective="latency"))
-    assert result.chosen and result.chosen.prediction
+    assert result.chosen
     best = result.chosen.prediction.ttft_p_s + 256 * result.chosen.prediction.tpot_p_s
     for alt in result.alternatives:
-        if alt.prediction is not None:
-            assert alt.prediction.ttft_p_s + 256 * alt.prediction.tpot_p_s >= best - 1e-9
+        assert alt.prediction.ttft_p_s + 256 * alt.prediction.tpot_p_s >= best - 1e-9
 
 
 def test_more_load_needs_more_replicas() -> None:
     low = plan(CAT, request(rps=2, gpus=("A100-80GB",), tensor_parallel=(1,)))
     high = plan(CAT, request(rps=60, gpus=("A100-80GB",), tensor_parallel=(1,)))
-    assert low.chosen and high.chosen and low.chosen.prediction and high.chosen.prediction
+    assert low.chosen and high.chosen
     assert high.chosen.prediction.replicas > low.chosen.prediction.replicas
 
 
@@ -92,3 +95,28 @@ def test_full_catalog_plan_is_fast_enough_to_run_per_reconcile(precisions: tuple
     start = time.perf_counter()
     plan(CAT, req)
     assert time.perf_counter() - start < 2.0
+
+
+def test_feasible_candidates_carry_their_config_and_rejected_their_reason() -> None:
+    result = plan(CAT, request(precisions=("bf16", "fp8")))
+    assert result.chosen is not None
+    for c in (result.chosen, *result.alternatives):
+        assert c.config.gpu.name == c.gpu and c.config.tensor_parallel == c.tensor_parallel
+        assert c.prediction.replicas >= 1 and c.max_num_batched_tokens >= c.prediction.max_batch
+    for r in result.rejected:
+        assert r.verdict == "rejected" and r.reason
+    args = vllm_args(result.chosen.config, result.chosen.prediction.max_batch, 768)
+    assert args[args.index("--max-num-batched-tokens") + 1] == str(result.chosen.max_num_batched_tokens)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "budget"),
+    [("A100-80GB", 2048), ("A100-40GB", 2048), ("L40S", 2048), ("L4", 2048), ("T4", 2048), ("A10G", 2048),
+     ("H100-SXM", 8192), ("H100-PCIE", 8192), ("H200", 8192), ("B200", 16384), ("MI300X", 16384)],
+)  # fmt: skip
+def test_default_chunk_budget_is_vllms(gpu: str, budget: int) -> None:
+    # vllm/engine/arg_utils.py (0.11.0), EngineArgs._set_default_args: >= 70 GiB and not an
+    # A100 -> 8192 for `vllm serve`, else 2048; >= 160 GiB -> 16384 in recent releases.
+    cfg = ServingConfig.build(CAT, CAT.model("llama-3.1-8b"), CAT.gpu(gpu), "fp16" if gpu == "T4" else "bf16")
+    assert cfg.max_num_batched_tokens == budget
+    assert cfg.with_chunk_budget(512).max_num_batched_tokens == 512

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvscale.sizing.published import FIGURES, bounds_hold
+from benchmarks.data.published import FIGURES, bounds_hold
 
 
 @pytest.mark.parametrize("figure", FIGURES, ids=[f.what for f in FIGURES])

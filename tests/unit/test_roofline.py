@@ -63,7 +63,7 @@ def test_prefill_by_hand() -> None:
 
 def test_prefill_chunks_read_weights_per_chunk() -> None:
     c = cfg()
-    budget = c.engine.max_num_batched_tokens
+    budget = c.max_num_batched_tokens
     one = prefill(c, 1, budget)
     two = prefill(c, 2, budget)
     assert two.bytes_per_gpu - 2 * one.bytes_per_gpu == pytest.approx(0.0, abs=1.0)

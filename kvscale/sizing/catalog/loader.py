@@ -190,7 +190,7 @@ class EngineProfile(_Frozen):
     gpu_memory_utilization: Efficiency = Field(gt=0, le=1)
     non_torch_memory_bytes: float = Field(ge=0)
     cuda_graph_memory_bytes: float = Field(ge=0)
-    max_num_batched_tokens: int = Field(gt=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0, description="None: the per-GPU default")
     kv_block_tokens: int = Field(gt=0)
     max_num_seqs_limit: int = Field(gt=0)
     decode_layer_overhead_s: float = Field(ge=0)
