@@ -28,6 +28,12 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": "maxContextTokens must be at least inputTokens + outputTokens",
         }
     ],
+    ("routing", "inferencePool", "endpointPickerRef"): [
+        {
+            "rule": "(has(self.kind) && self.kind != 'Service') || has(self.port)",
+            "message": "endpointPickerRef.port is required when kind is Service (or unset)",
+        }
+    ],
     ("scaling",): [
         {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must be <= maxReplicas"},
         {

@@ -24,6 +24,7 @@ Duration = Annotated[
     Field(pattern=DURATION_PATTERN, description="A duration such as 500ms, 1.5s or 2m."),
     AfterValidator(_duration),
 ]
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 Precision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
 
 
@@ -151,6 +152,70 @@ class ScalingSpec(_Wire):
         return self
 
 
+class PortNumber(_Wire):
+    number: int = Field(ge=1, le=65535, description="Port number.")
+
+
+class EndpointPickerRef(_Wire):
+    """The endpoint picker (EPP) the InferencePool hands routing decisions to; copied into the
+    pool's spec.endpointPickerRef as written (same field names as inference.networking.k8s.io/v1)."""
+
+    name: str = Field(
+        min_length=1, max_length=253, description="Name of the endpoint picker's Service (or other kind)."
+    )
+    port: PortNumber | None = Field(
+        default=None, description="Port of the endpoint picker's Service (its gRPC ext-proc port, e.g. 9002)."
+    )
+    group: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern="^$|" + DNS_SUBDOMAIN_PATTERN,
+        description="API group of the referent; empty (the core group) by default.",
+    )
+    kind: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$",
+        description="Kind of the referent; Service by default.",
+    )
+    failure_mode: Literal["FailOpen", "FailClose"] | None = Field(
+        default=None, description="What the gateway does when the picker does not answer; FailClose by default."
+    )
+
+    @model_validator(mode="after")
+    def _port(self) -> EndpointPickerRef:
+        if self.kind in (None, "Service") and self.port is None:
+            raise ValueError("spec.routing.inferencePool.endpointPickerRef.port is required when kind is Service")
+        return self
+
+
+class InferencePoolRouting(_Wire):
+    """An InferencePool (Gateway API inference extension) for the engine pods: kvscale creates and
+    owns it, or, when a pool of that name exists and kvscale does not own it, labels the pods to
+    join it and leaves the pool alone."""
+
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Pool name; defaults to the InferenceService's name.",
+    )
+    endpoint_picker_ref: EndpointPickerRef | None = Field(
+        default=None,
+        description="Endpoint picker the pool uses; defaults to the Service <pool name>-epp on port 9002 "
+        "(the extension's inferencepool Helm chart's names).",
+    )
+
+
+class RoutingSpec(_Wire):
+    """How requests reach the engines beyond the plain Service."""
+
+    inference_pool: InferencePoolRouting | None = Field(
+        default=None, description="Present: route through a Gateway API inference extension InferencePool."
+    )
+
+
 class InferenceServiceSpec(_Wire):
     model: ModelSpec = Field(description="The model to serve.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="The serving engine.")
@@ -160,6 +225,9 @@ class InferenceServiceSpec(_Wire):
         default_factory=HardwareSpec, description="GPU types and tensor parallelism allowed."
     )
     scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="Replica bounds and scaling mode.")
+    routing: RoutingSpec = Field(
+        default_factory=RoutingSpec, description="Gateway routing: an InferencePool for the engine pods."
+    )
 
 
 class Condition(_Wire):

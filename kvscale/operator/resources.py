@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kvscale.api.models import InferenceServiceSpec
 from kvscale.operator.inventory import GpuPool
+from kvscale.operator.labels import serving_labels
 from kvscale.sizing.catalog import ModelArch
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.engine_args import vllm_args
@@ -28,6 +30,15 @@ def selector(name: str) -> str:
     return ",".join(f"{k}={v}" for k, v in labels(name).items())
 
 
+def pod_labels(name: str, owner_uid: str, cfg: ServingConfig) -> dict[str, str]:
+    """The engine pods' labels: the Deployment's selector, the owner, and model, GPU type and variant."""
+    return {
+        **labels(name),
+        "kvscale.io/owner-uid": owner_uid,
+        **serving_labels(cfg.model.name, cfg.gpu.name, cfg.tensor_parallel, cfg.precision.name),
+    }
+
+
 def model_source(spec: InferenceServiceSpec, model: ModelArch) -> str:
     """What `vllm serve` loads: spec.model.source without its hf:// scheme, else the name the
     user gave when it is a Hugging Face id, else the catalog's Hugging Face id."""
@@ -47,7 +58,9 @@ def deployment(
     replicas: int,
     port: int,
     extra_tolerations: tuple[dict[str, str], ...] = (),
+    pool_labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    """`pool_labels`: a foreign InferencePool's selector labels, so the pods join it."""
     max_len = spec.workload.max_context_tokens or spec.workload.input_tokens + spec.workload.output_tokens
     args = [model_source(spec, model), *vllm_args(cfg, chosen.prediction.max_batch, max_len, port), *spec.engine.args]
     env: list[dict[str, Any]] = [{"name": e.name, "value": e.value} for e in spec.engine.env]
@@ -70,7 +83,7 @@ def deployment(
     }
     if spec.model.credentials_secret:
         container["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
-    pod_labels = {**labels(name), "kvscale.io/owner-uid": owner_uid, "kvscale.io/gpu-type": cfg.gpu.name}
+    template_labels = {**pod_labels(name, owner_uid, cfg), **(pool_labels or {})}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -81,7 +94,7 @@ def deployment(
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "template": {
                 "metadata": {
-                    "labels": pod_labels,
+                    "labels": template_labels,
                     "annotations": {
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(port),

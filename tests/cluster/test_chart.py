@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -51,7 +52,25 @@ def test_chart_files_match_the_sources() -> None:
         for d in yaml.safe_load_all((ROOT / "deploy" / "rbac" / "operator.yaml").read_text())
         if d["kind"] == "ClusterRole"
     )
-    assert yaml.safe_load((files / "rbac-rules.yaml").read_text()) == role["rules"]
+    chart_rules = yaml.safe_load((files / "rbac-rules.yaml").read_text())
+    pool_rules = yaml.safe_load((files / "rbac-inferencepool-rules.yaml").read_text())
+    assert chart_rules + pool_rules == role["rules"]
+
+
+def test_inference_pool_rbac_follows_its_value(cluster: Cluster) -> None:
+    def pool_rules(*sets: str) -> list[dict[str, Any]]:
+        role: dict[str, Any] = next(d for d in render(cluster, *sets) if d["kind"] == "ClusterRole")
+        return [r for r in role["rules"] if "inferencepools" in r["resources"]]
+
+    on = pool_rules()
+    assert on == [
+        {
+            "apiGroups": ["inference.networking.k8s.io"],
+            "resources": ["inferencepools"],
+            "verbs": ["get", "list", "create", "patch", "delete"],
+        }
+    ]
+    assert pool_rules("inferencePool.enabled=false") == []
 
 
 def test_helm_lint(cluster: Cluster) -> None:
@@ -75,6 +94,7 @@ def test_helm_lint(cluster: Cluster) -> None:
         ("operator.prometheusUrl=ftp://x", "prometheusUrl"),
         ("replicaCount=3", "replicaCount"),
         ("nonsense=1", "nonsense"),
+        ("inferencePool.enabled=maybe", "inferencePool"),
     ],
 )
 def test_schema_rejects_invalid_values(cluster: Cluster, value: str, message: str) -> None:

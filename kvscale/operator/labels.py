@@ -1,0 +1,36 @@
+"""Label values for the engine pods: which model, GPU type and serving variant a pod runs, so a
+shared InferencePool (or a person with kubectl) can tell pods apart. Pure."""
+
+from __future__ import annotations
+
+import re
+
+MODEL_LABEL = "kvscale.io/model"
+GPU_LABEL = "kvscale.io/gpu-type"
+VARIANT_LABEL = "kvscale.io/variant"
+
+MAX_LABEL_VALUE = 63
+_INVALID = re.compile(r"[^A-Za-z0-9._-]+")
+_EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
+# Kubernetes label values (apimachinery validation.IsValidLabelValue): at most 63 characters,
+# empty or starting and ending with an alphanumeric, with - _ . between.
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def label_value(text: str) -> str:
+    """`text` as a valid label value: runs of other characters become '-', the value is cut to 63
+    characters and trimmed to alphanumerics at both ends (so 'meta-llama/Llama-3.1-8B' becomes
+    'meta-llama-Llama-3.1-8B'). Nothing valid left gives 'unknown'."""
+    value = _EDGE.sub("", _INVALID.sub("-", text))
+    value = _EDGE.sub("", value[:MAX_LABEL_VALUE])
+    return value or "unknown"
+
+
+def serving_labels(model: str, gpu_type: str, tensor_parallel: int, precision: str) -> dict[str, str]:
+    """Model (catalog name), GPU type and variant (GPU type, tensor parallelism, precision): two
+    services of one model on different hardware share the model label and differ in variant."""
+    return {
+        MODEL_LABEL: label_value(model),
+        GPU_LABEL: label_value(gpu_type),
+        VARIANT_LABEL: label_value(f"{gpu_type}-tp{tensor_parallel}-{precision}".lower()),
+    }
