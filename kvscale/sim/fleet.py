@@ -1,11 +1,36 @@
-"""A fleet of replicas: cold starts, draining, GPU-hours, least-loaded routing."""
+"""A fleet of replicas: cold starts, draining, GPU-hours, and how requests reach replicas.
+
+Routing modes:
+- `service` (a plain Kubernetes Service through kube-proxy in iptables mode, the cluster
+  default): each request goes to a ready endpoint chosen at random, and stays on that
+  replica's queue; a replica started later never takes it over.
+- `round-robin` (kube-proxy in IPVS mode, `rr` scheduler): the same, in turn.
+- `gateway` (the Gateway API inference extension's endpoint picker with its flow control):
+  requests wait at the gateway and are sent to the least-loaded replica that could admit
+  them now (a free batch slot and KV cache for the prompt), so a replica that becomes ready
+  takes the backlog.
+"""
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from dataclasses import dataclass
 
-from kvscale.sim.engine import Replica, SimRequest, StepTimes
+from kvscale.sim.engine import KV_WATERMARK, Replica, SimRequest, StepTimes
+
+ROUTINGS = ("service", "round-robin", "gateway")
+GATEWAY_POLL_S = 0.05  # while requests wait at the gateway, it looks for free replicas this often
+
+
+class RoutingError(ValueError):
+    """An unknown routing mode; the message lists the known ones."""
+
+
+def check_routing(routing: str) -> str:
+    if routing not in ROUTINGS:
+        raise RoutingError(f"--routing {routing!r}: choose one of {', '.join(ROUTINGS)}")
+    return routing
 
 
 @dataclass(frozen=True)
@@ -15,6 +40,14 @@ class FleetSpec:
     token_budget: int
     gpus_per_replica: int
     cold_start_s: float
+    routing: str = "service"
+    seed: int = 0
+    cold_start_jitter: float = 0.0  # each start takes cold_start_s x U(1 - j, 1 + j)
+
+    def __post_init__(self) -> None:
+        check_routing(self.routing)
+        if not 0 <= self.cold_start_jitter < 1:
+            raise ValueError(f"cold_start_jitter must be in [0, 1), got {self.cold_start_jitter}")
 
 
 class Fleet:
@@ -22,8 +55,12 @@ class Fleet:
         self.spec = spec
         self.steps = steps
         self.replicas: list[Replica] = []
-        self.unrouted: deque[SimRequest] = deque()  # arrived while no replica was ready
+        self.unrouted: deque[SimRequest] = deque()  # arrived while no replica was ready, or held at the gateway
         self.scale_events = 0
+        self._rng = random.Random(spec.seed)
+        self._jitter_rng = random.Random(spec.seed + 1)
+        self._turn = 0
+        self._now = 0.0
 
     # -- views -------------------------------------------------------------------------
 
@@ -35,6 +72,22 @@ class Fleet:
 
     def desired_size(self) -> int:
         return sum(1 for r in self.replicas if r.stopped_s is None and not r.draining)
+
+    def waiting(self, now_s: float) -> int:
+        """Requests not yet admitted: on replica queues, at the gateway, or with no replica."""
+        return sum(len(r.waiting) for r in self.serving(now_s)) + len(self.unrouted)
+
+    def waiting_max(self, now_s: float) -> int:
+        """The longest queue of one serving replica (the gateway's queue excluded)."""
+        return max((len(r.waiting) for r in self.serving(now_s)), default=0)
+
+    def became_ready(self, since_s: float, now_s: float) -> tuple[float, ...]:
+        """Start-to-ready seconds of replicas that became ready in (since_s, now_s]."""
+        return tuple(
+            r.ready_s - r.started_s
+            for r in self.replicas
+            if since_s < r.ready_s <= now_s and r.ready_s > r.started_s and r.stopped_s is None
+        )
 
     # -- changes -----------------------------------------------------------------------
 
@@ -53,7 +106,9 @@ class Fleet:
 
     def start(self, count: int, now_s: float, warm: bool = False) -> None:
         for _ in range(count):
-            self._new_replica(now_s, 0.0 if warm else self.spec.cold_start_s)
+            jitter = self.spec.cold_start_jitter
+            factor = 1.0 + jitter * (2 * self._jitter_rng.random() - 1) if jitter else 1.0
+            self._new_replica(now_s, 0.0 if warm else self.spec.cold_start_s * factor)
 
     def scale_to(self, desired: int, now_s: float) -> None:
         current = self.desired_size()
@@ -81,24 +136,79 @@ class Fleet:
             replica.draining = True
             surplus -= 1
 
+    @staticmethod
+    def _room(replica: Replica) -> tuple[int, float]:
+        """Batch slots and KV tokens left once the replica's own queue is admitted."""
+        slots = replica.max_batch - len(replica.running) - len(replica.waiting)
+        kv = replica.kv_capacity * (1 - KV_WATERMARK) - replica.kv_used
+        kv -= sum(r.input_tokens + r.generated + 1 for r in replica.waiting)
+        return slots, kv
+
+    def _gateway_send(self, now_s: float) -> None:
+        """The endpoint picker: the oldest request at the gateway goes to the least-loaded
+        replica that could admit it now (a free batch slot and the KV cache for its prompt)."""
+        rooms = {r.id: self._room(r) for r in self.serving(now_s)}
+        by_id = {r.id: r for r in self.serving(now_s)}
+        while self.unrouted and rooms:
+            request = self.unrouted[0]
+            need = request.input_tokens + request.generated + 1
+            fits = [i for i, (slots, kv) in rooms.items() if slots > 0 and kv >= need]
+            if not fits:
+                # A prompt larger than any free cache still goes to an idle replica, served alone.
+                idle = [i for i in rooms if by_id[i].idle]
+                if not idle:
+                    return
+                fits = idle[:1]
+            chosen = min(fits, key=lambda i: (by_id[i].load, -rooms[i][1], i))
+            by_id[chosen].enqueue(self.unrouted.popleft())
+            slots, kv = rooms[chosen]
+            rooms[chosen] = (slots - 1, kv - need)
+
     def route(self, request: SimRequest, now_s: float) -> None:
+        if self.spec.routing == "gateway":
+            self.unrouted.append(request)  # first come, first served at the gateway
+            self._gateway_send(now_s)
+            return
         candidates = self.serving(now_s)
         if not candidates:
             self.unrouted.append(request)
             return
-        min(candidates, key=lambda r: (r.load, r.id)).enqueue(request)
+        if self.spec.routing == "round-robin":
+            self._turn += 1
+            candidates[self._turn % len(candidates)].enqueue(request)
+        else:
+            candidates[self._rng.randrange(len(candidates))].enqueue(request)
 
-    def advance_to(self, now_s: float, finished: list[SimRequest]) -> None:
+    def _dispatch(self, now_s: float) -> None:
+        """Requests held at the gateway (or waiting for any replica) go where there is room."""
+        if not self.unrouted:
+            return
+        if self.spec.routing == "gateway":
+            self._gateway_send(now_s)
+        elif self.serving(now_s):
+            pending, self.unrouted = self.unrouted, deque()
+            for request in pending:
+                self.route(request, now_s)
+
+    def _advance_replicas(self, now_s: float, finished: list[SimRequest]) -> None:
         for replica in self.replicas:
             if replica.stopped_s is not None or replica.ready_s > now_s:
                 continue
             replica.advance_to(now_s, finished)
             if replica.draining and replica.idle:
                 replica.stopped_s = max(replica.clock, now_s)
-        if self.unrouted and self.serving(now_s):
-            pending, self.unrouted = self.unrouted, deque()
-            for request in pending:
-                self.route(request, now_s)
+
+    def advance_to(self, now_s: float, finished: list[SimRequest]) -> None:
+        if self.spec.routing == "gateway" and self.unrouted:
+            # Requests at the gateway leave as soon as a replica has room, not at the next event.
+            t = self._now
+            while self.unrouted and t < now_s:
+                t = min(now_s, t + GATEWAY_POLL_S)
+                self._advance_replicas(t, finished)
+                self._dispatch(t)
+        self._advance_replicas(now_s, finished)
+        self._dispatch(now_s)
+        self._now = max(self._now, now_s)
 
     def stop_all(self, now_s: float) -> None:
         for replica in self.replicas:

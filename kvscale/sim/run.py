@@ -31,6 +31,9 @@ class SimSetup:
     initial_replicas: int
     tick_s: float = TICK_S
     window_s: float = WINDOW_S
+    routing: str = "service"  # service | round-robin | gateway (kvscale.sim.fleet)
+    seed: int = 0  # routing choices and cold-start jitter
+    cold_start_jitter: float = 0.0
 
     def fleet_spec(self) -> FleetSpec:
         return FleetSpec(
@@ -39,6 +42,9 @@ class SimSetup:
             token_budget=self.cfg.max_num_batched_tokens,
             gpus_per_replica=self.cfg.tensor_parallel,
             cold_start_s=self.cold_start_s,
+            routing=self.routing,
+            seed=self.seed,
+            cold_start_jitter=self.cold_start_jitter,
         )
 
 
@@ -219,8 +225,10 @@ def _observe(
         ttft_p_s=_percentile(ttfts.values(now), setup.slo.percentile),
         tpot_p_s=_percentile(tpots.values(now), setup.slo.percentile),
         running=float(sum(len(r.running) for r in serving)),
-        waiting=float(sum(len(r.waiting) for r in serving) + len(fleet.unrouted)),
+        waiting=float(fleet.waiting(now)),
         kv_usage=sum(r.kv_usage for r in serving) / len(serving) if serving else None,
+        waiting_max=float(fleet.waiting_max(now)),
+        started_to_ready_s=fleet.became_ready(now - setup.tick_s, now),
     )
 
 

@@ -1,0 +1,78 @@
+"""Seeded load generators: shapes, determinism, lengths, and clear errors."""
+
+import statistics
+
+import pytest
+
+from kvscale.sim.generators import KINDS, LoadError, generate, parse_load
+from kvscale.sim.run import bucket_rates
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_kind_is_seeded_and_deterministic(kind: str) -> None:
+    spec = parse_load(f"{kind}:duration=10m")
+    a, b, c = generate(spec, seed=1), generate(spec, seed=1), generate(spec, seed=2)
+    assert a == b and a != c
+    assert all(0 <= r.arrival_s < 600 for r in a)
+    assert [r.arrival_s for r in a] == sorted(r.arrival_s for r in a)
+
+
+def test_step_rates_before_and_after() -> None:
+    trace = generate(parse_load("step:before=2,after=20,at=5m,duration=10m"), seed=0)
+    rates = bucket_rates(trace, 60.0)
+    assert statistics.fmean(rates[:5]) == pytest.approx(2, rel=0.2)
+    assert statistics.fmean(rates[5:]) == pytest.approx(20, rel=0.1)
+
+
+def test_bursty_alternates_between_base_and_peak() -> None:
+    trace = generate(parse_load("bursty:base=0.5,peak=60,on=60s,off=3m,rise=10s,duration=1h"), seed=4)
+    rates = bucket_rates(trace, 10.0)
+    assert max(rates) > 45  # inside bursts
+    assert sum(1 for r in rates if r < 2) > len(rates) / 2  # mostly idle
+    # bursty: the busiest minute is far above the mean
+    minute = bucket_rates(trace, 60.0)
+    assert max(minute) > 3 * statistics.fmean(minute)
+
+
+def test_diurnal_and_flash_shapes() -> None:
+    diurnal = bucket_rates(generate(parse_load("diurnal:low=1,high=11,period=20m,duration=20m"), seed=0), 120.0)
+    assert diurnal[0] < 3 and diurnal[4] > 9 and diurnal[-1] < 3
+    flash = bucket_rates(generate(parse_load("flash:base=1,peak=41,at=2m,rise=30s,decay=2m,duration=12m"), 0), 60.0)
+    assert flash[0] < 2 and max(flash[2:4]) > 25 and flash[-1] < 3
+
+
+def test_lengths_fixed_spread_and_heavy() -> None:
+    fixed = generate(parse_load("poisson:rate=20,input=300,output=40,lengths=fixed,duration=5m"), seed=0)
+    assert {r.input_tokens for r in fixed} == {300} and {r.output_tokens for r in fixed} == {40}
+    heavy = generate(parse_load("poisson:rate=50,input=1000,output=100,lengths=heavy,duration=10m"), seed=0)
+    spread = generate(parse_load("poisson:rate=50,input=1000,output=100,lengths=spread,duration=10m"), seed=0)
+    for trace in (heavy, spread):
+        assert statistics.fmean(r.input_tokens for r in trace) == pytest.approx(1000, rel=0.15)
+
+    # the heavy tail: a larger share of the tokens sits in the top 1% of requests
+    def top_share(values: list[int]) -> float:
+        ordered = sorted(values)
+        return sum(ordered[-len(ordered) // 100 :]) / sum(ordered)
+
+    assert top_share([r.input_tokens for r in heavy]) > 2 * top_share([r.input_tokens for r in spread])
+    assert max(r.input_tokens for r in heavy) <= 32768
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("sine:rate=2", "unknown kind 'sine'"),
+        ("bursty:peak=lots", "peak='lots' is not a number"),
+        ("bursty:spike=3", "bursty has no key 'spike'"),
+        ("bursty:base=9,peak=3", "base (9) must not exceed peak (3)"),
+        ("step:at=soon", "at: cannot read 'soon'"),
+        ("poisson:rate=0", "no request would arrive"),
+        ("poisson:lengths=long", "choose one of fixed, spread, heavy"),
+        ("poisson:rate", "is not key=value"),
+        ("poisson:input=0", "at least 1 token"),
+    ],
+)
+def test_bad_loads_name_the_key_and_the_fix(text: str, words: str) -> None:
+    with pytest.raises(LoadError) as info:
+        parse_load(text)
+    assert words in str(info.value)
