@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -61,6 +62,21 @@ def simulate(
     ttft: Annotated[str, typer.Option(help="Time-to-first-token target, e.g. 1s.")],
     tpot: Annotated[str, typer.Option(help="Time-per-output-token target, e.g. 50ms.")],
     trace: Annotated[Path | None, typer.Option(help="Azure CSV or Mooncake JSONL trace to replay (open loop).")] = None,
+    load: Annotated[
+        str | None,
+        typer.Option(
+            "--load",
+            help="Generated open-loop load, KIND:key=value,...: poisson, bursty, diurnal, step or flash, "
+            "e.g. bursty:base=0.5,peak=90,on=1m,off=4m,input=2000,output=100,lengths=heavy,duration=30m.",
+        ),
+    ] = None,
+    routing: Annotated[
+        str,
+        typer.Option(
+            help="How requests reach replicas: service (random, stays on its replica), round-robin, "
+            "or gateway (held at the gateway until a replica has room)."
+        ),
+    ] = "service",
     concurrency: Annotated[
         int | None, typer.Option(help="Closed loop: this many users, each sending again on completion.")
     ] = None,
@@ -86,7 +102,7 @@ def simulate(
     tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree.")] = None,
     precision: Annotated[str, typer.Option(help="Allowed weight precisions.")] = "bf16",
     headroom: Annotated[float, typer.Option(help="Spare capacity per replica, as a fraction.")] = DEFAULT_HEADROOM,
-    seed: Annotated[int, typer.Option(help="Seed for --rate-scale sampling.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed for --rate-scale sampling, --load arrivals and routing.")] = 0,
     png: Annotated[
         Path | None, typer.Option(help="Draw load, replicas and latency against time here (.png, .svg or .pdf).")
     ] = None,
@@ -95,6 +111,8 @@ def simulate(
 ) -> None:
     """Replay a trace (or a closed loop) through a simulated fleet under each autoscaling policy."""
     from kvscale.sim.compare import POLICY_NAMES
+    from kvscale.sim.fleet import RoutingError, check_routing
+    from kvscale.sim.generators import LoadError, generate, parse_load
     from kvscale.sim.session import Load, SimulationError, setup_from_plan
     from kvscale.sim.trace import MAX_SPAN_S, TraceError, duration_s, read_trace
     from kvscale.sim.trace import rate_scale as scale_rate
@@ -125,15 +143,27 @@ def simulate(
     gpus = check_names(cat, split(gpu), precisions, "auto")
     tps = tp_values(tp)
     cold_start_s = parse_duration(cold_start, "--cold-start") if cold_start else None
+    try:
+        check_routing(routing)
+    except RoutingError as exc:
+        fail(str(exc))
     closed_args = (concurrency, input_tokens, output_tokens, duration)
-    if (trace is None) == all(a is None for a in closed_args):
-        fail("give either --trace FILE, or --concurrency N --input N --output N --duration D for a closed loop")
-    if trace is not None:
+    closed = not all(a is None for a in closed_args)
+    if sum((trace is not None, load is not None, closed)) != 1:
+        fail(
+            "give one of --trace FILE, --load KIND:key=value,... , or --concurrency N --input N --output N "
+            "--duration D for a closed loop"
+        )
+    if trace is not None or load is not None:
         try:
-            requests = scale_time(scale_rate(read_trace(trace), rate_scale, seed), time_scale)
-        except TraceError as exc:
+            if load is not None:
+                requests = scale_time(scale_rate(generate(parse_load(load), seed), rate_scale, seed), time_scale)
+            else:
+                assert trace is not None
+                requests = scale_time(scale_rate(read_trace(trace), rate_scale, seed), time_scale)
+        except (TraceError, LoadError) as exc:
             fail(str(exc))
-        load = Load(trace=requests)
+        arrivals = Load(trace=requests)
         span = max(duration_s(requests), 1.0)
         workload = Workload(
             max(1, round(sum(r.input_tokens for r in requests) / len(requests))),
@@ -147,7 +177,7 @@ def simulate(
         seconds = parse_duration(duration, "--duration")
         if seconds > MAX_SPAN_S:
             fail(f"--duration must be at most {MAX_SPAN_S / 86400:g} days, got {duration}")
-        load = Load(closed=(users, tokens(input_tokens, "--input"), tokens(output_tokens, "--output"), seconds))
+        arrivals = Load(closed=(users, tokens(input_tokens, "--input"), tokens(output_tokens, "--output"), seconds))
         workload = Workload(input_tokens, output_tokens, 0.0)
     request = PlanRequest(
         model=arch,
@@ -159,8 +189,8 @@ def simulate(
         headroom=headroom,
     )
     try:
-        setup = setup_from_plan(cat, plan(cat, request), cold_start_s, replicas)
-        results, rows = _run_with_progress(setup, load, names, headroom, replicas, max_replicas)
+        setup = replace(setup_from_plan(cat, plan(cat, request), cold_start_s, replicas), routing=routing, seed=seed)
+        results, rows = _run_with_progress(setup, arrivals, names, headroom, replicas, max_replicas)
     except SimulationError as exc:
         fail(str(exc), EXIT_INFEASIBLE)
     title = f"{arch.name} on {setup.cfg.tensor_parallel} x {setup.cfg.gpu.name}"
@@ -179,7 +209,8 @@ def simulate(
 def _render(setup: Any, rows: list[dict[str, Any]], slo: Any, percentile: float) -> None:
     console.print(
         f"{setup.cfg.model.name} on {setup.cfg.tensor_parallel} x {setup.cfg.gpu.name} ({setup.cfg.precision.name}), "
-        f"max batch {setup.max_batch}, cold start {setup.cold_start_s:.0f}s; SLO p{percentile:g} TTFT <= "
+        f"max batch {setup.max_batch}, cold start {setup.cold_start_s:.0f}s, routing {setup.routing}; "
+        f"SLO p{percentile:g} TTFT <= "
         f"{slo.ttft_s * 1e3:g} ms, TPOT <= {slo.tpot_s * 1e3:g} ms"
     )
     table = Table(title="Policies on the same arrivals")

@@ -32,6 +32,7 @@ def summary(result: SimResult, slo: Slo, oracle_gpu_hours: float | None = None) 
     generated = sum(r.output_tokens for r in done)
     row: dict[str, Any] = {
         "policy": result.policy,
+        "routing": result.routing,
         "requests": len(result.requests),
         "slo_attainment": round(attainment(result, slo), 5),
         "ttft_mean_ms": round(statistics.fmean(ttft), 2) if ttft else None,

@@ -69,6 +69,7 @@ class SimResult:
     duration_s: float
     timeline: list[TimelinePoint] = field(default_factory=list)
     decisions: list[tuple[float, int, str]] = field(default_factory=list)
+    routing: str = "service"
 
 
 class _Window:
@@ -199,6 +200,7 @@ def simulate(
         duration_s=end,
         timeline=timeline,
         decisions=decisions,
+        routing=setup.routing,
     )
 
 
