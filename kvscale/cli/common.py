@@ -68,8 +68,13 @@ def load(paths: list[Path] | None) -> Catalog:
         return load_catalog(*(paths or []))
     except CatalogError as exc:
         fail(str(exc))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValidationError, ValueError, TypeError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValidationError, ValueError) as exc:
         fail(f"--catalog: cannot read {', '.join(map(str, paths or []))}: {_one_line(exc)}")
+    except (AttributeError, TypeError, KeyError) as exc:  # a section that is not a mapping
+        fail(
+            f"--catalog {', '.join(map(str, paths or []))}: expected sections (gpus:, models:, ...) each mapping "
+            f"a name to its fields, e.g. 'gpus: {{H100-SXM: {{price_usd_per_gpu_hour: 2.1}}}}' ({_one_line(exc)})"
+        )
 
 
 def _one_line(exc: BaseException) -> str:

@@ -35,7 +35,7 @@ def sim_serve(
     except ProfileError as exc:
         fail(str(exc))
     cold_start_s = duration(cold_start, "--cold-start")
-    stop_after_s = duration(run_for, "--duration") if run_for else None
+    stop_after_s = duration(run_for, "--duration") if run_for is not None else None
     cat = load(catalog)
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException

@@ -142,7 +142,7 @@ def simulate(
         fail("--precision: give at least one of bf16, fp16, fp8, int8, int4")
     gpus = check_names(cat, split(gpu), precisions, "auto")
     tps = tp_values(tp)
-    cold_start_s = parse_duration(cold_start, "--cold-start") if cold_start else None
+    cold_start_s = parse_duration(cold_start, "--cold-start") if cold_start is not None else None
     try:
         check_routing(routing)
     except RoutingError as exc:

@@ -415,3 +415,148 @@ def test_simulate_closed_loop_and_bad_input() -> None:
         app, ["simulate", "--trace", "nope.csv", "--model", "llama-3.1-8b", "--ttft", "1s", "--tpot", "60ms"]
     )
     assert result.exit_code == 2 and "does not exist" in result.stderr
+
+
+def _stderr(result: Any) -> str:
+    return " ".join(result.stderr.split())
+
+
+PLAN_ARGS = dict(zip(PLAN[1::2], PLAN[2::2], strict=True))
+
+
+def _with(command: list[str], **changes: str) -> list[str]:
+    """`command` (its options as pairs after the command name) with some options replaced."""
+    options = dict(zip(command[1::2], command[2::2], strict=True))
+    options.update({k.replace("_", "-") if k.startswith("--") else k: v for k, v in changes.items()})
+    return [command[0], *(x for pair in options.items() for x in pair)]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"--rps": "nan"}, "--rps must be a finite number"),
+        ({"--rps": "inf"}, "--rps must be a finite number"),
+        ({"--headroom": "nan"}, "--headroom must be a finite number"),
+        ({"--headroom": "-1"}, "--headroom must be in [0, 10)"),
+        ({"--max-replicas": "0"}, "--max-replicas must be a positive whole number, got 0"),
+        ({"--max-replicas": "-1"}, "--max-replicas must be a positive whole number, got -1"),
+        ({"--ttft": "500"}, "--ttft 500: add a unit: 500ms or 500s"),
+        ({"--tpot": "0.05"}, "--tpot 0.05: add a unit: 0.05ms or 0.05s"),
+        ({"--ttft": "9" * 400 + "s"}, "is not a finite duration"),
+        ({"--input": "99999999999"}, "--input must be at most 10,000,000"),
+        ({"--model": "[/x]"}, "unknown model '[/x]'"),
+    ],
+)
+def test_plan_refuses_bad_numbers_by_name(changes: dict[str, str], message: str) -> None:
+    result = runner.invoke(app, _with(PLAN, **changes))
+    assert result.exit_code == 2, result.output
+    assert message in _stderr(result)
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"--replicas": "0"}, "--replicas must be a positive whole number, got 0"),
+        ({"--replicas": "-2"}, "--replicas must be a positive whole number, got -2"),
+        ({"--max-replicas": "0"}, "--max-replicas must be a positive whole number"),
+        ({"--headroom": "-1"}, "--headroom must be in [0, 10)"),
+        ({"--headroom": "nan"}, "--headroom must be a finite number"),
+        ({"--rate-scale": "inf"}, "--rate-scale must be a finite number in (0, 1000]"),
+        ({"--time-scale": "1e-300"}, "--time-scale must be in [0.001, 1e+06]"),
+        ({"--cold-start": "90"}, "--cold-start 90: add a unit: 90ms or 90s"),
+        ({"--duration": "10000h"}, "--duration must be at most 31 days"),
+    ],
+)
+def test_simulate_refuses_bad_options_by_name(changes: dict[str, str], message: str) -> None:
+    result = runner.invoke(app, _with(CLOSED_LOOP, **changes))
+    assert result.exit_code == 2, result.output
+    assert message in _stderr(result)
+
+
+def test_png_checked_before_the_simulation_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvscale.sim.session
+
+    def must_not_run(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the simulation ran before --png was checked")
+
+    monkeypatch.setattr(kvscale.sim.session, "run_policies", must_not_run)
+    for png, message in (
+        (tmp_path / "missing" / "sim.png", "directory"),
+        (tmp_path / "sim.txt", "must end in one of .png"),
+        (tmp_path, "must end in one of .png"),
+    ):
+        result = runner.invoke(app, [*CLOSED_LOOP, "--png", str(png)])
+        assert result.exit_code == 2 and "--png" in _stderr(result) and message in _stderr(result), result.output
+    result = runner.invoke(
+        app, ["roofline", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--png", str(tmp_path / "no" / "r.png")]
+    )
+    assert result.exit_code == 2 and "mkdir -p" in _stderr(result)
+
+
+def test_simulate_writes_svg_and_keeps_results_when_asked(tmp_path: Path) -> None:
+    svg = tmp_path / "sim.svg"
+    data = run_json(*CLOSED_LOOP, "--policy", "static", "--replicas", "1", "--png", str(svg))
+    assert data[0]["policy"] == "static"
+    assert svg.read_text().lstrip().startswith(("<?xml", "<svg"))
+
+
+def test_simulate_bad_traces_exit_2_naming_the_file(tmp_path: Path) -> None:
+    header = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    cases = {
+        "nan.csv": (header + "nan,1,1\n").encode(),
+        "huge.csv": (header + "1,1e400,1\n").encode(),
+        "neg.csv": (header + "1,-4,1\n").encode(),
+        "utf16.csv": (header + "1,2,3\n").encode("utf-16"),
+        "binary.csv": b"\x00\x01\x02\xff\xfe\xfd" * 10,
+        "decades.jsonl": b'{"timestamp": 0, "input_length": 1, "output_length": 1}\n'
+        b'{"timestamp": 1e12, "input_length": 1, "output_length": 1}\n',
+    }
+    for name, content in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        result = runner.invoke(
+            app, ["simulate", "--trace", str(path), "--model", "llama-3.1-8b", "--ttft", "1s", "--tpot", "60ms"]
+        )
+        assert result.exit_code == 2, (name, result.output)
+        assert name in _stderr(result) and "error:" in result.stderr
+
+
+def test_simulate_accepts_a_csv_with_a_byte_order_mark(tmp_path: Path) -> None:
+    path = tmp_path / "bom.csv"
+    rows = "".join(f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.5,300,40\n" for i in range(120))
+    path.write_bytes(b"\xef\xbb\xbf" + ("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows).encode())
+    data = run_json(
+        "simulate",
+        "--trace",
+        str(path),
+        "--model",
+        "llama-3.1-8b",
+        "--ttft",
+        "1s",
+        "--tpot",
+        "60ms",
+        "--policy",
+        "static",
+    )
+    assert data[0]["requests"] == 120
+
+
+def test_progress_goes_to_stderr_with_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stdout stays one JSON document; progress lines go to stderr even with --json."""
+    import kvscale.cli.simulate as simulate_cmd
+
+    monkeypatch.setattr(simulate_cmd, "PROGRESS_EVERY_S", 0.0)
+    result = runner.invoke(app, [*CLOSED_LOOP, "--policy", "static", "--replicas", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)[0]["policy"] == "static"
+    assert "simulating static:" in result.stderr and "% of" in result.stderr
+
+
+def test_sim_serve_checks_options_before_the_cluster() -> None:
+    result = runner.invoke(app, ["sim", "serve", "--name", "x", "--cold-start", "30"])
+    assert result.exit_code == 2 and "--cold-start 30: add a unit" in _stderr(result)
+    result = runner.invoke(app, ["sim", "serve", "--name", "x", "--port", "70000"])
+    assert result.exit_code == 2 and "--port must be in [1, 65535]" in _stderr(result)
+    result = runner.invoke(app, ["sim", "serve", "--name", "x", "--load", "sometimes"])
+    assert result.exit_code == 2 and result.stderr.strip()

@@ -1,0 +1,245 @@
+"""Every CLI input path, fuzzed: bad input exits 2 with a message naming the option, never a
+traceback; good input exits 0 (or 1 when no plan meets the SLO). The budget per test is
+small (CI runs each in about a second); KVSCALE_FUZZ_EXAMPLES=2000 runs many more."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner, Result
+
+from kvscale.cli import app
+
+# Examples per test: small for CI; KVSCALE_FUZZ_EXAMPLES=2000 for a deep run.
+fuzz = settings(
+    max_examples=int(os.environ.get("KVSCALE_FUZZ_EXAMPLES", "15")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+runner = CliRunner()
+
+PLAN = {
+    "--model": "llama-3.1-8b",
+    "--ttft": "500ms",
+    "--tpot": "50ms",
+    "--rps": "10",
+    "--input": "512",
+    "--output": "256",
+}
+SIMULATE = {
+    "--model": "llama-3.1-8b",
+    "--ttft": "1s",
+    "--tpot": "60ms",
+    "--concurrency": "2",
+    "--input": "100",
+    "--output": "10",
+    "--duration": "5s",
+    "--policy": "static",
+}
+PREDICT = {"--model": "llama-2-7b", "--gpu": "A100-80GB", "--batch": "8", "--input": "512", "--output": "128"}
+ROOFLINE = {"--model": "llama-3.1-8b", "--gpu": "H100-SXM"}
+
+
+def invoke(command: list[str], options: dict[str, str], **changes: str) -> Result:
+    merged = {**options, **{k: v for k, v in changes.items()}}
+    args = [*command]
+    for key, value in merged.items():
+        args += [key, value]
+    return runner.invoke(app, [*args, "--json"])
+
+
+def clean(result: Result) -> None:
+    """Exited on purpose (0, 1 or 2), with no traceback anywhere."""
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"traceback instead of an error message: {result.exception!r}\n{result.output}")
+    assert result.exit_code in (0, 1, 2), result.output
+    assert "Traceback" not in result.output
+
+
+def refused(result: Result, option: str) -> None:
+    """Exit 2 and a message on stderr that names the option."""
+    clean(result)
+    assert result.exit_code == 2, f"{option} accepted: {result.output}"
+    assert option in " ".join(result.stderr.split()), result.stderr
+
+
+# Anything a shell can pass: numbers of every kind, words, empty, unicode, control characters.
+anything = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers(min_value=-(10**40), max_value=10**40).map(str),
+    st.sampled_from(["", " ", "nan", "inf", "-inf", "1e400", "-0", "0", "0x10", "1_0", "١", "[/x]", "[bold]"]),
+    st.text(max_size=12).filter(lambda s: "\x00" not in s),
+)
+
+
+def as_float(text: str) -> float | None:
+    """What click reads from the text for a float option (None when it refuses it)."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def as_int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def integral_float(text: str) -> bool:
+    """'1.0': typer reads it as 1 for an optional int option and refuses it for a required one."""
+    value = as_float(text)
+    return as_int(text) is None and value is not None and math.isfinite(value) and value.is_integer()
+
+
+def _id(value: object) -> str:
+    return value if isinstance(value, str) else value[0] if isinstance(value, list) else "-"
+
+
+# (command, base options, option, rule): the rule says whether a value is valid.
+FLOAT_OPTIONS: list[tuple[list[str], dict[str, str], str, Callable[[float], bool]]] = [
+    (["plan"], PLAN, "--rps", lambda v: math.isfinite(v) and 0 <= v <= 1e6),
+    (["plan"], PLAN, "--headroom", lambda v: math.isfinite(v) and 0 <= v < 10),
+    (["plan"], PLAN, "--percentile", lambda v: 50 <= v < 100),
+    (["simulate"], SIMULATE, "--headroom", lambda v: math.isfinite(v) and 0 <= v < 10),
+    (["simulate"], SIMULATE, "--percentile", lambda v: 50 <= v < 100),
+    (["simulate"], SIMULATE, "--rate-scale", lambda v: math.isfinite(v) and 0 < v <= 1000),
+    (["simulate"], SIMULATE, "--time-scale", lambda v: 1e-3 <= v <= 1e6),
+]
+INT_OPTIONS: list[tuple[list[str], dict[str, str], str, Callable[[int], bool]]] = [
+    (["plan"], PLAN, "--input", lambda v: 1 <= v <= 10_000_000),
+    (["plan"], PLAN, "--output", lambda v: 1 <= v <= 10_000_000),
+    (["plan"], PLAN, "--max-context", lambda v: 1 <= v <= 10_000_000),
+    (["plan"], PLAN, "--max-replicas", lambda v: 1 <= v <= 100_000),
+    (["plan"], PLAN, "--tp", lambda v: v in (1, 2, 4, 8)),
+    (["predict"], PREDICT, "--batch", lambda v: 1 <= v <= 10_000_000),
+    (["predict"], PREDICT, "--input", lambda v: 1 <= v <= 10_000_000),
+    (["predict"], PREDICT, "--tp", lambda v: v in (1, 2, 4, 8)),
+    (["roofline"], ROOFLINE, "--input", lambda v: 1 <= v <= 10_000_000),
+    (["simulate"], SIMULATE, "--replicas", lambda v: 1 <= v <= 10_000),
+    (["simulate"], SIMULATE, "--max-replicas", lambda v: 1 <= v <= 10_000),
+    (["simulate"], SIMULATE, "--concurrency", lambda v: 1 <= v <= 100_000),
+    (["simulate"], SIMULATE, "--output", lambda v: 1 <= v <= 10_000_000),
+]
+DURATION_OPTIONS = [
+    (["plan"], PLAN, "--ttft"),
+    (["plan"], PLAN, "--tpot"),
+    (["simulate"], SIMULATE, "--tpot"),
+    (["simulate"], SIMULATE, "--cold-start"),
+    (["simulate"], SIMULATE, "--duration"),
+]
+NAME_OPTIONS = [
+    (["plan"], PLAN, "--model"),
+    (["plan"], PLAN, "--gpu"),
+    (["plan"], PLAN, "--precision"),
+    (["plan"], PLAN, "--objective"),
+    (["plan"], PLAN, "--kv-cache-precision"),
+    (["predict"], PREDICT, "--gpu"),
+    (["predict"], PREDICT, "--precision"),
+    (["roofline"], ROOFLINE, "--model"),
+    (["simulate"], SIMULATE, "--policy"),
+    (["simulate"], SIMULATE, "--gpu"),
+]
+
+
+@pytest.mark.parametrize(("command", "base", "option", "valid"), FLOAT_OPTIONS, ids=_id)
+@fuzz
+@given(text=anything)
+def test_float_options(
+    command: list[str], base: dict[str, str], option: str, valid: Callable[[float], bool], text: str
+) -> None:
+    # Large duration-bound runs (a slow time scale) are valid but not what this test measures.
+    result = invoke(command, base, **{option: text})
+    value = as_float(text)
+    if value is None or not valid(value):
+        refused(result, option)
+    else:
+        clean(result)
+
+
+@pytest.mark.parametrize(("command", "base", "option", "valid"), INT_OPTIONS, ids=_id)
+@fuzz
+@given(text=st.one_of(anything, st.integers(min_value=-3, max_value=20).map(str)))
+def test_int_options(
+    command: list[str], base: dict[str, str], option: str, valid: Callable[[int], bool], text: str
+) -> None:
+    if option in ("--replicas", "--max-replicas", "--concurrency") and (as_int(text) or 0) > 50:
+        text = str(-abs(as_int(text) or 0))  # keep the valid runs small; big values are checked below
+    result = invoke(command, base, **{option: text})
+    value = as_int(text)
+    if integral_float(text):
+        clean(result)
+    elif value is None or not valid(value):
+        refused(result, option)
+    else:
+        clean(result)
+
+
+@pytest.mark.parametrize(("command", "base", "option"), DURATION_OPTIONS, ids=_id)
+@fuzz
+@given(
+    text=st.one_of(
+        anything,
+        st.builds(
+            lambda n, unit: f"{n}{unit}",
+            st.floats(allow_nan=True, allow_infinity=True).map(repr),
+            st.sampled_from(["", "us", "ms", "s", "m", "h", "d", "sec"]),
+        ),
+    )
+)
+def test_duration_options(command: list[str], base: dict[str, str], option: str, text: str) -> None:
+    if option == "--duration":
+        text = text if not text.endswith(("m", "h")) else text[:-1] + "ms"  # keep closed loops short
+    result = invoke(command, base, **{option: text})
+    clean(result)
+    if result.exit_code == 0 or (result.exit_code == 1 and "error:" not in result.stderr):
+        assert text.strip()[-1:].isalpha(), f"{option} {text!r} accepted without a unit"
+    else:
+        refused(result, option)
+
+
+@pytest.mark.parametrize(("command", "base", "option"), NAME_OPTIONS, ids=_id)
+@fuzz
+@given(text=anything)
+def test_name_options(command: list[str], base: dict[str, str], option: str, text: str) -> None:
+    result = invoke(command, base, **{option: text})
+    clean(result)
+    if result.exit_code == 2:
+        assert result.stderr.strip(), "exit 2 without a message"
+
+
+@fuzz
+@given(name=st.text(max_size=20).filter(lambda s: "\x00" not in s and "/" not in s), suffix=anything)
+def test_png_path_checked_before_work(tmp_path: Path, name: str, suffix: str) -> None:
+    target = tmp_path / "missing-dir" / f"{name}{suffix}"
+    result = invoke(["roofline"], ROOFLINE, **{"--png": str(target)})
+    refused(result, "--png")
+
+
+@fuzz
+@given(data=st.binary(max_size=200))
+def test_trace_bytes(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\n" + data)
+    base = {k: v for k, v in SIMULATE.items() if k not in ("--concurrency", "--input", "--output", "--duration")}
+    result = invoke(["simulate"], base, **{"--trace": str(path)})
+    clean(result)
+    if result.exit_code == 2:
+        assert "t.csv" in result.stderr
+
+
+def test_catalog_file_of_any_shape_is_refused_by_name(tmp_path: Path) -> None:
+    for content in (b"\xff\xfe\x00", b"[1, 2", b"- a\n- b\n", b"gpus: 3\n", b"\x00\x01"):
+        path = tmp_path / "cat.yaml"
+        path.write_bytes(content)
+        result = invoke(["plan"], PLAN, **{"--catalog": str(path)})
+        clean(result)
+        assert result.exit_code == 2 and "cat.yaml" in " ".join(result.stderr.split()), result.output
