@@ -47,6 +47,30 @@ class ModelArchitecture(_Wire):
     )
     experts: int | None = Field(default=None, ge=1, description="MoE experts per layer.")
     active_experts: int | None = Field(default=None, ge=1, description="Experts each token is routed to.")
+    max_context_tokens: int | None = Field(
+        default=None,
+        ge=2,
+        description="The model's own context limit (max_position_embeddings in config.json); default 4096.",
+    )
+
+
+class ModelCache(_Wire):
+    """Where downloaded weights persist across container starts: an existing PersistentVolumeClaim or a node path."""
+
+    persistent_volume_claim: str | None = Field(
+        default=None,
+        min_length=1,
+        description="An existing PersistentVolumeClaim in the service's namespace (ReadWriteMany when replicas share it).",
+    )
+    host_path: str | None = Field(
+        default=None, pattern=r"^/", description="An absolute directory on each node (node-local cache)."
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> ModelCache:
+        if (self.persistent_volume_claim is None) == (self.host_path is None):
+            raise ValueError("set exactly one of spec.model.cache.persistentVolumeClaim or spec.model.cache.hostPath")
+        return self
 
 
 class ModelSpec(_Wire):
@@ -62,10 +86,18 @@ class ModelSpec(_Wire):
     )
     source: str | None = Field(
         default=None,
-        description="What the engine loads, e.g. hf://meta-llama/Llama-3.1-8B-Instruct; defaults to the catalog's Hugging Face id.",
+        description=(
+            "What the engine loads, e.g. hf://meta-llama/Llama-3.1-8B-Instruct; defaults to the catalog's "
+            "Hugging Face id (16-bit), or the catalog's known checkpoint for int4/int8/fp8. int4 and int8 need a "
+            "checkpoint quantized that way (AWQ, GPTQ or compressed-tensors)."
+        ),
     )
     credentials_secret: str | None = Field(
         default=None, description="Secret whose keys become the engine's environment (e.g. HF_TOKEN)."
+    )
+    cache: ModelCache | None = Field(
+        default=None,
+        description="Volume mounted where the engine keeps downloaded weights; without one every container start downloads them.",
     )
 
     @model_validator(mode="after")
@@ -83,8 +115,17 @@ class EnvVar(_Wire):
 class EngineSpec(_Wire):
     """The serving engine."""
 
-    type: Literal["vllm"] = Field(default="vllm", description="Serving engine; vllm today.")
-    image: str = Field(default="vllm/vllm-openai:v0.11.0", min_length=1, description="Engine container image.")
+    type: Literal["vllm", "sglang", "tgi"] = Field(default="vllm", description="Serving engine: vllm, sglang or tgi.")
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Container image on NVIDIA GPUs; default: the catalog's image for the engine (vllm/vllm-openai:v0.11.0 for vllm).",
+    )
+    rocm_image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Container image on AMD GPUs (ROCm); default: the catalog's (rocm/vllm for vllm).",
+    )
     args: list[str] = Field(default_factory=list, description="Extra engine arguments appended after kvscale's.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
 
@@ -95,7 +136,12 @@ class WorkloadSpec(_Wire):
     input_tokens: int = Field(ge=1, description="Typical prompt length in tokens.")
     output_tokens: int = Field(ge=1, description="Typical generated length in tokens.")
     max_context_tokens: int | None = Field(
-        default=None, ge=2, description="Longest context to accept (--max-model-len); default input + output."
+        default=None,
+        ge=2,
+        description=(
+            "Longest request served, prompt plus output (--max-model-len); at most the model's limit. Default: the "
+            "model's limit, lowered only to what one sequence can hold in the planned KV cache."
+        ),
     )
     requests_per_second: float = Field(
         default=1.0, ge=0, description="Expected request rate, used for the initial plan."

@@ -36,9 +36,11 @@ from kvscale.cli.common import (
     slo as make_slo,
 )
 from kvscale.sizing.batching import predict_batch, throughput_latency_curve
-from kvscale.sizing.catalog import Catalog
+from kvscale.sizing.catalog import Catalog, ModelArch
+from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import vllm_args
+from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
+from kvscale.sizing.engine_args import ENGINE_TYPES, PlannedLaunch, engine_command, plan_launch, requested_source
 from kvscale.sizing.planner import DEFAULT_HEADROOM, Plan, PlanRequest, plan
 from kvscale.sizing.roofline import ideal_batch, ops_per_byte
 from kvscale.sizing.serialize import candidate_to_dict, plan_to_dict, prediction_to_dict
@@ -75,12 +77,20 @@ def plan_cmd(
         int | None, typer.Option("--max-replicas", help="Reject plans needing more replicas.")
     ] = None,
     show: Annotated[int, typer.Option(help="Alternatives to list in the table.")] = 8,
+    engine: Annotated[
+        str, typer.Option(help="Serving engine whose profile and arguments to use: vllm, sglang or tgi.")
+    ] = "vllm",
+    source: Annotated[
+        str | None, typer.Option(help="Checkpoint the engine loads (hf://org/name); int4/int8 need a quantized one.")
+    ] = None,
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The cheapest (or fastest) GPU x TP x precision x batch limit that meets the SLO."""
     cat = load(catalog)
     arch = resolve_model(cat, model)
+    if engine not in ENGINE_TYPES:
+        fail(f"--engine must be one of {', '.join(ENGINE_TYPES)}, got {engine!r}")
     if objective not in ("cost", "latency"):
         fail(f"--objective must be cost or latency, got {objective!r}")
     number(headroom, "--headroom", low=0, high=10, what="spare capacity as a fraction, e.g. 0.2")
@@ -94,6 +104,17 @@ def plan_cmd(
         fail("--precision: give at least one of bf16, fp16, fp8, int8, int4")
     gpus = check_names(cat, split(gpu), precisions, kv_cache_precision)
     context = tokens(max_context, "--max-context") if max_context is not None else None
+    try:
+        check_requested_context(
+            arch,
+            context,
+            "--max-context",
+            tokens(input_tokens, "--input") + tokens(output_tokens, "--output"),
+            "--input + --output",
+        )
+    except ContextLimitError as exc:
+        fail(str(exc))
+    precisions = _with_checkpoints(cat, arch, precisions, source)
     try:
         workload = Workload(tokens(input_tokens, "--input"), tokens(output_tokens, "--output"), rps, context)
         slo = make_slo(ttft, tpot, percentile)
@@ -110,25 +131,66 @@ def plan_cmd(
         objective=objective,  # type: ignore[arg-type]
         headroom=headroom,
         max_replicas=max_replicas,
+        engine=engine,
     )
     result = plan(cat, request)
-    args = _engine_args(cat, result)
+    launch = _launch(result, source)
+    command, args = engine_command(launch.launch) if launch else ([], None)
     if as_json:
-        print_json(plan_to_dict(result, args))
+        out = plan_to_dict(result, args)
+        if launch and out["chosen"] is not None:
+            out["chosen"].update(
+                engine=engine,
+                max_context_tokens=launch.context.max_model_len_tokens,
+                max_context_reason=launch.context.reason,
+                checkpoint=launch.checkpoint.source,
+                cold_start_s=round(launch.cold_start.total_s, 1),
+            )
+        print_json(out)
     else:
-        _render_plan(result, args, show)
+        _render_plan(result, [*command, *args] if args else None, show, launch)
     if not result.feasible:
         raise typer.Exit(EXIT_INFEASIBLE)
 
 
-def _engine_args(cat: Catalog, result: Plan) -> list[str] | None:
+def _with_checkpoints(
+    cat: Catalog, arch: ModelArch, precisions: tuple[str, ...], source: str | None
+) -> tuple[str, ...]:
+    """The precisions a checkpoint exists for; exit 2 naming --source when none has one."""
+    usable, errors = [], []
+    for p in precisions:
+        try:
+            resolve_checkpoint(arch, cat.precision(p), requested_source(arch.name, source, p), "--source")
+        except CheckpointError as exc:
+            errors.append(str(exc))
+        else:
+            usable.append(p)
+    if not usable:
+        fail("; ".join(errors))
+    return tuple(usable)
+
+
+def _launch(result: Plan, source: str | None) -> PlannedLaunch | None:
+    """The chosen plan as the engine runs it: checkpoint, longest request served, command line."""
     c = result.chosen
     if c is None:
         return None
-    return vllm_args(c.config, c.prediction.max_batch, result.request.workload.engine_max_context_tokens)
+    r = result.request
+    return plan_launch(
+        c.config,
+        requested_source(r.model.name, source, c.precision),
+        r.workload.max_context_tokens,
+        r.workload.context_tokens,
+        c.prediction.max_batch,
+        c.prediction.kv_cache_tokens,
+        8000,
+        cached=False,
+        context_field="--max-context",
+        source_field="--source",
+    )
 
 
-def _render_plan(result: Plan, args: list[str] | None, show: int) -> None:
+def _render_plan(result: Plan, args: list[str] | None, show: int, launch: PlannedLaunch | None) -> None:
     r = result.request
     console.print(
         f"[bold]{r.model.name}[/]: {r.workload.requests_per_s:g} req/s, {r.workload.input_tokens} in / "
@@ -147,8 +209,14 @@ def _render_plan(result: Plan, args: list[str] | None, show: int) -> None:
             f"{p.rate_per_replica_max:.2f} req/s per replica max; limited by {p.limited_by}; MBU {p.mbu:.0%}, MFU {p.mfu:.0%}"
         )
         console.print(f"  why: {c.reason}")
+        if launch is not None:
+            console.print(
+                f"  serves requests up to {launch.context.max_model_len_tokens} tokens ({launch.context.reason}); "
+                f"cold start {launch.cold_start.total_s:.0f}s with the download",
+                highlight=False,
+            )
         if args:
-            console.print(f"  engine: vllm serve {r.model.hf_id} {' '.join(args)}", highlight=False)
+            console.print(f"  engine: {' '.join(args)}", highlight=False)
     else:
         console.print("\n[bold red]No candidate meets the SLO.[/] Closest:")
         for line in result.suggestions:

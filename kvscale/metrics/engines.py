@@ -1,53 +1,183 @@
-"""Engine metric names: vLLM (current and older names), SGLang and TGI, mapped to one vocabulary."""
+"""Engine metric names, labels and histogram buckets: vLLM, SGLang and TGI mapped to one
+vocabulary. One table for both sides: the reader (PromQL) and the stand-in that produces
+vLLM's metrics in test clusters.
+
+Checked against the engines' source:
+- vLLM 0.11.0 vllm/v1/metrics/loggers.py (PrometheusStatLogger): labels model_name and
+  engine; histogram buckets below; vllm:request_time_per_output_token_seconds is observed
+  once per request (its mean time per output token: what TPOT means in an SLO),
+  vllm:inter_token_latency_seconds once per token gap (its tail carries prefill stalls).
+  vLLM 0.33.0 keeps the names and the buckets (vllm/v1/metrics/buckets.py) and drops
+  vllm:time_per_output_token_seconds and vllm:gpu_cache_usage_perc.
+- SGLang 0.5.23 sglang/srt/observability/metrics_collector.py: exported only with
+  --enable-metrics; sglang:request_time_per_output_token_seconds is per request;
+  token histograms are sglang:prompt_tokens_histogram / sglang:generation_tokens_histogram.
+- TGI 3.3.7 (per kvscale DESIGN.md; TGI is not on PyPI): tgi_request_queue_duration is queue
+  time only, so TGI has no TTFT histogram: kvscale reports TTFT as unavailable rather than a
+  number that reads low by the whole prefill. tgi_request_mean_time_per_token_duration is
+  per request.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# vllm/v1/metrics/loggers.py (0.11.0) = vllm/v1/metrics/buckets.py (0.33.0)
+VLLM_TTFT_BUCKETS_S: tuple[float, ...] = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+# vllm:inter_token_latency_seconds and vllm:request_time_per_output_token_seconds
+VLLM_TPOT_BUCKETS_S: tuple[float, ...] = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+# vllm:e2e_request_latency_seconds, request_queue_time_seconds and the other phase histograms
+VLLM_REQUEST_LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+VLLM_LABELS = ("model_name", "engine")
+
+
+def vllm_token_buckets(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's request token histograms: 1, 2, 5, 10, 20, 50, ... up to max_model_len
+    (loggers.py build_1_2_5_buckets)."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_model_len:
+                return tuple(out)
+            out.append(float(value))
+        exponent += 1
 
 
 @dataclass(frozen=True)
 class EngineMetrics:
-    """Each entry lists metric names to try in order (newest first); None: the engine has none."""
+    """Each entry lists metric names to try in order (newest first); empty: the engine has none."""
 
     ttft_histogram: tuple[str, ...]
-    tpot_histogram: tuple[str, ...]
+    tpot_histogram: tuple[str, ...]  # per request: what the plan predicts and the SLO means
+    itl_histogram: tuple[str, ...]  # per token gap: the fallback for TPOT, its tail heavier
     running_gauge: tuple[str, ...]
     waiting_gauge: tuple[str, ...]
     kv_usage_gauge: tuple[str, ...]
     success_counter: tuple[str, ...]
     prompt_tokens_histogram: tuple[str, ...]
     generation_tokens_histogram: tuple[str, ...]
+    labels: tuple[str, ...] = ()
+    buckets_s: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    ttft_unavailable_reason: str | None = None
+
+    def tpot_source(self, per_request_present: bool) -> str:
+        """What a TPOT quantile was read from, for status."""
+        if per_request_present or not self.itl_histogram:
+            return "per-request TPOT"
+        return "inter-token latency (no per-request TPOT histogram: its tail includes prefill stalls)"
 
 
 ENGINES: dict[str, EngineMetrics] = {
     "vllm": EngineMetrics(
         ttft_histogram=("vllm:time_to_first_token_seconds",),
-        tpot_histogram=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        tpot_histogram=("vllm:request_time_per_output_token_seconds",),
+        itl_histogram=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
         running_gauge=("vllm:num_requests_running",),
         waiting_gauge=("vllm:num_requests_waiting",),
         kv_usage_gauge=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         success_counter=("vllm:request_success_total",),
         prompt_tokens_histogram=("vllm:request_prompt_tokens",),
         generation_tokens_histogram=("vllm:request_generation_tokens",),
+        labels=VLLM_LABELS,
+        buckets_s={
+            "vllm:time_to_first_token_seconds": VLLM_TTFT_BUCKETS_S,
+            "vllm:request_time_per_output_token_seconds": VLLM_TPOT_BUCKETS_S,
+            "vllm:inter_token_latency_seconds": VLLM_TPOT_BUCKETS_S,
+            "vllm:e2e_request_latency_seconds": VLLM_REQUEST_LATENCY_BUCKETS_S,
+            "vllm:request_queue_time_seconds": VLLM_REQUEST_LATENCY_BUCKETS_S,
+        },
     ),
     "sglang": EngineMetrics(
         ttft_histogram=("sglang:time_to_first_token_seconds",),
-        tpot_histogram=("sglang:inter_token_latency_seconds",),
+        tpot_histogram=("sglang:request_time_per_output_token_seconds",),
+        itl_histogram=("sglang:inter_token_latency_seconds",),
         running_gauge=("sglang:num_running_reqs",),
         waiting_gauge=("sglang:num_queue_reqs",),
         kv_usage_gauge=("sglang:token_usage",),
         success_counter=("sglang:num_requests_total",),
-        prompt_tokens_histogram=("sglang:prompt_tokens",),
-        generation_tokens_histogram=("sglang:generation_tokens",),
+        prompt_tokens_histogram=("sglang:prompt_tokens_histogram",),
+        generation_tokens_histogram=("sglang:generation_tokens_histogram",),
+        labels=("model_name",),
     ),
     "tgi": EngineMetrics(
-        ttft_histogram=("tgi_request_queue_duration",),
+        ttft_histogram=(),
         tpot_histogram=("tgi_request_mean_time_per_token_duration",),
+        itl_histogram=(),
         running_gauge=("tgi_batch_current_size",),
         waiting_gauge=("tgi_queue_size",),
         kv_usage_gauge=(),
         success_counter=("tgi_request_success",),
         prompt_tokens_histogram=("tgi_request_input_length",),
         generation_tokens_histogram=("tgi_request_generated_tokens",),
+        ttft_unavailable_reason=(
+            "TGI exports no TTFT histogram (tgi_request_queue_duration is queue time only, without the prefill)"
+        ),
     ),
 }

@@ -58,10 +58,12 @@ def freshness(engine: EngineMetrics, selector: str) -> str:
 
 
 def queries(engine: EngineMetrics, namespace: str, name: str, quantile: float, window: str) -> dict[str, str]:
+    """PromQL per observation key. TPOT reads the per-request histogram and falls back to
+    inter-token latency (`or`); `tpot_per_request` says whether the per-request one had data.
+    No `ttft` key for an engine without a TTFT histogram (TGI)."""
     sel = pod_selector(namespace, name)
     out = {
-        "ttft": histogram_quantile(engine.ttft_histogram, sel, quantile, window),
-        "tpot": histogram_quantile(engine.tpot_histogram, sel, quantile, window),
+        "tpot": histogram_quantile(engine.tpot_histogram + engine.itl_histogram, sel, quantile, window),
         "running": gauge_sum(engine.running_gauge, sel),
         "waiting": gauge_sum(engine.waiting_gauge, sel),
         "rate": arrival_rate(engine, sel, window),
@@ -69,6 +71,12 @@ def queries(engine: EngineMetrics, namespace: str, name: str, quantile: float, w
         "output_tokens": mean_from_histogram(engine.generation_tokens_histogram, sel, window),
         "age": freshness(engine, sel),
     }
+    if engine.ttft_histogram:
+        out["ttft"] = histogram_quantile(engine.ttft_histogram, sel, quantile, window)
+    if engine.itl_histogram:
+        out["tpot_per_request"] = _first(
+            engine.tpot_histogram, f'count(rate({{{{__name__="{{m}}_count",{sel}}}}}[{window}]) > 0)'
+        )
     if engine.kv_usage_gauge:
         out["kv_usage"] = gauge_avg(engine.kv_usage_gauge, sel)
     return out

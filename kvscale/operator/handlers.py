@@ -21,7 +21,7 @@ from kvscale.operator import k8s, telemetry
 from kvscale.operator.autoscaler import ScalerMemory, observed_status, tick
 from kvscale.operator.inventory import gpu_inventory
 from kvscale.operator.planning import PlanningResult, plan_service
-from kvscale.operator.resources import deployment, pod_disruption_budget, selector, service
+from kvscale.operator.resources import deployment, planned_launch, pod_disruption_budget, selector, service
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import condition, merge_conditions, now_rfc3339, plan_status
 from kvscale.sizing.catalog import Catalog, load_catalog
@@ -119,8 +119,11 @@ def _deploy(
     chosen, plan, model = result.chosen, result.plan, result.model
     assert chosen is not None and plan is not None and model is not None
     pool = pools[chosen.gpu]
-    max_context = spec.workload.max_context_tokens or spec.workload.input_tokens + spec.workload.output_tokens
-    patch.status["plan"] = plan_status(plan, pool, max_context, excluded)
+    cfg = chosen.config
+    launch = planned_launch(
+        spec, cfg, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, SETTINGS.engine_port
+    )
+    patch.status["plan"] = plan_status(plan, pool, launch.context.max_model_len_tokens, excluded)
     patch.status["observedGeneration"] = generation
     patch.status["selector"] = selector(name)
     planned = condition("Planned", True, "Planned", chosen.reason, generation, status.get("conditions"))
@@ -146,7 +149,6 @@ def _deploy(
         )
         kopf.event(body, type="Normal", reason="Recommended", message=f"Recommend {summary}")
         return
-    cfg = chosen.config
     replicas = _replicas(spec, namespace, name, chosen.gpu, chosen.prediction.replicas)
     children = [
         deployment(

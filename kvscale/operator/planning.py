@@ -10,7 +10,10 @@ from typing import Any, Literal
 from kvscale.api.models import InferenceServiceSpec
 from kvscale.operator.inventory import GpuPool
 from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch
+from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint
 from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
+from kvscale.sizing.engine_args import requested_source, unsupported_by_engine
 from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES, Feasible, Plan, PlanRequest, plan
 from kvscale.sizing.units import parse_duration_s
 from kvscale.sizing.workload import Slo, Workload
@@ -62,7 +65,41 @@ def serving_config_from_plan(spec: InferenceServiceSpec, plan: Mapping[str, Any]
         plan["precision"],
         plan["tensorParallel"],
         spec.model.kv_cache_precision,
+        spec.engine.type,
     )
+
+
+def deployability(spec: InferenceServiceSpec, catalog: Catalog, model: ModelArch) -> PlanningResult | None:
+    """Candidate-independent refusals: a context above the model's limit, a precision without a
+    matching checkpoint, an engine that cannot run the KV-cache precision."""
+    w, m = spec.workload, spec.model
+    try:
+        check_requested_context(
+            model,
+            w.max_context_tokens,
+            "spec.workload.maxContextTokens",
+            w.input_tokens + w.output_tokens,
+            "spec.workload.inputTokens + outputTokens",
+        )
+    except ContextLimitError as exc:
+        return PlanningResult("unusable", "ContextTooLong", str(exc), model=model)
+    try:
+        resolve_checkpoint(model, catalog.precision(m.precision), requested_source(m.name, m.source, m.precision))
+    except CheckpointError as exc:
+        return PlanningResult("unusable", "NoMatchingCheckpoint", str(exc), model=model)
+    unsupported = unsupported_by_engine(spec.engine.type, m.kv_cache_precision)
+    if unsupported is not None:
+        return PlanningResult("unusable", "EngineUnsupported", f"spec.engine.type: {unsupported}", model=model)
+    return None
+
+
+def _with_engine_images(spec: InferenceServiceSpec, catalog: Catalog, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """Leave out AMD GPUs when the engine has no ROCm image (none in the catalog or the spec)."""
+    if spec.engine.rocm_image or catalog.engine(spec.engine.type).rocm_image:
+        return allowed
+    if allowed and all(catalog.gpu(g).vendor == "amd" for g in allowed):
+        return ()
+    return tuple(g for g in allowed or tuple(catalog.gpus) if catalog.gpu(g).vendor != "amd")
 
 
 def _as_sized_in_cluster(catalog: Catalog, pools: Mapping[str, GpuPool]) -> Catalog:
@@ -92,6 +129,18 @@ def plan_service(
         allowed = tuple(catalog.gpu(g).name for g in spec.hardware.gpu_types)
     except CatalogError as exc:
         return PlanningResult("unusable", "UnknownGPUType", f"spec.hardware.gpuTypes: {exc}")
+    refused = deployability(spec, catalog, model)
+    if refused is not None:
+        return refused
+    allowed = _with_engine_images(spec, catalog, allowed)
+    if spec.hardware.gpu_types and not allowed:
+        return PlanningResult(
+            "unusable",
+            "NoEngineImage",
+            f"spec.engine.rocmImage: engine {spec.engine.type} has no ROCm image in kvscale's catalog and "
+            "spec.hardware.gpuTypes allows only AMD GPUs: set spec.engine.rocmImage or allow NVIDIA GPUs",
+            model=model,
+        )
     w, s = spec.workload, spec.slo
     workload = Workload(w.input_tokens, w.output_tokens, w.requests_per_second, w.max_context_tokens)
     slo = Slo(parse_duration_s(s.time_to_first_token), parse_duration_s(s.time_per_output_token), s.percentile)
@@ -110,6 +159,7 @@ def plan_service(
             objective=spec.hardware.objective,
             max_replicas=spec.scaling.max_replicas,
             gpu_limits=limits,
+            engine=spec.engine.type,
         )
 
     # Anywhere at all? If not, the spec itself is unusable: say what would help.

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from kvscale.api.models import InferenceServiceSpec
 from kvscale.operator.inventory import GpuPool
 from kvscale.operator.labels import serving_labels
-from kvscale.sizing.catalog import ModelArch
+from kvscale.sizing.catalog import EngineProfile, GpuSpec, ModelArch
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import vllm_args
+from kvscale.sizing.engine_args import PlannedLaunch, plan_launch, requested_source
 from kvscale.sizing.planner import Feasible
 
 MANAGED_BY = "kvscale"
 SHM_BYTES_PER_TP = 2 * 1024**3  # NCCL shared memory for tensor parallelism
 FIELD_MANAGER = "kvscale-operator"
+CACHE_VOLUME = "model-cache"
+STARTUP_PROBE_PERIOD_S = 10
 
 
 def labels(name: str) -> dict[str, str]:
@@ -39,12 +42,55 @@ def pod_labels(name: str, owner_uid: str, cfg: ServingConfig) -> dict[str, str]:
     }
 
 
-def model_source(spec: InferenceServiceSpec, model: ModelArch) -> str:
-    """What `vllm serve` loads: spec.model.source without its hf:// scheme, else the name the
-    user gave when it is a Hugging Face id, else the catalog's Hugging Face id."""
-    name = spec.model.name or ""
-    source = spec.model.source or (name if "/" in name else model.hf_id)
-    return source.removeprefix("hf://")
+class EngineImageError(ValueError):
+    """No container image for the engine on the chosen accelerator; the message names the field."""
+
+
+def engine_image(spec: InferenceServiceSpec, engine: EngineProfile, gpu: GpuSpec) -> str:
+    """spec.engine.rocmImage / image when given, else the catalog's image for the engine and vendor."""
+    if gpu.vendor == "amd":
+        image = spec.engine.rocm_image or engine.rocm_image
+        if image is None:
+            raise EngineImageError(
+                f"engine {engine.name} has no ROCm image in kvscale's catalog for {gpu.name}: set "
+                "spec.engine.rocmImage, or leave AMD GPUs out with spec.hardware.gpuTypes"
+            )
+        return image
+    image = spec.engine.image or engine.image
+    if image is None:
+        raise EngineImageError(f"engine {engine.name} has no image in kvscale's catalog: set spec.engine.image")
+    return image
+
+
+def planned_launch(
+    spec: InferenceServiceSpec, cfg: ServingConfig, max_batch: int, kv_capacity_tokens: int, port: int
+) -> PlannedLaunch:
+    """The engine launch for a planned candidate (CheckpointError / ContextLimitError on bad specs)."""
+    w = spec.workload
+    return plan_launch(
+        cfg,
+        requested_source(spec.model.name, spec.model.source, cfg.precision.name),
+        w.max_context_tokens,
+        w.input_tokens + w.output_tokens,
+        max_batch,
+        kv_capacity_tokens,
+        port,
+        cached=spec.model.cache is not None,
+    )
+
+
+def _cache_volume(spec: InferenceServiceSpec) -> dict[str, Any]:
+    cache = spec.model.cache
+    if cache is None:
+        # The pod's own scratch: a restarted container reuses it; a new pod downloads again.
+        return {"name": CACHE_VOLUME, "emptyDir": {}}
+    if cache.persistent_volume_claim is not None:
+        return {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache.persistent_volume_claim}}
+    return {"name": CACHE_VOLUME, "hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
+
+
+def _probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period_s, "failureThreshold": failures}
 
 
 def deployment(
@@ -61,25 +107,35 @@ def deployment(
     pool_labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """`pool_labels`: a foreign InferencePool's selector labels, so the pods join it."""
-    max_len = spec.workload.max_context_tokens or spec.workload.input_tokens + spec.workload.output_tokens
-    args = [model_source(spec, model), *vllm_args(cfg, chosen.prediction.max_batch, max_len, port), *spec.engine.args]
-    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value} for e in spec.engine.env]
+    planned = planned_launch(spec, cfg, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, port)
+    command, engine_args = planned.command
+    engine = cfg.engine
+    env: list[dict[str, Any]] = [
+        {"name": engine.cache_env, "value": engine.cache_dir},
+        *({"name": e.name, "value": e.value} for e in spec.engine.env),
+    ]
+    startup_failures = math.ceil(planned.startup_probe_budget_s / STARTUP_PROBE_PERIOD_S)
     container: dict[str, Any] = {
         "name": "engine",
-        "image": spec.engine.image,
-        "command": ["vllm", "serve"],
-        "args": args,
+        "image": engine_image(spec, engine, cfg.gpu),
+        "command": command,
+        "args": [*engine_args, *spec.engine.args],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "env": env,
         "resources": {
             "limits": {pool.resource_name: str(cfg.tensor_parallel)},
             "requests": {pool.resource_name: str(cfg.tensor_parallel)},
         },
-        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
-        # Weight loading takes minutes: the startup probe allows up to 20 of them.
-        "startupProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 120},
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 15, "failureThreshold": 4},
+        "volumeMounts": [
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": CACHE_VOLUME, "mountPath": engine.cache_dir},
+        ],
+        # The port answers only once weights are loaded: the startup probe allows twice the
+        # modelled first start (download into an empty cache + load + engine start).
+        "startupProbe": _probe(engine.health_path, STARTUP_PROBE_PERIOD_S, startup_failures),
+        # Readiness gates traffic and rollouts on the engine's health (503 once the engine died).
+        "readinessProbe": _probe(engine.health_path, 5, 3),
+        "livenessProbe": _probe(engine.health_path, 15, 4),
     }
     if spec.model.credentials_secret:
         container["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
@@ -91,7 +147,10 @@ def deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels(name)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            # Surge one new pod and retire an old one only once it is ready: a one-replica
+            # service keeps serving through a spec change (for one model load's time, one
+            # extra replica's GPUs are needed).
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {
                     "labels": template_labels,
@@ -99,6 +158,8 @@ def deployment(
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(port),
                         "prometheus.io/path": "/metrics",
+                        "kvscale.io/engine": engine.name,
+                        "kvscale.io/checkpoint": planned.checkpoint.source,
                     },
                 },
                 "spec": {
@@ -124,7 +185,8 @@ def deployment(
                         {
                             "name": "shm",
                             "emptyDir": {"medium": "Memory", "sizeLimit": str(SHM_BYTES_PER_TP * cfg.tensor_parallel)},
-                        }
+                        },
+                        _cache_volume(spec),
                     ],
                     "terminationGracePeriodSeconds": 60,
                 },

@@ -17,32 +17,24 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from kvscale.metrics.engines import (
+    ENGINES,
+    VLLM_REQUEST_LATENCY_BUCKETS_S,
+    VLLM_TPOT_BUCKETS_S,
+    VLLM_TTFT_BUCKETS_S,
+    vllm_token_buckets,
+)
 from kvscale.sim.engine import Replica, SimRequest, StepTimes
 from kvscale.sim.load_profile import Arrivals
 
-TTFT_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-ITL_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
+# vLLM's own names, labels and bucket boundaries (one table with the PromQL reader): quantiles
+# read here are as coarse as on a real cluster.
+VLLM = ENGINES["vllm"]
+TTFT_BUCKETS = VLLM_TTFT_BUCKETS_S
+TPOT_BUCKETS = VLLM_TPOT_BUCKETS_S
+E2E_BUCKETS = VLLM_REQUEST_LATENCY_BUCKETS_S
+TOKEN_BUCKETS = vllm_token_buckets(131072)
+ENGINE_INDEX = "0"  # vLLM's `engine` label: the engine core's index within the server
 
 
 @dataclass
@@ -71,8 +63,9 @@ class PodEngine:
     pod: str
     replica: Replica
     ttft: _Histogram = field(default_factory=lambda: _Histogram(TTFT_BUCKETS))
-    itl: _Histogram = field(default_factory=lambda: _Histogram(ITL_BUCKETS))
-    e2e: _Histogram = field(default_factory=lambda: _Histogram(TTFT_BUCKETS))
+    itl: _Histogram = field(default_factory=lambda: _Histogram(TPOT_BUCKETS))
+    tpot: _Histogram = field(default_factory=lambda: _Histogram(TPOT_BUCKETS))
+    e2e: _Histogram = field(default_factory=lambda: _Histogram(E2E_BUCKETS))
     prompt: _Histogram = field(default_factory=lambda: _Histogram(TOKEN_BUCKETS))
     generation: _Histogram = field(default_factory=lambda: _Histogram(TOKEN_BUCKETS))
     success: float = 0.0
@@ -82,7 +75,10 @@ class PodEngine:
     def record(self, r: SimRequest) -> None:
         self.ttft.observe(r.ttft_s)
         if r.output_tokens > 1:
+            # Per token gap (the simulator knows each request's mean gap) and once per request,
+            # as vLLM's output processor does (vllm/v1/metrics/loggers.py).
             self.itl.observe(r.tpot_s, r.output_tokens - 1)
+            self.tpot.observe(r.tpot_s)
         self.e2e.observe(r.finish_s - r.arrival_s)
         self.prompt.observe(r.input_tokens)
         self.generation.observe(r.output_tokens)
@@ -166,7 +162,7 @@ class StandIn(Collector):
                 self.gateway = []
 
     def collect(self) -> Iterator[Any]:
-        labels = ["model_name", "pod", "namespace"]
+        labels = [*VLLM.labels, "pod", "namespace"]
         now = self.now()
         with self.lock:
             serving = self._serving(now)
@@ -182,6 +178,11 @@ class StandIn(Collector):
                 "preemptions": CounterMetricFamily("vllm:num_preemptions", "Preemptions", labels=labels),
                 "ttft": HistogramMetricFamily("vllm:time_to_first_token_seconds", "TTFT", labels=labels),
                 "itl": HistogramMetricFamily("vllm:inter_token_latency_seconds", "Inter-token latency", labels=labels),
+                "tpot": HistogramMetricFamily(
+                    "vllm:request_time_per_output_token_seconds",
+                    "Histogram of time_per_output_token_seconds per request.",
+                    labels=labels,
+                ),
                 "e2e": HistogramMetricFamily("vllm:e2e_request_latency_seconds", "End-to-end latency", labels=labels),
                 "prompt": HistogramMetricFamily(
                     "vllm:request_prompt_tokens", "Prompt tokens per request", labels=labels
@@ -191,7 +192,7 @@ class StandIn(Collector):
                 ),
             }
             for e in serving:
-                values = [self.model_name, e.pod, self.namespace]
+                values = [self.model_name, ENGINE_INDEX, e.pod, self.namespace]
                 r = e.replica
                 families["running"].add_metric(values, len(r.running))
                 families["waiting"].add_metric(values, len(r.waiting))
@@ -203,6 +204,7 @@ class StandIn(Collector):
                 for key, hist in (
                     ("ttft", e.ttft),
                     ("itl", e.itl),
+                    ("tpot", e.tpot),
                     ("e2e", e.e2e),
                     ("prompt", e.prompt),
                     ("generation", e.generation),

@@ -1,29 +1,243 @@
-"""The serving engine's command line for a planned configuration (vLLM)."""
+"""The serving engine's command line for a planned configuration: vLLM, SGLang or TGI.
+
+Flag names checked against the engines' source:
+- vLLM 0.11.0 (`vllm serve MODEL`, vllm/engine/arg_utils.py): --tensor-parallel-size,
+  --max-num-seqs, --max-model-len, --max-num-batched-tokens, --gpu-memory-utilization,
+  --dtype, --quantization, --kv-cache-dtype, --port.
+- SGLang 0.5.23 (`python -m sglang.launch_server`, sglang/srt/arg_groups/fields/*.py, flags
+  are the field names with dashes): --model-path, --tp-size (alias --tensor-parallel-size),
+  --host, --port (default 30000), --enable-metrics (metrics are off without it),
+  --max-running-requests, --context-length, --chunked-prefill-size, --mem-fraction-static,
+  --dtype, --quantization, --kv-cache-dtype (fp8_e4m3 | fp8_e5m2 | auto ...).
+- TGI 3.3.7 (`text-generation-launcher`): --model-id, --num-shard, --port,
+  --max-concurrent-requests, --max-total-tokens, --max-input-tokens (must be below
+  --max-total-tokens), --max-batch-prefill-tokens (must be at least --max-input-tokens),
+  --dtype, --quantize. TGI ships no server on PyPI: these follow kvscale DESIGN.md and TGI's
+  launcher documentation, not re-read from source here.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from kvscale.sizing.checkpoints import (
+    Checkpoint,
+    ColdStart,
+    EngineType,
+    cold_start,
+    quantization_flag,
+    resolve_checkpoint,
+    startup_probe_budget_s,
+)
 from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.context_limit import ContextLimit, context_limit
+
+ENGINE_TYPES: tuple[EngineType, ...] = ("vllm", "sglang", "tgi")
 
 
-def vllm_args(cfg: ServingConfig, max_batch: int, max_model_len: int, port: int = 8000) -> list[str]:
-    """Arguments after `vllm serve MODEL` that reproduce what the plan assumed."""
+@dataclass(frozen=True)
+class EngineLaunch:
+    """Everything the engine's command line carries, in the plan's terms."""
+
+    engine: EngineType
+    source: str  # what the engine loads (no hf:// scheme)
+    tensor_parallel: int
+    max_batch: int
+    max_model_len: int
+    chunk_budget_tokens: int
+    memory_fraction: float
+    dtype: str  # bfloat16 | float16
+    quantization: str | None
+    kv_cache_fp8: bool
+    port: int
+
+
+def launch_for(
+    cfg: ServingConfig,
+    checkpoint: Checkpoint,
+    max_batch: int,
+    max_model_len: int,
+    port: int,
+) -> EngineLaunch:
+    """The launch a planned configuration (built with the engine's profile) needs on its GPU type."""
+    engine = engine_type(cfg.engine.name)
+    dtype = cfg.precision.vllm_dtype if cfg.gpu.bf16_supported else "float16"
+    return EngineLaunch(
+        engine=engine,
+        source=checkpoint.source,
+        tensor_parallel=cfg.tensor_parallel,
+        max_batch=max_batch,
+        max_model_len=max_model_len,
+        chunk_budget_tokens=cfg.max_num_batched_tokens,
+        memory_fraction=cfg.engine.gpu_memory_utilization,
+        dtype=dtype,
+        quantization=quantization_flag(engine, checkpoint, cfg.gpu),
+        kv_cache_fp8=cfg.kv.name == "fp8",
+        port=port,
+    )
+
+
+def engine_type(name: str) -> EngineType:
+    for known in ENGINE_TYPES:
+        if name == known:
+            return known
+    raise ValueError(f"unknown engine {name!r}; kvscale deploys {', '.join(ENGINE_TYPES)}")
+
+
+def vllm_args(launch: EngineLaunch) -> list[str]:
+    """Arguments after `vllm serve MODEL`."""
     args = [
         "--tensor-parallel-size",
-        str(cfg.tensor_parallel),
+        str(launch.tensor_parallel),
         "--max-num-seqs",
-        str(max_batch),
+        str(launch.max_batch),
         "--max-model-len",
-        str(max_model_len),
+        str(launch.max_model_len),
         "--max-num-batched-tokens",
-        str(cfg.max_num_batched_tokens),
+        str(launch.chunk_budget_tokens),
         "--gpu-memory-utilization",
-        f"{cfg.engine.gpu_memory_utilization:.2f}",
+        f"{launch.memory_fraction:.2f}",
         "--dtype",
-        "float16" if not cfg.gpu.bf16_supported else cfg.precision.vllm_dtype,
+        launch.dtype,
     ]
-    if cfg.precision.vllm_quantization:
-        args += ["--quantization", cfg.precision.vllm_quantization]
-    if cfg.kv.name == "fp8":
+    if launch.quantization:
+        args += ["--quantization", launch.quantization]
+    if launch.kv_cache_fp8:
         args += ["--kv-cache-dtype", "fp8"]
-    args += ["--port", str(port)]
+    return [*args, "--port", str(launch.port)]
+
+
+def sglang_args(launch: EngineLaunch) -> list[str]:
+    """Arguments after `python -m sglang.launch_server`."""
+    args = [
+        "--model-path",
+        launch.source,
+        "--tp-size",
+        str(launch.tensor_parallel),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(launch.port),
+        "--enable-metrics",
+        "--max-running-requests",
+        str(launch.max_batch),
+        "--context-length",
+        str(launch.max_model_len),
+        "--chunked-prefill-size",
+        str(launch.chunk_budget_tokens),
+        "--mem-fraction-static",
+        f"{launch.memory_fraction:.2f}",
+        "--dtype",
+        launch.dtype,
+    ]
+    if launch.quantization:
+        args += ["--quantization", launch.quantization]
+    if launch.kv_cache_fp8:
+        args += ["--kv-cache-dtype", "fp8_e4m3"]
     return args
+
+
+def tgi_args(launch: EngineLaunch) -> list[str]:
+    """Arguments after `text-generation-launcher`. TGI limits prompt and total length separately:
+    the prompt may take all but one token of the context, and the prefill budget must hold one
+    whole prompt."""
+    max_input = launch.max_model_len - 1
+    args = [
+        "--model-id",
+        launch.source,
+        "--num-shard",
+        str(launch.tensor_parallel),
+        "--port",
+        str(launch.port),
+        "--max-concurrent-requests",
+        str(launch.max_batch),
+        "--max-total-tokens",
+        str(launch.max_model_len),
+        "--max-input-tokens",
+        str(max_input),
+        "--max-batch-prefill-tokens",
+        str(max(launch.chunk_budget_tokens, max_input)),
+        "--dtype",
+        launch.dtype,
+    ]
+    if launch.quantization:
+        args += ["--quantize", launch.quantization]
+    return args
+
+
+def engine_command(launch: EngineLaunch) -> tuple[list[str], list[str]]:
+    """The container's command and args."""
+    if launch.engine == "sglang":
+        return ["python3", "-m", "sglang.launch_server"], sglang_args(launch)
+    if launch.engine == "tgi":
+        return ["text-generation-launcher"], tgi_args(launch)
+    return ["vllm", "serve"], [launch.source, *vllm_args(launch)]
+
+
+def unsupported_by_engine(engine: EngineType, kv_cache_precision: str) -> str | None:
+    """A combination kvscale will not deploy on an engine, or None."""
+    if engine == "tgi" and kv_cache_precision == "fp8":
+        return "kvscale does not deploy an fp8 KV cache on TGI; use kvCachePrecision auto, or engine vllm or sglang"
+    return None
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    """A planned configuration as the engine will run it: the command line, the checkpoint, the
+    context limit it serves and how long a new replica takes to start."""
+
+    launch: EngineLaunch
+    checkpoint: Checkpoint
+    context: ContextLimit
+    cold_start: ColdStart  # a start with the cache as configured (download only without one)
+    first_start: ColdStart  # a start into an empty cache: budgets the startup probe
+
+    @property
+    def startup_probe_budget_s(self) -> float:
+        return startup_probe_budget_s(self.first_start)
+
+    @property
+    def command(self) -> tuple[list[str], list[str]]:
+        return engine_command(self.launch)
+
+
+def requested_source(model_name: str | None, source: str | None, precision: str) -> str | None:
+    """What the user asked the engine to load: spec.model.source, else a Hugging Face id given as
+    the model's name when it serves that checkpoint as stored (16-bit, or fp8 quantized online)."""
+    if source:
+        return source
+    if model_name and "/" in model_name and precision not in ("int4", "int8"):
+        return model_name
+    return None
+
+
+def plan_launch(
+    cfg: ServingConfig,
+    source: str | None,
+    requested_max_context: int | None,
+    typical_context: int,
+    max_batch: int,
+    kv_capacity_tokens: int,
+    port: int,
+    cached: bool,
+    context_field: str = "spec.workload.maxContextTokens",
+    source_field: str = "spec.model.source",
+) -> PlannedLaunch:
+    """Compose the launch. Raises CheckpointError or ContextLimitError (both name the field)."""
+    checkpoint = resolve_checkpoint(cfg.model, cfg.precision, source, source_field)
+    context = context_limit(
+        cfg.model,
+        requested_max_context,
+        kv_capacity_tokens,
+        cfg.engine.kv_block_tokens,
+        typical_context,
+        field=context_field,
+    )
+    size = checkpoint.size_bytes(cfg.model)
+    return PlannedLaunch(
+        launch=launch_for(cfg, checkpoint, max_batch, context.max_model_len_tokens, port),
+        checkpoint=checkpoint,
+        context=context,
+        cold_start=cold_start(size, cfg.tensor_parallel, cfg.engine, cached=cached),
+        first_start=cold_start(size, cfg.tensor_parallel, cfg.engine, cached=False),
+    )

@@ -83,7 +83,10 @@ def test_deployment_carries_the_plan() -> None:
     assert args[0] == "meta-llama/Llama-3.1-70B"
     assert args[args.index("--tensor-parallel-size") + 1] == str(chosen.tensor_parallel)
     assert args[args.index("--max-num-seqs") + 1] == str(chosen.prediction.max_batch)
-    assert args[args.index("--max-model-len") + 1] == str(2048 + 256)
+    # No maxContextTokens: the model's limit, lowered only to what one sequence can hold.
+    served = int(args[args.index("--max-model-len") + 1])
+    expected = min(131072, int(chosen.prediction.kv_cache_tokens * 0.9) // 16 * 16)
+    assert served == max(expected, 2048 + 256)
     assert args[-1] == "--x"
     term = pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][
         0
@@ -101,6 +104,8 @@ def test_deployment_carries_the_plan() -> None:
     assert pod_spec["volumes"][0]["emptyDir"]["medium"] == "Memory"
     assert dep["spec"]["selector"]["matchLabels"] == labels("svc") == service("svc", 8000)["spec"]["selector"]
     assert pod_disruption_budget("svc")["spec"]["maxUnavailable"] == 1
+    # A spec change surges a new pod and keeps the old one until the new one is ready.
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
 
 def test_toleration_setting_errors() -> None:

@@ -5,8 +5,9 @@ import time
 import pytest
 
 from kvscale.sizing.catalog import default_catalog
+from kvscale.sizing.checkpoints import resolve_checkpoint
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import vllm_args
+from kvscale.sizing.engine_args import launch_for, vllm_args
 from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.workload import Slo, Workload
 
@@ -105,7 +106,9 @@ def test_feasible_candidates_carry_their_config_and_rejected_their_reason() -> N
         assert c.prediction.replicas >= 1 and c.max_num_batched_tokens >= c.prediction.max_batch
     for r in result.rejected:
         assert r.verdict == "rejected" and r.reason
-    args = vllm_args(result.chosen.config, result.chosen.prediction.max_batch, 768)
+    cfg = result.chosen.config
+    checkpoint = resolve_checkpoint(cfg.model, cfg.precision, None)
+    args = vllm_args(launch_for(cfg, checkpoint, result.chosen.prediction.max_batch, 768, 8000))
     assert args[args.index("--max-num-batched-tokens") + 1] == str(result.chosen.max_num_batched_tokens)
 
 

@@ -14,7 +14,8 @@ def test_label_values_are_escaped() -> None:
 def test_vllm_queries_cover_old_and_new_names() -> None:
     q = queries(ENGINES["vllm"], "ns", "svc", 0.95, "1m")
     assert (
-        "vllm:inter_token_latency_seconds_bucket" in q["tpot"]
+        "vllm:request_time_per_output_token_seconds_bucket" in q["tpot"]
+        and "vllm:inter_token_latency_seconds_bucket" in q["tpot"]
         and "vllm:time_per_output_token_seconds_bucket" in q["tpot"]
     )
     assert "vllm:kv_cache_usage_perc" in q["kv_usage"] and "vllm:gpu_cache_usage_perc" in q["kv_usage"]

@@ -9,6 +9,7 @@ from kvscale.sizing.catalog.loader import (
     LinkSpec,
     ModelArch,
     PrecisionSpec,
+    QuantizedSource,
     default_catalog,
     load_catalog,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "LinkSpec",
     "ModelArch",
     "PrecisionSpec",
+    "QuantizedSource",
     "default_catalog",
     "load_catalog",
 ]

@@ -70,6 +70,18 @@ class GpuSpec(_Frozen):
         raise CatalogError(f"unknown compute path {compute!r}")
 
 
+QuantizationMethod = Literal["awq", "gptq", "compressed-tensors", "fp8"]
+
+
+class QuantizedSource(_Frozen):
+    """A published checkpoint already quantized for one precision, and the method it was made with."""
+
+    precision: Literal["fp8", "int8", "int4"]
+    source: str = Field(min_length=1, description="What the engine loads, e.g. hf://org/name")
+    method: QuantizationMethod
+    note: str = ""
+
+
 class ModelArch(_Frozen):
     name: str
     layers: int = Field(gt=0)
@@ -87,6 +99,8 @@ class ModelArch(_Frozen):
     tied_embeddings: bool = False
     max_context_tokens: int = Field(default=4096, gt=0)
     aliases: tuple[str, ...] = ()
+    # Checkpoints published already quantized (int4/int8 need one; fp8 can also quantize online).
+    quantized_sources: tuple[QuantizedSource, ...] = ()
     source: str = "user-supplied architecture"
 
     @model_validator(mode="after")
@@ -202,6 +216,15 @@ class EngineProfile(_Frozen):
     tpot_tail_factor: float = Field(ge=1)
     cold_start_fixed_s: float = Field(ge=0)
     weight_load_bytes_per_s: float = Field(gt=0)
+    # Deployment facts (kvscale.operator.resources builds the pod from them).
+    image: str | None = Field(default=None, description="Container image on NVIDIA GPUs")
+    rocm_image: str | None = Field(default=None, description="Container image on AMD GPUs (ROCm); None: not offered")
+    cache_dir: str = Field(default="/root/.cache/huggingface", description="Where the engine keeps downloaded weights")
+    cache_env: str = Field(default="HF_HOME", description="Environment variable that points the engine at cache_dir")
+    health_path: str = "/health"
+    download_bytes_per_s: float = Field(
+        default=250.0e6, gt=0, description="Checkpoint download rate from the model hub into an empty cache"
+    )
     source: str
 
 

@@ -1,0 +1,198 @@
+"""Which checkpoint the engine loads for a weight precision, the quantization flag it needs, and
+how long a new replica takes to start (download, load, engine start).
+
+Engine facts (vLLM 0.11.0 wheel):
+- vllm/config/model.py `_verify_quantization`: the method comes from the checkpoint's
+  config.json (quantization_config.quant_method); a --quantization that disagrees with it is
+  refused ("Quantization method specified in the model config ... does not match"). So int4
+  and int8 need a checkpoint quantized that way; only fp8 can quantize 16-bit weights online.
+- vllm/model_executor/layers/quantization/__init__.py QuantizationMethods lists "fp8",
+  "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors".
+- awq_marlin.py `override_quantization_method` upgrades an AWQ checkpoint to awq_marlin when
+  the GPU can run it (gptq_marlin.py likewise); marlin_utils.py
+  `query_marlin_supported_quant_types` offers nothing below compute capability 8.0, and
+  awq_marlin needs CUDA (vllm/platforms/rocm.py supported_quantization has awq and gptq, not
+  the marlin variants). Naming plain `awq` on a GPU that could run marlin forces the slower
+  kernel, so kvscale names the marlin variant exactly where vLLM would pick it.
+SGLang 0.5.23 sglang/srt/arg_groups/choices.py QUANTIZATION_CHOICES has awq, awq_marlin,
+gptq, gptq_marlin, fp8, compressed-tensors. TGI's --quantize takes awq, gptq,
+compressed-tensors, fp8 (TGI is not on PyPI: per kvscale DESIGN.md, not re-checked here).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from kvscale.sizing.catalog import EngineProfile, GpuSpec, ModelArch, PrecisionSpec, QuantizedSource
+from kvscale.sizing.catalog.loader import QuantizationMethod
+
+SIXTEEN_BIT = ("bf16", "fp16")
+QUANTIZED = ("fp8", "int8", "int4")
+CHECKPOINT_16BIT_BYTES_PER_PARAM = 2.0
+SOURCE_FIELD = "spec.model.source"
+EngineType = Literal["vllm", "sglang", "tgi"]
+
+
+class CheckpointError(ValueError):
+    """No checkpoint matches the precision; the message names the field to set."""
+
+    def __init__(self, message: str, field: str = SOURCE_FIELD) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What the engine loads and how its weights are stored."""
+
+    source: str  # as the engine takes it (no hf:// scheme)
+    stored: Literal["16bit", "fp8", "int8", "int4"]  # the weights in the checkpoint
+    method: QuantizationMethod | None  # how it was quantized; None: 16-bit, or read from its config.json
+    online_fp8: bool  # fp8 from 16-bit weights, quantized while loading
+    origin: Literal["catalog", "catalog-quantized", "spec"]
+    bytes_per_param: float
+
+    def size_bytes(self, model: ModelArch) -> float:
+        """What a download moves and a load reads: every parameter as stored."""
+        return model.params * self.bytes_per_param
+
+
+def strip_scheme(source: str) -> str:
+    return source.strip().removeprefix("hf://")
+
+
+def sixteen_bit_ids(model: ModelArch) -> frozenset[str]:
+    """The catalog's Hugging Face ids for the model: 16-bit checkpoints."""
+    return frozenset(a.lower() for a in (model.hf_id, *model.aliases) if "/" in a)
+
+
+def method_from_name(source: str) -> QuantizationMethod | None:
+    """The method a checkpoint's name announces (AWQ, GPTQ, compressed-tensors w8a8/w4a16, FP8)."""
+    name = source.lower()
+    if re.search(r"(^|[-_/.])awq($|[-_/.])", name):
+        return "awq"
+    if re.search(r"(^|[-_/.])gptq($|[-_/.])", name):
+        return "gptq"
+    if re.search(r"w8a8|w4a16|w8a16|quantized\.", name):
+        return "compressed-tensors"
+    if re.search(r"(^|[-_/.])fp8($|[-_/.])", name):
+        return "fp8"
+    return None
+
+
+def _catalog_quantized(model: ModelArch, precision: str) -> QuantizedSource | None:
+    return next((q for q in model.quantized_sources if q.precision == precision), None)
+
+
+def resolve_checkpoint(
+    model: ModelArch, precision: PrecisionSpec, source: str | None, field: str = SOURCE_FIELD
+) -> Checkpoint:
+    """The checkpoint for a weight precision, or a CheckpointError naming the source field."""
+    name = precision.name
+    quantized_bytes = precision.bytes_per_param
+    if source is None:
+        if name in SIXTEEN_BIT:
+            return Checkpoint(model.hf_id, "16bit", None, False, "catalog", CHECKPOINT_16BIT_BYTES_PER_PARAM)
+        known = _catalog_quantized(model, name)
+        if known is not None:
+            return Checkpoint(
+                strip_scheme(known.source), known.precision, known.method, False, "catalog-quantized", quantized_bytes
+            )
+        if name == "fp8":
+            return Checkpoint(model.hf_id, "16bit", "fp8", True, "catalog", CHECKPOINT_16BIT_BYTES_PER_PARAM)
+        raise CheckpointError(
+            f"precision {name} needs a checkpoint quantized to {name}, and kvscale's catalog knows none for "
+            f"{model.name} (its {model.hf_id} is 16-bit, which vLLM cannot load as {name}): set {field} "
+            f"to an {name} checkpoint (AWQ, GPTQ or compressed-tensors, e.g. hf://org/{model.name}-{name}), "
+            "or use precision fp8 (quantized online from the 16-bit weights) or bf16",
+            field,
+        )
+    loaded = strip_scheme(source)
+    if name in SIXTEEN_BIT:
+        return Checkpoint(loaded, "16bit", None, False, "spec", CHECKPOINT_16BIT_BYTES_PER_PARAM)
+    known = next((q for q in model.quantized_sources if strip_scheme(q.source).lower() == loaded.lower()), None)
+    if known is not None:
+        if known.precision != name:
+            raise CheckpointError(
+                f"{field} {source} is a {known.precision} checkpoint but spec.model.precision is {name}: "
+                f"set the precision to {known.precision} or name a {name} checkpoint",
+                field,
+            )
+        return Checkpoint(loaded, known.precision, known.method, False, "spec", quantized_bytes)
+    is_16bit = loaded.lower() in sixteen_bit_ids(model)
+    if name == "fp8" and (is_16bit or method_from_name(loaded) is None):
+        return Checkpoint(loaded, "16bit", "fp8", True, "spec", CHECKPOINT_16BIT_BYTES_PER_PARAM)
+    if is_16bit:
+        raise CheckpointError(
+            f"{field} {source} is {model.name}'s 16-bit checkpoint; precision {name} needs a checkpoint "
+            f"quantized to {name} (AWQ, GPTQ or compressed-tensors): set {field} to one, or use fp8 or bf16",
+            field,
+        )
+    stored: Literal["fp8", "int8", "int4"] = "fp8" if name == "fp8" else ("int8" if name == "int8" else "int4")
+    return Checkpoint(loaded, stored, method_from_name(loaded), False, "spec", quantized_bytes)
+
+
+def marlin_capable(gpu: GpuSpec) -> bool:
+    """vLLM's marlin kernels need CUDA compute capability >= 8.0 (Ampere on): in the catalog the
+    NVIDIA parts with bfloat16 support, which arrived with the same generation (T4 is 7.5)."""
+    return gpu.vendor == "nvidia" and gpu.bf16_supported
+
+
+def quantization_flag(engine: EngineType, checkpoint: Checkpoint, gpu: GpuSpec) -> str | None:
+    """The engine's quantization argument value, or None to let it read the checkpoint's config."""
+    method = checkpoint.method
+    if method is None:
+        return None
+    if engine == "tgi":
+        return method  # --quantize awq | gptq | compressed-tensors | fp8
+    if method in ("awq", "gptq"):
+        return f"{method}_marlin" if marlin_capable(gpu) else method
+    if method == "compressed-tensors" and engine == "sglang":
+        return None  # SGLang reads compressed-tensors configs from config.json (choices.py)
+    return method
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """Time from pod start to the engine serving, in seconds, by phase."""
+
+    fixed_s: float  # container start, engine init, CUDA graph capture
+    download_s: float  # checkpoint from the hub into the cache (0 when it is already there)
+    load_s: float  # this GPU's shard from the cache into GPU memory
+
+    @property
+    def total_s(self) -> float:
+        return self.fixed_s + self.download_s + self.load_s
+
+
+STARTUP_PROBE_FACTOR = 2.0  # the probe allows twice the modelled start before restarting the pod
+STARTUP_PROBE_MIN_S = 600.0
+
+
+def cold_start(
+    checkpoint_bytes: float,
+    tensor_parallel: int,
+    engine: EngineProfile,
+    cached: bool,
+    download_bytes_per_s: float | None = None,
+) -> ColdStart:
+    """A new replica's start: download the checkpoint when it is not cached, then each GPU loads
+    its shard. Pure: the autoscaling policy takes its default cold start from here."""
+    if tensor_parallel < 1:
+        raise ValueError(f"tensor parallel must be at least 1, got {tensor_parallel}")
+    rate = download_bytes_per_s if download_bytes_per_s is not None else engine.download_bytes_per_s
+    if rate <= 0:
+        raise ValueError(f"download bandwidth must be positive, got {rate}")
+    return ColdStart(
+        fixed_s=engine.cold_start_fixed_s,
+        download_s=0.0 if cached else checkpoint_bytes / rate,
+        load_s=checkpoint_bytes / tensor_parallel / engine.weight_load_bytes_per_s,
+    )
+
+
+def startup_probe_budget_s(first_start: ColdStart) -> float:
+    """How long the startup probe waits before restarting the pod. Budgeted on a start that
+    downloads (a new cache volume is empty), with room for a slower network."""
+    return max(STARTUP_PROBE_MIN_S, STARTUP_PROBE_FACTOR * first_start.total_s)

@@ -1,0 +1,120 @@
+"""One table of engine metrics for the reader (PromQL) and the stand-in (producer): vLLM's real
+names, labels and bucket boundaries; per-request TPOT; SGLang and TGI adapters."""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvscale.metrics.engines import (
+    ENGINES,
+    VLLM_REQUEST_LATENCY_BUCKETS_S,
+    VLLM_TPOT_BUCKETS_S,
+    VLLM_TTFT_BUCKETS_S,
+    vllm_token_buckets,
+)
+from kvscale.metrics.promql import queries
+from kvscale.sim.engine import StepTimes
+from kvscale.sim.load_profile import parse_profile
+from kvscale.sim.serve import StandIn
+from kvscale.sizing.catalog import default_catalog
+from kvscale.sizing.config import ServingConfig
+
+
+def test_vllm_buckets_are_vllms() -> None:
+    # vllm/v1/metrics/loggers.py (0.11.0), vllm/v1/metrics/buckets.py (0.33.0): TTFT jumps
+    # 0.1 -> 0.25 -> 0.5 s, TPOT 10 -> 25 -> 50 ms.
+    assert VLLM_TTFT_BUCKETS_S[VLLM_TTFT_BUCKETS_S.index(0.1) :][:3] == (0.1, 0.25, 0.5)
+    assert VLLM_TPOT_BUCKETS_S[:4] == (0.01, 0.025, 0.05, 0.075) and VLLM_TPOT_BUCKETS_S[-1] == 80.0
+    assert len(VLLM_TTFT_BUCKETS_S) == 22 and VLLM_TTFT_BUCKETS_S[-1] == 2560.0
+    assert VLLM_REQUEST_LATENCY_BUCKETS_S[0] == 0.3 and VLLM_REQUEST_LATENCY_BUCKETS_S[-1] == 7680.0
+    assert vllm_token_buckets(100) == (1, 2, 5, 10, 20, 50, 100)  # loggers.py build_1_2_5_buckets docstring
+
+
+def test_tpot_reads_the_per_request_histogram_first() -> None:
+    vllm = queries(ENGINES["vllm"], "ns", "svc", 0.95, "1m")
+    per_request = vllm["tpot"].index("vllm:request_time_per_output_token_seconds_bucket")
+    assert per_request < vllm["tpot"].index("vllm:inter_token_latency_seconds_bucket")
+    assert "request_time_per_output_token_seconds_count" in vllm["tpot_per_request"]
+    assert ENGINES["vllm"].tpot_source(True) == "per-request TPOT"
+    assert "inter-token latency" in ENGINES["vllm"].tpot_source(False)
+
+
+def test_sglang_and_tgi_adapters() -> None:
+    sglang = queries(ENGINES["sglang"], "n", "s", 0.9, "30s")
+    assert "sglang:prompt_tokens_histogram_sum" in sglang["input_tokens"]
+    assert "sglang:generation_tokens_histogram_count" in sglang["output_tokens"]
+    assert sglang["tpot"].startswith('histogram_quantile(0.9, sum by (le) (rate({__name__="sglang:request_time')
+    tgi = queries(ENGINES["tgi"], "n", "s", 0.9, "30s")
+    assert "ttft" not in tgi and "tpot_per_request" not in tgi  # no TTFT histogram: unavailable, not queue time
+    assert "queue" in (ENGINES["tgi"].ttft_unavailable_reason or "")
+    assert "tgi_request_mean_time_per_token_duration_bucket" in tgi["tpot"]
+
+
+def _scrape(standin: StandIn) -> dict[str, Any]:
+    registry = CollectorRegistry()
+    registry.register(standin)
+    return {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+
+
+def _quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """Prometheus's histogram_quantile over cumulative (le, count) pairs (promql/quantile.go)."""
+    total = buckets[-1][1]
+    rank = q * total
+    counts = [c for _, c in buckets]
+    i = bisect.bisect_left(counts, rank)
+    upper, count = buckets[i]
+    lower, below = (0.0, 0.0) if i == 0 else buckets[i - 1]
+    if upper == float("inf"):
+        return lower
+    return lower + (upper - lower) * (rank - below) / (count - below)
+
+
+def test_standin_exports_vllm_names_labels_and_buckets() -> None:
+    cat = default_catalog()
+    cfg = ServingConfig.build(cat, cat.model("llama-3.1-8b"), cat.gpu("L4"))
+    clock = {"t": 0.0}
+    standin = StandIn(
+        "ns",
+        "llama",
+        StepTimes(cfg),
+        32,
+        cfg.memory.kv_capacity_tokens,
+        2048,
+        0.0,
+        parse_profile("constant:4", 256, 64, seed=1),
+        clock=lambda: clock["t"],
+    )
+    standin.sync_pods(["svc-abc-1"])
+    for step in range(1, 601):
+        clock["t"] = step * 0.1
+        standin.tick()
+    families = _scrape(standin)
+    tpot = families["vllm:request_time_per_output_token_seconds"]
+    buckets = [s for s in tpot.samples if s.name.endswith("_bucket")]
+    assert [float(s.labels["le"]) for s in buckets] == [*VLLM_TPOT_BUCKETS_S, float("inf")]
+    assert {k: buckets[0].labels[k] for k in ("model_name", "engine", "pod", "namespace")} == {
+        "model_name": "llama",
+        "engine": "0",
+        "pod": "svc-abc-1",
+        "namespace": "ns",
+    }
+    ttft = families["vllm:time_to_first_token_seconds"]
+    assert [float(s.labels["le"]) for s in ttft.samples if s.name.endswith("_bucket")][:-1] == list(VLLM_TTFT_BUCKETS_S)
+    # One observation per request for TPOT, one per token gap for ITL.
+    count = {
+        f: next(s.value for s in families[f].samples if s.name.endswith("_count"))
+        for f in families
+        if families[f].type == "histogram"
+    }
+    done = count["vllm:request_time_per_output_token_seconds"]
+    assert done > 100 and count["vllm:inter_token_latency_seconds"] == done * 63
+    # A quantile read from these buckets lands inside one of vLLM's (coarse) buckets, above the mean.
+    cumulative = [(float(s.labels["le"]), s.value) for s in buckets]
+    p95 = _quantile(0.95, cumulative)
+    mean = next(s.value for s in tpot.samples if s.name.endswith("_sum")) / done
+    top = next(le for le, c in cumulative if c >= done)
+    assert mean <= p95 <= top
