@@ -1,16 +1,70 @@
-"""A small Prometheus HTTP API client: timeouts, retries, and errors that say what failed."""
+"""Prometheus HTTP API clients: an async one for the operator, a sync one for offline use.
+
+Parsing is total: whatever comes back (HTTP 500, HTML, `data: null`, a bare list, a value
+of "oops", NaN, -5) ends either as numbers or as a `Missing` that says why, of a known
+`MissingKind`; nothing raises out of `scalar()`. Every error is counted by kind in
+`client.errors` so the operator can export it.
+
+The async client gives each call a deadline (`timeout_s`, retries included) that the caller
+keeps shorter than its tick, and bounds the requests in flight, so a slow Prometheus costs a
+tick at most and never blocks other work on the event loop.
+
+    client = AsyncPrometheusClient("http://prometheus:9090", timeout_s=2.0)
+    reading = await client.scalar('sum(vllm:num_requests_running{...})')
+    if isinstance(reading, Missing): ...   # reading.kind, reading.reason
+    await client.aclose()
+"""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 import httpx
 
 
+class MissingKind(StrEnum):
+    """Why a reading has no value. The first three are normal (no traffic yet, an empty
+    histogram); the rest are errors, counted and reported as MetricsAvailable=False."""
+
+    EMPTY = "empty"  # the query matched no series
+    NOT_FINITE = "not_finite"  # NaN or an infinity (e.g. a quantile of an empty histogram)
+    UNREACHABLE = "unreachable"  # connection refused, DNS, HTTP 5xx after retries
+    TIMEOUT = "timeout"  # no answer within the deadline
+    REJECTED = "rejected"  # Prometheus refused the query (bad_data, HTTP 4xx)
+    MALFORMED = "malformed"  # an answer of the wrong shape or a value that is not a number
+    NEGATIVE = "negative"  # a negative value where only non-negative ones make sense
+    AMBIGUOUS = "ambiguous"  # several series where the query was meant to aggregate to one
+
+    @property
+    def is_error(self) -> bool:
+        return self not in (MissingKind.EMPTY, MissingKind.NOT_FINITE)
+
+
+@dataclass(frozen=True)
+class Missing:
+    """No value, and why."""
+
+    kind: MissingKind
+    reason: str
+
+    @property
+    def is_error(self) -> bool:
+        return self.kind.is_error
+
+
 class PrometheusError(RuntimeError):
-    """Prometheus could not answer (unreachable, timed out, or rejected the query)."""
+    """Prometheus could not answer (unreachable, timed out, rejected the query, or answered
+    in a shape that cannot be read). `kind` says which."""
+
+    def __init__(self, message: str, kind: MissingKind = MissingKind.UNREACHABLE) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -20,56 +74,224 @@ class Sample:
     timestamp_s: float
 
 
-class PrometheusClient:
-    def __init__(self, base_url: str, timeout_s: float = 5.0, retries: int = 2, backoff_s: float = 0.2) -> None:
+def _malformed(promql: str, what: str) -> PrometheusError:
+    return PrometheusError(f"Prometheus answered {promql!r} with {what}", MissingKind.MALFORMED)
+
+
+def _number(raw: Any, promql: str) -> float:
+    """A sample value: Prometheus sends strings ("1.5", "NaN", "+Inf"); numbers are accepted."""
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise _malformed(promql, f"a value that is not a number: {raw!r:.80}")
+    try:
+        return float(raw)
+    except ValueError:
+        raise _malformed(promql, f"a value that is not a number: {raw!r:.80}") from None
+
+
+def _pair(raw: Any, promql: str) -> tuple[float, float]:
+    if not isinstance(raw, list | tuple) or len(raw) != 2:
+        raise _malformed(promql, f"a sample that is not [timestamp, value]: {raw!r:.80}")
+    return _number(raw[0], promql), _number(raw[1], promql)
+
+
+def parse_response(promql: str, status_code: int, body: bytes) -> list[Sample]:
+    """An instant query's samples from the raw HTTP answer (a scalar comes back as one
+    unlabelled sample); raises PrometheusError of a known kind for anything else."""
+    import json
+
+    try:
+        answer = json.loads(body)
+    except (ValueError, RecursionError):
+        kind = MissingKind.UNREACHABLE if status_code >= 500 else MissingKind.MALFORMED
+        raise PrometheusError(
+            f"Prometheus answered HTTP {status_code} with no JSON for {promql!r}: {body[:80]!r}", kind
+        ) from None
+    if not isinstance(answer, dict):
+        raise _malformed(promql, f"a JSON {type(answer).__name__} instead of an object")
+    if answer.get("status") != "success":
+        kind = MissingKind.UNREACHABLE if status_code >= 500 else MissingKind.REJECTED
+        raise PrometheusError(
+            f"query {promql!r} failed (HTTP {status_code}): {answer.get('errorType')}: {answer.get('error')}", kind
+        )
+    data = answer.get("data")
+    if not isinstance(data, dict):
+        raise _malformed(promql, f"data {json.dumps(data)[:40]} instead of an object")
+    result_type, result = data.get("resultType"), data.get("result")
+    if result_type == "scalar":
+        ts, value = _pair(result, promql)
+        return [Sample({}, value, ts)]
+    if result_type != "vector":
+        raise _malformed(promql, f"resultType {result_type!r} where a vector or scalar was expected")
+    if not isinstance(result, list):
+        raise _malformed(promql, f"a vector result of type {type(result).__name__}")
+    samples = []
+    for item in result:
+        if not isinstance(item, dict) or "value" not in item:
+            raise _malformed(promql, f"a vector element without a value: {item!r:.80}")
+        labels = item.get("metric") or {}
+        if not isinstance(labels, dict):
+            raise _malformed(promql, f"labels that are not an object: {labels!r:.80}")
+        ts, value = _pair(item["value"], promql)
+        samples.append(Sample({str(k): str(v) for k, v in labels.items()}, value, ts))
+    return samples
+
+
+def one_value(promql: str, samples: list[Sample], minimum: float = 0.0) -> float | Missing:
+    """The single value of an aggregating query, or why there is none. Values below
+    `minimum` (default: negative ones) are refused, not passed on."""
+    if not samples:
+        return Missing(MissingKind.EMPTY, f"no data for {promql!r}")
+    if len(samples) > 1:
+        return Missing(MissingKind.AMBIGUOUS, f"query {promql!r} returned {len(samples)} series where one was expected")
+    value = samples[0].value
+    if not math.isfinite(value):
+        return Missing(MissingKind.NOT_FINITE, f"{promql!r} is {value}")
+    if value < minimum:
+        return Missing(MissingKind.NEGATIVE, f"{promql!r} is {value:g}, below {minimum:g}")
+    return value
+
+
+class _Base:
+    def __init__(self, base_url: str, timeout_s: float, retries: int, backoff_s: float) -> None:
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
-        self.retries = retries
+        self.retries = max(0, retries)
         self.backoff_s = backoff_s
-        self._http = httpx.Client(timeout=timeout_s)
+        self.errors: Counter[str] = Counter()  # MissingKind value -> count, errors only
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/api/v1/query"
+
+    def _count(self, reading: float | Missing) -> float | Missing:
+        if isinstance(reading, Missing) and reading.is_error:
+            self.errors[reading.kind.value] += 1
+        return reading
+
+    def _unreachable(self, promql: str, tries: int, last: object) -> PrometheusError:
+        return PrometheusError(
+            f"Prometheus at {self.base_url} unreachable after {tries} tries for {promql!r}: {last}",
+            MissingKind.UNREACHABLE,
+        )
+
+
+class AsyncPrometheusClient(_Base):
+    """Instant queries on httpx.AsyncClient. Each call (retries included) ends within
+    `timeout_s`; at most `max_in_flight` requests run at once."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 2.0,
+        retries: int = 1,
+        backoff_s: float = 0.1,
+        max_in_flight: int = 16,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(base_url, timeout_s, retries, backoff_s)
+        self._http = httpx.AsyncClient(
+            timeout=timeout_s,
+            limits=httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight),
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def query(self, promql: str, timeout_s: float | None = None) -> list[Sample]:
+        """An instant query's samples; PrometheusError (with its kind) when there are none to read."""
+        budget = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        try:
+            async with asyncio.timeout(budget):
+                return await self._query(promql)
+        except TimeoutError:
+            raise PrometheusError(
+                f"Prometheus at {self.base_url} did not answer {promql!r} within {budget:g}s", MissingKind.TIMEOUT
+            ) from None
+
+    async def _query(self, promql: str) -> list[Sample]:
+        last: object = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                response = await self._http.get(self.url, params={"query": promql})
+            except httpx.HTTPError as exc:
+                last = str(exc) or type(exc).__name__
+                continue
+            try:
+                return parse_response(promql, response.status_code, response.content)
+            except PrometheusError as exc:
+                if exc.kind is not MissingKind.UNREACHABLE:
+                    raise
+                last = exc
+        raise self._unreachable(promql, self.retries + 1, last)
+
+    async def scalar(self, promql: str, minimum: float = 0.0, timeout_s: float | None = None) -> float | Missing:
+        """One value, or a Missing that says why; never raises for Prometheus's answers."""
+        try:
+            samples = await self.query(promql, timeout_s)
+        except PrometheusError as exc:
+            return self._count(Missing(exc.kind, str(exc)))
+        return self._count(one_value(promql, samples, minimum))
+
+
+class PrometheusClient(_Base):
+    """The same queries, synchronously (for scripts, benchmarks and tests; the operator uses
+    AsyncPrometheusClient). `timeout_s` bounds each try."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 5.0,
+        retries: int = 2,
+        backoff_s: float = 0.2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(base_url, timeout_s, retries, backoff_s)
+        self._http = httpx.Client(timeout=timeout_s, transport=transport)
 
     def close(self) -> None:
         self._http.close()
 
     def query(self, promql: str) -> list[Sample]:
         """An instant query's vector (a scalar comes back as one unlabelled sample)."""
-        last: Exception | None = None
+        last: object = None
         for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))  # retry backoff, bounded by `retries`
             try:
-                response = self._http.get(f"{self.base_url}/api/v1/query", params={"query": promql})
-            except httpx.HTTPError as exc:
-                last = exc
-                if attempt < self.retries:
-                    time.sleep(self.backoff_s * (2**attempt))  # retry backoff, bounded by `retries`
+                response = self._http.get(self.url, params={"query": promql})
+            except httpx.TimeoutException as exc:
+                last = str(exc) or "timeout"
                 continue
-            return self._parse(promql, response)
-        raise PrometheusError(f"Prometheus at {self.base_url} unreachable after {self.retries + 1} tries: {last}")
+            except httpx.HTTPError as exc:
+                last = str(exc) or type(exc).__name__
+                continue
+            try:
+                return parse_response(promql, response.status_code, response.content)
+            except PrometheusError as exc:
+                if exc.kind is not MissingKind.UNREACHABLE:
+                    raise
+                last = exc
+        raise self._unreachable(promql, self.retries + 1, last)
 
-    def _parse(self, promql: str, response: httpx.Response) -> list[Sample]:
+    def reading(self, promql: str, minimum: float = 0.0) -> float | Missing:
+        """One value, or a Missing that says why; never raises for Prometheus's answers."""
         try:
-            body = response.json()
-        except ValueError as exc:
-            raise PrometheusError(
-                f"Prometheus answered HTTP {response.status_code} with no JSON for {promql!r}"
-            ) from exc
-        if body.get("status") != "success":
-            raise PrometheusError(f"query {promql!r} failed: {body.get('errorType')}: {body.get('error')}")
-        data = body.get("data", {})
-        if data.get("resultType") == "scalar":
-            ts, value = data["result"]
-            return [Sample({}, float(value), float(ts))]
-        return [
-            Sample(dict(r.get("metric", {})), float(r["value"][1]), float(r["value"][0]))
-            for r in data.get("result", [])
-        ]
+            samples = self.query(promql)
+        except PrometheusError as exc:
+            return self._count(Missing(exc.kind, str(exc)))
+        return self._count(one_value(promql, samples, minimum))
 
     def scalar(self, promql: str) -> float | None:
-        """One number, or None when the answer is empty, NaN or infinite. Several series are
-        an error: the query was meant to aggregate."""
-        samples = self.query(promql)
-        if not samples:
+        """One number, or None when the answer is empty, NaN or infinite. Several series, a
+        negative value or an unreadable answer are a PrometheusError."""
+        reading = self.reading(promql, minimum=-math.inf)
+        if isinstance(reading, Missing):
+            if reading.is_error:
+                raise PrometheusError(reading.reason, reading.kind)
             return None
-        if len(samples) > 1:
-            raise PrometheusError(f"query {promql!r} returned {len(samples)} series where one was expected")
-        value = samples[0].value
-        return value if math.isfinite(value) else None
+        return reading

@@ -1,0 +1,255 @@
+"""Prometheus answers of every shape end as numbers or as a Missing with a reason, counted
+when they are errors; the async observation holds its deadline. Answers come from
+httpx.MockTransport (no sockets); tests/cluster/test_reliability.py does the same over a
+real local HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvscale.metrics.client import (
+    AsyncPrometheusClient,
+    Missing,
+    MissingKind,
+    PrometheusClient,
+    PrometheusError,
+    parse_response,
+)
+from kvscale.metrics.observe import observe, observe_async
+
+BASE = "http://prometheus.test"
+
+
+def vector(*values: Any) -> dict[str, Any]:
+    return {
+        "status": "success",
+        "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1700000000.0, v]} for v in values]},
+    }
+
+
+def answering(body: Any, status: int = 200) -> httpx.MockTransport:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.MockTransport(lambda request: httpx.Response(status, content=raw))
+
+
+def sync_reading(body: Any, status: int = 200) -> tuple[float | Missing, PrometheusClient]:
+    client = PrometheusClient(BASE, retries=0, transport=answering(body, status))
+    return client.reading("q"), client
+
+
+def async_reading(body: Any, status: int = 200) -> tuple[float | Missing, AsyncPrometheusClient]:
+    client = AsyncPrometheusClient(BASE, retries=0, transport=_async(answering(body, status)))
+
+    async def go() -> float | Missing:
+        try:
+            return await client.scalar("q")
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go()), client
+
+
+def _async(sync: httpx.MockTransport) -> httpx.MockTransport:
+    return sync  # MockTransport serves both httpx.Client and httpx.AsyncClient
+
+
+MALFORMED: list[tuple[Any, int, MissingKind, str]] = [
+    (vector("oops"), 200, MissingKind.MALFORMED, "not a number: 'oops'"),
+    (
+        {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}},
+        200,
+        MissingKind.MALFORMED,
+        "without a value",
+    ),
+    ({"status": "success", "data": None}, 200, MissingKind.MALFORMED, "data null"),
+    ([1, 2, 3], 200, MissingKind.MALFORMED, "a JSON list"),
+    (
+        {"status": "success", "data": {"resultType": "vector", "result": {"a": 1}}},
+        200,
+        MissingKind.MALFORMED,
+        "vector result of type dict",
+    ),
+    (
+        {"status": "success", "data": {"resultType": "matrix", "result": []}},
+        200,
+        MissingKind.MALFORMED,
+        "resultType 'matrix'",
+    ),
+    (
+        {"status": "success", "data": {"resultType": "scalar", "result": [1]}},
+        200,
+        MissingKind.MALFORMED,
+        "not [timestamp, value]",
+    ),
+    (vector([1, 2]), 200, MissingKind.MALFORMED, "not a number"),
+    (vector(True), 200, MissingKind.MALFORMED, "not a number"),
+    (
+        {"status": "success", "data": {"resultType": "vector", "result": [{"metric": 5, "value": [1, "1"]}]}},
+        200,
+        MissingKind.MALFORMED,
+        "labels",
+    ),
+    (b"<html>oops</html>", 200, MissingKind.MALFORMED, "no JSON"),
+    (b"", 502, MissingKind.UNREACHABLE, "HTTP 502"),
+    ({"status": "error", "errorType": "bad_data", "error": "parse error"}, 400, MissingKind.REJECTED, "bad_data"),
+    ({"status": "error", "errorType": "internal", "error": "boom"}, 500, MissingKind.UNREACHABLE, "boom"),
+    (vector("-5"), 200, MissingKind.NEGATIVE, "-5"),
+    (vector("1", "2"), 200, MissingKind.AMBIGUOUS, "2 series"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "kind", "reason"), MALFORMED)
+@pytest.mark.parametrize("read", [sync_reading, async_reading], ids=["sync", "async"])
+def test_every_wrong_answer_is_a_counted_missing(
+    read: Callable[[Any, int], tuple[float | Missing, Any]], body: Any, status: int, kind: MissingKind, reason: str
+) -> None:
+    reading, client = read(body, status)
+    assert isinstance(reading, Missing) and reading.kind is kind, reading
+    assert reason in reading.reason
+    assert client.errors == {kind.value: 1}
+
+
+@pytest.mark.parametrize("read", [sync_reading, async_reading], ids=["sync", "async"])
+def test_normal_answers(read: Callable[[Any], tuple[float | Missing, Any]]) -> None:
+    assert read(vector("2.5"))[0] == 2.5
+    assert read({"status": "success", "data": {"resultType": "scalar", "result": [1, "7"]}})[0] == 7.0
+    empty, client = read(vector())
+    assert isinstance(empty, Missing) and empty.kind is MissingKind.EMPTY and not client.errors
+    nan, client = read(vector("NaN"))
+    assert isinstance(nan, Missing) and nan.kind is MissingKind.NOT_FINITE and not client.errors
+    assert isinstance(read(vector("+Inf"))[0], Missing)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    body=st.recursive(
+        st.none() | st.booleans() | st.floats() | st.text(max_size=5) | st.integers(),
+        lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+        max_leaves=12,
+    ),
+    status=st.sampled_from([200, 400, 422, 500, 503]),
+)
+def test_any_json_parses_or_raises_a_typed_error(body: Any, status: int) -> None:
+    for wrapped in (
+        body,
+        {"status": "success", "data": body},
+        {"status": "success", "data": {"resultType": "vector", "result": body}},
+    ):
+        try:
+            samples = parse_response("q", status, json.dumps(wrapped).encode())
+        except PrometheusError as exc:
+            assert isinstance(exc.kind, MissingKind) and exc.kind.is_error
+        else:
+            assert all(isinstance(s.value, float) for s in samples)
+
+
+def test_sync_scalar_keeps_its_contract() -> None:
+    client = PrometheusClient(BASE, retries=0, transport=answering(vector("NaN")))
+    assert client.scalar("q") is None
+    client = PrometheusClient(BASE, retries=0, transport=answering(vector("oops")))
+    with pytest.raises(PrometheusError, match="not a number"):
+        client.scalar("q")
+
+
+def test_retries_then_unreachable() -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        raise httpx.ConnectError("refused", request=request)
+
+    client = PrometheusClient(BASE, retries=2, backoff_s=0.0, transport=httpx.MockTransport(handler))
+    reading = client.reading("up")
+    assert isinstance(reading, Missing) and reading.kind is MissingKind.UNREACHABLE
+    assert "unreachable after 3 tries" in reading.reason and len(calls) == 3
+
+
+def slow_transport(delay_s: float, body: Any) -> httpx.MockTransport:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(delay_s)
+        return httpx.Response(200, content=json.dumps(body).encode())
+
+    return httpx.MockTransport(handler)
+
+
+def test_observe_async_holds_its_deadline_and_says_why() -> None:
+    client = AsyncPrometheusClient(BASE, timeout_s=5.0, retries=0, transport=slow_transport(10.0, vector("1")))
+
+    async def go() -> tuple[Any, str | None, float]:
+        started = time.monotonic()
+        obs, why = await observe_async(client, "vllm", "ns", "svc", 95, 2, 0, time.time(), deadline_s=0.3)
+        await client.aclose()
+        return obs, why, time.monotonic() - started
+
+    obs, why, took = asyncio.run(go())
+    assert took < 1.5, took
+    assert obs.stale and not obs.complete and obs.ready_replicas == 2
+    assert why is not None and "within 0.3s" in why
+    assert client.errors["timeout"] >= 1
+
+
+def test_a_slow_prometheus_does_not_block_the_event_loop() -> None:
+    """Other coroutines keep running while a query waits on a slow answer."""
+    client = AsyncPrometheusClient(BASE, timeout_s=1.0, retries=0, transport=slow_transport(5.0, vector("1")))
+
+    async def go() -> tuple[float | Missing, int]:
+        ticks = 0
+
+        async def other_work() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        worker = asyncio.create_task(other_work())
+        reading = await client.scalar("q")
+        worker.cancel()
+        await client.aclose()
+        return reading, ticks
+
+    reading, ticks = asyncio.run(go())
+    assert isinstance(reading, Missing) and reading.kind is MissingKind.TIMEOUT
+    assert ticks > 20
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (vector("oops"), "not a number"),
+        ({"status": "success", "data": None}, "data null"),
+        ([1], "JSON list"),
+        (vector("-5"), "below 0"),
+    ],
+)
+def test_observe_marks_bad_answers_missing_never_fresh(body: Any, why: str) -> None:
+    client = PrometheusClient(BASE, retries=0, transport=answering(body))
+    obs, reason = observe(client, "vllm", "ns", "svc", 95, 3, 0, time.time())
+    assert obs.stale and not obs.complete and obs.ttft_p_s is None
+    assert reason is not None and why in reason
+    aclient = AsyncPrometheusClient(BASE, retries=0, transport=answering(body))
+    obs, reason = asyncio.run(observe_async(aclient, "vllm", "ns", "svc", 95, 3, 0, time.time()))
+    assert obs.stale and reason is not None and why in reason
+    assert sum(aclient.errors.values()) >= 1
+
+
+def test_observe_reads_a_healthy_answer() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        query = request.url.params["query"]
+        value = "3" if query.startswith("time()") else "0.2"
+        return httpx.Response(200, content=json.dumps(vector(value)).encode())
+
+    client = AsyncPrometheusClient(BASE, retries=0, transport=httpx.MockTransport(handler))
+    obs, why = asyncio.run(observe_async(client, "vllm", "ns", "svc", 95, 1, 0, time.time()))
+    assert why is None and obs.complete and not obs.stale
+    assert obs.ttft_p_s == 0.2 and obs.running == 0.2 and not client.errors
+    assert math.isclose(obs.arrival_rate_per_s or 0.0, 0.2)
