@@ -1,19 +1,40 @@
-"""One replica under load: its batch limit, the rate it sustains within the SLO, and its
-latency at a percentile under a given arrival rate (queueing, not the empty-server value)."""
+"""One replica under load, as a continuous-batching engine runs it.
+
+Every engine step carries all running decodes (one token each) and, while prompts wait,
+a prefill chunk filling the rest of the token budget (`--max-num-batched-tokens`). Under
+an arrival rate lambda with prompts of I tokens and outputs of O tokens:
+
+- a step without a chunk takes t_d(n) (n running decodes), a step with one t_m(n, c);
+- chunk steps happen at lambda x I / c per second, so the mean token gap is
+  t_mean = t_d / (1 - lambda x I x (t_m - t_d) / c) and the share of steps carrying a
+  chunk is f = lambda x I x t_mean / c (f < 1: prefill compute keeps up);
+- a request's TPOT is the mean of its O - 1 gaps; K of them carry a chunk, K binomial
+  (O - 1, f), so its percentile comes from K's percentile; a single token gap (ITL) is
+  t_m at the percentile once f exceeds the tail share;
+- TTFT = waiting for a batch slot (M/M/c) + waiting for the prefill server (M/D/1 at
+  utilization f x t_m / t_mean) + the step in flight + the prompt's own chunk steps.
+
+Capacity is whichever binds first: prefill compute (f reaches 1), decode (the TPOT of
+the running batch), KV capacity or batch slots (every slot busy).
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
 
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.memory import max_batch_for_context
-from kvscale.sizing.queueing import md1_wait_percentile_s, mmc_wait_percentile_s
-from kvscale.sizing.roofline import StepTime, decode_step, prefill
+from kvscale.sizing.queueing import mmc_wait_percentile_s
+from kvscale.sizing.roofline import StepTime, decode_step, mixed_step
 from kvscale.sizing.workload import Slo, Workload
 
 _BISECTION_STEPS = 14  # 2^-14 of the capacity rate: far finer than the model is accurate
+_FIXED_POINT_STEPS = 4
+CHUNK_BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)  # --max-num-batched-tokens the planner considers
+PREFILL_BOUND_SHARE = 0.5  # limited by prefill compute when prefill takes more GPU time than decode
 
 
 @dataclass(frozen=True)
@@ -22,17 +43,50 @@ class LoadPoint:
 
     rate_per_s: float
     max_batch: int
-    concurrency: float  # mean requests running
-    prefill_s: float
-    decode: StepTime  # the step at the mean running batch
+    concurrency: float  # mean requests running (decoding)
+    prefill_s: float  # the prompt's own chunk steps, no waiting
+    decode: StepTime  # a step without a chunk, at the mean running batch
+    mixed: StepTime  # a step with a chunk, at the mean running batch
     ttft_p_s: float
     tpot_mean_s: float
-    tpot_p_s: float
-    gpu_prefill_share: float  # share of GPU time spent on prefill
+    tpot_p_s: float  # per request: the mean gap over its output, at the percentile
+    itl_p_s: float  # per token gap, at the percentile
+    chunk_share: float  # share of steps that carry a prefill chunk
+    gpu_prefill_share: float  # share of GPU time spent on prefill work
 
     @property
     def stable(self) -> bool:
         return math.isfinite(self.ttft_p_s) and math.isfinite(self.tpot_p_s)
+
+    @property
+    def mfu(self) -> float:
+        """Time-averaged model FLOPs utilization over the mix of decode and chunk steps."""
+        f = self.chunk_share
+        flops = (1 - f) * self.decode.flops_per_gpu + f * self.mixed.flops_per_gpu
+        seconds = (1 - f) * self.decode.seconds + f * self.mixed.seconds
+        return flops / (seconds * self.decode.peak_flops_per_s)
+
+    @property
+    def mbu(self) -> float:
+        """Time-averaged model bandwidth utilization over the same mix."""
+        f = self.chunk_share
+        moved = (1 - f) * self.decode.bytes_per_gpu + f * self.mixed.bytes_per_gpu
+        seconds = (1 - f) * self.decode.seconds + f * self.mixed.seconds
+        return moved / (seconds * self.decode.peak_bandwidth_bytes_per_s)
+
+
+def chunked_gap_quantile(gaps: int, chunk_share: float, percentile: float) -> float:
+    """Share of a request's `gaps` token gaps that carry a chunk, at the percentile.
+
+    K ~ Binomial(gaps, f), normal approximation with continuity correction, clipped to [0, 1].
+    """
+    if gaps <= 0 or chunk_share <= 0:
+        return 0.0
+    if chunk_share >= 1:
+        return 1.0
+    z = NormalDist().inv_cdf(percentile / 100.0)
+    k = gaps * chunk_share + z * math.sqrt(gaps * chunk_share * (1 - chunk_share)) + 0.5
+    return min(max(k / gaps, chunk_share), 1.0)
 
 
 class ReplicaModel:
@@ -41,14 +95,45 @@ class ReplicaModel:
     def __init__(self, cfg: ServingConfig, workload: Workload) -> None:
         self.cfg = cfg
         self.workload = workload
-        self.prefill_step = prefill(cfg, 1, workload.input_tokens)
+        self.budget = cfg.max_num_batched_tokens
         self._decode = lru_cache(maxsize=None)(self._decode_uncached)
+        self._mixed = lru_cache(maxsize=None)(self._mixed_uncached)
+        self.prefill_step = self.own_prefill(0)
 
     def _decode_uncached(self, batch: int) -> StepTime:
         return decode_step(self.cfg, batch, self.workload.mean_decode_context_tokens)
 
+    def _mixed_uncached(self, batch: int, chunk: int) -> StepTime:
+        return mixed_step(self.cfg, batch, self.workload.mean_decode_context_tokens, chunk, self.workload.input_tokens)
+
     def decode(self, batch: int) -> StepTime:
         return self._decode(max(1, batch))
+
+    def chunk_room(self, batch: int) -> int:
+        """Prefill tokens a step has room for beside `batch` running decodes."""
+        return max(1, self.budget - batch)
+
+    def mixed(self, batch: int, chunk: int | None = None) -> StepTime:
+        """A step with `batch` decodes and a chunk (default: as much of one prompt as fits)."""
+        room = self.chunk_room(batch)
+        return self._mixed(max(0, batch), min(room, chunk if chunk is not None else self.workload.input_tokens))
+
+    def own_prefill(self, batch: int) -> StepTime:
+        """The chunk steps one prompt needs beside `batch` running decodes, summed."""
+        room = self.chunk_room(batch)
+        full, rest = divmod(self.workload.input_tokens, room)
+        steps = [self._mixed(batch, room)] * full + ([self._mixed(batch, rest)] if rest else [])
+        return StepTime(
+            seconds=sum(s.seconds for s in steps),
+            compute_s=sum(s.compute_s for s in steps),
+            memory_s=sum(s.memory_s for s in steps),
+            communication_s=sum(s.communication_s for s in steps),
+            overhead_s=sum(s.overhead_s for s in steps),
+            flops_per_gpu=sum(s.flops_per_gpu for s in steps),
+            bytes_per_gpu=sum(s.bytes_per_gpu for s in steps),
+            peak_flops_per_s=steps[0].peak_flops_per_s,
+            peak_bandwidth_bytes_per_s=steps[0].peak_bandwidth_bytes_per_s,
+        )
 
     @property
     def kv_max_batch(self) -> int:
@@ -62,72 +147,135 @@ class ReplicaModel:
         return min(by_kv, self.cfg.engine.max_num_seqs_limit)
 
     @property
+    def slot_limit(self) -> int:
+        """Most sequences the engine may run: KV, its own limit, and max-num-seqs <= budget (vLLM)."""
+        return min(self.kv_max_batch, self.budget)
+
+    @property
     def max_context_fits(self) -> bool:
         """vLLM refuses to start unless one sequence of max-model-len fits in the KV cache."""
         return self.cfg.memory.kv_capacity_tokens >= self.workload.engine_max_context_tokens
 
     def tpot_batch_limit(self, tpot_target_s: float) -> int:
-        """Largest batch (<= KV limit) whose decode step, with its tail factor, meets TPOT."""
-        tail = self.cfg.engine.tpot_tail_factor
-        lo, hi = 0, self.kv_max_batch
-        if hi >= 1 and tail * self.decode(hi).seconds <= tpot_target_s:
+        """Largest batch (<= KV and budget limits) whose decode step alone meets TPOT."""
+        lo, hi = 0, self.slot_limit
+        if hi >= 1 and self.decode(hi).seconds <= tpot_target_s:
             return hi
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if tail * self.decode(mid).seconds <= tpot_target_s:
+            if self.decode(mid).seconds <= tpot_target_s:
                 lo = mid
             else:
                 hi = mid - 1
         return lo
 
+    def _chunk(self, rate_per_s: float, batch: int, gap_s: float) -> int:
+        """Prefill tokens per chunk step: one prompt, or several packed when they queue."""
+        prompts_per_step = max(1.0, rate_per_s * gap_s)
+        return max(1, min(self.chunk_room(batch), round(self.workload.input_tokens * prompts_per_step)))
+
+    def _mix(self, rate_per_s: float, batch: int, gap_s: float) -> tuple[StepTime, StepTime, float, float]:
+        """Decode step, chunk step, mean gap and chunk share at `batch` running decodes."""
+        dec = self.decode(batch)
+        chunk = self._chunk(rate_per_s, batch, gap_s)
+        mix = self.mixed(batch, chunk)
+        chunk_rate = rate_per_s * self.workload.input_tokens / chunk  # chunk steps per second
+        busy = chunk_rate * (mix.seconds - dec.seconds)
+        if busy >= 1.0 or chunk_rate * mix.seconds >= 1.0:
+            return dec, mix, math.inf, 1.0
+        gap = dec.seconds / (1.0 - busy)
+        return dec, mix, gap, chunk_rate * gap
+
     def capacity_rate_per_s(self, max_batch: int) -> float:
-        """Arrival rate at which every slot is busy: B / (out x step(B) + B x prefill)."""
-        step = self.decode(max_batch).seconds
-        return max_batch / (self.workload.output_tokens * step + max_batch * self.prefill_step.seconds)
+        """The arrival rate at which prefill compute or the batch slots saturate."""
+        batch = max(1, max_batch)
+        dec = self.decode(batch)
+        room = self.chunk_room(batch)
+        mix = self.mixed(batch, room)
+        inp, out = self.workload.input_tokens, self.workload.output_tokens
+        # Prefill compute: chunk steps (full) fill the whole time: rate x I / room x t_m = 1.
+        prefill_rate = room / (inp * mix.seconds)
+        # Slots: every slot busy for its request's life (prefill plus out decode gaps).
+        slot_rate = batch / (self.own_prefill(batch).seconds + out * dec.seconds)
+        return min(prefill_rate, slot_rate)
 
     def at_rate(self, rate_per_s: float, max_batch: int, percentile: float) -> LoadPoint:
         """Steady state at an arrival rate: running concurrency by fixed point, then queues."""
-        s_p = self.prefill_step.seconds
         out = self.workload.output_tokens
-        prefill_share = rate_per_s * s_p
-        if prefill_share >= 1.0 or rate_per_s >= self.capacity_rate_per_s(max_batch):
-            step = self.decode(max_batch)
+        batch_cap = max(1, max_batch)
+        if rate_per_s <= 0:
+            dec, mix = self.decode(1), self.mixed(1)
+            own = self.own_prefill(0).seconds
+            return LoadPoint(
+                0.0, max_batch, 0.0, own, dec, mix, own + dec.seconds, dec.seconds, dec.seconds, dec.seconds, 0.0, 0.0
+            )
+        concurrency = min(rate_per_s * (self.prefill_step.seconds + out * self.decode(1).seconds), float(batch_cap))
+        gap = self.decode(1).seconds
+        dec, mix, share = self.decode(1), self.mixed(1), 0.0
+        for _ in range(_FIXED_POINT_STEPS):  # converges fast: step time grows slowly with batch
+            n = max(1, math.ceil(concurrency))
+            dec, mix, gap, share = self._mix(rate_per_s, n, gap if math.isfinite(gap) else dec.seconds)
+            if not math.isfinite(gap):
+                break
+            hold = self.own_prefill(n).seconds + (out - 1) * gap + gap
+            concurrency = min(rate_per_s * hold, float(batch_cap))
+        n = max(1, math.ceil(concurrency))
+        own = self.own_prefill(n).seconds
+        if not math.isfinite(gap):
             return LoadPoint(
                 rate_per_s,
                 max_batch,
-                float(max_batch),
-                s_p,
-                step,
+                float(batch_cap),
+                own,
+                dec,
+                mix,
                 math.inf,
                 math.inf,
                 math.inf,
-                min(prefill_share, 1.0),
+                mix.seconds,
+                1.0,
+                1.0,
             )
-        concurrency = min(rate_per_s * (s_p + out * self.decode(1).seconds), float(max_batch))
-        for _ in range(2):  # converges fast: step time grows slowly with batch
-            step = self.decode(math.ceil(concurrency))
-            hold = s_p + out * step.seconds / (1.0 - prefill_share)
-            concurrency = min(rate_per_s * hold, float(max_batch))
-        step = self.decode(math.ceil(concurrency))
-        tpot_mean = step.seconds / (1.0 - prefill_share)
-        hold = s_p + out * tpot_mean
-        slot_wait = mmc_wait_percentile_s(max_batch, rate_per_s, hold, percentile)
-        prefill_wait = md1_wait_percentile_s(rate_per_s, s_p, percentile)
-        ttft = s_p + step.seconds + slot_wait + prefill_wait
+        hold = own + out * gap
+        slot_wait = mmc_wait_percentile_s(batch_cap, rate_per_s, hold, percentile)
+        prefill_util = share * mix.seconds / gap  # share of time in chunk steps
+        prefill_wait = _md1_wait_percentile_s(prefill_util, own, percentile)
+        ttft = slot_wait + prefill_wait + gap + own
+        gaps = max(out - 1, 0)
+        q = chunked_gap_quantile(gaps, share, percentile)
+        tpot_p = dec.seconds + q * (mix.seconds - dec.seconds) if gaps else 0.0
+        itl_p = mix.seconds if share > 1.0 - percentile / 100.0 else dec.seconds
+        prefill_time_share = rate_per_s * self.workload.input_tokens / self._chunk(rate_per_s, n, gap)
+        prefill_time_share *= mix.seconds - dec.seconds
         return LoadPoint(
             rate_per_s=rate_per_s,
             max_batch=max_batch,
             concurrency=concurrency,
-            prefill_s=s_p,
-            decode=step,
+            prefill_s=own,
+            decode=dec,
+            mixed=mix,
             ttft_p_s=ttft,
-            tpot_mean_s=tpot_mean,
-            tpot_p_s=self.cfg.engine.tpot_tail_factor * tpot_mean,
-            gpu_prefill_share=prefill_share,
+            tpot_mean_s=gap,
+            tpot_p_s=max(tpot_p, gap) if gaps else 0.0,
+            itl_p_s=itl_p,
+            chunk_share=share,
+            gpu_prefill_share=min(prefill_time_share, 1.0),
         )
 
     def zero_load(self, percentile: float) -> LoadPoint:
         return self.at_rate(0.0, 1, percentile)
+
+    def limited_by(self, point: LoadPoint) -> str:
+        """What binds this replica's capacity at `point` (its highest rate within the SLO)."""
+        if point.gpu_prefill_share >= PREFILL_BOUND_SHARE:
+            return "prefill-compute"
+        if point.concurrency >= 0.9 * point.max_batch:
+            if point.max_batch >= self.kv_max_batch:
+                return "kv-capacity"
+            if point.max_batch >= self.slot_limit:
+                return "batch-slots"
+        part = point.decode.limited_by
+        return {"bandwidth": "decode-bandwidth", "compute": "decode-compute"}.get(part, part)
 
     def max_rate_meeting(self, slo: Slo, max_batch: int) -> float:
         """Highest arrival rate at which p-TTFT and p-TPOT both meet the SLO (0 when none)."""
@@ -146,3 +294,33 @@ class ReplicaModel:
             else:
                 hi = mid
         return lo
+
+
+def _md1_wait_percentile_s(utilization: float, service_s: float, percentile: float) -> float:
+    """Waiting time at a percentile for a single server busy `utilization` of the time:
+    P(wait) = rho with an exponential tail of the M/D/1 conditional mean S / (2 (1 - rho))."""
+    if utilization >= 1.0:
+        return math.inf
+    tail = 1.0 - percentile / 100.0
+    if utilization <= tail:
+        return 0.0
+    return math.log(utilization / tail) * service_s / (2.0 * (1.0 - utilization))
+
+
+def chunk_budget_for(cfg: ServingConfig, workload: Workload, tpot_target_s: float) -> int:
+    """The largest `--max-num-batched-tokens` whose full mixed step keeps the TPOT target.
+
+    A step of C tokens (decodes plus a prompt's chunk) is what a decoding request waits for
+    when a chunk shares its step; under prefill-heavy load nearly every step does. The
+    largest such budget is also the best for TTFT (fewest chunks, least per-step cost),
+    so nothing larger is worth its TPOT and nothing smaller is needed. The step time grows
+    with C and does not depend on the target, so a tighter target never gets a larger
+    budget. When even the smallest budget's step is too slow, the smallest is used (and the
+    load model decides whether the averaged TPOT still holds).
+    """
+    chosen = CHUNK_BUDGETS[0]
+    for budget in CHUNK_BUDGETS:
+        if mixed_step(cfg, 0, 0.0, budget, min(workload.input_tokens, budget)).seconds > tpot_target_s:
+            break
+        chosen = budget
+    return chosen

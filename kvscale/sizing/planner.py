@@ -11,7 +11,7 @@ from typing import Literal
 
 from kvscale.sizing.catalog import Catalog, GpuSpec, ModelArch
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.load import LoadPoint, ReplicaModel
+from kvscale.sizing.load import LoadPoint, ReplicaModel, chunk_budget_for
 from kvscale.sizing.queueing import replicas_for_rate
 from kvscale.sizing.units import GIB, format_duration
 from kvscale.sizing.workload import Slo, Workload
@@ -200,6 +200,8 @@ def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
     unsupported = cfg.unsupported_reason()
     if unsupported:
         return _reject(cfg, unsupported)
+    if cfg.chunk_budget_tokens is None:
+        cfg = cfg.with_chunk_budget(chunk_budget_for(cfg, request.workload, request.slo.tpot_s))
     mem = cfg.memory
     if not mem.fits:
         return _reject(
@@ -260,7 +262,6 @@ def _evaluate(s: _Screened, request: PlanRequest) -> Feasible | Rejected:
             )
     at_load = replica.at_rate(request.workload.requests_per_s / replicas, s.max_batch, slo.percentile)
     at_max = replica.at_rate(rate_max, s.max_batch, slo.percentile)
-    kv_bound = s.max_batch == replica.kv_max_batch and at_max.concurrency >= 0.9 * s.max_batch
     mem = cfg.memory
     prediction = Prediction(
         max_batch=s.max_batch,
@@ -269,9 +270,9 @@ def _evaluate(s: _Screened, request: PlanRequest) -> Feasible | Rejected:
         ttft_p_s=at_load.ttft_p_s,
         tpot_p_s=at_load.tpot_p_s,
         throughput_tokens_per_s=rate_max * request.workload.output_tokens,
-        limited_by="kv-capacity" if kv_bound else at_max.decode.limited_by,
-        mbu=at_max.decode.mbu,
-        mfu=at_max.decode.mfu,
+        limited_by=replica.limited_by(at_max),
+        mbu=at_max.mbu,
+        mfu=at_max.mfu,
         kv_cache_tokens=mem.kv_capacity_tokens,
         weights_bytes_per_gpu=mem.weights_bytes,
         cost_usd_per_hour=replicas * cfg.price_usd_per_hour,

@@ -13,6 +13,8 @@ from typing import Literal
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.parallel import forward_communication_s
 
+GEMM_TILE_TOKENS = 128  # rows of a tensor-core GEMM tile (CUTLASS/cuBLAS 128 x N tiles)
+
 LimitedBy = Literal["compute", "bandwidth", "communication", "overhead"]
 
 
@@ -91,24 +93,54 @@ def _flops_per_gpu(cfg: ServingConfig, query_tokens: float, mean_context_tokens:
     return query_tokens * (r.linear_flops_per_token + r.attention_flops_per_token_per_context * mean_context_tokens)
 
 
-def _fixed_costs_s(cfg: ServingConfig, tokens: float, layer_overhead_s: float) -> tuple[float, float]:
+def gemm_efficiency(cfg: ServingConfig, tokens: float) -> float:
+    """Share of peak the step's matmuls reach: the large-matmul efficiency, less for small GEMMs.
+
+    A layer's linear FLOPs on one GPU are 2 x tokens x (params per layer / tp): few tokens
+    or a thin tensor-parallel shard make small GEMMs that cannot fill the GPU. Efficiency
+    falls as flops / (flops + F_half), F_half the engine's half-efficiency size. A GEMM
+    tile has GEMM_TILE_TOKENS rows: with fewer tokens the rows idle while the weights
+    stream in, which the memory side already counts, so the size is taken at no fewer.
+    """
+    half = cfg.engine.prefill_half_efficiency_flops
+    per_layer = max(tokens, GEMM_TILE_TOKENS) * cfg.rates.linear_flops_per_token / cfg.model.layers
+    size_factor = per_layer / (per_layer + half) if half > 0 else 1.0
+    return cfg.gpu.matmul_efficiency * size_factor
+
+
+def step(
+    cfg: ServingConfig,
+    decode_seqs: float,
+    decode_context_tokens: float,
+    prefill_tokens: float = 0.0,
+    prefill_context_tokens: float = 0.0,
+    prefill_seqs: float = 1.0,
+) -> StepTime:
+    """One engine step on one GPU of the group: `decode_seqs` running sequences each emit a
+    token over `decode_context_tokens` of KV, and `prefill_tokens` prompt tokens (chunks of
+    `prefill_seqs` prompts) attend to `prefill_context_tokens` on average.
+
+    Time = max(matmul + attention compute, weight + KV traffic) + the two all-reduces per
+    layer on (decode + prefill) tokens + fixed per-layer and per-step engine costs.
+    """
+    tokens = decode_seqs + prefill_tokens
+    if tokens <= 0:
+        raise ValueError("a step carries at least one token")
+    r = cfg.rates
+    kv_token = cfg.memory.kv_bytes_per_token
+    flops = _flops_per_gpu(cfg, decode_seqs, decode_context_tokens) + _flops_per_gpu(
+        cfg, prefill_tokens, prefill_context_tokens
+    )
+    compute_s = flops / (cfg.peak_flops_per_s * gemm_efficiency(cfg, tokens))
+    weights = weight_bytes_read(cfg, tokens)
+    # KV read: every decode reads its context; a chunk reads the prompt's earlier chunks.
+    prior = max(prefill_context_tokens - prefill_tokens / max(prefill_seqs, 1.0) / 2.0, 0.0) * prefill_seqs
+    kv = (decode_seqs * decode_context_tokens + prior + tokens) * kv_token
+    memory_s = weights / r.weight_bytes_per_s + kv / r.kv_bytes_per_s
     m = cfg.model
     comm = forward_communication_s(tokens, m.hidden_size, m.layers, cfg.tensor_parallel, cfg.link, cfg.engine)
-    overhead = m.layers * layer_overhead_s + cfg.engine.step_overhead_s
-    return comm, overhead
-
-
-def decode_step(cfg: ServingConfig, batch: int, context_tokens: float) -> StepTime:
-    """One decode step: `batch` sequences each emit one token over `context_tokens` of KV."""
-    if batch < 1:
-        raise ValueError("batch must be at least 1")
-    r = cfg.rates
-    weights = weight_bytes_read(cfg, batch)
-    kv = batch * context_tokens * cfg.memory.kv_bytes_per_token
-    memory_s = weights / r.weight_bytes_per_s + kv / r.kv_bytes_per_s
-    flops = _flops_per_gpu(cfg, batch, context_tokens)
-    compute_s = flops / r.matmul_flops_per_s
-    comm, overhead = _fixed_costs_s(cfg, batch, cfg.engine.decode_layer_overhead_s)
+    layer_s = cfg.engine.prefill_layer_overhead_s if prefill_tokens > 0 else cfg.engine.decode_layer_overhead_s
+    overhead = m.layers * layer_s + cfg.engine.step_overhead_s
     return StepTime(
         seconds=max(compute_s, memory_s) + comm + overhead,
         compute_s=compute_s,
@@ -122,38 +154,42 @@ def decode_step(cfg: ServingConfig, batch: int, context_tokens: float) -> StepTi
     )
 
 
-def prefill_efficiency(cfg: ServingConfig, flops_per_gpu_per_layer: float) -> float:
-    """Share of peak a prefill's matmuls reach: large-matmul efficiency, less for small GEMMs."""
-    half = cfg.engine.prefill_half_efficiency_flops
-    size_factor = flops_per_gpu_per_layer / (flops_per_gpu_per_layer + half) if half > 0 else 1.0
-    return cfg.gpu.matmul_efficiency * size_factor
+def decode_step(cfg: ServingConfig, batch: int, context_tokens: float) -> StepTime:
+    """One decode step: `batch` sequences each emit one token over `context_tokens` of KV."""
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    return step(cfg, batch, context_tokens)
+
+
+def mixed_step(
+    cfg: ServingConfig, decode_seqs: int, decode_context_tokens: float, chunk_tokens: float, prompt_tokens: float
+) -> StepTime:
+    """A continuous-batching step: the running decodes plus a prefill chunk of a prompt of
+    `prompt_tokens` (the chunk attends, on average, to half the prompt)."""
+    return step(cfg, decode_seqs, decode_context_tokens, chunk_tokens, prompt_tokens / 2.0)
 
 
 def prefill(cfg: ServingConfig, sequences: int, prompt_tokens: int) -> StepTime:
-    """Prefill of `sequences` prompts of `prompt_tokens` each, in chunks of the token budget.
+    """Prefill of `sequences` prompts of `prompt_tokens` each, alone, in chunks of the budget.
 
     Compute-bound: 2 x active params FLOPs per token plus causal attention; every chunk
-    also reads the weights once, which is the memory floor for short prompts.
+    also reads the weights once, which is the memory floor for short prompts. The chunks
+    are equal steps of tokens / chunks each; the sum is returned as one StepTime.
     """
     if sequences < 1 or prompt_tokens < 1:
         raise ValueError("prefill needs at least one sequence of at least one token")
     tokens = float(sequences * prompt_tokens)
     chunks = math.ceil(tokens / cfg.max_num_batched_tokens)
-    flops = _flops_per_gpu(cfg, tokens, prompt_tokens / 2.0)
-    efficiency = prefill_efficiency(cfg, flops / chunks / cfg.model.layers)
-    compute_s = flops / (cfg.peak_flops_per_s * efficiency)
-    weights_per_chunk = weight_bytes_read(cfg, tokens / chunks)
-    kv_written = tokens * cfg.memory.kv_bytes_per_token
-    memory_s = (chunks * weights_per_chunk) / cfg.rates.weight_bytes_per_s + kv_written / cfg.rates.kv_bytes_per_s
-    comm, overhead = _fixed_costs_s(cfg, tokens / chunks, cfg.engine.prefill_layer_overhead_s)
+    per_chunk = tokens / chunks
+    one = step(cfg, 0.0, 0.0, per_chunk, prompt_tokens / 2.0, max(per_chunk / prompt_tokens, 1.0))
     return StepTime(
-        seconds=max(compute_s, memory_s) + chunks * (comm + overhead),
-        compute_s=compute_s,
-        memory_s=memory_s,
-        communication_s=chunks * comm,
-        overhead_s=chunks * overhead,
-        flops_per_gpu=flops,
-        bytes_per_gpu=chunks * weights_per_chunk + kv_written,
-        peak_flops_per_s=cfg.peak_flops_per_s,
-        peak_bandwidth_bytes_per_s=cfg.gpu.hbm_bandwidth_bytes_per_s,
+        seconds=chunks * one.seconds,
+        compute_s=chunks * one.compute_s,
+        memory_s=chunks * one.memory_s,
+        communication_s=chunks * one.communication_s,
+        overhead_s=chunks * one.overhead_s,
+        flops_per_gpu=chunks * one.flops_per_gpu,
+        bytes_per_gpu=chunks * one.bytes_per_gpu,
+        peak_flops_per_s=one.peak_flops_per_s,
+        peak_bandwidth_bytes_per_s=one.peak_bandwidth_bytes_per_s,
     )

@@ -21,7 +21,7 @@ def test_decode_step_by_hand_batch_one() -> None:
     g, e = c.gpu, c.engine
     context = 1000
     weights = 6.74e9 * 2
-    kv = context * 2 * 32 * 32 * 128 * 2
+    kv = (context + 1) * 2 * 32 * 32 * 128 * 2  # reads its context, writes its new token
     memory_s = weights / (g.hbm_bandwidth_bytes_per_s * g.bandwidth_efficiency) + kv / (
         g.hbm_bandwidth_bytes_per_s * g.bandwidth_efficiency
     )
@@ -55,7 +55,7 @@ def test_prefill_by_hand() -> None:
     step = prefill(c, 1, tokens)
     flops = tokens * 2 * 6.74e9 + 4 * 32 * 32 * 128 * tokens * tokens / 2
     assert step.flops_per_gpu == pytest.approx(flops)
-    per_layer = flops / 32
+    per_layer = tokens * 2 * 6.74e9 / 32  # the linear layers' GEMM size sets their efficiency
     eff = c.gpu.matmul_efficiency * per_layer / (per_layer + c.engine.prefill_half_efficiency_flops)
     assert step.compute_s == pytest.approx(flops / (989e12 * eff))
     assert step.limited_by == "compute"
