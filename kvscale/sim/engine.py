@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.roofline import decode_step, prefill
+from kvscale.sizing.roofline import decode_step, step
 
 _BUCKET_TOKENS = 64  # step times are cached per 64 tokens of context or prompt
+GAP_RESOLUTION_S = 1e-4  # per-token gaps are counted in 0.1 ms bins
 KV_WATERMARK = 0.01  # vLLM keeps 1% of blocks free at admission
 
 
@@ -58,24 +59,33 @@ class StepTimes:
     def __init__(self, cfg: ServingConfig) -> None:
         self.cfg = cfg
         self._decode = lru_cache(maxsize=65536)(self._decode_uncached)
-        self._prefill = lru_cache(maxsize=4096)(self._prefill_uncached)
+        self._mixed = lru_cache(maxsize=65536)(self._mixed_uncached)
+
+    @staticmethod
+    def _mid(bucket: int) -> float:
+        return bucket * _BUCKET_TOKENS + _BUCKET_TOKENS / 2
 
     def _decode_uncached(self, batch: int, context_bucket: int) -> float:
-        return decode_step(self.cfg, batch, context_bucket * _BUCKET_TOKENS + _BUCKET_TOKENS / 2).seconds
+        return decode_step(self.cfg, batch, self._mid(context_bucket)).seconds
 
-    def _prefill_uncached(self, tokens_bucket: int, with_decode: bool) -> float:
-        step = prefill(self.cfg, 1, max(1, tokens_bucket * _BUCKET_TOKENS))
-        return step.compute_s if with_decode else step.seconds
+    def _mixed_uncached(self, batch: int, context_bucket: int, chunk_bucket: int, prompt_bucket: int) -> float:
+        chunk = max(1, chunk_bucket * _BUCKET_TOKENS)
+        prompt = max(chunk, prompt_bucket * _BUCKET_TOKENS)
+        context = self._mid(context_bucket) if batch else 0.0
+        return step(self.cfg, batch, context, chunk, prompt / 2.0).seconds
 
     def decode(self, batch: int, mean_context: float) -> float:
         return self._decode(batch, int(mean_context // _BUCKET_TOKENS))
 
-    def mixed(self, batch: int, mean_context: float, prompt_tokens: int) -> float:
-        """A step that prefills `prompt_tokens` while decoding `batch` running requests."""
-        bucket = math.ceil(prompt_tokens / _BUCKET_TOKENS)
-        if batch == 0:
-            return self._prefill(bucket, False)
-        return self.decode(batch, mean_context) + self._prefill(bucket, True)
+    def mixed(self, batch: int, mean_context: float, chunk_tokens: int, prompt_tokens: float | None = None) -> float:
+        """One step that prefills `chunk_tokens` of prompts of `prompt_tokens` (mean) while
+        decoding `batch` running requests (the sizing model's mixed step)."""
+        return self._mixed(
+            batch,
+            int(mean_context // _BUCKET_TOKENS),
+            math.ceil(chunk_tokens / _BUCKET_TOKENS),
+            math.ceil((prompt_tokens or chunk_tokens) / _BUCKET_TOKENS),
+        )
 
 
 class Replica:
@@ -107,6 +117,11 @@ class Replica:
         self._start_sum = 0  # sum over running of start_step
         self.preemptions = 0
         self.peak_kv_tokens = 0
+        self.token_gaps: Counter[float] = Counter()  # per-token gap (s, 0.1 ms bins) -> tokens
+
+    def _record_gaps(self, gap_s: float, tokens: int) -> None:
+        if tokens > 0:
+            self.token_gaps[round(gap_s / GAP_RESOLUTION_S) * GAP_RESOLUTION_S] += tokens
 
     # -- state -------------------------------------------------------------------------
 
@@ -194,11 +209,18 @@ class Replica:
 
     # -- time --------------------------------------------------------------------------
 
-    def advance_to(self, until_s: float, finished: list[SimRequest]) -> None:
-        """Runs engine steps until the clock reaches `until_s` (the last step may overshoot)."""
+    def advance_to(self, until_s: float, finished: list[SimRequest], stop_after_finish: bool = False) -> None:
+        """Runs engine steps until the clock reaches `until_s` (the last step may overshoot).
+
+        With stop_after_finish it returns right after the step in which a request finished,
+        its clock at that step's end, so a closed loop can release the next request then.
+        """
         if self.stopped_s is not None:
             return
+        done_before = len(finished)
         while self.clock < until_s:
+            if stop_after_finish and len(finished) > done_before:
+                return
             if self.idle:
                 self.clock = until_s
                 return
@@ -213,12 +235,21 @@ class Replica:
             self._decode_bulk(until_s, finished)
 
     def _prefill(self, admitted: list[SimRequest], finished: list[SimRequest]) -> None:
+        """The admitted prompts' chunk steps: each carries every running decode plus as many
+        prompt tokens as the rest of the token budget holds."""
         prompt = sum(r.input_tokens + r.generated for r in admitted)
-        chunks = max(1, math.ceil(prompt / self.token_budget))
+        mean_prompt = prompt / len(admitted)
         n = len(self.running)
+        room = max(1, self.token_budget - n)
+        full, rest = divmod(prompt, room)
         mean_context = self.kv_used / n if n else 0.0
-        self.clock += chunks * self.steps.mixed(n, mean_context, min(prompt, self.token_budget))
+        full_s = self.steps.mixed(n, mean_context, room, mean_prompt) if full else 0.0
+        rest_s = self.steps.mixed(n, mean_context, rest, mean_prompt) if rest else 0.0
+        self.clock += full * full_s + rest_s
+        chunks = full + (1 if rest else 0)
         if n:
+            self._record_gaps(full_s, n * full)
+            self._record_gaps(rest_s, n if rest else 0)
             self.step += chunks
         for request in admitted:
             self._start_decoding(request)
@@ -244,6 +275,7 @@ class Replica:
         # Nothing the scheduler decides changes before a finish, a full cache or the next event.
         k = min(k_finish, k_kv, k_time)
         self.clock += k * dt
+        self._record_gaps(dt, k * n)
         self.step += k
         self.peak_kv_tokens = max(self.peak_kv_tokens, self.kv_used)
         self._pop_finished(finished)

@@ -190,23 +190,27 @@ class Fleet:
             for request in pending:
                 self.route(request, now_s)
 
-    def _advance_replicas(self, now_s: float, finished: list[SimRequest]) -> None:
+    def _advance_replicas(self, now_s: float, finished: list[SimRequest], stop_after_finish: bool = False) -> None:
         for replica in self.replicas:
             if replica.stopped_s is not None or replica.ready_s > now_s:
                 continue
-            replica.advance_to(now_s, finished)
+            replica.advance_to(now_s, finished, stop_after_finish)
             if replica.draining and replica.idle:
                 replica.stopped_s = max(replica.clock, now_s)
 
-    def advance_to(self, now_s: float, finished: list[SimRequest]) -> None:
+    def advance_to(self, now_s: float, finished: list[SimRequest], stop_after_finish: bool = False) -> None:
+        """Advances every replica to now_s; with stop_after_finish, a replica in which a
+        request finishes stops at that step's end (closed loops release the next one then)."""
         if self.spec.routing == "gateway" and self.unrouted:
             # Requests at the gateway leave as soon as a replica has room, not at the next event.
             t = self._now
             while self.unrouted and t < now_s:
                 t = min(now_s, t + GATEWAY_POLL_S)
-                self._advance_replicas(t, finished)
+                self._advance_replicas(t, finished, stop_after_finish)
                 self._dispatch(t)
-        self._advance_replicas(now_s, finished)
+                if stop_after_finish and finished:
+                    return
+        self._advance_replicas(now_s, finished, stop_after_finish)
         self._dispatch(now_s)
         self._now = max(self._now, now_s)
 

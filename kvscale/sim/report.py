@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from typing import Any
 
 from kvscale.sim.run import SimResult
@@ -25,11 +26,25 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+def gap_quantile(gaps: Counter[float], q: float) -> float:
+    """Quantile of per-token gaps from their histogram (gap -> tokens)."""
+    total = sum(gaps.values())
+    if total == 0:
+        return math.nan
+    rank, seen = math.ceil(q * total), 0
+    for gap in sorted(gaps):
+        seen += gaps[gap]
+        if seen >= rank:
+            return gap
+    return max(gaps)
+
+
 def summary(result: SimResult, slo: Slo, oracle_gpu_hours: float | None = None) -> dict[str, Any]:
     done = [r for r in result.requests if r.done]
     ttft = [r.ttft_s * 1e3 for r in done]
     tpot = [r.tpot_s * 1e3 for r in done if r.output_tokens > 1]
     generated = sum(r.output_tokens for r in done)
+    gaps = result.token_gaps
     row: dict[str, Any] = {
         "policy": result.policy,
         "routing": result.routing,
@@ -41,6 +56,8 @@ def summary(result: SimResult, slo: Slo, oracle_gpu_hours: float | None = None) 
         "tpot_mean_ms": round(statistics.fmean(tpot), 3) if tpot else None,
         "tpot_p50_ms": round(_quantile(tpot, 0.50), 3) if tpot else None,
         "tpot_p95_ms": round(_quantile(tpot, 0.95), 3) if tpot else None,
+        "itl_mean_ms": round(sum(g * c for g, c in gaps.items()) / sum(gaps.values()) * 1e3, 3) if gaps else None,
+        "itl_p95_ms": round(gap_quantile(gaps, 0.95) * 1e3, 3) if gaps else None,
         "throughput_tokens_per_s": round(generated / result.duration_s, 2) if result.duration_s > 0 else 0.0,
         "gpu_hours": round(result.gpu_hours, 4),
         "cost_usd": round(result.cost_usd, 4),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -70,6 +70,7 @@ class SimResult:
     timeline: list[TimelinePoint] = field(default_factory=list)
     decisions: list[tuple[float, int, str]] = field(default_factory=list)
     routing: str = "service"
+    token_gaps: Counter[float] = field(default_factory=Counter)  # per-token gap (s) -> tokens, all replicas
 
 
 class _Window:
@@ -163,7 +164,13 @@ def simulate(
         if math.isinf(arrival_at) and outstanding == 0:
             break
         now = min(arrival_at, next_tick)
-        fleet.advance_to(now, finished)
+        closed_loop = source.closed is not None
+        fleet.advance_to(now, finished, stop_after_finish=closed_loop)
+        if closed_loop and finished:
+            # A user sends the next request the moment the previous one finishes: release
+            # it now (at its finish time), before any replica runs past that moment.
+            account(now)
+            continue
         account(now)
         if now == arrival_at:
             r = source.pop()
@@ -201,6 +208,7 @@ def simulate(
         timeline=timeline,
         decisions=decisions,
         routing=setup.routing,
+        token_gaps=sum((r.token_gaps for r in fleet.replicas), Counter()),
     )
 
 

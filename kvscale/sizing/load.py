@@ -75,18 +75,25 @@ class LoadPoint:
         return moved / (seconds * self.decode.peak_bandwidth_bytes_per_s)
 
 
-def chunked_gap_quantile(gaps: int, chunk_share: float, percentile: float) -> float:
-    """Share of a request's `gaps` token gaps that carry a chunk, at the percentile.
+def decode_life_percentile_s(decode_s: float, per_prompt_s: float, rate_per_s: float, percentile: float) -> float:
+    """A request's decode life at the percentile: its decode steps plus the extra time of the
+    chunks of every prompt that arrives meanwhile.
 
-    K ~ Binomial(gaps, f), normal approximation with continuity correction, clipped to [0, 1].
+    Arrivals are Poisson, and a longer life sees more of them: L = a + d x N(L), N at the
+    percentile lambda L + z sqrt(lambda L) + 1/2 (normal approximation with continuity
+    correction). With A = 1 - d lambda (the GPU time share prefill leaves to decode), this is
+    a quadratic in sqrt(L): A L - d z sqrt(lambda) sqrt(L) - (a + d/2) = 0.
     """
-    if gaps <= 0 or chunk_share <= 0:
-        return 0.0
-    if chunk_share >= 1:
-        return 1.0
-    z = NormalDist().inv_cdf(percentile / 100.0)
-    k = gaps * chunk_share + z * math.sqrt(gaps * chunk_share * (1 - chunk_share)) + 0.5
-    return min(max(k / gaps, chunk_share), 1.0)
+    if per_prompt_s <= 0 or rate_per_s <= 0:
+        return decode_s
+    a_coef = 1.0 - per_prompt_s * rate_per_s
+    if a_coef <= 0:
+        return math.inf
+    z = max(NormalDist().inv_cdf(percentile / 100.0), 0.0)
+    b_coef = per_prompt_s * z * math.sqrt(rate_per_s)
+    c_coef = decode_s + 0.5 * per_prompt_s
+    root = (b_coef + math.sqrt(b_coef * b_coef + 4.0 * a_coef * c_coef)) / (2.0 * a_coef)
+    return root * root
 
 
 class ReplicaModel:
@@ -169,15 +176,20 @@ class ReplicaModel:
                 hi = mid - 1
         return lo
 
-    def _chunk(self, rate_per_s: float, batch: int, gap_s: float) -> int:
-        """Prefill tokens per chunk step: one prompt, or several packed when they queue."""
-        prompts_per_step = max(1.0, rate_per_s * gap_s)
-        return max(1, min(self.chunk_room(batch), round(self.workload.input_tokens * prompts_per_step)))
+    def _chunk(self, rate_per_s: float, batch: int) -> int:
+        """Prefill tokens per chunk step: one prompt plus those that arrive while the previous
+        chunk step runs (the scheduler packs every waiting prompt the budget holds)."""
+        room = self.chunk_room(batch)
+        inp = self.workload.input_tokens
+        chunk = min(room, inp)
+        for _ in range(2):
+            chunk = min(room, round(inp * (1.0 + rate_per_s * self.mixed(batch, chunk).seconds)))
+        return max(1, chunk)
 
-    def _mix(self, rate_per_s: float, batch: int, gap_s: float) -> tuple[StepTime, StepTime, float, float]:
+    def _mix(self, rate_per_s: float, batch: int) -> tuple[StepTime, StepTime, float, float]:
         """Decode step, chunk step, mean gap and chunk share at `batch` running decodes."""
         dec = self.decode(batch)
-        chunk = self._chunk(rate_per_s, batch, gap_s)
+        chunk = self._chunk(rate_per_s, batch)
         mix = self.mixed(batch, chunk)
         chunk_rate = rate_per_s * self.workload.input_tokens / chunk  # chunk steps per second
         busy = chunk_rate * (mix.seconds - dec.seconds)
@@ -214,7 +226,7 @@ class ReplicaModel:
         dec, mix, share = self.decode(1), self.mixed(1), 0.0
         for _ in range(_FIXED_POINT_STEPS):  # converges fast: step time grows slowly with batch
             n = max(1, math.ceil(concurrency))
-            dec, mix, gap, share = self._mix(rate_per_s, n, gap if math.isfinite(gap) else dec.seconds)
+            dec, mix, gap, share = self._mix(rate_per_s, n)
             if not math.isfinite(gap):
                 break
             hold = self.own_prefill(n).seconds + (out - 1) * gap + gap
@@ -242,11 +254,13 @@ class ReplicaModel:
         prefill_wait = _md1_wait_percentile_s(prefill_util, own, percentile)
         ttft = slot_wait + prefill_wait + gap + own
         gaps = max(out - 1, 0)
-        q = chunked_gap_quantile(gaps, share, percentile)
-        tpot_p = dec.seconds + q * (mix.seconds - dec.seconds) if gaps else 0.0
+        chunk = self._chunk(rate_per_s, n)
+        per_prompt_s = self.workload.input_tokens * (mix.seconds - dec.seconds) / chunk
+        tpot_p = (
+            decode_life_percentile_s(gaps * dec.seconds, per_prompt_s, rate_per_s, percentile) / gaps if gaps else 0.0
+        )
         itl_p = mix.seconds if share > 1.0 - percentile / 100.0 else dec.seconds
-        prefill_time_share = rate_per_s * self.workload.input_tokens / self._chunk(rate_per_s, n, gap)
-        prefill_time_share *= mix.seconds - dec.seconds
+        prefill_time_share = rate_per_s * per_prompt_s
         return LoadPoint(
             rate_per_s=rate_per_s,
             max_batch=max_batch,

@@ -123,3 +123,13 @@ def test_default_chunk_budget_is_vllms(gpu: str, budget: int) -> None:
     cfg = ServingConfig.build(CAT, CAT.model("llama-3.1-8b"), CAT.gpu(gpu), "fp16" if gpu == "T4" else "bf16")
     assert cfg.max_num_batched_tokens == budget
     assert cfg.with_chunk_budget(512).max_num_batched_tokens == 512
+
+
+def test_prefill_heavy_load_is_limited_by_prefill_compute() -> None:
+    # The workload: 20 req/s of 2048-token prompts is ~650 TFLOP/s of prefill.
+    result = plan(
+        CAT, PlanRequest(model=CAT.model("llama-3.1-8b"), workload=Workload(2048, 28, 20.0), slo=Slo(2.0, 0.06))
+    )
+    assert result.chosen is not None
+    assert result.chosen.prediction.limited_by == "prefill-compute"
+    assert result.chosen.prediction.mfu > 0.3

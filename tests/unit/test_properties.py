@@ -1,14 +1,16 @@
 """Monotonicity properties the model must keep whatever its factors."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.load import ReplicaModel
+from kvscale.sizing.load import ReplicaModel, chunk_budget_for
 from kvscale.sizing.memory import kv_bytes_per_token
+from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.roofline import decode_step, prefill
-from kvscale.sizing.workload import Workload
+from kvscale.sizing.workload import Slo, Workload
 
 CAT = default_catalog()
 MODELS = ["llama-2-7b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "mixtral-8x7b", "gemma-7b"]
@@ -66,3 +68,37 @@ def test_more_tensor_parallel_never_less_kv_capacity(model: str, gpu: str) -> No
         if config(model, gpu, tp).unsupported_reason() is None
     ]
     assert capacities == sorted(capacities)
+
+
+@settings(max_examples=40)
+@given(
+    st.sampled_from(MODELS),
+    st.sampled_from(GPUS),
+    st.sampled_from([128, 512, 2048, 8192]),
+    st.floats(0.005, 0.2),
+    st.floats(0.3, 1.0),
+)
+def test_tighter_tpot_never_gets_a_larger_chunk_budget(
+    model: str, gpu: str, prompt: int, tpot_s: float, tighter: float
+) -> None:
+    cfg = config(model, gpu)
+    workload = Workload(prompt, 64, 1.0)
+    assert chunk_budget_for(cfg, workload, tpot_s * tighter) <= chunk_budget_for(cfg, workload, tpot_s)
+
+
+@pytest.mark.parametrize("gpu", ["A100-80GB", "H100-SXM", "L40S"])
+def test_planned_budget_shrinks_with_the_tpot_target_on_a_pinned_gpu(gpu: str) -> None:
+    budgets = []
+    for tpot_s in (0.2, 0.1, 0.06, 0.04, 0.03):
+        request = PlanRequest(
+            model=CAT.model("llama-3.1-8b"),
+            workload=Workload(2048, 28, 20.0),
+            slo=Slo(2.0, tpot_s),
+            gpus=(gpu,),
+            tensor_parallel=(1,),
+        )
+        chosen = plan(CAT, request).chosen
+        if chosen is not None:
+            budgets.append(chosen.max_num_batched_tokens)
+    assert len(budgets) >= 2
+    assert budgets == sorted(budgets, reverse=True)
