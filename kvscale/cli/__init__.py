@@ -5,6 +5,7 @@
 - `simulate`: `simulate` (its picture in `simulate_plot`)
 - `sim_serve`: `sim serve`
 - `cluster`: `crd`, `operator`
+- `manifests`: `manifests` (the operator's objects for a spec, as YAML)
 
 `common` holds the input checks: bad input exits 2 with a message naming the option and
 the fix, never a traceback. Importing a command module registers its commands on `app`.
@@ -16,11 +17,11 @@ from kvscale.cli.app import app
 
 # isort: off
 # Registration order is the order of `kvscale --help`.
-from kvscale.cli import catalog, planning, simulate, sim_serve, cluster
+from kvscale.cli import catalog, planning, simulate, sim_serve, cluster, manifests
 
 # isort: on
 
-__all__ = ["app", "catalog", "cluster", "main", "planning", "sim_serve", "simulate"]
+__all__ = ["app", "catalog", "cluster", "main", "manifests", "planning", "sim_serve", "simulate"]
 
 
 def main() -> None:

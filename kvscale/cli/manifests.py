@@ -1,0 +1,160 @@
+"""`kvscale manifests`: the objects the operator would create for an InferenceService (the same
+planner and builders), as multi-document YAML for review and GitOps."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from pydantic import ValidationError
+
+from kvscale.cli.app import app
+from kvscale.cli.common import EXIT_INFEASIBLE, CatalogOpt, fail, load, split
+from kvscale.sizing.catalog import Catalog, CatalogError
+
+MAX_GPUS_PER_TYPE = 1_000_000
+
+
+def gpu_pools(catalog: Catalog, text: str | None, max_replicas: int) -> dict[str, Any]:
+    """--gpus TYPE=COUNT,... as the operator's inventory; without it, every catalog type with room
+    for maxReplicas full nodes."""
+    from kvscale.operator.inventory import GpuPool
+
+    def pool(name: str, count: int) -> GpuPool:
+        gpu = catalog.gpu(name)
+        return GpuPool(
+            gpu_type=gpu.name,
+            product_label=gpu.node_labels[0],
+            label_key=gpu.label_key,
+            resource_name=gpu.resource_name,
+            allocatable=count,
+            requested=0,
+            max_per_node=min(count, gpu.max_gpus_per_node),
+        )
+
+    if text is None:
+        return {g.name: pool(g.name, g.max_gpus_per_node * max_replicas) for g in catalog.gpus.values()}
+    pools: dict[str, GpuPool] = {}
+    for item in split(text):
+        kind, sep, count = item.partition("=")
+        if not sep or not count.strip().isdigit() or not 0 < int(count) <= MAX_GPUS_PER_TYPE:
+            fail(f"--gpus {item!r}: write TYPE=COUNT with a positive count, e.g. --gpus H100-SXM=16,L4=4")
+        try:
+            made = pool(kind.strip(), int(count))
+        except CatalogError as exc:
+            fail(f"--gpus: {exc}")
+        if made.gpu_type in pools:
+            fail(f"--gpus names {made.gpu_type} twice")
+        pools[made.gpu_type] = made
+    if not pools:
+        fail("--gpus: give at least one TYPE=COUNT, e.g. --gpus H100-SXM=16")
+    return pools
+
+
+def _documents(path: Path) -> list[dict[str, Any]]:
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"-f {path}: cannot read it: {exc}")
+    except yaml.YAMLError as exc:
+        fail(f"-f {path}: not YAML: {' '.join(str(exc).split())}")
+    services = [d for d in docs if isinstance(d, dict) and d.get("kind") == "InferenceService"]
+    if not services:
+        fail(f"-f {path}: no InferenceService in it (kind: InferenceService, apiVersion: kvscale.io/v1alpha1)")
+    for doc in services:
+        name = (doc.get("metadata") or {}).get("name")
+        if not isinstance(name, str) or not name:
+            fail(f"-f {path}: metadata.name is required")
+        if not isinstance(doc.get("spec"), dict):
+            fail(f"-f {path}: {name}: spec is required")
+    return services
+
+
+def objects_for(doc: dict[str, Any], catalog: Catalog, gpus: str | None, port: int) -> tuple[list[dict[str, Any]], str]:
+    """The children the operator would apply for one InferenceService document, and a one-line
+    summary; exits 2 naming the field for specs the operator would refuse."""
+    from kvscale.api.models import parse_spec
+    from kvscale.operator.inference_pool import inference_pool
+    from kvscale.operator.planning import plan_service
+    from kvscale.operator.resources import (
+        EngineImageError,
+        deployment,
+        labels,
+        planned_launch,
+        pod_disruption_budget,
+        service,
+    )
+
+    meta = doc.get("metadata") or {}
+    name = str(meta["name"])
+    try:
+        spec = parse_spec(doc["spec"])
+    except ValidationError as exc:
+        fail(f"{name}: " + "; ".join(f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()))
+    pools = gpu_pools(catalog, gpus, spec.scaling.max_replicas)
+    result = plan_service(spec, catalog, pools)
+    if result.outcome == "unusable":
+        fail(f"{name}: {result.message}")
+    if result.outcome == "no-capacity" or result.chosen is None:
+        fail(f"{name}: {result.message}", EXIT_INFEASIBLE)
+    chosen = result.chosen
+    assert result.model is not None
+    launch = planned_launch(spec, chosen.config, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, port)
+    summary = (
+        f"{name}: {chosen.prediction.replicas} x {chosen.tensor_parallel} {chosen.gpu} ({chosen.precision}), "
+        f"max batch {chosen.prediction.max_batch}, requests up to {launch.context.max_model_len_tokens} tokens, "
+        f"${chosen.prediction.cost_usd_per_hour:.2f}/h"
+    )
+    if spec.scaling.mode == "recommend":
+        return [], summary + " (mode recommend: the operator creates nothing)"
+    s = spec.scaling
+    replicas = (
+        s.replicas if s.replicas is not None else max(s.min_replicas, min(s.max_replicas, chosen.prediction.replicas))
+    )
+    try:
+        children = [
+            deployment(name, "", spec, result.model, chosen.config, chosen, pools[chosen.gpu], replicas, port),
+            service(name, port),
+            pod_disruption_budget(name),
+        ]
+    except EngineImageError as exc:
+        fail(f"{name}: {exc}")
+    routing = spec.routing.inference_pool if spec.routing else None
+    if routing is not None:
+        children.append(inference_pool(name, routing, labels(name), port))
+    namespace = meta.get("namespace")
+    for child in children:
+        if namespace:
+            child["metadata"]["namespace"] = namespace
+    return children, summary
+
+
+@app.command()
+def manifests(
+    file: Annotated[Path, typer.Option("--file", "-f", help="YAML file with one or more InferenceServices.")],
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            help="The cluster's free GPUs, TYPE=COUNT,... (e.g. H100-SXM=16,L4=4); default: any catalog type."
+        ),
+    ] = None,
+    port: Annotated[int, typer.Option(help="Engine port (the operator's KVSCALE_ENGINE_PORT).")] = 8000,
+    catalog: CatalogOpt = None,
+) -> None:
+    """The objects the operator would create for an InferenceService (Deployment, Service,
+    PodDisruptionBudget, InferencePool), from the same planner and builders, as YAML. The
+    operator adds owner references and the owner-uid pod label when it applies them."""
+    if not 0 < port <= 65535:
+        fail(f"--port must be in 1..65535, got {port}")
+    cat = load(catalog)
+    out: list[dict[str, Any]] = []
+    summaries = []
+    for doc in _documents(file):
+        children, summary = objects_for(doc, cat, gpus, port)
+        out.extend(children)
+        summaries.append(summary)
+    header = "".join(f"# {line}\n" for line in summaries)
+    sys.stdout.write(header + (yaml.safe_dump_all(out, sort_keys=False) if out else ""))
