@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from kvscale.api import GROUP, PLURAL, VERSION
@@ -19,9 +20,20 @@ from kvscale.api.models import InferenceServiceSpec, parse_spec
 from kvscale.metrics.client import PrometheusClient
 from kvscale.operator import k8s, telemetry
 from kvscale.operator.autoscaler import ScalerMemory, observed_status, tick
+from kvscale.operator.inference_pool import CONDITION as POOL_CONDITION
+from kvscale.operator.inference_pool import KIND as POOL_KIND
+from kvscale.operator.inference_pool import PoolPlan, owned_by, plan_pool, pool_name
 from kvscale.operator.inventory import gpu_inventory
 from kvscale.operator.planning import PlanningResult, plan_service
-from kvscale.operator.resources import deployment, planned_launch, pod_disruption_budget, selector, service
+from kvscale.operator.resources import (
+    deployment,
+    labels,
+    planned_launch,
+    pod_disruption_budget,
+    pod_labels,
+    selector,
+    service,
+)
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import condition, merge_conditions, now_rfc3339, plan_status
 from kvscale.sizing.catalog import Catalog, load_catalog
@@ -30,6 +42,10 @@ from kvscale.sizing.units import parse_duration_s
 SETTINGS = Settings.from_env()
 CATALOG: Catalog = load_catalog(*SETTINGS.catalog_overlays)
 CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
+POOL_FORBIDDEN = (
+    "the operator may not read or manage inferencepools (inference.networking.k8s.io): "
+    "install the chart with inferencePool.enabled=true; the engines are deployed without a pool"
+)
 PROMETHEUS = PrometheusClient(SETTINGS.prometheus_url) if SETTINGS.prometheus_url else None
 
 
@@ -134,9 +150,10 @@ def _deploy(
     if spec.scaling.mode == "recommend":
         for kind in CHILD_KINDS:
             k8s.delete_if_present(kind, namespace, name)
+        _remove_owned_pools(namespace, name, uid, keep=None, previous=status.get("conditions"))
         patch.status["phase"] = "Recommended"
         patch.status["conditions"] = merge_conditions(
-            status.get("conditions"),
+            _without(status.get("conditions"), POOL_CONDITION),
             planned,
             condition(
                 "Ready",
@@ -150,20 +167,84 @@ def _deploy(
         kopf.event(body, type="Normal", reason="Recommended", message=f"Recommend {summary}")
         return
     replicas = _replicas(spec, namespace, name, chosen.gpu, chosen.prediction.replicas)
+    routing = _plan_routing(spec, namespace, name, uid, pod_labels(name, uid, cfg))
     children = [
         deployment(
-            name, uid, spec, model, cfg, chosen, pool, replicas, SETTINGS.engine_port, SETTINGS.extra_tolerations
+            name,
+            uid,
+            spec,
+            model,
+            cfg,
+            chosen,
+            pool,
+            replicas,
+            SETTINGS.engine_port,
+            SETTINGS.extra_tolerations,
+            pool_labels=routing.join_labels if routing and routing.action == "join" else None,
         ),
         service(name, SETTINGS.engine_port),
         pod_disruption_budget(name),
     ]
+    if routing is not None and routing.pool is not None:
+        children.append(routing.pool)
     kopf.adopt(children, owner=body)
     for child in children:
-        k8s.apply(child)
+        if child["kind"] == POOL_KIND:
+            k8s.apply_inference_pool(child)
+        else:
+            k8s.apply(child)
+    wanted_pool = routing.pool["metadata"]["name"] if routing is not None and routing.pool is not None else None
+    _remove_owned_pools(namespace, name, uid, keep=wanted_pool, previous=status.get("conditions"))
+    previous = status.get("conditions")
+    if routing is None:
+        conditions = merge_conditions(_without(previous, POOL_CONDITION), planned)
+    else:
+        pool_condition = condition(POOL_CONDITION, routing.ok, routing.reason, routing.message, generation, previous)
+        conditions = merge_conditions(previous, planned, pool_condition)
+        if not routing.ok:
+            kopf.warn(body, reason=f"InferencePool{routing.reason}", message=routing.message[:1000])
     patch.status["replicas"] = replicas
     patch.status["phase"] = "Deploying"
-    patch.status["conditions"] = merge_conditions(status.get("conditions"), planned)
+    patch.status["conditions"] = conditions
     kopf.event(body, type="Normal", reason="Planned", message=f"Deployed {summary}: {chosen.reason}"[:1000])
+
+
+def _without(conditions: list[dict[str, Any]] | None, type_: str) -> list[dict[str, Any]]:
+    return [c for c in conditions or [] if c.get("type") != type_]
+
+
+def _plan_routing(
+    spec: InferenceServiceSpec, namespace: str, name: str, uid: str, engine_labels: dict[str, str]
+) -> PoolPlan | None:
+    """What to do about spec.routing.inferencePool, from what the API server holds: None when
+    not asked for. A missing API or missing RBAC becomes a condition; the engines deploy anyway."""
+    wanted = spec.routing.inference_pool
+    if wanted is None:
+        return None
+    try:
+        installed = k8s.inference_pool_api_installed()
+        existing = k8s.read_inference_pool(namespace, pool_name(name, wanted)) if installed else None
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        return PoolPlan("none", False, "Forbidden", POOL_FORBIDDEN)
+    return plan_pool(name, uid, wanted, labels(name), engine_labels, SETTINGS.engine_port, installed, existing)
+
+
+def _remove_owned_pools(
+    namespace: str, name: str, uid: str, keep: str | None, previous: list[dict[str, Any]] | None
+) -> None:
+    """Deletes the pools this service owns except `keep` (spec.routing.inferencePool removed or
+    renamed, or recommend mode). Only services that had a pool look: the rest never touch the API."""
+    had_pool = any(c.get("type") == POOL_CONDITION and c.get("reason") == "Owned" for c in previous or [])
+    if not had_pool:
+        return
+    if not k8s.inference_pool_api_installed():
+        return
+    for pool in k8s.list_inference_pools(namespace, selector(name)):
+        pool_name_ = pool.get("metadata", {}).get("name")
+        if pool_name_ != keep and owned_by(pool, uid):
+            k8s.delete_inference_pool(namespace, pool_name_)
 
 
 def _replicas(spec: InferenceServiceSpec, namespace: str, name: str, gpu_type: str, planned: int) -> int:
@@ -195,6 +276,15 @@ def on_spec(
         except Exception:
             telemetry.ERRORS.labels("reconcile").inc()
             raise
+
+
+def _pool_api_arrived(status: dict[str, Any]) -> bool:
+    """A service deployed without its pool because the InferencePool CRD was missing gets it once
+    the CRD is installed: the refresh timer looks (one discovery request) while the condition says so."""
+    missing = any(
+        c.get("type") == POOL_CONDITION and c.get("reason") == "APINotInstalled" for c in status.get("conditions") or []
+    )
+    return missing and k8s.inference_pool_api_installed()
 
 
 def _unschedulable_since(pod: dict[str, Any]) -> dt.datetime | None:
@@ -239,6 +329,9 @@ def refresh(
         )
         status["conditions"] = patch.status["conditions"]
         reconcile(body, dict(spec), meta, status, patch, namespace, name, excluded=excluded)
+        return
+    if _pool_api_arrived(status):
+        reconcile(body, dict(spec), meta, status, patch, namespace, name)
         return
     existing = k8s.read_deployment(namespace, name)
     if existing is None:

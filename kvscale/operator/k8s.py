@@ -8,6 +8,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from kvscale.operator import inference_pool
 from kvscale.operator.resources import FIELD_MANAGER
 
 
@@ -94,3 +95,68 @@ def delete_if_present(kind: str, namespace: str, name: str) -> bool:
 def scale_deployment(namespace: str, name: str, replicas: int) -> None:
     """Through the scale subresource, so only the replica count changes."""
     apps().patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
+
+
+# -- InferencePool (Gateway API inference extension) ---------------------------------------
+
+
+def custom() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api_client())
+
+
+def inference_pool_api_installed() -> bool:
+    """Whether the API server serves inferencepools in inference.networking.k8s.io/v1 (its CRD is
+    installed). Discovery: every authenticated user may read it, no RBAC rule needed."""
+    try:
+        resources = custom().get_api_resources(inference_pool.GROUP, inference_pool.VERSION)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return any(r.name == inference_pool.PLURAL for r in resources.resources or [])
+
+
+def read_inference_pool(namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        obj = custom().get_namespaced_custom_object(
+            inference_pool.GROUP, inference_pool.VERSION, namespace, inference_pool.PLURAL, name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return dict(obj)
+
+
+def list_inference_pools(namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    listed = custom().list_namespaced_custom_object(
+        inference_pool.GROUP, inference_pool.VERSION, namespace, inference_pool.PLURAL, label_selector=label_selector
+    )
+    return [dict(i) for i in dict(listed).get("items", [])]
+
+
+def apply_inference_pool(obj: dict[str, Any]) -> None:
+    meta = obj["metadata"]
+    custom().patch_namespaced_custom_object(
+        inference_pool.GROUP,
+        inference_pool.VERSION,
+        meta["namespace"],
+        inference_pool.PLURAL,
+        meta["name"],
+        obj,
+        field_manager=FIELD_MANAGER,
+        force=True,
+        _content_type="application/apply-patch+yaml",
+    )
+
+
+def delete_inference_pool(namespace: str, name: str) -> bool:
+    try:
+        custom().delete_namespaced_custom_object(
+            inference_pool.GROUP, inference_pool.VERSION, namespace, inference_pool.PLURAL, name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True

@@ -92,6 +92,24 @@ def find_bins() -> Path:
     return path
 
 
+def find_inference_crd() -> Path:
+    """The InferencePool CRD of the Gateway API inference extension: $KVSCALE_INFERENCE_CRD, else
+    fetched (or reused from the cache) by hack/fetch-inference-crd.sh from the extension's Go module."""
+    configured = os.environ.get("KVSCALE_INFERENCE_CRD")
+    if configured:
+        path = Path(configured)
+    else:
+        out = subprocess.run(
+            ["bash", str(REPO / "hack" / "fetch-inference-crd.sh")], capture_output=True, text=True, check=False
+        )
+        if out.returncode != 0:
+            raise ClusterError(f"fetching the InferencePool CRD failed:\n{out.stderr[-4000:]}")
+        path = Path(out.stdout.strip().splitlines()[-1])
+    if not path.is_file():
+        raise ClusterError(f"{path} is not a file; run `bash hack/fetch-inference-crd.sh`")
+    return path
+
+
 @dataclass
 class Cluster:
     workdir: Path

@@ -14,8 +14,9 @@ from kubernetes import client
 
 from tests.cluster.harness import Cluster
 from tests.cluster.processes import Operator
+from tests.cluster.test_inference_pool import routed, wait_condition
 from tests.cluster.test_operator import SAMPLES, create, wait_phase
-from tests.cluster.test_operator_rbac import service_account_kubeconfig
+from tests.cluster.test_operator_rbac import exercise_inference_pools, service_account_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kvscale"
@@ -175,6 +176,23 @@ def test_install_runs_the_operator_under_the_charts_account(
             body = SAMPLES["custom-architecture"]
             create(api, namespace, body)
             wait_phase(api, namespace, body["metadata"]["name"], "Ready", operator)
+            exercise_inference_pools(cluster, api, namespace, operator)
+            # Without the value the role has no inferencepools rule: the pool is refused, the engines deploy.
+            helm(
+                cluster,
+                "upgrade",
+                "kvscale",
+                str(CHART),
+                "--namespace",
+                release_ns,
+                "--reuse-values",
+                "--set",
+                "inferencePool.enabled=false",
+            )
+            create(api, namespace, routed("unrouted"))
+            forbidden = wait_condition(api, namespace, "unrouted", "Forbidden", operator)
+            assert forbidden["status"] == "False" and "inferencePool.enabled" in forbidden["message"]
+            wait_phase(api, namespace, "unrouted", "Ready", operator)
         finally:
             operator.stop()
     finally:

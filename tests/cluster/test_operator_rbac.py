@@ -8,9 +8,12 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
+from kvscale.api import GROUP, PLURAL, VERSION
+from kvscale.operator import inference_pool as ip
 from tests.cluster.harness import Cluster, wait_until
 from tests.cluster.processes import Operator
-from tests.cluster.test_operator import SAMPLES, create, events, wait_phase
+from tests.cluster.test_inference_pool import foreign_pool, install_crd, pools, read_pool, routed, wait_condition
+from tests.cluster.test_operator import SAMPLES, create, events, objects, wait_phase
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,6 +42,23 @@ def service_account_kubeconfig(
     return path
 
 
+def exercise_inference_pools(cluster: Cluster, api: client.ApiClient, namespace: str, operator: Operator) -> None:
+    """Every inferencepools verb the role grants: get (adopt check), create and patch (apply the
+    owned pool), list and delete (the owned pool removed with spec.routing.inferencePool)."""
+    install_crd(cluster)
+    create(api, namespace, routed("routed"))
+    assert wait_condition(api, namespace, "routed", "Owned", operator)["status"] == "True"
+    wait_until(lambda: read_pool(api, namespace, "routed") is not None, 30, "the owned pool")
+    shared = foreign_pool(namespace, "shared", {"pool": "shared"})
+    pools(api).create_namespaced_custom_object(ip.GROUP, ip.VERSION, namespace, ip.PLURAL, shared)
+    create(api, namespace, routed("joiner", name="shared"))
+    assert wait_condition(api, namespace, "joiner", "Joined", operator)["status"] == "True"
+    objects(api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "routed", {"spec": {"routing": {"inferencePool": None}}}
+    )
+    wait_until(lambda: read_pool(api, namespace, "routed") is None, 60, "the owned pool deleted")
+
+
 def test_operator_works_under_its_written_rbac(
     cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
@@ -61,6 +81,7 @@ def test_operator_works_under_its_written_rbac(
         recommend = SAMPLES["mistral-7b-recommend"]
         create(api, namespace, recommend)
         wait_phase(api, namespace, recommend["metadata"]["name"], "Recommended", operator)
+        exercise_inference_pools(cluster, api, namespace, operator)
         # Leftovers in namespaces other tests are deleting may be refused too; RBAC refusals name the account.
         refusal = re.search(r'kvscale-system:kvscale-operator\\?" cannot \w+ resource', operator.tail())
         assert refusal is None, operator.tail()
