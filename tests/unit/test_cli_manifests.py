@@ -39,7 +39,7 @@ def manifests(*args: str) -> tuple[int, list[dict[str, Any]], str]:
 
 
 def test_sample_prints_what_the_operator_builds() -> None:
-    code, docs, out = manifests("-f", str(SAMPLES / "llama-3.1-8b-chat.yaml"), "--gpus", "A10G=8,L4=4")
+    code, docs, out = manifests("-f", str(SAMPLES / "llama-3.1-8b-chat.yaml"), "--gpus", "A10G=16,L4=16")
     assert code == 0, out
     assert [d["kind"] for d in docs] == ["Deployment", "Service", "PodDisruptionBudget"]
     assert out.startswith("# llama-8b-chat: ")
@@ -49,11 +49,14 @@ def test_sample_prints_what_the_operator_builds() -> None:
     spec = parse_spec(body["spec"])
     from kvscale.cli.manifests import gpu_pools
 
-    pools = gpu_pools(cat, "A10G=8,L4=4", spec.scaling.max_replicas)
+    pools = gpu_pools(cat, "A10G=16,L4=16", spec.scaling.max_replicas)
     result = plan_service(spec, cat, pools)
     chosen = result.chosen
     assert chosen is not None and result.model is not None
-    direct = deployment("llama-8b-chat", "", spec, result.model, chosen.config, chosen, pools[chosen.gpu], 1, 8000)
+    replicas = min(chosen.prediction.replicas, spec.scaling.max_replicas)
+    direct = deployment(
+        "llama-8b-chat", "", spec, result.model, chosen.config, chosen, pools[chosen.gpu], replicas, 8000
+    )
     assert docs[0] == yaml.safe_load(yaml.safe_dump(direct))
     assert docs[0]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
