@@ -327,6 +327,13 @@ class ObservedStatus(_Wire):
     queue: float | None = Field(default=None, description="Requests waiting.")
     kv_cache_usage: float | None = Field(default=None, description="Mean KV-cache use, 0..1.")
     calibration: float | None = Field(default=None, description="Observed over predicted TPOT.")
+    tpot_source: str | None = Field(
+        default=None,
+        description="What observed TPOT was read from: per-request TPOT (what the plan predicts), or the engine's inter-token latency when it has no per-request histogram (its tail includes prefill stalls).",
+    )
+    ttft_source: str | None = Field(
+        default=None, description="Set when the engine reports no TTFT (TGI), saying why TTFT is unavailable."
+    )
 
 
 class InferenceServiceStatus(_Wire):

@@ -22,6 +22,8 @@ class Observation:
     waiting: float | None = None  # requests queued, summed
     kv_usage: float | None = None  # mean KV-cache use of ready replicas, 0..1
     stale: bool = False  # the metrics source answered with old samples
+    tpot_source: str | None = None  # what the TPOT quantile was read from (per request, or inter-token)
+    ttft_source: str | None = None  # set when the engine cannot report TTFT, saying why
     waiting_max: float | None = None  # the longest queue of one ready replica (None: unknown)
     # Start-to-ready seconds of replicas that became ready since the previous tick (pod
     # creation to Ready): what the policy learns its cold start from.

@@ -13,7 +13,7 @@ import math
 
 from kvscale.autoscaling.observation import Observation
 from kvscale.metrics.client import AsyncPrometheusClient, Missing, MissingKind, PrometheusClient
-from kvscale.metrics.engines import ENGINES
+from kvscale.metrics.engines import ENGINES, EngineMetrics
 from kvscale.metrics.promql import queries
 
 # Values each query may take below zero: the sample age may read slightly negative when
@@ -22,6 +22,7 @@ _MINIMUM = {"age": -math.inf}
 
 
 def _assemble(
+    metrics: EngineMetrics,
     values: dict[str, float | Missing],
     ready_replicas: int,
     starting_replicas: int,
@@ -37,6 +38,8 @@ def _assemble(
     age = numbers.get("age")
     stale = age is None or age > stale_after_s
     missing = [k for k in ("rate", "running", "waiting") if numbers.get(k) is None]
+    # Without an inter-token fallback the TPOT quantile can only be the per-request one.
+    per_request = bool(numbers.get("tpot_per_request")) or not metrics.itl_histogram
     why = None
     if stale:
         why = "no engine samples in Prometheus" if age is None else f"newest engine sample is {age:.0f}s old"
@@ -56,6 +59,8 @@ def _assemble(
             waiting=numbers.get("waiting"),
             kv_usage=numbers.get("kv_usage"),
             stale=stale,
+            tpot_source=None if numbers.get("tpot") is None else metrics.tpot_source(per_request),
+            ttft_source=metrics.ttft_unavailable_reason,
         ),
         why,
     )
@@ -81,7 +86,7 @@ def observe(
         values[key] = reading
         if isinstance(reading, Missing) and reading.kind in (MissingKind.UNREACHABLE, MissingKind.TIMEOUT):
             break  # one unreachable answer says it for all: do not wait on the others
-    return _assemble(values, ready_replicas, starting_replicas, now_s, stale_after_s)
+    return _assemble(ENGINES[engine], values, ready_replicas, starting_replicas, now_s, stale_after_s)
 
 
 async def observe_async(
@@ -103,4 +108,6 @@ async def observe_async(
     budget = client.timeout_s if deadline_s is None else deadline_s
     keys = list(built)
     answers = await asyncio.gather(*(client.scalar(built[k], _MINIMUM.get(k, 0.0), timeout_s=budget) for k in keys))
-    return _assemble(dict(zip(keys, answers, strict=True)), ready_replicas, starting_replicas, now_s, stale_after_s)
+    return _assemble(
+        ENGINES[engine], dict(zip(keys, answers, strict=True)), ready_replicas, starting_replicas, now_s, stale_after_s
+    )

@@ -122,4 +122,6 @@ def observed_status(obs: Observation, decision: Decision) -> dict[str, Any]:
         "queue": obs.waiting,
         "kvCacheUsage": None if obs.kv_usage is None else round(obs.kv_usage, 4),
         "calibration": round(decision.calibration, 4),
+        "tpotSource": obs.tpot_source,
+        "ttftSource": obs.ttft_source,
     }

@@ -4,11 +4,17 @@ names, labels and bucket boundaries; per-request TPOT; SGLang and TGI adapters."
 from __future__ import annotations
 
 import bisect
+import json
+import time
 from typing import Any
 
+import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvscale.api.models import ObservedStatus
+from kvscale.autoscaling.observation import Decision
+from kvscale.metrics.client import PrometheusClient
 from kvscale.metrics.engines import (
     ENGINES,
     VLLM_REQUEST_LATENCY_BUCKETS_S,
@@ -16,7 +22,9 @@ from kvscale.metrics.engines import (
     VLLM_TTFT_BUCKETS_S,
     vllm_token_buckets,
 )
+from kvscale.metrics.observe import observe
 from kvscale.metrics.promql import queries
+from kvscale.operator.autoscaler import observed_status
 from kvscale.sim.engine import StepTimes
 from kvscale.sim.load_profile import parse_profile
 from kvscale.sim.serve import StandIn
@@ -118,3 +126,31 @@ def test_standin_exports_vllm_names_labels_and_buckets() -> None:
     mean = next(s.value for s in tpot.samples if s.name.endswith("_sum")) / done
     top = next(le for le, c in cumulative if c >= done)
     assert mean <= p95 <= top
+
+
+def _prometheus(per_request_series: bool) -> PrometheusClient:
+    """Answers every query with 0.2 (age 3 s); the per-request TPOT count is empty when the
+    engine exports no per-request histogram, as an older vLLM would."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        query = request.url.params["query"]
+        result: list[dict[str, Any]] = [{"metric": {}, "value": [1.7e9, "3" if query.startswith("time()") else "0.2"]}]
+        if query.startswith("count(") and not per_request_series:
+            result = []
+        body = {"status": "success", "data": {"resultType": "vector", "result": result}}
+        return httpx.Response(200, content=json.dumps(body).encode())
+
+    return PrometheusClient("http://prometheus.test", retries=0, transport=httpx.MockTransport(handler))
+
+
+def test_observation_says_what_tpot_and_ttft_were_read_from() -> None:
+    obs, why = observe(_prometheus(True), "vllm", "ns", "svc", 95, 1, 0, time.time())
+    assert why is None and obs.tpot_source == "per-request TPOT" and obs.ttft_source is None
+    fallback, _ = observe(_prometheus(False), "vllm", "ns", "svc", 95, 1, 0, time.time())
+    assert fallback.tpot_p_s == 0.2 and "inter-token latency" in (fallback.tpot_source or "")
+    tgi, _ = observe(_prometheus(True), "tgi", "ns", "svc", 95, 1, 0, time.time())
+    assert tgi.ttft_p_s is None and "no TTFT histogram" in (tgi.ttft_source or "")
+    assert tgi.tpot_source == "per-request TPOT"
+    status = observed_status(fallback, Decision(1, "hold"))
+    assert status["tpotSource"] == fallback.tpot_source
+    ObservedStatus.model_validate(status)  # the CRD's status schema takes it
