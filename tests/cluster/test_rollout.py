@@ -1,6 +1,6 @@
 """Rollouts on the real control plane: a spec change surges a new engine pod and retires the old
 one only once the new one is ready (maxSurge 1, maxUnavailable 0), so a one-replica service
-never has no ready replica; and a model cache volume reaches the pods."""
+never has no ready replica; a model cache volume reaches the pods; SGLang and TGI services deploy."""
 
 from __future__ import annotations
 
@@ -118,3 +118,30 @@ def test_spec_change_keeps_a_ready_replica(operator: Operator, api: client.ApiCl
     assert lowest >= 1, f"no ready replica at some point of the rollout: {history}"
     new = apps.read_namespaced_deployment(name, namespace).spec.template.spec.containers[0].args
     assert "--seed=7" in new
+
+
+@pytest.mark.parametrize(
+    ("engine", "command", "tp_flag"),
+    [
+        ("sglang", ["python3", "-m", "sglang.launch_server"], "--tp-size"),
+        ("tgi", ["text-generation-launcher"], "--num-shard"),
+    ],
+)
+def test_sglang_and_tgi_services_deploy(
+    operator: Operator, api: client.ApiClient, namespace: str, engine: str, command: list[str], tp_flag: str
+) -> None:
+    body = copy.deepcopy(SAMPLE)
+    body["metadata"]["namespace"] = namespace
+    body["metadata"]["name"] = f"on-{engine}"
+    body["spec"]["engine"] = {"type": engine}
+    client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    try:
+        wait_until(lambda: _status(api, namespace, f"on-{engine}").get("phase") == "Ready", 90, f"{engine} Ready")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\nstatus: {_status(api, namespace, f'on-{engine}')}\n{operator.tail()}") from exc
+    plan = _status(api, namespace, f"on-{engine}")["plan"]
+    c = client.AppsV1Api(api).read_namespaced_deployment(f"on-{engine}", namespace).spec.template.spec.containers[0]
+    assert c.command == command and c.args[c.args.index(tp_flag) + 1] == str(plan["tensorParallel"])
+    limit = "--context-length" if engine == "sglang" else "--max-total-tokens"
+    assert c.args[c.args.index(limit) + 1] == str(plan["maxContextTokens"])
+    assert c.startup_probe.http_get.path == "/health" and c.readiness_probe.http_get.path == "/health"
