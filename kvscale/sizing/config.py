@@ -101,13 +101,18 @@ class ServingConfig:
             raise UnsupportedConfig(self.unsupported_reason() or "unsupported precision")
         return peak
 
+    @property
+    def matmul_efficiency(self) -> float:
+        """Share of this precision's peak that large GEMMs reach on this GPU."""
+        return self.gpu.matmul_efficiency * self.precision.matmul_efficiency_factor
+
     @cached_property
     def rates(self) -> Rates:
         """Per-GPU rates the step-time formulas divide by, derived once."""
         m, tp = self.model, self.tensor_parallel
         kv_bandwidth = self.gpu.hbm_bandwidth_bytes_per_s * self.gpu.bandwidth_efficiency
         return Rates(
-            matmul_flops_per_s=self.peak_flops_per_s * self.gpu.matmul_efficiency,
+            matmul_flops_per_s=self.peak_flops_per_s * self.matmul_efficiency,
             weight_bytes_per_s=kv_bandwidth * self.precision.weight_bandwidth_efficiency,
             kv_bytes_per_s=kv_bandwidth,
             linear_flops_per_token=2.0 * m.params_per_token / tp,

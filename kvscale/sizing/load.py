@@ -252,7 +252,7 @@ class ReplicaModel:
         slot_wait = mmc_wait_percentile_s(batch_cap, rate_per_s, hold, percentile)
         prefill_util = share * mix.seconds / gap  # share of time in chunk steps
         prefill_wait = _md1_wait_percentile_s(prefill_util, own, percentile)
-        ttft = slot_wait + prefill_wait + gap + own
+        ttft = slot_wait + prefill_wait + gap / 2.0 + own  # an arrival lands mid-step on average
         gaps = max(out - 1, 0)
         chunk = self._chunk(rate_per_s, n)
         per_prompt_s = self.workload.input_tokens * (mix.seconds - dec.seconds) / chunk

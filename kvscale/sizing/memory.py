@@ -62,14 +62,18 @@ def memory_budget(
     chunk_budget_tokens: int,
 ) -> MemoryBudget:
     total = gpu.memory_bytes
-    usable = total * engine.gpu_memory_utilization
     weights = weight_bytes(model, precision) / tensor_parallel
     reserve = (
         activation_peak_bytes(model, engine, tensor_parallel, chunk_budget_tokens)
         + engine.cuda_graph_memory_bytes
         + engine.non_torch_memory_bytes
     )
-    kv_left = usable - weights - reserve
+    if engine.kv_memory_basis == "free":  # TensorRT-LLM: a fraction of what is free after loading
+        usable = total
+        kv_left = (total - weights - reserve) * engine.gpu_memory_utilization
+    else:  # vLLM: a fraction of the whole GPU, weights and reserve inside it
+        usable = total * engine.gpu_memory_utilization
+        kv_left = usable - weights - reserve
     per_token = kv_bytes_per_token(model, kv, tensor_parallel)
     return MemoryBudget(
         total_bytes=total,

@@ -105,7 +105,7 @@ def gemm_efficiency(cfg: ServingConfig, tokens: float) -> float:
     half = cfg.engine.prefill_half_efficiency_flops
     per_layer = max(tokens, GEMM_TILE_TOKENS) * cfg.rates.linear_flops_per_token / cfg.model.layers
     size_factor = per_layer / (per_layer + half) if half > 0 else 1.0
-    return cfg.gpu.matmul_efficiency * size_factor
+    return cfg.matmul_efficiency * size_factor
 
 
 def step(

@@ -56,7 +56,7 @@ def test_prefill_by_hand() -> None:
     flops = tokens * 2 * 6.74e9 + 4 * 32 * 32 * 128 * tokens * tokens / 2
     assert step.flops_per_gpu == pytest.approx(flops)
     per_layer = tokens * 2 * 6.74e9 / 32  # the linear layers' GEMM size sets their efficiency
-    eff = c.gpu.matmul_efficiency * per_layer / (per_layer + c.engine.prefill_half_efficiency_flops)
+    eff = c.matmul_efficiency * per_layer / (per_layer + c.engine.prefill_half_efficiency_flops)
     assert step.compute_s == pytest.approx(flops / (989e12 * eff))
     assert step.limited_by == "compute"
 

@@ -50,6 +50,10 @@ class GpuSpec(_Frozen):
     matmul_efficiency: Efficiency = Field(gt=0, le=1)
     bandwidth_efficiency: Efficiency = Field(gt=0, le=1)
     source: str
+    efficiency_source: str = Field(
+        default="assumed: datasheet-class priors (no measurements of this GPU in shared/reference)",
+        description="Where matmul_efficiency and bandwidth_efficiency come from",
+    )
 
     @property
     def memory_bytes(self) -> float:
@@ -188,6 +192,9 @@ class PrecisionSpec(_Frozen):
     bytes_per_param: float = Field(gt=0)
     compute: Literal["16bit", "fp8", "int8"]
     weight_bandwidth_efficiency: Efficiency = Field(gt=0, le=1)
+    matmul_efficiency_factor: Efficiency = Field(
+        default=1.0, gt=0, le=1, description="GEMM efficiency on this path relative to the GPU's 16-bit efficiency"
+    )
     vllm_dtype: Literal["bfloat16", "float16"]
     vllm_quantization: str | None = None
     source: str
@@ -202,6 +209,11 @@ class KvPrecisionSpec(_Frozen):
 class EngineProfile(_Frozen):
     name: str
     gpu_memory_utilization: Efficiency = Field(gt=0, le=1)
+    kv_memory_basis: Literal["total", "free"] = Field(
+        default="total",
+        description="total: the engine takes utilization x GPU memory, KV gets what weights and reserve leave "
+        "(vLLM); free: KV gets utilization x the memory weights and reserve leave (TensorRT-LLM)",
+    )
     non_torch_memory_bytes: float = Field(ge=0)
     cuda_graph_memory_bytes: float = Field(ge=0)
     max_num_batched_tokens: int | None = Field(default=None, gt=0, description="None: the per-GPU default")
@@ -216,6 +228,7 @@ class EngineProfile(_Frozen):
     tpot_tail_factor: float = Field(ge=1)
     cold_start_fixed_s: float = Field(ge=0)
     weight_load_bytes_per_s: float = Field(gt=0)
+    fitted: str | None = Field(default=None, description="Which fields were fitted to what data, if any")
     # Deployment facts (kvscale.operator.resources builds the pod from them).
     image: str | None = Field(default=None, description="Container image on NVIDIA GPUs")
     rocm_image: str | None = Field(default=None, description="Container image on AMD GPUs (ROCm); None: not offered")
