@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SAMPLE_PLAN := --model llama-3.1-8b --ttft 500ms --tpot 50ms --rps 10 --input 512 --output 256
 
-.PHONY: venv plan test test-unit lint bench cluster-bins cluster-up cluster-down demo clean
+.PHONY: venv plan test test-unit lint bench cluster-bins cluster-up cluster-down demo conformance clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,15 @@ cluster-down: venv
 ## demo: cluster, chart, a sample under a load ramp; prints decisions, writes out/demo.png (~4 min)
 demo: venv cluster-bins
 	KVSCALE_CLUSTER_BINS="$$(bash hack/build-cluster-bins.sh 2>/dev/null | tail -n 1)" PYTHONPATH=. $(BIN)/python hack/demo.py
+
+## conformance: kvscale's engine arguments for every sample and catalog model against vLLM 0.11.0's
+## and SGLang 0.5.23's argument definitions, read from their wheels (downloaded once, ~0.5 GB; not in make test)
+WHEELS := $(HOME)/.cache/kvscale/wheels
+conformance: venv
+	mkdir -p $(WHEELS)
+	ls $(WHEELS)/vllm-0.11.0-*.whl >/dev/null 2>&1 || $(BIN)/pip download -q --no-deps vllm==0.11.0 -d $(WHEELS)
+	ls $(WHEELS)/sglang-0.5.23-*.whl >/dev/null 2>&1 || $(BIN)/pip download -q --no-deps sglang==0.5.23 -d $(WHEELS)
+	$(BIN)/python hack/engine_conformance.py $$(ls $(WHEELS)/vllm-0.11.0-*.whl) $$(ls $(WHEELS)/sglang-0.5.23-*.whl)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
