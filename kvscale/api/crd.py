@@ -12,14 +12,74 @@ from typing import Any
 import yaml
 
 from kvscale.api import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
-from kvscale.api.models import InferenceServiceSpec, InferenceServiceStatus
+from kvscale.api.models import InferenceServiceSpec, InferenceServiceStatus, ScalingSpec
 
-# Cross-field rules the API server enforces itself (CEL), keyed by the property path.
+# Names that must be valid for the children the operator creates from an InferenceService:
+# the Service takes its name (a DNS-1035 label: a letter first, no dots) and the engine pods
+# are <name>-<replicaset hash>-<id>; 52 characters leave <name>-<10-character hash> within 63,
+# and room for the endpoint picker's default <name>-epp.
+MAX_NAME_LENGTH = 52
+DNS_LABEL_1035 = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Kubernetes' own check of environment variable names (IsEnvVarName).
+ENV_VAR_NAME = "^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# A duration of zero (0s, 0.0ms, 00m): the pattern allows it, the operator cannot use it.
+ZERO_DURATION = "^[0.]+[a-z]+$"
+_MIN_REPLICAS = ScalingSpec.model_fields["min_replicas"].default
+_MAX_REPLICAS = ScalingSpec.model_fields["max_replicas"].default
+# A scaling block created by `kubectl scale` holds only `replicas`: rules read the other
+# fields through has(), falling back on their defaults.
+_MIN = f"(has(self.minReplicas) ? self.minReplicas : {_MIN_REPLICAS})"
+_MAX = f"(has(self.maxReplicas) ? self.maxReplicas : {_MAX_REPLICAS})"
+
+
+def _positive(field: str, label: str) -> dict[str, str]:
+    return {
+        "rule": f"!has(self.{field}) || !self.{field}.matches('{ZERO_DURATION}')",
+        "message": f"{label} must be a positive duration such as 500ms or 2m, not zero",
+        "fieldPath": f".{field}",
+    }
+
+
+def _dns_name(field: str, label: str, what: str) -> dict[str, str]:
+    return {
+        "rule": f"!has(self.{field}) || self.{field}.matches('{DNS_SUBDOMAIN}')",
+        "message": f"{label} must be the name of {what}: lowercase letters, digits, '-' and '.', at most 253 characters",
+        "fieldPath": f".{field}",
+    }
+
+
+# Rules on the whole object (the only place CEL sees metadata.name).
+ROOT_RULES: list[dict[str, str]] = [
+    {
+        "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && self.metadata.name.matches('{DNS_LABEL_1035}')",
+        "message": (
+            f"metadata.name must be at most {MAX_NAME_LENGTH} characters of lowercase letters, digits and '-', "
+            "starting with a letter (no dots): the engine's Service and pods are named after it"
+        ),
+    }
+]
+
+# Rules the API server enforces itself (CEL), keyed by the property path; "[]" steps into a list's items.
 CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     ("model",): [
         {
             "rule": "has(self.name) || has(self.architecture)",
             "message": "set spec.model.name (a catalog model) or spec.model.architecture (custom shapes)",
+        },
+        _dns_name("credentialsSecret", "spec.model.credentialsSecret", "a Secret in the same namespace"),
+    ],
+    ("model", "cache"): [
+        _dns_name("persistentVolumeClaim", "spec.model.cache.persistentVolumeClaim", "a PersistentVolumeClaim"),
+    ],
+    ("engine", "env", "[]"): [
+        {
+            "rule": f"self.name.matches('{ENV_VAR_NAME}')",
+            "message": (
+                "spec.engine.env[].name must be an environment variable name: letters, digits, '_', '-' and '.', "
+                "not starting with a digit, e.g. HF_TOKEN"
+            ),
+            "fieldPath": ".name",
         }
     ],
     ("workload",): [
@@ -28,6 +88,10 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": "maxContextTokens must be at least inputTokens + outputTokens",
         }
     ],
+    ("slo",): [
+        _positive("timeToFirstToken", "spec.slo.timeToFirstToken"),
+        _positive("timePerOutputToken", "spec.slo.timePerOutputToken"),
+    ],
     ("routing", "inferencePool", "endpointPickerRef"): [
         {
             "rule": "(has(self.kind) && self.kind != 'Service') || has(self.port)",
@@ -35,12 +99,28 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
         }
     ],
     ("scaling",): [
-        {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must be <= maxReplicas"},
+        {"rule": f"{_MIN} <= {_MAX}", "message": "minReplicas must be <= maxReplicas"},
         {
-            "rule": "!has(self.replicas) || (self.replicas >= self.minReplicas && self.replicas <= self.maxReplicas)",
-            "message": "a pinned replicas count must lie within minReplicas and maxReplicas",
+            "rule": f"!has(self.replicas) || (self.replicas >= {_MIN} && self.replicas <= {_MAX})",
+            "message": (
+                "a pinned replicas count (kubectl scale) must lie within minReplicas and maxReplicas "
+                f"(defaults {_MIN_REPLICAS} and {_MAX_REPLICAS})"
+            ),
         },
+        _positive("scaleDownStabilization", "spec.scaling.scaleDownStabilization"),
     ],
+}
+
+# Bounds on the strings and lists the rules read: the API server refuses rules whose
+# estimated cost is unbounded. Keyed like CEL_RULES.
+BOUNDS: dict[tuple[str, ...], dict[str, int]] = {
+    ("engine", "env"): {"maxItems": 256},
+    ("engine", "env", "[]", "name"): {"maxLength": 256},
+    ("model", "credentialsSecret"): {"maxLength": 253},
+    ("model", "cache", "persistentVolumeClaim"): {"maxLength": 253},
+    ("slo", "timeToFirstToken"): {"maxLength": 32},
+    ("slo", "timePerOutputToken"): {"maxLength": 32},
+    ("scaling", "scaleDownStabilization"): {"maxLength": 32},
 }
 
 PRINTER_COLUMNS = [
@@ -102,12 +182,17 @@ def openapi_schema(model: type[Any]) -> dict[str, Any]:
     return dict(_structural(raw, defs))
 
 
+def _node(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    for key in path:
+        schema = schema["items"] if key == "[]" else schema["properties"][key]
+    return schema
+
+
 def _add_rules(spec_schema: dict[str, Any]) -> None:
+    for path, bounds in BOUNDS.items():
+        _node(spec_schema, path).update(bounds)
     for path, rules in CEL_RULES.items():
-        node = spec_schema
-        for key in path:
-            node = node["properties"][key]
-        node["x-kubernetes-validations"] = rules
+        _node(spec_schema, path)["x-kubernetes-validations"] = rules
 
 
 def crd() -> dict[str, Any]:
@@ -140,7 +225,26 @@ def crd() -> dict[str, Any]:
                             "type": "object",
                             "description": "An LLM served on Kubernetes, sized and scaled by kvscale from TTFT/TPOT targets.",
                             "required": ["spec"],
-                            "properties": {"spec": spec, "status": status},
+                            "properties": {
+                                # Only metadata.name may be constrained here (no description on metadata
+                                # itself: the API server refuses it); the bound keeps the root rule's cost
+                                # estimate finite (its message says the real limit).
+                                "metadata": {
+                                    "type": "object",
+                                    "properties": {
+                                        "name": {
+                                            "type": "string",
+                                            "maxLength": 253,
+                                            "description": f"At most {MAX_NAME_LENGTH} characters of lowercase "
+                                            "letters, digits and '-', starting with a letter: the engine's Service "
+                                            "and pods are named after it.",
+                                        }
+                                    },
+                                },
+                                "spec": spec,
+                                "status": status,
+                            },
+                            "x-kubernetes-validations": ROOT_RULES,
                         }
                     },
                     "subresources": {

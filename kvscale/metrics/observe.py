@@ -33,7 +33,7 @@ def _assemble(
     if errors:
         return Observation(
             time_s=now_s, ready_replicas=ready_replicas, starting_replicas=starting_replicas, stale=True
-        ), "; ".join(errors[:2]) + (f" (and {len(errors) - 2} more)" if len(errors) > 2 else "")
+        ), errors[0] + (f" (and {len(errors) - 1} more queries)" if len(errors) > 1 else "")
     numbers = {k: v for k, v in values.items() if not isinstance(v, Missing)}
     age = numbers.get("age")
     stale = age is None or age > stale_after_s
