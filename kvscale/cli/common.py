@@ -67,7 +67,8 @@ def load(paths: list[Path] | None) -> Catalog:
     try:
         return load_catalog(*(paths or []))
     except CatalogError as exc:
-        fail(str(exc))
+        cause = exc.__cause__
+        fail(f"--catalog: {_one_line(exc)}" if isinstance(cause, ValidationError) else str(exc))
     except (OSError, UnicodeDecodeError, yaml.YAMLError, ValidationError, ValueError) as exc:
         fail(f"--catalog: cannot read {', '.join(map(str, paths or []))}: {_one_line(exc)}")
     except (AttributeError, TypeError, KeyError) as exc:  # a section that is not a mapping
@@ -78,7 +79,31 @@ def load(paths: list[Path] | None) -> Catalog:
 
 
 def _one_line(exc: BaseException) -> str:
+    """An exception as one line; pydantic's errors as `field: message` pairs (no URLs, no
+    input dumps), also when wrapped in another error."""
+    cause = exc if isinstance(exc, ValidationError) else exc.__cause__
+    if isinstance(cause, ValidationError):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in cause.errors())
     return " ".join(str(exc).split())
+
+
+# Whole-number fields of a custom architecture file, and the one real-valued field.
+_ARCH_INTS = ("layers", "hidden_size", "heads", "kv_heads", "head_dim", "intermediate_size", "vocab_size")
+_ARCH_OPTIONAL_INTS = ("experts", "active_experts", "max_context_tokens")
+
+
+def _check_architecture(name: str, fields: dict[str, Any]) -> None:
+    for key in _ARCH_INTS + _ARCH_OPTIONAL_INTS:
+        if key not in fields:
+            continue
+        value = fields[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            fail(f"--model {name}: {key} must be a whole number >= 1, got {value!r}")
+    params = fields.get("params")
+    if params is not None and (
+        isinstance(params, bool) or not isinstance(params, int | float) or not math.isfinite(params) or params <= 0
+    ):
+        fail(f"--model {name}: params must be a positive number (e.g. 8.03e9), got {params!r}")
 
 
 def model(cat: Catalog, name: str) -> ModelArch:
@@ -91,6 +116,7 @@ def model(cat: Catalog, name: str) -> ModelArch:
             if not isinstance(fields, dict):
                 fail(f"--model {name}: expected a mapping of architecture fields (layers, hidden_size, heads, ...)")
             model_name = str(fields.pop("name", path.stem))
+            _check_architecture(name, fields)
             return ModelArch.from_architecture(model_name, **fields)
         except (yaml.YAMLError, ValidationError, ValueError, TypeError, OSError, UnicodeDecodeError) as exc:
             fail(f"--model {name}: invalid architecture: {_one_line(exc)}")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
@@ -243,3 +244,33 @@ def test_catalog_file_of_any_shape_is_refused_by_name(tmp_path: Path) -> None:
         result = invoke(["plan"], PLAN, **{"--catalog": str(path)})
         clean(result)
         assert result.exit_code == 2 and "cat.yaml" in " ".join(result.stderr.split()), result.output
+
+
+ARCH_FIELDS = ["layers", "hidden_size", "heads", "kv_heads", "head_dim", "intermediate_size", "vocab_size"]
+arch_values = st.one_of(
+    st.integers(min_value=-5, max_value=70_000),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=5),
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@fuzz
+@given(
+    fields=st.dictionaries(
+        st.sampled_from([*ARCH_FIELDS, "params", "experts", "active_experts", "name", "bogus"]), arch_values
+    ),
+    base=st.booleans(),
+)
+def test_architecture_files(tmp_path: Path, fields: dict[str, object], base: bool) -> None:
+    """A custom architecture file of any content: planned, or refused naming --model."""
+    valid = {"layers": 4, "hidden_size": 512, "heads": 8, "kv_heads": 2, "head_dim": 64}
+    valid |= {"intermediate_size": 1024, "vocab_size": 1000}
+    path = tmp_path / "arch.yaml"
+    path.write_text(yaml.safe_dump({**(valid if base else {}), **fields}))
+    result = invoke(["plan"], PLAN, **{"--model": str(path)})
+    clean(result)
+    if result.exit_code == 2:
+        assert "--model" in result.stderr
