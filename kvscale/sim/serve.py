@@ -17,22 +17,18 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from kvscale.metrics.engines import (
-    ENGINES,
-    VLLM_REQUEST_LATENCY_BUCKETS_S,
-    VLLM_TPOT_BUCKETS_S,
-    VLLM_TTFT_BUCKETS_S,
-    vllm_token_buckets,
-)
+from kvscale.metrics.engines import ENGINES, vllm_token_buckets
 from kvscale.sim.engine import Replica, SimRequest, StepTimes
 from kvscale.sim.load_profile import Arrivals
 
 # vLLM's own names, labels and bucket boundaries (one table with the PromQL reader): quantiles
 # read here are as coarse as on a real cluster.
 VLLM = ENGINES["vllm"]
-TTFT_BUCKETS = VLLM_TTFT_BUCKETS_S
-TPOT_BUCKETS = VLLM_TPOT_BUCKETS_S
-E2E_BUCKETS = VLLM_REQUEST_LATENCY_BUCKETS_S
+E2E_NAME = "vllm:e2e_request_latency_seconds"
+TTFT_BUCKETS = VLLM.buckets_s[VLLM.ttft_histogram[0]]
+TPOT_BUCKETS = VLLM.buckets_s[VLLM.tpot_histogram[0]]
+ITL_BUCKETS = VLLM.buckets_s[VLLM.itl_histogram[0]]
+E2E_BUCKETS = VLLM.buckets_s[E2E_NAME]
 TOKEN_BUCKETS = vllm_token_buckets(131072)
 ENGINE_INDEX = "0"  # vLLM's `engine` label: the engine core's index within the server
 
@@ -63,7 +59,7 @@ class PodEngine:
     pod: str
     replica: Replica
     ttft: _Histogram = field(default_factory=lambda: _Histogram(TTFT_BUCKETS))
-    itl: _Histogram = field(default_factory=lambda: _Histogram(TPOT_BUCKETS))
+    itl: _Histogram = field(default_factory=lambda: _Histogram(ITL_BUCKETS))
     tpot: _Histogram = field(default_factory=lambda: _Histogram(TPOT_BUCKETS))
     e2e: _Histogram = field(default_factory=lambda: _Histogram(E2E_BUCKETS))
     prompt: _Histogram = field(default_factory=lambda: _Histogram(TOKEN_BUCKETS))
@@ -166,29 +162,46 @@ class StandIn(Collector):
         now = self.now()
         with self.lock:
             serving = self._serving(now)
+            # Names from the table the PromQL reader uses (the newest name of each), vLLM's help text.
             families: dict[str, Any] = {
                 "running": GaugeMetricFamily(
-                    "vllm:num_requests_running", "Requests running on the engine", labels=labels
+                    VLLM.running_gauge[0], "Number of requests in model execution batches.", labels=labels
                 ),
-                "waiting": GaugeMetricFamily("vllm:num_requests_waiting", "Requests waiting", labels=labels),
-                "kv": GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage, 0..1", labels=labels),
-                "success": CounterMetricFamily("vllm:request_success", "Finished requests", labels=labels),
-                "prompt_total": CounterMetricFamily("vllm:prompt_tokens", "Prefill tokens processed", labels=labels),
-                "generation_total": CounterMetricFamily("vllm:generation_tokens", "Generated tokens", labels=labels),
-                "preemptions": CounterMetricFamily("vllm:num_preemptions", "Preemptions", labels=labels),
-                "ttft": HistogramMetricFamily("vllm:time_to_first_token_seconds", "TTFT", labels=labels),
-                "itl": HistogramMetricFamily("vllm:inter_token_latency_seconds", "Inter-token latency", labels=labels),
-                "tpot": HistogramMetricFamily(
-                    "vllm:request_time_per_output_token_seconds",
-                    "Histogram of time_per_output_token_seconds per request.",
+                "waiting": GaugeMetricFamily(
+                    VLLM.waiting_gauge[0], "Number of requests waiting to be processed.", labels=labels
+                ),
+                "kv": GaugeMetricFamily(
+                    VLLM.kv_usage_gauge[0], "KV-cache usage. 1 means 100 percent usage.", labels=labels
+                ),
+                "success": CounterMetricFamily(
+                    VLLM.success_counter[0].removesuffix("_total"),
+                    "Count of successfully processed requests.",
                     labels=labels,
                 ),
-                "e2e": HistogramMetricFamily("vllm:e2e_request_latency_seconds", "End-to-end latency", labels=labels),
+                "prompt_total": CounterMetricFamily(
+                    "vllm:prompt_tokens", "Number of prefill tokens processed.", labels=labels
+                ),
+                "generation_total": CounterMetricFamily(
+                    "vllm:generation_tokens", "Number of generation tokens processed.", labels=labels
+                ),
+                "preemptions": CounterMetricFamily(
+                    "vllm:num_preemptions", "Cumulative number of preemption.", labels=labels
+                ),
+                "ttft": HistogramMetricFamily(
+                    VLLM.ttft_histogram[0], "Histogram of time to first token in seconds.", labels=labels
+                ),
+                "itl": HistogramMetricFamily(
+                    VLLM.itl_histogram[0], "Histogram of inter-token latency in seconds.", labels=labels
+                ),
+                "tpot": HistogramMetricFamily(
+                    VLLM.tpot_histogram[0], "Histogram of time_per_output_token_seconds per request.", labels=labels
+                ),
+                "e2e": HistogramMetricFamily(E2E_NAME, "Histogram of e2e request latency in seconds.", labels=labels),
                 "prompt": HistogramMetricFamily(
-                    "vllm:request_prompt_tokens", "Prompt tokens per request", labels=labels
+                    VLLM.prompt_tokens_histogram[0], "Number of prefill tokens processed.", labels=labels
                 ),
                 "generation": HistogramMetricFamily(
-                    "vllm:request_generation_tokens", "Generated tokens per request", labels=labels
+                    VLLM.generation_tokens_histogram[0], "Number of generation tokens processed.", labels=labels
                 ),
             }
             for e in serving:

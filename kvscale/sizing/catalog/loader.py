@@ -83,7 +83,6 @@ class QuantizedSource(_Frozen):
     precision: Literal["fp8", "int8", "int4"]
     source: str = Field(min_length=1, description="What the engine loads, e.g. hf://org/name")
     method: QuantizationMethod
-    note: str = ""
 
 
 class ModelArch(_Frozen):
