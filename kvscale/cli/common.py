@@ -98,12 +98,12 @@ def _check_architecture(name: str, fields: dict[str, Any]) -> None:
             continue
         value = fields[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            fail(f"--model {name}: {key} must be a whole number >= 1, got {value!r}")
+            fail(f"--model {name}: invalid architecture: {key} must be a whole number >= 1, got {value!r}")
     params = fields.get("params")
     if params is not None and (
         isinstance(params, bool) or not isinstance(params, int | float) or not math.isfinite(params) or params <= 0
     ):
-        fail(f"--model {name}: params must be a positive number (e.g. 8.03e9), got {params!r}")
+        fail(f"--model {name}: invalid architecture: params must be a positive number (e.g. 8.03e9), got {params!r}")
 
 
 def model(cat: Catalog, name: str) -> ModelArch:
