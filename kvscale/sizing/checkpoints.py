@@ -196,3 +196,18 @@ def startup_probe_budget_s(first_start: ColdStart) -> float:
     """How long the startup probe waits before restarting the pod. Budgeted on a start that
     downloads (a new cache volume is empty), with room for a slower network."""
     return max(STARTUP_PROBE_MIN_S, STARTUP_PROBE_FACTOR * first_start.total_s)
+
+
+def replica_cold_start(
+    model: ModelArch,
+    precision: PrecisionSpec,
+    tensor_parallel: int,
+    engine: EngineProfile,
+    source: str | None,
+    cached: bool,
+) -> ColdStart:
+    """A new replica's modelled start for a planned configuration: the checkpoint it loads
+    (quantized or 16-bit), downloaded unless `cached` (spec.model.cache set), then loaded.
+    The autoscaling policy's default cold start; observed start-to-ready times refine it."""
+    checkpoint = resolve_checkpoint(model, precision, source)
+    return cold_start(checkpoint.size_bytes(model), tensor_parallel, engine, cached=cached)

@@ -24,6 +24,7 @@ from kvscale.sizing.checkpoints import (
     cold_start,
     method_from_name,
     quantization_flag,
+    replica_cold_start,
     resolve_checkpoint,
     startup_probe_budget_s,
 )
@@ -349,3 +350,13 @@ def test_planned_launch_is_what_the_builder_deploys() -> None:
 def test_pool_product_label_is_used_as_is() -> None:
     pool = GpuPool("MI300X", "AMD-Instinct-MI300X", "amd.com/gpu.product-name", "amd.com/gpu", 8, 0, 8)
     assert pool.free == 8
+
+
+def test_replica_cold_start_is_what_a_policy_defaults_to() -> None:
+    model, engine = CAT.model("llama-3.1-70b"), CAT.engine("vllm")
+    uncached = replica_cold_start(model, CAT.precision("int4"), 2, engine, None, cached=False)
+    # The AWQ checkpoint (0.52 bytes per parameter), not the 16-bit one, is downloaded.
+    assert uncached.download_s == pytest.approx(70.6e9 * 0.52 / 250e6)
+    assert replica_cold_start(model, CAT.precision("int4"), 2, engine, None, cached=True).download_s == 0.0
+    with pytest.raises(CheckpointError):
+        replica_cold_start(CAT.model("mistral-7b"), CAT.precision("int4"), 1, engine, None, cached=True)
