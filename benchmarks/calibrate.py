@@ -39,7 +39,6 @@ from kvscale.sizing.roofline import GEMM_TILE_TOKENS
 
 CATALOG_DIR = Path(__file__).resolve().parents[1] / "kvscale" / "sizing" / "catalog"
 ENGINE = "tensorrt-llm"
-FP8_FACTOR_BOUNDS = (0.2, 1.0)  # precisions.yaml fp8 matmul_efficiency_factor
 ENGINE_PARAMS = (
     ("decode_layer_overhead_s", 1e-6),  # (name, scale of the fitted unit)
     ("prefill_layer_overhead_s", 1e-6),
@@ -191,7 +190,7 @@ def predict(
 def unpack(theta: np.ndarray, n_gpus: int) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     me, be = theta[:n_gpus], theta[n_gpus : 2 * n_gpus]
     e = {name: float(theta[2 * n_gpus + i]) * scale for i, (name, scale) in enumerate(ENGINE_PARAMS)}
-    e["fp8_matmul_efficiency_factor"] = float(theta[-1])
+    e["fp8_matmul_efficiency_factor"] = FP8_FACTOR
     return me, be, e
 
 
@@ -203,8 +202,8 @@ def residuals(theta: np.ndarray, c: Columns, ttft_mask: np.ndarray, tpot_mask: n
 
 def fit(c: Columns, ttft_mask: np.ndarray, tpot_mask: np.ndarray, start: np.ndarray) -> np.ndarray:
     n = len(c.gpus)
-    lo = [GPU_BOUNDS[0]] * 2 * n + [ENGINE_BOUNDS[name][0] for name, _ in ENGINE_PARAMS] + [FP8_FACTOR_BOUNDS[0]]
-    hi = [GPU_BOUNDS[1]] * 2 * n + [ENGINE_BOUNDS[name][1] for name, _ in ENGINE_PARAMS] + [FP8_FACTOR_BOUNDS[1]]
+    lo = [GPU_BOUNDS[0]] * 2 * n + [ENGINE_BOUNDS[name][0] for name, _ in ENGINE_PARAMS]
+    hi = [GPU_BOUNDS[1]] * 2 * n + [ENGINE_BOUNDS[name][1] for name, _ in ENGINE_PARAMS]
     result = least_squares(
         residuals, np.clip(start, lo, hi), bounds=(lo, hi), args=(c, ttft_mask, tpot_mask), x_scale="jac"
     )
@@ -216,7 +215,7 @@ def start_point(catalog: Catalog, c: Columns) -> np.ndarray:
     me = [catalog.gpu(g).matmul_efficiency for g in c.gpus]
     be = [catalog.gpu(g).bandwidth_efficiency for g in c.gpus]
     e = [getattr(engine, name) / scale for name, scale in ENGINE_PARAMS]
-    return np.array(me + be + e + [catalog.precision("fp8").matmul_efficiency_factor])
+    return np.array(me + be + e)
 
 
 def errors(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
@@ -278,18 +277,6 @@ def write_catalog(c: Columns, theta: np.ndarray, source: str) -> None:
         text = _set_field(text, ENGINE, name, f"{e[name]:.4g}")
     text = _set_field(text, ENGINE, "fitted", f'"{source}"')
     engines_path.write_text(text)
-    precisions_path = CATALOG_DIR / "precisions.yaml"
-    text = precisions_path.read_text()
-    text, count = re.subn(
-        r"(^  fp8:  \{.*?matmul_efficiency_factor: )[0-9.]+",
-        lambda m: m.group(1) + f"{e['fp8_matmul_efficiency_factor']:.3f}",
-        text,
-        count=1,
-        flags=re.M,
-    )
-    if count != 1:
-        raise SystemExit("cannot find fp8 matmul_efficiency_factor in precisions.yaml")
-    precisions_path.write_text(text)
 
 
 def check_against_model(catalog: Catalog, rows: list[StaticRow], c: Columns, theta: np.ndarray) -> float:
@@ -303,6 +290,12 @@ def check_against_model(catalog: Catalog, rows: list[StaticRow], c: Columns, the
         worst = max(worst, abs(p.ttft_s / ttft[i] - 1), abs(p.tpot_s / tpot[i] - 1))
     return worst
 
+
+# The table runs every GPU but the A100 in FP8 only, and the A100 has no FP8: no GPU shows
+# both paths, so the FP8 GEMM share relative to 16-bit cannot be fitted. It is fixed in
+# precisions.yaml from the H100's measured large-matmul BF16 share (~0.80, DESIGN.md) and
+# the FP8 share a free fit finds on the table's Hopper GPUs (~0.53 of the FP8 peak).
+FP8_FACTOR = default_catalog().precision("fp8").matmul_efficiency_factor
 
 # TensorRT-LLM's table ran Mixtral with random weights: its router did not spread tokens
 # over experts (TPOT at batch 16 on H200, 6.75 ms, is below the 9.7 ms that reading every
@@ -330,7 +323,7 @@ def main() -> None:
         print(f"  {gpu:<10} matmul_efficiency {me[i]:.3f}  bandwidth_efficiency {be[i]:.3f}")
     for name, _ in ENGINE_PARAMS:
         print(f"  {ENGINE} {name} = {e[name]:.4g}")
-    print(f"  fp8 matmul_efficiency_factor = {e['fp8_matmul_efficiency_factor']:.3f}")
+    print(f"  fp8 matmul_efficiency_factor = {FP8_FACTOR:.3f} (not fitted: see FP8_FACTOR)")
     ttft, tpot, thr = predict(c, me, be, e)
     print("In-sample error (|predicted / measured - 1|):")
     for label, pred, meas in (
