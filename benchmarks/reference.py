@@ -7,7 +7,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parent / "data" / "reference"  # copies of shared/reference
 STATIC_CSV = REFERENCE / "trtllm-0.9.0-static.csv"
 SWEEPS_CSV = REFERENCE / "nim-genai-perf-sweeps.csv"
 

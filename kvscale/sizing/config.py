@@ -15,6 +15,7 @@ from kvscale.sizing.catalog import (
     PrecisionSpec,
 )
 from kvscale.sizing.memory import MemoryBudget, memory_budget
+from kvscale.sizing.parallel import allreduce_terms_s
 
 
 def default_chunk_budget_tokens(engine: EngineProfile, gpu: GpuSpec) -> int:
@@ -42,6 +43,15 @@ class Rates:
     linear_flops_per_token: float  # 2 x active params / tp
     attention_flops_per_token_per_context: float  # 4 x layers x heads x head_dim / tp
     dense_weight_bytes: float  # this GPU's whole weight shard
+    # Derived once for the step formula (kvscale.sizing.roofline.step):
+    peak_flops_per_s: float
+    matmul_efficiency: float
+    gemm_half_flops: float  # per-layer GEMM size at half efficiency (engine)
+    linear_flops_per_token_per_layer: float
+    allreduce_fixed_s: float  # per forward pass: layers x all-reduces x (link + hop latency)
+    allreduce_s_per_token: float  # per forward pass per token: the bytes on the wire over the link
+    decode_overhead_s: float  # per step without a prefill chunk: layers x per-layer + per-step
+    prefill_overhead_s: float  # per step with a chunk
 
 
 class UnsupportedConfig(ValueError):
@@ -90,8 +100,13 @@ class ServingConfig:
         return default_chunk_budget_tokens(self.engine, self.gpu)
 
     def with_chunk_budget(self, tokens: int) -> ServingConfig:
-        """The same configuration with another `--max-num-batched-tokens`."""
-        return replace(self, chunk_budget_tokens=tokens)
+        """The same configuration with another `--max-num-batched-tokens` (rates carried over:
+        they do not depend on the budget; memory does, through the activation reserve)."""
+        other = replace(self, chunk_budget_tokens=tokens)
+        for derived in ("peak_flops_per_s", "rates"):
+            if derived in self.__dict__:
+                other.__dict__[derived] = self.__dict__[derived]
+        return other
 
     @cached_property
     def peak_flops_per_s(self) -> float:
@@ -109,15 +124,25 @@ class ServingConfig:
     @cached_property
     def rates(self) -> Rates:
         """Per-GPU rates the step-time formulas divide by, derived once."""
-        m, tp = self.model, self.tensor_parallel
+        m, tp, e = self.model, self.tensor_parallel, self.engine
         kv_bandwidth = self.gpu.hbm_bandwidth_bytes_per_s * self.gpu.bandwidth_efficiency
+        linear = 2.0 * m.params_per_token / tp
+        fixed, per_token = allreduce_terms_s(m.hidden_size, m.layers, tp, self.link, e)
         return Rates(
             matmul_flops_per_s=self.peak_flops_per_s * self.matmul_efficiency,
             weight_bytes_per_s=kv_bandwidth * self.precision.weight_bandwidth_efficiency,
             kv_bytes_per_s=kv_bandwidth,
-            linear_flops_per_token=2.0 * m.params_per_token / tp,
+            linear_flops_per_token=linear,
             attention_flops_per_token_per_context=4.0 * m.layers * m.heads * m.head_dim / tp,
             dense_weight_bytes=m.params * self.precision.bytes_per_param / tp,
+            peak_flops_per_s=self.peak_flops_per_s,
+            matmul_efficiency=self.matmul_efficiency,
+            gemm_half_flops=e.prefill_half_efficiency_flops,
+            linear_flops_per_token_per_layer=linear / m.layers,
+            allreduce_fixed_s=fixed,
+            allreduce_s_per_token=per_token,
+            decode_overhead_s=m.layers * e.decode_layer_overhead_s + e.step_overhead_s,
+            prefill_overhead_s=m.layers * e.prefill_layer_overhead_s + e.step_overhead_s,
         )
 
     @cached_property

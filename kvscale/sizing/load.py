@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from statistics import NormalDist
 
 from kvscale.sizing.config import ServingConfig
@@ -103,15 +102,26 @@ class ReplicaModel:
         self.cfg = cfg
         self.workload = workload
         self.budget = cfg.max_num_batched_tokens
-        self._decode = lru_cache(maxsize=None)(self._decode_uncached)
-        self._mixed = lru_cache(maxsize=None)(self._mixed_uncached)
+        # Plain dicts: one planner run builds hundreds of these, and lru_cache wrappers cost
+        # more to create than the look-ups they save.
+        self._decodes: dict[int, StepTime] = {}
+        self._mixeds: dict[tuple[int, int], StepTime] = {}
+        self._own_prefills: dict[int, StepTime] = {}
         self.prefill_step = self.own_prefill(0)
 
-    def _decode_uncached(self, batch: int) -> StepTime:
-        return decode_step(self.cfg, batch, self.workload.mean_decode_context_tokens)
+    def _decode(self, batch: int) -> StepTime:
+        step = self._decodes.get(batch)
+        if step is None:
+            step = self._decodes[batch] = decode_step(self.cfg, batch, self.workload.mean_decode_context_tokens)
+        return step
 
-    def _mixed_uncached(self, batch: int, chunk: int) -> StepTime:
-        return mixed_step(self.cfg, batch, self.workload.mean_decode_context_tokens, chunk, self.workload.input_tokens)
+    def _mixed(self, batch: int, chunk: int) -> StepTime:
+        step = self._mixeds.get((batch, chunk))
+        if step is None:
+            step = self._mixeds[(batch, chunk)] = mixed_step(
+                self.cfg, batch, self.workload.mean_decode_context_tokens, chunk, self.workload.input_tokens
+            )
+        return step
 
     def decode(self, batch: int) -> StepTime:
         return self._decode(max(1, batch))
@@ -127,19 +137,33 @@ class ReplicaModel:
 
     def own_prefill(self, batch: int) -> StepTime:
         """The chunk steps one prompt needs beside `batch` running decodes, summed."""
+        batch = max(0, batch)
+        step = self._own_prefills.get(batch)
+        if step is None:
+            step = self._own_prefills[batch] = self._own_prefill_uncached(batch)
+        return step
+
+    def _own_prefill_uncached(self, batch: int) -> StepTime:
         room = self.chunk_room(batch)
         full, rest = divmod(self.workload.input_tokens, room)
-        steps = [self._mixed(batch, room)] * full + ([self._mixed(batch, rest)] if rest else [])
+        whole = self._mixed(batch, room) if full else self._mixed(batch, rest)
+        part = self._mixed(batch, rest) if full and rest else None
+        k = full if full else 1
+
+        def total(field: str) -> float:
+            value: float = k * getattr(whole, field) + (getattr(part, field) if part is not None else 0.0)
+            return value
+
         return StepTime(
-            seconds=sum(s.seconds for s in steps),
-            compute_s=sum(s.compute_s for s in steps),
-            memory_s=sum(s.memory_s for s in steps),
-            communication_s=sum(s.communication_s for s in steps),
-            overhead_s=sum(s.overhead_s for s in steps),
-            flops_per_gpu=sum(s.flops_per_gpu for s in steps),
-            bytes_per_gpu=sum(s.bytes_per_gpu for s in steps),
-            peak_flops_per_s=steps[0].peak_flops_per_s,
-            peak_bandwidth_bytes_per_s=steps[0].peak_bandwidth_bytes_per_s,
+            seconds=total("seconds"),
+            compute_s=total("compute_s"),
+            memory_s=total("memory_s"),
+            communication_s=total("communication_s"),
+            overhead_s=total("overhead_s"),
+            flops_per_gpu=total("flops_per_gpu"),
+            bytes_per_gpu=total("bytes_per_gpu"),
+            peak_flops_per_s=whole.peak_flops_per_s,
+            peak_bandwidth_bytes_per_s=whole.peak_bandwidth_bytes_per_s,
         )
 
     @property
@@ -164,16 +188,30 @@ class ReplicaModel:
         return self.cfg.memory.kv_capacity_tokens >= self.workload.engine_max_context_tokens
 
     def tpot_batch_limit(self, tpot_target_s: float) -> int:
-        """Largest batch (<= KV and budget limits) whose decode step alone meets TPOT."""
-        lo, hi = 0, self.slot_limit
-        if hi >= 1 and self.decode(hi).seconds <= tpot_target_s:
-            return hi
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.decode(mid).seconds <= tpot_target_s:
-                lo = mid
+        """Largest batch (<= KV and budget limits) whose decode step alone meets TPOT.
+
+        The step time is increasing and convex in the batch (a max of linear terms plus
+        linear terms; MoE weight reads saturate), so the chord between a batch that meets
+        the target and one that misses it never overshoots the crossing: false position
+        on integers brackets it in a few step evaluations instead of a dozen bisections.
+        """
+        top = self.slot_limit
+        if top < 1 or self.decode(1).seconds > tpot_target_s:
+            return 0
+        if self.decode(top).seconds <= tpot_target_s:
+            return top
+        lo, hi = 1, top  # decode(lo) meets, decode(hi) misses
+        t_lo, t_hi = self.decode(lo).seconds, self.decode(hi).seconds
+        while hi - lo > 1:
+            guess = lo + int((tpot_target_s - t_lo) / (t_hi - t_lo) * (hi - lo))
+            guess = min(max(guess, lo + 1), hi - 1)
+            t = self.decode(guess).seconds
+            if t <= tpot_target_s:
+                lo, t_lo = guess, t
+                if hi - lo > 1 and self.decode(lo + 1).seconds > tpot_target_s:
+                    return lo
             else:
-                hi = mid - 1
+                hi, t_hi = guess, t
         return lo
 
     def _chunk(self, rate_per_s: float, batch: int) -> int:
@@ -215,11 +253,11 @@ class ReplicaModel:
         """Steady state at an arrival rate: running concurrency by fixed point, then queues."""
         out = self.workload.output_tokens
         batch_cap = max(1, max_batch)
-        if rate_per_s <= 0:
-            dec, mix = self.decode(1), self.mixed(1)
+        if rate_per_s <= 0:  # an idle engine: the prompt's own chunks, then decode alone
+            dec = self.decode(1)
             own = self.own_prefill(0).seconds
             return LoadPoint(
-                0.0, max_batch, 0.0, own, dec, mix, own + dec.seconds, dec.seconds, dec.seconds, dec.seconds, 0.0, 0.0
+                0.0, max_batch, 0.0, own, dec, dec, own + dec.seconds, dec.seconds, dec.seconds, dec.seconds, 0.0, 0.0
             )
         concurrency = min(rate_per_s * (self.prefill_step.seconds + out * self.decode(1).seconds), float(batch_cap))
         gap = self.decode(1).seconds
@@ -332,9 +370,17 @@ def chunk_budget_for(cfg: ServingConfig, workload: Workload, tpot_target_s: floa
     budget. When even the smallest budget's step is too slow, the smallest is used (and the
     load model decides whether the averaged TPOT still holds).
     """
-    chosen = CHUNK_BUDGETS[0]
-    for budget in CHUNK_BUDGETS:
-        if mixed_step(cfg, 0, 0.0, budget, min(workload.input_tokens, budget)).seconds > tpot_target_s:
-            break
-        chosen = budget
-    return chosen
+
+    def keeps(budget: int) -> bool:
+        return mixed_step(cfg, 0, 0.0, budget, min(workload.input_tokens, budget)).seconds <= tpot_target_s
+
+    lo, hi = 0, len(CHUNK_BUDGETS) - 1  # the step time grows with the budget: bisect the ladder
+    if keeps(CHUNK_BUDGETS[hi]):
+        return CHUNK_BUDGETS[hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if keeps(CHUNK_BUDGETS[mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return CHUNK_BUDGETS[lo]

@@ -19,6 +19,23 @@ def allreduce_time_s(message_bytes: float, tensor_parallel: int, link: LinkSpec,
     return latency + wire_bytes / bandwidth
 
 
+def allreduce_terms_s(
+    hidden_size: int, layers: int, tensor_parallel: int, link: LinkSpec, engine: EngineProfile
+) -> tuple[float, float]:
+    """A forward pass's all-reduce time as fixed + per_token x tokens: (fixed, per_token).
+
+    The same ring as allreduce_time_s, split into its latency term and its bandwidth term.
+    """
+    if tensor_parallel <= 1:
+        return 0.0, 0.0
+    n = tensor_parallel
+    count = layers * ALLREDUCES_PER_LAYER
+    latency = link.latency_s + engine.allreduce_hop_latency_s * (n - 1)
+    bandwidth = link.bandwidth_bytes_per_s_per_direction * engine.allreduce_efficiency
+    per_token = 2.0 * (n - 1) / n * hidden_size * ACTIVATION_BYTES / bandwidth
+    return count * latency, count * per_token
+
+
 def forward_communication_s(
     tokens: float, hidden_size: int, layers: int, tensor_parallel: int, link: LinkSpec, engine: EngineProfile
 ) -> float:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.parallel import forward_communication_s
 
 GEMM_TILE_TOKENS = 128  # rows of a tensor-core GEMM tile (CUTLASS/cuBLAS 128 x N tiles)
 
@@ -126,21 +125,25 @@ def step(
     tokens = decode_seqs + prefill_tokens
     if tokens <= 0:
         raise ValueError("a step carries at least one token")
-    r = cfg.rates
+    r = cfg.rates  # the terms below are those of _flops_per_gpu, gemm_efficiency and parallel.py
     kv_token = cfg.memory.kv_bytes_per_token
-    flops = _flops_per_gpu(cfg, decode_seqs, decode_context_tokens) + _flops_per_gpu(
-        cfg, prefill_tokens, prefill_context_tokens
+    attention = r.attention_flops_per_token_per_context
+    flops = tokens * r.linear_flops_per_token + attention * (
+        decode_seqs * decode_context_tokens + prefill_tokens * prefill_context_tokens
     )
-    compute_s = flops / (cfg.peak_flops_per_s * gemm_efficiency(cfg, tokens))
-    weights = weight_bytes_read(cfg, tokens)
+    per_layer = (tokens if tokens > GEMM_TILE_TOKENS else GEMM_TILE_TOKENS) * r.linear_flops_per_token_per_layer
+    half = r.gemm_half_flops
+    efficiency = r.matmul_efficiency * (per_layer / (per_layer + half) if half > 0 else 1.0)
+    compute_s = flops / (r.peak_flops_per_s * efficiency)
+    weights = weight_bytes_read(cfg, tokens) if cfg.model.is_moe else r.dense_weight_bytes
     # KV read: every decode reads its context; a chunk reads the prompt's earlier chunks.
-    prior = max(prefill_context_tokens - prefill_tokens / max(prefill_seqs, 1.0) / 2.0, 0.0) * prefill_seqs
+    seqs = prefill_seqs if prefill_seqs > 1.0 else 1.0
+    prior = prefill_context_tokens - prefill_tokens / seqs / 2.0
+    prior = prior * prefill_seqs if prior > 0 else 0.0
     kv = (decode_seqs * decode_context_tokens + prior + tokens) * kv_token
     memory_s = weights / r.weight_bytes_per_s + kv / r.kv_bytes_per_s
-    m = cfg.model
-    comm = forward_communication_s(tokens, m.hidden_size, m.layers, cfg.tensor_parallel, cfg.link, cfg.engine)
-    layer_s = cfg.engine.prefill_layer_overhead_s if prefill_tokens > 0 else cfg.engine.decode_layer_overhead_s
-    overhead = m.layers * layer_s + cfg.engine.step_overhead_s
+    comm = r.allreduce_fixed_s + r.allreduce_s_per_token * tokens if cfg.tensor_parallel > 1 else 0.0
+    overhead = r.prefill_overhead_s if prefill_tokens > 0 else r.decode_overhead_s
     return StepTime(
         seconds=max(compute_s, memory_s) + comm + overhead,
         compute_s=compute_s,
