@@ -115,14 +115,14 @@ def static_table() -> None:
     table = Table(title="2. TensorRT-LLM 0.9.0 static table (tensorrt-llm profile): |error| median / p90")
     for col in ("GPU", "TP", "regime", "rows", "first-token latency", "token-to-token", "throughput"):
         table.add_column(col)
-    for (gpu, tp, regime), errs in sorted(groups.items()):
-        table.add_row(gpu, str(tp), regime, str(len(errs)), *(_stats(e[i] for e in errs) for i in range(3)))
+    for (gpu, tp, regime), group in sorted(groups.items()):
+        table.add_row(gpu, str(tp), regime, str(len(group)), *(_stats(e[i] for e in group) for i in range(3)))
     console.print(table)
     totals = Table(title="Static table totals: |error| median / p90")
     for col in ("rows", "count", "first-token latency", "token-to-token", "throughput"):
         totals.add_column(col)
-    for name, errs in overall.items():
-        totals.add_row(name, str(len(errs)), *(_stats(e[i] for e in errs) for i in range(3)))
+    for name, group in overall.items():
+        totals.add_row(name, str(len(group)), *(_stats(e[i] for e in group) for i in range(3)))
     console.print(totals)
     console.print(
         f"3. Memory: {len(not_fit)} of {len(static_rows())} rows that ran are called 'does not fit' or over the KV "
