@@ -3,6 +3,7 @@ planner and builders), as multi-document YAML for review and GitOps."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,6 +12,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from kvscale.api.crd import DNS_LABEL_1035, MAX_NAME_LENGTH
 from kvscale.cli.app import app
 from kvscale.cli.common import EXIT_INFEASIBLE, CatalogOpt, fail, load, split
 from kvscale.sizing.catalog import Catalog, CatalogError
@@ -65,9 +67,19 @@ def _documents(path: Path) -> list[dict[str, Any]]:
     if not services:
         fail(f"-f {path}: no InferenceService in it (kind: InferenceService, apiVersion: kvscale.io/v1alpha1)")
     for doc in services:
-        name = (doc.get("metadata") or {}).get("name")
+        meta = doc.get("metadata")
+        if not isinstance(meta, dict):
+            fail(f"-f {path}: metadata must be a mapping with a name (metadata: {{name: my-model}})")
+        name = meta.get("name")
         if not isinstance(name, str) or not name:
             fail(f"-f {path}: metadata.name is required")
+        if len(name) > MAX_NAME_LENGTH or not re.match(DNS_LABEL_1035, name):
+            fail(
+                f"-f {path}: metadata.name {name!r} must be at most {MAX_NAME_LENGTH} characters of lowercase "
+                "letters, digits and '-', starting with a letter (the API server refuses it otherwise)"
+            )
+        if not isinstance(meta.get("namespace", ""), str):
+            fail(f"-f {path}: {name}: metadata.namespace must be a string")
         if not isinstance(doc.get("spec"), dict):
             fail(f"-f {path}: {name}: spec is required")
     return services

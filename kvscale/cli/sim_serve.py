@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from kvscale.cli.app import sim_app
-from kvscale.cli.common import CatalogOpt, duration, fail, load
+from kvscale.cli.common import EXIT_INFEASIBLE, CatalogOpt, duration, fail, load
 
 
 @sim_app.command("serve")
@@ -39,6 +39,7 @@ def sim_serve(
     cat = load(catalog)
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
+    from urllib3.exceptions import HTTPError as TransportError
 
     from kvscale.standin.kubernetes_loop import serve
 
@@ -55,5 +56,7 @@ def sim_serve(
         if exc.status in (401, 403):
             fail(f"--name: not allowed to read InferenceService {namespace}/{name}: {exc.reason}")
         raise
+    except TransportError as exc:
+        fail(f"cannot reach the cluster's API server (kubeconfig or in-cluster config): {exc}", EXIT_INFEASIBLE)
     except OSError as exc:
         fail(f"--port {port}: cannot serve metrics there: {exc}")

@@ -274,3 +274,73 @@ def test_architecture_files(tmp_path: Path, fields: dict[str, object], base: boo
     clean(result)
     if result.exit_code == 2:
         assert "--model" in result.stderr
+
+
+load_specs = st.one_of(
+    anything,
+    st.builds(
+        lambda kind, pairs: kind + ":" + ",".join(f"{k}={v}" for k, v in pairs),
+        st.sampled_from(["poisson", "bursty", "diurnal", "step", "flash", "nope", ""]),
+        st.lists(
+            st.tuples(
+                st.sampled_from(["rate", "duration", "input", "output", "peak", "period", "lengths", "x", ""]),
+                anything,
+            ),
+            max_size=4,
+        ),
+    ),
+)
+
+
+@fuzz
+@given(spec=load_specs, routing=st.one_of(st.sampled_from(["service", "round-robin", "gateway"]), anything))
+def test_simulate_load_and_routing(spec: str, routing: str) -> None:
+    base = {k: v for k, v in SIMULATE.items() if k not in ("--concurrency", "--input", "--output", "--duration")}
+    result = invoke(["simulate"], base, **{"--load": spec, "--routing": routing, "--time-scale": "1000"})
+    clean(result)
+    if result.exit_code == 2:
+        assert result.stderr.strip(), "exit 2 without a message"
+
+
+@fuzz
+@given(engine=anything, source=anything)
+def test_plan_engine_and_source(engine: str, source: str) -> None:
+    clean(invoke(["plan"], PLAN, **{"--engine": engine}))
+    clean(invoke(["plan"], PLAN, **{"--source": source}))
+
+
+manifest_docs = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2, max_value=10**6) | st.text(max_size=6),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=10,
+)
+
+
+@fuzz
+@given(
+    spec=st.one_of(
+        manifest_docs,
+        st.fixed_dictionaries(
+            {"apiVersion": st.just("kvscale.io/v1alpha1"), "kind": st.just("InferenceService")},
+            optional={"metadata": manifest_docs, "spec": manifest_docs},
+        ),
+    ),
+    gpus=st.one_of(st.none(), anything, st.sampled_from(["H100-SXM=16", "L4=0", "L4=-1", "X=1", "L4=1e9"])),
+)
+def test_manifests_any_document(tmp_path: Path, spec: object, gpus: str | None) -> None:
+    path = tmp_path / "kvis.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    args = {"--file": str(path)} | ({"--gpus": gpus} if gpus is not None else {})
+    result = runner.invoke(app, ["manifests", *(x for pair in args.items() for x in pair)])
+    clean(result)
+
+
+@fuzz
+@given(load=anything, cold_start=anything, port=st.integers(min_value=-5, max_value=70_000).map(str))
+def test_sim_serve_options(tmp_path: Path, load: str, cold_start: str, port: str) -> None:
+    """Options checked before the cluster; no cluster (a missing kubeconfig) is an error too."""
+    env = {"KUBECONFIG": str(tmp_path / "missing"), "KUBERNETES_SERVICE_HOST": ""}
+    args = ["sim", "serve", "--name", "x", "--load", load, "--cold-start", cold_start, "--port", port]
+    result = runner.invoke(app, args, env=env)
+    clean(result)
+    assert result.exit_code in (1, 2) and result.stderr.strip()

@@ -253,3 +253,19 @@ def test_observe_reads_a_healthy_answer() -> None:
     assert why is None and obs.complete and not obs.stale
     assert obs.ttft_p_s == 0.2 and obs.running == 0.2 and not client.errors
     assert math.isclose(obs.arrival_rate_per_s or 0.0, 0.2)
+
+
+def test_sync_timeouts_are_timeouts_and_stop_the_observation() -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        raise httpx.ReadTimeout("slow", request=request)
+
+    client = PrometheusClient(BASE, timeout_s=0.5, retries=1, backoff_s=0.0, transport=httpx.MockTransport(handler))
+    reading = client.reading("up")
+    assert isinstance(reading, Missing) and reading.kind is MissingKind.TIMEOUT and "within 0.5s" in reading.reason
+    calls.clear()
+    obs, why = observe(client, "vllm", "ns", "svc", 95, 1, 0, time.time())
+    assert obs.stale and why is not None and "did not answer" in why
+    assert len(calls) == 2  # the first query's two tries; the other queries are not waited on
