@@ -51,6 +51,8 @@ class Rates:
     allreduce_fixed_s: float  # per forward pass: layers x all-reduces x (link + hop latency)
     allreduce_s_per_token: float  # per forward pass per token: the bytes on the wire over the link
     decode_overhead_s: float  # per step without a prefill chunk: layers x per-layer + per-step
+    shared_weight_bytes: float  # MoE: what every token reads (attention, embeddings), this GPU
+    expert_weight_bytes: float  # MoE: one expert's FFN, this GPU (0 for dense models)
     prefill_overhead_s: float  # per step with a chunk
 
 
@@ -143,6 +145,8 @@ class ServingConfig:
             allreduce_s_per_token=per_token,
             decode_overhead_s=m.layers * e.decode_layer_overhead_s + e.step_overhead_s,
             prefill_overhead_s=m.layers * e.prefill_layer_overhead_s + e.step_overhead_s,
+            shared_weight_bytes=m.shared_params * self.precision.bytes_per_param / tp,
+            expert_weight_bytes=(m.expert_params * self.precision.bytes_per_param / tp) if m.is_moe else 0.0,
         )
 
     @cached_property

@@ -24,14 +24,14 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.config import ServingConfig, default_chunk_budget_tokens
 from kvscale.sizing.memory import max_batch_for_context
 from kvscale.sizing.queueing import mmc_wait_percentile_s
 from kvscale.sizing.roofline import StepTime, decode_step, mixed_step
 from kvscale.sizing.workload import Slo, Workload
 
-_BISECTION_STEPS = 14  # 2^-14 of the capacity rate: far finer than the model is accurate
-_FIXED_POINT_STEPS = 4
+_BISECTION_STEPS = 10  # 2^-10 (0.1%) of the capacity rate: far finer than the model is accurate
+_FIXED_POINT_STEPS = 3
 CHUNK_BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)  # --max-num-batched-tokens the planner considers
 PREFILL_BOUND_SHARE = 0.5  # limited by prefill compute when prefill takes more GPU time than decode
 
@@ -135,6 +135,13 @@ class ReplicaModel:
         room = self.chunk_room(batch)
         return self._mixed(max(0, batch), min(room, chunk if chunk is not None else self.workload.input_tokens))
 
+    def own_prefill_s(self, batch: int) -> float:
+        """own_prefill(batch).seconds, without building the summed StepTime."""
+        room = self.chunk_room(batch)
+        full, rest = divmod(self.workload.input_tokens, room)
+        seconds = full * self._mixed(batch, room).seconds if full else 0.0
+        return seconds + (self._mixed(batch, rest).seconds if rest else 0.0)
+
     def own_prefill(self, batch: int) -> StepTime:
         """The chunk steps one prompt needs beside `batch` running decodes, summed."""
         batch = max(0, batch)
@@ -219,10 +226,8 @@ class ReplicaModel:
         chunk step runs (the scheduler packs every waiting prompt the budget holds)."""
         room = self.chunk_room(batch)
         inp = self.workload.input_tokens
-        chunk = min(room, inp)
-        for _ in range(2):
-            chunk = min(room, round(inp * (1.0 + rate_per_s * self.mixed(batch, chunk).seconds)))
-        return max(1, chunk)
+        one = self.mixed(batch, min(room, inp)).seconds  # a chunk step of one prompt
+        return max(1, min(room, round(inp * (1.0 + rate_per_s * one))))
 
     def _mix(self, rate_per_s: float, batch: int) -> tuple[StepTime, StepTime, float, float]:
         """Decode step, chunk step, mean gap and chunk share at `batch` running decodes."""
@@ -246,7 +251,7 @@ class ReplicaModel:
         # Prefill compute: chunk steps (full) fill the whole time: rate x I / room x t_m = 1.
         prefill_rate = room / (inp * mix.seconds)
         # Slots: every slot busy for its request's life (prefill plus out decode gaps).
-        slot_rate = batch / (self.own_prefill(batch).seconds + out * dec.seconds)
+        slot_rate = batch / (self.own_prefill_s(batch) + out * dec.seconds)
         return min(prefill_rate, slot_rate)
 
     def at_rate(self, rate_per_s: float, max_batch: int, percentile: float) -> LoadPoint:
@@ -267,7 +272,7 @@ class ReplicaModel:
             dec, mix, gap, share = self._mix(rate_per_s, n)
             if not math.isfinite(gap):
                 break
-            hold = self.own_prefill(n).seconds + (out - 1) * gap + gap
+            hold = self.own_prefill_s(n) + (out - 1) * gap + gap
             concurrency = min(rate_per_s * hold, float(batch_cap))
         n = max(1, math.ceil(concurrency))
         own = self.own_prefill(n).seconds
@@ -374,13 +379,14 @@ def chunk_budget_for(cfg: ServingConfig, workload: Workload, tpot_target_s: floa
     def keeps(budget: int) -> bool:
         return mixed_step(cfg, 0, 0.0, budget, min(workload.input_tokens, budget)).seconds <= tpot_target_s
 
-    lo, hi = 0, len(CHUNK_BUDGETS) - 1  # the step time grows with the budget: bisect the ladder
-    if keeps(CHUNK_BUDGETS[hi]):
-        return CHUNK_BUDGETS[hi]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if keeps(CHUNK_BUDGETS[mid]):
-            lo = mid
-        else:
-            hi = mid - 1
-    return CHUNK_BUDGETS[lo]
+    # The step time grows with the budget: walk the ladder from the engine's default for this
+    # GPU (usually a step or two from the answer).
+    default = default_chunk_budget_tokens(cfg.engine, cfg.gpu)
+    i = min(range(len(CHUNK_BUDGETS)), key=lambda k: abs(CHUNK_BUDGETS[k] - default))
+    if keeps(CHUNK_BUDGETS[i]):
+        while i + 1 < len(CHUNK_BUDGETS) and keeps(CHUNK_BUDGETS[i + 1]):
+            i += 1
+        return CHUNK_BUDGETS[i]
+    while i > 0 and not keeps(CHUNK_BUDGETS[i - 1]):
+        i -= 1
+    return CHUNK_BUDGETS[max(i - 1, 0)]

@@ -7,8 +7,7 @@ tensor-parallel all-reduces and the engine's fixed per-layer and per-step costs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from kvscale.sizing.config import ServingConfig
 
@@ -17,9 +16,9 @@ GEMM_TILE_TOKENS = 128  # rows of a tensor-core GEMM tile (CUTLASS/cuBLAS 128 x 
 LimitedBy = Literal["compute", "bandwidth", "communication", "overhead"]
 
 
-@dataclass(frozen=True)
-class StepTime:
-    """One forward pass on one GPU of the tensor-parallel group."""
+class StepTime(NamedTuple):
+    """One forward pass on one GPU of the tensor-parallel group (a NamedTuple: the planner
+    builds thousands, and a frozen dataclass costs several times more to construct)."""
 
     seconds: float
     compute_s: float
@@ -77,12 +76,11 @@ def expected_experts_touched(experts: int, active_experts: int, tokens: float) -
 
 def weight_bytes_read(cfg: ServingConfig, tokens: float) -> float:
     """Weight bytes one GPU reads in a forward pass over `tokens` tokens (MoE: touched experts)."""
-    model = cfg.model
+    model, r = cfg.model, cfg.rates
     if not model.is_moe:
-        return cfg.rates.dense_weight_bytes
+        return r.dense_weight_bytes
     touched = expected_experts_touched(model.experts, model.active_experts, tokens)
-    params = model.shared_params + touched * model.expert_params
-    return params * cfg.precision.bytes_per_param / cfg.tensor_parallel
+    return r.shared_weight_bytes + touched * r.expert_weight_bytes
 
 
 def _flops_per_gpu(cfg: ServingConfig, query_tokens: float, mean_context_tokens: float) -> float:
