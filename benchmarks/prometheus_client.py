@@ -8,6 +8,7 @@ Run: .venv/bin/python benchmarks/prometheus_client.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -38,10 +39,8 @@ def fake_prometheus(delay_s: float) -> ThreadingHTTPServer:
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def handle(self) -> None:
-            try:
+            with contextlib.suppress(ConnectionResetError):  # the client gave up on a slow answer
                 super().handle()
-            except ConnectionResetError:
-                pass  # the client gave up on a slow answer, as it should
 
         def do_GET(self) -> None:
             time.sleep(delay_s)  # the slow Prometheus being measured
