@@ -5,6 +5,7 @@ lands in the bucket that holds the exact p95, not on it)."""
 from __future__ import annotations
 
 import bisect
+import json
 import math
 import threading
 import time
@@ -24,6 +25,8 @@ from kvscale.sizing.config import ServingConfig
 from kvscale.standin.kubernetes_loop import serve_text_metrics
 from tests.cluster.harness import free_port, wait_until
 from tests.cluster.prometheus import Prometheus
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bucket(bounds: tuple[float, ...], value: float) -> int:
@@ -84,6 +87,11 @@ def test_promql_quantiles_from_vllm_buckets(tmp_path: Path) -> None:
                 return obs.tpot_p_s is not None and obs.ttft_p_s is not None and len(tpots) > 300
 
             wait_until(observed, 60, "TPOT and TTFT quantiles from Prometheus", interval_s=1.0)
+            # The dashboard's TPOT panel reads the same per-request histogram.
+            dashboard = json.loads((ROOT / "deploy" / "grafana" / "kvscale.json").read_text())
+            panel = next(p for p in dashboard["panels"] if p["title"] == "TPOT p95 vs target")
+            expr = panel["targets"][0]["expr"].replace("$namespace", "ns").replace("$inferenceservice", "svc")
+            assert "request_time_per_output_token" in expr and prom.query(expr)
     finally:
         running.clear()
         server.shutdown()
