@@ -242,11 +242,16 @@ class ReplicaModel:
         return dec, mix, gap, chunk_rate * gap
 
     def capacity_rate_per_s(self, max_batch: int) -> float:
-        """The arrival rate at which prefill compute or the batch slots saturate."""
+        """An upper bound on the arrival rate one replica sustains: where prefill compute or
+        the batch slots saturate (the planner's optimistic bound and the top of its search).
+
+        Prefill is taken with the whole budget free for chunks; running decodes take their
+        share of it in at_rate, so this never understates what the replica can do.
+        """
         batch = max(1, max_batch)
         dec = self.decode(batch)
-        room = self.chunk_room(batch)
-        mix = self.mixed(batch, room)
+        room = self.chunk_room(1)
+        mix = self.mixed(1, room)
         inp, out = self.workload.input_tokens, self.workload.output_tokens
         # Prefill compute: chunk steps (full) fill the whole time: rate x I / room x t_m = 1.
         prefill_rate = room / (inp * mix.seconds)
