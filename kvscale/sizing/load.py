@@ -33,6 +33,7 @@ from kvscale.sizing.workload import Slo, Workload
 _BISECTION_STEPS = 10  # 2^-10 (0.1%) of the capacity rate: far finer than the model is accurate
 _FIXED_POINT_STEPS = 3
 CHUNK_BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)  # --max-num-batched-tokens the planner considers
+REFERENCE_CHUNK_SHARE = 0.5  # the budget keeps TPOT when half of a request's token gaps carry a full chunk
 PREFILL_BOUND_SHARE = 0.5  # limited by prefill compute when prefill takes more GPU time than decode
 
 
@@ -52,6 +53,8 @@ class LoadPoint:
     itl_p_s: float  # per token gap, at the percentile
     chunk_share: float  # share of steps that carry a prefill chunk
     gpu_prefill_share: float  # share of GPU time spent on prefill work
+    slot_wait_p_s: float = 0.0  # TTFT's wait for a batch slot, at the percentile
+    prefill_wait_p_s: float = 0.0  # TTFT's wait behind other prompts' chunks, at the percentile
 
     @property
     def stable(self) -> bool:
@@ -322,22 +325,35 @@ class ReplicaModel:
             itl_p_s=itl_p,
             chunk_share=share,
             gpu_prefill_share=min(prefill_time_share, 1.0),
+            slot_wait_p_s=slot_wait,
+            prefill_wait_p_s=prefill_wait,
         )
 
     def zero_load(self, percentile: float) -> LoadPoint:
         return self.at_rate(0.0, 1, percentile)
 
-    def limited_by(self, point: LoadPoint) -> str:
-        """What binds this replica's capacity at `point` (its highest rate within the SLO)."""
-        if point.gpu_prefill_share >= PREFILL_BOUND_SHARE:
+    def limited_by(self, point: LoadPoint, slo: Slo) -> str:
+        """What keeps this replica from carrying more than `point` (its highest rate within
+        the SLO): the target that a little more load would break, and what drives it.
+
+        TTFT: waiting for a batch slot (kv-capacity when the KV cache sets max-num-seqs,
+        batch-slots otherwise) or behind other prompts' chunks (prefill-compute). TPOT:
+        prefill-compute when prefill takes most of the GPU's time (its chunks stretch the
+        token gaps), else what bounds the decode step (decode-bandwidth / decode-compute,
+        or its fixed overhead / communication).
+        """
+        above = self.at_rate(point.rate_per_s * 1.02 + 1e-6, point.max_batch, slo.percentile)
+        decode_part = point.decode.limited_by
+        decode_name = {"bandwidth": "decode-bandwidth", "compute": "decode-compute"}.get(decode_part, decode_part)
+        if not above.stable:
+            if above.chunk_share >= 1.0:
+                return "prefill-compute"
+            return "kv-capacity" if point.max_batch >= self.kv_max_batch else "batch-slots"
+        if above.ttft_p_s > slo.ttft_s and above.tpot_p_s <= slo.tpot_s:
+            if above.slot_wait_p_s > above.prefill_wait_p_s:
+                return "kv-capacity" if point.max_batch >= self.kv_max_batch else "batch-slots"
             return "prefill-compute"
-        if point.concurrency >= 0.9 * point.max_batch:
-            if point.max_batch >= self.kv_max_batch:
-                return "kv-capacity"
-            if point.max_batch >= self.slot_limit:
-                return "batch-slots"
-        part = point.decode.limited_by
-        return {"bandwidth": "decode-bandwidth", "compute": "decode-compute"}.get(part, part)
+        return "prefill-compute" if above.gpu_prefill_share >= PREFILL_BOUND_SHARE else decode_name
 
     def max_rate_meeting(self, slo: Slo, max_batch: int) -> float:
         """Highest arrival rate at which p-TTFT and p-TPOT both meet the SLO (0 when none)."""
@@ -381,8 +397,11 @@ def chunk_budget_for(cfg: ServingConfig, workload: Workload, tpot_target_s: floa
     load model decides whether the averaged TPOT still holds).
     """
 
+    decode_s = decode_step(cfg, 1, workload.mean_decode_context_tokens).seconds
+
     def keeps(budget: int) -> bool:
-        return mixed_step(cfg, 0, 0.0, budget, min(workload.input_tokens, budget)).seconds <= tpot_target_s
+        mixed_s = mixed_step(cfg, 0, 0.0, budget, min(workload.input_tokens, budget)).seconds
+        return decode_s + REFERENCE_CHUNK_SHARE * (mixed_s - decode_s) <= tpot_target_s
 
     # The step time grows with the budget: walk the ladder from the engine's default for this
     # GPU (usually a step or two from the answer).

@@ -270,7 +270,7 @@ def _evaluate(s: _Screened, request: PlanRequest) -> Feasible | Rejected:
         ttft_p_s=at_load.ttft_p_s,
         tpot_p_s=at_load.tpot_p_s,
         throughput_tokens_per_s=rate_max * request.workload.output_tokens,
-        limited_by=replica.limited_by(at_max),
+        limited_by=replica.limited_by(at_max, slo),
         mbu=at_max.mbu,
         mfu=at_max.mfu,
         kv_cache_tokens=mem.kv_capacity_tokens,
