@@ -1,4 +1,5 @@
-"""The InferenceService resource (kvscale.io/v1alpha1): pydantic models and the CRD made from them."""
+"""The InferenceService resource (kvscale.io/v1alpha1): pydantic models, the CRD made from them,
+the spec parsed once into domain values, and the label keys every part of kvscale shares."""
 
 GROUP = "kvscale.io"
 VERSION = "v1alpha1"
@@ -6,3 +7,19 @@ KIND = "InferenceService"
 PLURAL = "inferenceservices"
 SINGULAR = "inferenceservice"
 SHORT_NAMES = ["kvis"]
+
+MANAGED_BY = "kvscale"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_OWNER_UID = "kvscale.io/owner-uid"  # on engine pods: the InferenceService's uid
+LABEL_GPU_TYPE = "kvscale.io/gpu-type"  # on engine pods: the planned catalog GPU type
+
+
+def labels(name: str) -> dict[str, str]:
+    """The labels of every object an InferenceService owns, and the selector of its pods."""
+    return {LABEL_NAME: "inferenceservice", LABEL_INSTANCE: name, LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def selector(name: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in labels(name).items())

@@ -4,9 +4,10 @@ enums enforced; camelCase on the wire. The CRD schema is generated from these mo
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)?(us|ms|s|m|h)$"
@@ -30,6 +31,13 @@ Precision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
+
+
+class _Status(BaseModel):
+    """Status is written by the operator and read back by it: unknown keys (an older or newer
+    operator's) are ignored rather than refused."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, alias_generator=to_camel, frozen=True)
 
 
 class ModelArchitecture(_Wire):
@@ -276,7 +284,7 @@ class InferenceServiceSpec(_Wire):
     )
 
 
-class Condition(_Wire):
+class Condition(_Status):
     type: str = Field(description="Ready, Planned, SLOMet, MetricsAvailable, ...")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason.")
@@ -285,7 +293,7 @@ class Condition(_Wire):
     observed_generation: int | None = Field(default=None, description="Generation the condition was computed for.")
 
 
-class CandidateStatus(_Wire):
+class CandidateStatus(_Status):
     gpu_type: str = Field(description="GPU type.")
     tensor_parallel: int = Field(description="GPUs per replica.")
     precision: str = Field(description="Weight precision.")
@@ -294,7 +302,7 @@ class CandidateStatus(_Wire):
     cost_per_hour: float | None = Field(default=None, description="USD per hour for those replicas.")
 
 
-class PlanStatus(_Wire):
+class PlanStatus(_Status):
     gpu_type: str = Field(description="Chosen GPU type.")
     gpu_product: str = Field(description="Node label value (nvidia.com/gpu.product) the pods are pinned to.")
     tensor_parallel: int = Field(description="GPUs per replica.")
@@ -320,7 +328,7 @@ class PlanStatus(_Wire):
     )
 
 
-class ObservedStatus(_Wire):
+class ObservedStatus(_Status):
     ttft: str | None = Field(default=None, description="Observed TTFT at the percentile.")
     tpot: str | None = Field(default=None, description="Observed TPOT at the percentile.")
     requests_per_second: float | None = Field(default=None, description="Observed arrival rate.")
@@ -336,12 +344,14 @@ class ObservedStatus(_Wire):
     )
 
 
-class InferenceServiceStatus(_Wire):
+class InferenceServiceStatus(_Status):
     observed_generation: int | None = Field(default=None, description="Spec generation the status describes.")
     phase: Literal["Pending", "Planned", "Deploying", "Ready", "Recommended", "Failed"] | None = Field(
         default=None, description="Summary of the state."
     )
-    conditions: list[Condition] = Field(default_factory=list, description="Ready, Planned, SLOMet, MetricsAvailable.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Planned, Scheduled, SLOMet, MetricsAvailable, Synced."
+    )
     plan: PlanStatus | None = Field(default=None, description="The chosen plan and its predictions.")
     replicas: int | None = Field(default=None, description="Replicas of the engine Deployment.")
     desired_replicas: int | None = Field(default=None, description="Replicas the autoscaling policy asked for last.")
@@ -352,5 +362,27 @@ class InferenceServiceStatus(_Wire):
     last_scale_reason: str | None = Field(default=None, description="Why replicas last changed.")
 
 
-def parse_spec(spec: dict[str, Any]) -> InferenceServiceSpec:
-    return InferenceServiceSpec.model_validate(spec)
+def parse_spec(spec: Mapping[str, Any]) -> InferenceServiceSpec:
+    return InferenceServiceSpec.model_validate(dict(spec))
+
+
+def parse_status(status: Mapping[str, Any] | None) -> InferenceServiceStatus:
+    """The status as the operator wrote it; a status it cannot read starts over (empty)."""
+    try:
+        return InferenceServiceStatus.model_validate(dict(status or {}))
+    except ValidationError:
+        return InferenceServiceStatus()
+
+
+def status_dict(status: InferenceServiceStatus) -> dict[str, Any]:
+    """The wire form (camelCase, no None fields)."""
+    return status.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def status_patch(before: InferenceServiceStatus, after: InferenceServiceStatus) -> dict[str, Any]:
+    """The merge patch from `before` to `after`, top-level keys only; empty when nothing changed
+    (so an unchanged status is never written)."""
+    old, new = status_dict(before), status_dict(after)
+    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    patch.update({k: None for k in old if k not in new})
+    return patch

@@ -10,11 +10,10 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from pydantic import ValidationError
 
 from kvscale.api.crd import DNS_LABEL_1035, MAX_NAME_LENGTH
 from kvscale.cli.app import app
-from kvscale.cli.common import EXIT_INFEASIBLE, CatalogOpt, fail, load, split
+from kvscale.cli.common import EXIT_BAD_INPUT, EXIT_INFEASIBLE, CatalogOpt, fail, load, split
 from kvscale.sizing.catalog import Catalog, CatalogError
 
 MAX_GPUS_PER_TYPE = 1_000_000
@@ -88,9 +87,9 @@ def _documents(path: Path) -> list[dict[str, Any]]:
 def objects_for(doc: dict[str, Any], catalog: Catalog, gpus: str | None, port: int) -> tuple[list[dict[str, Any]], str]:
     """The children the operator would apply for one InferenceService document, and a one-line
     summary; exits 2 naming the field for specs the operator would refuse."""
-    from kvscale.api.models import parse_spec
+    from kvscale.api.intent import SpecError, parse_intent
     from kvscale.operator.inference_pool import inference_pool
-    from kvscale.operator.planning import plan_service
+    from kvscale.operator.planning import Unplanned, plan_service
     from kvscale.operator.resources import (
         EngineImageError,
         deployment,
@@ -103,17 +102,15 @@ def objects_for(doc: dict[str, Any], catalog: Catalog, gpus: str | None, port: i
     meta = doc.get("metadata") or {}
     name = str(meta["name"])
     try:
-        spec = parse_spec(doc["spec"])
-    except ValidationError as exc:
-        fail(f"{name}: " + "; ".join(f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()))
+        intent = parse_intent(doc["spec"])
+    except SpecError as exc:
+        fail(f"{name}: {exc.message}")
+    spec = intent.spec
     pools = gpu_pools(catalog, gpus, spec.scaling.max_replicas)
-    result = plan_service(spec, catalog, pools)
-    if result.outcome == "unusable":
-        fail(f"{name}: {result.message}")
-    if result.outcome == "no-capacity" or result.chosen is None:
-        fail(f"{name}: {result.message}", EXIT_INFEASIBLE)
+    result = plan_service(intent, catalog, pools)
+    if isinstance(result, Unplanned):
+        fail(f"{name}: {result.message}", EXIT_INFEASIBLE if result.retry else EXIT_BAD_INPUT)
     chosen = result.chosen
-    assert result.model is not None
     launch = planned_launch(spec, chosen.config, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, port)
     summary = (
         f"{name}: {chosen.prediction.replicas} x {chosen.tensor_parallel} {chosen.gpu} ({chosen.precision}), "
@@ -122,10 +119,8 @@ def objects_for(doc: dict[str, Any], catalog: Catalog, gpus: str | None, port: i
     )
     if spec.scaling.mode == "recommend":
         return [], summary + " (mode recommend: the operator creates nothing)"
-    s = spec.scaling
-    replicas = (
-        s.replicas if s.replicas is not None else max(s.min_replicas, min(s.max_replicas, chosen.prediction.replicas))
-    )
+    pinned = intent.scaling.pinned_replicas
+    replicas = pinned if pinned is not None else intent.scaling.bounded(chosen.prediction.replicas)
     try:
         children = [
             deployment(name, "", spec, result.model, chosen.config, chosen, pools[chosen.gpu], replicas, port),

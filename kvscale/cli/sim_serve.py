@@ -41,7 +41,7 @@ def sim_serve(
     from kubernetes.config.config_exception import ConfigException
     from urllib3.exceptions import HTTPError as TransportError
 
-    from kvscale.standin.kubernetes_loop import serve
+    from kvscale.standin.serve import serve
 
     try:
         serve(cat, namespace, name, port, load_profile, cold_start_s, seed, stop_after_s)

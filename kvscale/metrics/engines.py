@@ -126,6 +126,11 @@ class EngineMetrics:
     labels: tuple[str, ...] = ()
     buckets_s: dict[str, tuple[float, ...]] = field(default_factory=dict)
     ttft_unavailable_reason: str | None = None
+    # Read by no query today, exposed by the stand-in (counters with their `_total`):
+    e2e_histogram: tuple[str, ...] = ()
+    prompt_tokens_counter: tuple[str, ...] = ()
+    generation_tokens_counter: tuple[str, ...] = ()
+    preemptions_counter: tuple[str, ...] = ()
 
     def tpot_source(self, per_request_present: bool) -> str:
         """What a TPOT quantile was read from, for status."""
@@ -146,6 +151,10 @@ ENGINES: dict[str, EngineMetrics] = {
         prompt_tokens_histogram=("vllm:request_prompt_tokens",),
         generation_tokens_histogram=("vllm:request_generation_tokens",),
         labels=VLLM_LABELS,
+        e2e_histogram=("vllm:e2e_request_latency_seconds",),
+        prompt_tokens_counter=("vllm:prompt_tokens_total",),
+        generation_tokens_counter=("vllm:generation_tokens_total",),
+        preemptions_counter=("vllm:num_preemptions_total",),
         buckets_s={
             "vllm:time_to_first_token_seconds": VLLM_TTFT_BUCKETS_S,
             "vllm:request_time_per_output_token_seconds": VLLM_TPOT_BUCKETS_S,

@@ -1,14 +1,22 @@
-"""The cluster's GPUs by catalog type, from Node and Pod objects (plain dicts: pure)."""
+"""The cluster's GPUs by catalog type (pure).
+
+The operator keeps kopf indexes of GPU nodes and GPU-holding pods, fed by watches: each
+object becomes a small entry here (`node_entry`, `pod_entry`) when it changes, and a
+reconcile sums the entries (`pools`) instead of listing every pod in the cluster.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvscale.api import LABEL_GPU_TYPE, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_OWNER_UID, MANAGED_BY
 from kvscale.sizing.catalog import Catalog
 
 GPU_PRODUCT_LABELS = ("nvidia.com/gpu.product", "amd.com/gpu.product-name")
+_FINISHED = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,42 @@ class GpuPool:
         return max(0, self.allocatable - self.requested)
 
 
+@dataclass(frozen=True)
+class NodeGpus:
+    """A schedulable node with GPUs of a catalog type."""
+
+    name: str
+    gpu_type: str
+    product_label: str
+    label_key: str
+    resource_name: str
+    allocatable: int
+
+
+@dataclass(frozen=True)
+class PodGpus:
+    """GPUs a pod holds on its node (extended resources, by name)."""
+
+    node_name: str
+    requests: tuple[tuple[str, int], ...]
+    owner_uid: str | None
+
+    def count(self, resource: str) -> int:
+        return sum(n for r, n in self.requests if r == resource)
+
+
+@dataclass(frozen=True)
+class EnginePod:
+    """An engine pod of one InferenceService, as the status refresh needs it."""
+
+    name: str
+    gpu_type: str | None
+    node_name: str | None
+    phase: str | None
+    unschedulable_since: dt.datetime | None
+    deleting: bool
+
+
 def _quantity(value: Any) -> int:
     try:
         return int(str(value))
@@ -33,14 +77,95 @@ def _quantity(value: Any) -> int:
         return 0
 
 
-def _pod_gpus(pod: Mapping[str, Any], resource: str) -> int:
-    total = 0
-    for container in pod.get("spec", {}).get("containers", []) or []:
-        resources = container.get("resources") or {}
-        limits = resources.get("limits") or {}
-        requests = resources.get("requests") or {}
-        total += _quantity(limits.get(resource, requests.get(resource, 0)))
-    return total
+def node_entry(catalog: Catalog, node: Mapping[str, Any]) -> NodeGpus | None:
+    """The node's GPUs, or None for a node without catalog GPUs or closed to scheduling."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable") or any(
+        t.get("effect") == "NoSchedule" and t.get("key") == "node.kubernetes.io/unschedulable"
+        for t in spec.get("taints") or []
+    ):
+        return None
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    for key in GPU_PRODUCT_LABELS:
+        product = labels.get(key)
+        gpu = catalog.gpu_for_node_label(product) if product else None
+        if gpu is None:
+            continue
+        allocatable = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(gpu.resource_name, 0))
+        return NodeGpus(meta.get("name", ""), gpu.name, product or "", key, gpu.resource_name, allocatable)
+    return None
+
+
+def pod_entry(pod: Mapping[str, Any], resources: Iterable[str]) -> PodGpus | None:
+    """The GPUs a bound, unfinished pod holds, or None when it holds none."""
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    if not node_name or (pod.get("status") or {}).get("phase") in _FINISHED:
+        return None
+    wanted = set(resources)
+    totals: dict[str, int] = {}
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        res = container.get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        for name in wanted & (set(limits) | set(requests)):
+            totals[name] = totals.get(name, 0) + _quantity(limits.get(name, requests.get(name, 0)))
+    held = tuple(sorted((r, n) for r, n in totals.items() if n > 0))
+    if not held:
+        return None
+    owner = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_OWNER_UID)
+    return PodGpus(node_name, held, owner)
+
+
+def _unschedulable_since(pod: Mapping[str, Any]) -> dt.datetime | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            stamp = c.get("lastTransitionTime") or (pod.get("metadata") or {}).get("creationTimestamp")
+            return dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else None
+    return None
+
+
+def engine_pod(pod: Mapping[str, Any]) -> tuple[tuple[str, str], EnginePod] | None:
+    """((namespace, instance), entry) for a pod kvscale manages, else None."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or LABEL_INSTANCE not in labels:
+        return None
+    entry = EnginePod(
+        name=meta.get("name", ""),
+        gpu_type=labels.get(LABEL_GPU_TYPE),
+        node_name=(pod.get("spec") or {}).get("nodeName"),
+        phase=(pod.get("status") or {}).get("phase"),
+        unschedulable_since=_unschedulable_since(pod),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+    return (meta.get("namespace", ""), labels[LABEL_INSTANCE]), entry
+
+
+def pools(
+    nodes: Iterable[NodeGpus], pods: Iterable[PodGpus], exclude_owner_uid: str | None = None
+) -> dict[str, GpuPool]:
+    """GPU pools by catalog type. Pods of `exclude_owner_uid` do not count as requested: a
+    re-plan may reuse the GPUs its own pods hold."""
+    by_node = {n.name: n for n in nodes}
+    requested: dict[str, int] = {}
+    for pod in pods:
+        node = by_node.get(pod.node_name)
+        if node is None or (exclude_owner_uid and pod.owner_uid == exclude_owner_uid):
+            continue
+        requested[node.name] = requested.get(node.name, 0) + pod.count(node.resource_name)
+    out: dict[str, GpuPool] = {}
+    for name, node in sorted(by_node.items()):
+        old = out.get(node.gpu_type)
+        out[node.gpu_type] = GpuPool(
+            gpu_type=node.gpu_type,
+            product_label=old.product_label if old else node.product_label,
+            label_key=node.label_key,
+            resource_name=node.resource_name,
+            allocatable=(old.allocatable if old else 0) + node.allocatable,
+            requested=(old.requested if old else 0) + requested.get(name, 0),
+            max_per_node=max(old.max_per_node if old else 0, node.allocatable),
+        )
+    return out
 
 
 def gpu_inventory(
@@ -49,49 +174,8 @@ def gpu_inventory(
     pods: Iterable[Mapping[str, Any]],
     exclude_owner_uid: str | None = None,
 ) -> dict[str, GpuPool]:
-    """GPU pools by catalog type. Pods owned (via ReplicaSet labels) by `exclude_owner_uid`
-    are not counted as requested: a re-plan may reuse the GPUs its own pods hold."""
-    by_node: dict[str, tuple[str, str, str, str, int]] = {}
-    for node in nodes:
-        meta = node.get("metadata", {})
-        labels = meta.get("labels", {}) or {}
-        if any(
-            t.get("effect") == "NoSchedule" and t.get("key") == "node.kubernetes.io/unschedulable"
-            for t in node.get("spec", {}).get("taints", []) or []
-        ):
-            continue
-        if node.get("spec", {}).get("unschedulable"):
-            continue
-        for key in GPU_PRODUCT_LABELS:
-            product = labels.get(key)
-            gpu = catalog.gpu_for_node_label(product) if product else None
-            if gpu is None:
-                continue
-            allocatable = _quantity((node.get("status", {}).get("allocatable") or {}).get(gpu.resource_name, 0))
-            by_node[meta.get("name", "")] = (gpu.name, product or "", key, gpu.resource_name, allocatable)
-            break
-    requested: dict[str, int] = {}
-    for pod in pods:
-        node_name = pod.get("spec", {}).get("nodeName")
-        if node_name not in by_node or pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        if (
-            exclude_owner_uid
-            and (pod.get("metadata", {}).get("labels", {}) or {}).get("kvscale.io/owner-uid") == exclude_owner_uid
-        ):
-            continue
-        requested[node_name] = requested.get(node_name, 0) + _pod_gpus(pod, by_node[node_name][3])
-    pools: dict[str, GpuPool] = {}
-    for node_name, (gpu_type, product, key, resource, allocatable) in sorted(by_node.items()):
-        old = pools.get(gpu_type)
-        used = requested.get(node_name, 0)
-        pools[gpu_type] = GpuPool(
-            gpu_type=gpu_type,
-            product_label=old.product_label if old else product,
-            label_key=key,
-            resource_name=resource,
-            allocatable=(old.allocatable if old else 0) + allocatable,
-            requested=(old.requested if old else 0) + used,
-            max_per_node=max(old.max_per_node if old else 0, allocatable),
-        )
-    return pools
+    """GPU pools from whole Node and Pod objects (the CLI and tests; the operator uses indexes)."""
+    node_entries = [e for n in nodes if (e := node_entry(catalog, n)) is not None]
+    resources = {n.resource_name for n in node_entries}
+    pod_entries = [h for p in pods if (h := pod_entry(p, resources)) is not None]
+    return pools(node_entries, pod_entries, exclude_owner_uid)

@@ -1,19 +1,48 @@
-"""Kubernetes I/O for the operator: reads, server-side apply, deletes. Nothing here decides."""
+"""Kubernetes I/O for the operator: server-side apply, deletes, scale. Nothing here decides.
+
+API errors become kopf's retry policy at this edge:
+- 409 Conflict: retry soon (someone else wrote first);
+- 429, 5xx, timeouts, refused connections: retry after a backoff;
+- any other 4xx: `Refused`, which the handler turns into a condition, an Event naming what
+  was refused, and a PermanentError (no retry until the spec changes).
+"""
 
 from __future__ import annotations
 
-from functools import cache
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import kopf
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError
 
 from kvscale.operator import inference_pool
-from kvscale.operator.resources import FIELD_MANAGER
+from kvscale.operator.reconcile import PoolView
+
+FIELD_MANAGER = "kvscale-operator"
+CONFLICT_RETRY_S = 1.0
+_APPLY_PATCH = "application/apply-patch+yaml"
 
 
-@cache
-def api_client() -> client.ApiClient:
+class Refused(Exception):
+    """The API server refused a request for a reason retrying will not fix (4xx)."""
+
+    def __init__(self, what: str, status: int, detail: str) -> None:
+        super().__init__(f"the API server refused {what} (HTTP {status}): {detail}")
+        self.what, self.status, self.detail = what, status, detail
+
+
+def _detail(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (TypeError, ValueError):
+        return str(exc.reason)
+
+
+def new_api_client() -> client.ApiClient:
     try:
         config.load_incluster_config()
     except config.ConfigException:
@@ -21,142 +50,135 @@ def api_client() -> client.ApiClient:
     return client.ApiClient()
 
 
-def core() -> client.CoreV1Api:
-    return client.CoreV1Api(api_client())
+class Kube:
+    """The operator's Kubernetes writes, with errors mapped to kopf's retry semantics."""
 
+    def __init__(self, api: client.ApiClient, backoff_s: float) -> None:
+        self.api = api
+        self.backoff_s = backoff_s
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.policy = client.PolicyV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
 
-def apps() -> client.AppsV1Api:
-    return client.AppsV1Api(api_client())
+    @contextmanager
+    def errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except ApiException as exc:
+            status = int(exc.status or 0)
+            if status == 409:
+                raise kopf.TemporaryError(f"{what}: conflict, retrying", delay=CONFLICT_RETRY_S) from exc
+            if 400 <= status < 500 and status != 429:
+                raise Refused(what, status, _detail(exc)) from exc
+            raise kopf.TemporaryError(f"{what}: HTTP {status} {_detail(exc)}", delay=self.backoff_s) from exc
+        except (HTTPError, OSError) as exc:
+            raise kopf.TemporaryError(f"{what}: {exc}", delay=self.backoff_s) from exc
 
+    def _writer(self, kind: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        writers: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+            "Deployment": (self.apps.patch_namespaced_deployment, self.apps.delete_namespaced_deployment),
+            "Service": (self.core.patch_namespaced_service, self.core.delete_namespaced_service),
+            "PodDisruptionBudget": (
+                self.policy.patch_namespaced_pod_disruption_budget,
+                self.policy.delete_namespaced_pod_disruption_budget,
+            ),
+        }
+        return writers[kind]
 
-def policy() -> client.PolicyV1Api:
-    return client.PolicyV1Api(api_client())
+    def apply(self, obj: dict[str, Any]) -> None:
+        """Server-side apply: idempotent, and only the fields kvscale sets are kvscale's."""
+        meta = obj["metadata"]
+        if obj["kind"] == inference_pool.KIND:
+            self._apply_pool(obj)
+            return
+        patch, _ = self._writer(obj["kind"])
+        with self.errors(f"{obj['kind']} {meta['namespace']}/{meta['name']}"):
+            patch(
+                meta["name"],
+                meta["namespace"],
+                obj,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type=_APPLY_PATCH,
+            )
 
+    def delete_if_present(self, kind: str, namespace: str, name: str) -> bool:
+        _, delete = self._writer(kind)
+        with self.errors(f"deleting {kind} {namespace}/{name}"):
+            try:
+                delete(name, namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                raise
+        return True
 
-def list_nodes() -> list[dict[str, Any]]:
-    items = core().list_node().items
-    return [api_client().sanitize_for_serialization(n) for n in items]
+    def scale(self, namespace: str, name: str, replicas: int) -> None:
+        """Through the scale subresource, so only the replica count changes."""
+        with self.errors(f"scaling Deployment {namespace}/{name}"):
+            self.apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
 
+    # -- InferencePool (Gateway API inference extension) ---------------------------------
 
-def list_gpu_pods() -> list[dict[str, Any]]:
-    """Pods that hold node resources (not finished), in every namespace."""
-    items = core().list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
-    return [api_client().sanitize_for_serialization(p) for p in items]
+    def _pool_args(self, namespace: str) -> tuple[str, str, str, str]:
+        return inference_pool.GROUP, inference_pool.VERSION, namespace, inference_pool.PLURAL
 
+    def pool_api_installed(self) -> bool:
+        """Whether the API server serves inferencepools in inference.networking.k8s.io/v1 (its CRD
+        is installed). Discovery: every authenticated user may read it, no RBAC rule needed."""
+        with self.errors("discovering the InferencePool API"):
+            try:
+                found = self.custom.get_api_resources(inference_pool.GROUP, inference_pool.VERSION)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                raise
+        return any(r.name == inference_pool.PLURAL for r in found.resources or [])
 
-def list_pods(namespace: str, label_selector: str) -> list[dict[str, Any]]:
-    items = core().list_namespaced_pod(namespace, label_selector=label_selector).items
-    return [api_client().sanitize_for_serialization(p) for p in items]
+    def pool_view(self, namespace: str, name: str) -> PoolView:
+        """The pool of that name, if the API is served; forbidden when RBAC does not allow looking."""
+        try:
+            if not self.pool_api_installed():
+                return PoolView(api_installed=False)
+            with self.errors(f"InferencePool {namespace}/{name}"):
+                try:
+                    existing = self.custom.get_namespaced_custom_object(*self._pool_args(namespace), name)
+                except ApiException as exc:
+                    if exc.status == 404:
+                        return PoolView(api_installed=True)
+                    raise
+        except Refused as exc:
+            if exc.status == 403:
+                return PoolView(api_installed=True, forbidden=True)
+            raise
+        return PoolView(api_installed=True, existing=dict(existing))
 
+    def _apply_pool(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        with self.errors(f"InferencePool {meta['namespace']}/{meta['name']}"):
+            self.custom.patch_namespaced_custom_object(
+                *self._pool_args(meta["namespace"]),
+                meta["name"],
+                obj,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type=_APPLY_PATCH,
+            )
 
-def read_deployment(namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        return dict(api_client().sanitize_for_serialization(apps().read_namespaced_deployment(name, namespace)))
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-
-
-_APPLY = {
-    "Deployment": lambda ns, name, body: apps().patch_namespaced_deployment(
-        name, ns, body, field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml"
-    ),
-    "Service": lambda ns, name, body: core().patch_namespaced_service(
-        name, ns, body, field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml"
-    ),
-    "PodDisruptionBudget": lambda ns, name, body: policy().patch_namespaced_pod_disruption_budget(
-        name, ns, body, field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml"
-    ),
-}
-_DELETE = {
-    "Deployment": lambda ns, name: apps().delete_namespaced_deployment(name, ns),
-    "Service": lambda ns, name: core().delete_namespaced_service(name, ns),
-    "PodDisruptionBudget": lambda ns, name: policy().delete_namespaced_pod_disruption_budget(name, ns),
-}
-
-
-def apply(obj: dict[str, Any]) -> None:
-    """Server-side apply: idempotent, and only the fields kvscale sets are kvscale's."""
-    meta = obj["metadata"]
-    _APPLY[obj["kind"]](meta["namespace"], meta["name"], obj)
-
-
-def delete_if_present(kind: str, namespace: str, name: str) -> bool:
-    try:
-        _DELETE[kind](namespace, name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
-
-
-def scale_deployment(namespace: str, name: str, replicas: int) -> None:
-    """Through the scale subresource, so only the replica count changes."""
-    apps().patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
-
-
-# -- InferencePool (Gateway API inference extension) ---------------------------------------
-
-
-def custom() -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(api_client())
-
-
-def inference_pool_api_installed() -> bool:
-    """Whether the API server serves inferencepools in inference.networking.k8s.io/v1 (its CRD is
-    installed). Discovery: every authenticated user may read it, no RBAC rule needed."""
-    try:
-        resources = custom().get_api_resources(inference_pool.GROUP, inference_pool.VERSION)
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return any(r.name == inference_pool.PLURAL for r in resources.resources or [])
-
-
-def read_inference_pool(namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        obj = custom().get_namespaced_custom_object(
-            inference_pool.GROUP, inference_pool.VERSION, namespace, inference_pool.PLURAL, name
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return dict(obj)
-
-
-def list_inference_pools(namespace: str, label_selector: str) -> list[dict[str, Any]]:
-    listed = custom().list_namespaced_custom_object(
-        inference_pool.GROUP, inference_pool.VERSION, namespace, inference_pool.PLURAL, label_selector=label_selector
-    )
-    return [dict(i) for i in dict(listed).get("items", [])]
-
-
-def apply_inference_pool(obj: dict[str, Any]) -> None:
-    meta = obj["metadata"]
-    custom().patch_namespaced_custom_object(
-        inference_pool.GROUP,
-        inference_pool.VERSION,
-        meta["namespace"],
-        inference_pool.PLURAL,
-        meta["name"],
-        obj,
-        field_manager=FIELD_MANAGER,
-        force=True,
-        _content_type="application/apply-patch+yaml",
-    )
-
-
-def delete_inference_pool(namespace: str, name: str) -> bool:
-    try:
-        custom().delete_namespaced_custom_object(
-            inference_pool.GROUP, inference_pool.VERSION, namespace, inference_pool.PLURAL, name
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
+    def prune_pools(self, namespace: str, label_selector: str, owner_uid: str, keep: str | None) -> None:
+        """Deletes the pools `owner_uid` owns except `keep` (routing removed or renamed, recommend mode)."""
+        if not self.pool_api_installed():
+            return
+        with self.errors(f"InferencePools in {namespace}"):
+            listed = self.custom.list_namespaced_custom_object(
+                *self._pool_args(namespace), label_selector=label_selector
+            )
+            for pool in dict(listed).get("items", []):
+                name = pool.get("metadata", {}).get("name")
+                if name != keep and inference_pool.owned_by(pool, owner_uid):
+                    try:
+                        self.custom.delete_namespaced_custom_object(*self._pool_args(namespace), name)
+                    except ApiException as exc:
+                        if exc.status != 404:
+                            raise

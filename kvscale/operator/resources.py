@@ -1,4 +1,6 @@
-"""Pure builders of the objects an InferenceService owns: Deployment, Service, PodDisruptionBudget."""
+"""Pure builders of the objects an InferenceService owns: Deployment, Service, PodDisruptionBudget.
+
+The label keys and the selector are kvscale.api's (re-exported here for the builders' callers)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from kvscale.api import LABEL_OWNER_UID, MANAGED_BY, labels, selector
 from kvscale.api.models import InferenceServiceSpec
 from kvscale.operator.inventory import GpuPool
 from kvscale.operator.labels import serving_labels
@@ -14,30 +17,16 @@ from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.engine_args import PlannedLaunch, plan_launch, requested_source
 from kvscale.sizing.planner import Feasible
 
-MANAGED_BY = "kvscale"
 SHM_BYTES_PER_TP = 2 * 1024**3  # NCCL shared memory for tensor parallelism
-FIELD_MANAGER = "kvscale-operator"
 CACHE_VOLUME = "model-cache"
 STARTUP_PROBE_PERIOD_S = 10
-
-
-def labels(name: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "inferenceservice",
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-    }
-
-
-def selector(name: str) -> str:
-    return ",".join(f"{k}={v}" for k, v in labels(name).items())
 
 
 def pod_labels(name: str, owner_uid: str, cfg: ServingConfig) -> dict[str, str]:
     """The engine pods' labels: the Deployment's selector, the owner, and model, GPU type and variant."""
     return {
         **labels(name),
-        "kvscale.io/owner-uid": owner_uid,
+        LABEL_OWNER_UID: owner_uid,
         **serving_labels(cfg.model.name, cfg.gpu.name, cfg.tensor_parallel, cfg.precision.name),
     }
 
@@ -214,3 +203,6 @@ def pod_disruption_budget(name: str) -> dict[str, Any]:
         "metadata": {"name": name, "labels": labels(name)},
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels(name)}},
     }
+
+
+__all__ = ["MANAGED_BY", "deployment", "engine_image", "labels", "pod_disruption_budget", "selector", "service"]

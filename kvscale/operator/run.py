@@ -1,4 +1,5 @@
-"""Runs the operator (`kvscale operator`)."""
+"""Runs the operator (`kvscale operator`): settings, catalog, clients and handlers are made
+here, at startup, and nowhere at import."""
 
 from __future__ import annotations
 
@@ -7,18 +8,35 @@ import logging
 
 import kopf
 
+from kvscale.metrics.client import PrometheusClient
+from kvscale.operator.handlers import Runtime, register
+from kvscale.operator.k8s import Kube, new_api_client
+from kvscale.operator.settings import Settings
+from kvscale.sizing.catalog import load_catalog
+
+
+def runtime(settings: Settings) -> Runtime:
+    return Runtime(
+        settings=settings,
+        catalog=load_catalog(*settings.catalog_overlays),
+        kube=Kube(new_api_client(), settings.retry_backoff_s),
+        prometheus=PrometheusClient(settings.prometheus_url) if settings.prometheus_url else None,
+    )
+
 
 def run_operator(namespaces: tuple[str, ...], liveness: str | None = None) -> None:
-    from kvscale.operator import handlers
-
+    settings = Settings.from_env()
+    registry = kopf.OperatorRegistry()
+    register(registry, runtime(settings))
     kopf.configure(verbose=False)  # kopf's own log format, to stderr
-    logging.getLogger().setLevel(handlers.SETTINGS.log_level.upper())
+    logging.getLogger().setLevel(settings.log_level.upper())
     # Per-object INFO lines ("Timer 'refresh' succeeded" every interval) drown real news.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prometheus query otherwise
-    watched = list(namespaces or handlers.SETTINGS.namespaces)
+    watched = list(namespaces or settings.namespaces)
     asyncio.run(
         kopf.operator(
+            registry=registry,
             clusterwide=not watched,
             namespaces=watched,
             standalone=True,

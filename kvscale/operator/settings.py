@@ -1,10 +1,16 @@
-"""Operator settings, from environment variables (documented in README)."""
+"""The operator's settings: one class, read from environment variables once at startup.
+
+Each field documents its variable; README's settings table is generated from these fields
+(`settings_table()`), and a test fails when the two differ.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from kvscale.sizing.units import UnitError, parse_duration_s
 
@@ -13,80 +19,51 @@ class SettingsError(ValueError):
     pass
 
 
-def _duration(name: str, default: str) -> float:
+def _duration(name: str, text: str) -> float:
     try:
-        return parse_duration_s(os.environ.get(name, default), field=name)
+        return parse_duration_s(text, field=name)
     except UnitError as exc:
         raise SettingsError(str(exc)) from exc
 
 
-@dataclass(frozen=True)
-class Settings:
-    namespaces: tuple[str, ...] = ()  # empty: every namespace
-    unschedulable_timeout_s: float = 300.0
-    status_interval_s: float = 10.0
-    retry_backoff_s: float = 30.0
-    catalog_overlays: tuple[Path, ...] = ()
-    engine_port: int = 8000
-    extra_tolerations: tuple[dict[str, str], ...] = field(default_factory=tuple)
-    prometheus_url: str | None = None
-    scale_interval_s: float = 15.0
-    metrics_window: str = "1m"
-    metrics_stale_after_s: float = 120.0
-    metrics_port: int = 9090
-    log_level: str = "info"
-
-    @classmethod
-    def from_env(cls) -> Settings:
-        namespaces = tuple(n.strip() for n in os.environ.get("KVSCALE_NAMESPACES", "").split(",") if n.strip())
-        overlays = tuple(Path(p) for p in os.environ.get("KVSCALE_CATALOG", "").split(",") if p.strip())
-        port = _port("KVSCALE_ENGINE_PORT", "8000")
-        return cls(
-            extra_tolerations=parse_tolerations(os.environ.get("KVSCALE_EXTRA_TOLERATIONS", "")),
-            namespaces=namespaces,
-            unschedulable_timeout_s=_duration("KVSCALE_UNSCHEDULABLE_TIMEOUT", "300s"),
-            status_interval_s=_duration("KVSCALE_STATUS_INTERVAL", "10s"),
-            retry_backoff_s=_duration("KVSCALE_RETRY_BACKOFF", "30s"),
-            catalog_overlays=overlays,
-            engine_port=port,
-            prometheus_url=os.environ.get("KVSCALE_PROMETHEUS_URL") or None,
-            scale_interval_s=_duration("KVSCALE_SCALE_INTERVAL", "15s"),
-            metrics_window=_window(os.environ.get("KVSCALE_METRICS_WINDOW", "1m")),
-            metrics_stale_after_s=_duration("KVSCALE_METRICS_STALE_AFTER", "120s"),
-            metrics_port=_port("KVSCALE_METRICS_PORT", "9090"),
-            log_level=_level(os.environ.get("KVSCALE_LOG_LEVEL", "info")),
-        )
-
-
-def _port(name: str, default: str) -> int:
-    text = os.environ.get(name, default)
+def _port(name: str, text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 65535:
         raise SettingsError(f"{name} must be a port number (0 disables where allowed), got {text!r}")
     return int(text)
 
 
-def _level(text: str) -> str:
+def _level(name: str, text: str) -> str:
     if text.lower() not in ("debug", "info", "warning", "error"):
-        raise SettingsError(f"KVSCALE_LOG_LEVEL must be debug, info, warning or error, got {text!r}")
+        raise SettingsError(f"{name} must be debug, info, warning or error, got {text!r}")
     return text.lower()
 
 
-def _window(text: str) -> str:
-    """A PromQL range: whole seconds or minutes."""
-    if not text or not text[:-1].isdigit() or text[-1] not in "smh":
-        raise SettingsError(f"KVSCALE_METRICS_WINDOW must be a PromQL range such as 30s or 1m, got {text!r}")
+def _window(name: str, text: str) -> str:
+    """A PromQL range: whole seconds, minutes or hours."""
+    if not text or not text[:-1].isdigit() or text[-1] not in "smh" or int(text[:-1]) == 0:
+        raise SettingsError(f"{name} must be a PromQL range such as 30s or 1m, got {text!r}")
     return text
 
 
-def parse_tolerations(text: str) -> tuple[dict[str, str], ...]:
+def _names(_: str, text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _paths(_: str, text: str) -> tuple[Path, ...]:
+    return tuple(Path(p.strip()) for p in text.split(",") if p.strip())
+
+
+def _optional(_: str, text: str) -> str | None:
+    return text or None
+
+
+def parse_tolerations(text: str, name: str = "KVSCALE_EXTRA_TOLERATIONS") -> tuple[dict[str, str], ...]:
     """'key=value:Effect,key:Effect' -> toleration dicts (Equal with a value, Exists without)."""
     out: list[dict[str, str]] = []
     for item in (t.strip() for t in text.split(",") if t.strip()):
         head, sep, effect = item.rpartition(":")
         if not sep or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute") or not head:
-            raise SettingsError(
-                f"KVSCALE_EXTRA_TOLERATIONS: {item!r} is not key[=value]:NoSchedule|PreferNoSchedule|NoExecute"
-            )
+            raise SettingsError(f"{name}: {item!r} is not key[=value]:NoSchedule|PreferNoSchedule|NoExecute")
         key, eq, value = head.partition("=")
         out.append(
             {"key": key, "operator": "Equal", "value": value, "effect": effect}
@@ -96,18 +73,90 @@ def parse_tolerations(text: str) -> tuple[dict[str, str], ...]:
     return tuple(out)
 
 
-ENV_DOCS = {
-    "KVSCALE_NAMESPACES": "Comma-separated namespaces to watch; empty watches all.",
-    "KVSCALE_UNSCHEDULABLE_TIMEOUT": "How long pods of the planned GPU type may stay unschedulable before re-planning without it (default 300s).",
-    "KVSCALE_STATUS_INTERVAL": "How often each InferenceService's status is refreshed (default 10s).",
-    "KVSCALE_RETRY_BACKOFF": "Delay before retrying when no plan fits the cluster (default 30s).",
-    "KVSCALE_CATALOG": "Comma-separated catalog overlay YAML files (extra GPUs, prices).",
-    "KVSCALE_ENGINE_PORT": "Port the engine listens on (default 8000).",
-    "KVSCALE_EXTRA_TOLERATIONS": "Extra taints engine pods tolerate, as key[=value]:Effect, comma-separated.",
-    "KVSCALE_PROMETHEUS_URL": "Prometheus base URL the autoscaler reads engine metrics from; unset: no autoscaling, replicas held.",
-    "KVSCALE_SCALE_INTERVAL": "How often the autoscaling policy runs per InferenceService (default 15s).",
-    "KVSCALE_METRICS_WINDOW": "PromQL range for rates and quantiles (default 1m).",
-    "KVSCALE_METRICS_STALE_AFTER": "Engine samples older than this count as missing (default 120s).",
-    "KVSCALE_METRICS_PORT": "Port of the operator's own /metrics (default 9090; 0 disables).",
-    "KVSCALE_LOG_LEVEL": "debug, info, warning or error (default info).",
-}
+def _tolerations(name: str, text: str) -> tuple[dict[str, str], ...]:
+    return parse_tolerations(text, name)
+
+
+def setting(env: str, default: str, doc: str, parse: Callable[[str, str], Any]) -> Any:
+    """A field read from `env` (default: `default`, as the user would write it)."""
+    parsed = parse(env, default)
+    factory: Callable[[], Any] = lambda: parsed  # noqa: E731 - dataclass defaults must be immutable or factories
+    return field(default_factory=factory, metadata={"env": env, "default": default, "doc": doc, "parse": parse})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Operator settings. Durations are seconds; every field comes from one environment variable."""
+
+    namespaces: tuple[str, ...] = setting(
+        "KVSCALE_NAMESPACES", "", "Comma-separated namespaces to watch; empty watches all.", _names
+    )
+    unschedulable_timeout_s: float = setting(
+        "KVSCALE_UNSCHEDULABLE_TIMEOUT",
+        "300s",
+        "How long pods of the planned GPU type may stay unschedulable before re-planning without it.",
+        _duration,
+    )
+    status_interval_s: float = setting(
+        "KVSCALE_STATUS_INTERVAL",
+        "10s",
+        "How often each InferenceService's readiness is refreshed and drift in its children reverted.",
+        _duration,
+    )
+    retry_backoff_s: float = setting(
+        "KVSCALE_RETRY_BACKOFF",
+        "30s",
+        "Delay before retrying when no plan fits the cluster, or the API server failed (5xx, timeout).",
+        _duration,
+    )
+    catalog_overlays: tuple[Path, ...] = setting(
+        "KVSCALE_CATALOG", "", "Comma-separated catalog overlay YAML files (extra GPUs, prices).", _paths
+    )
+    engine_port: int = setting("KVSCALE_ENGINE_PORT", "8000", "Port the engine listens on.", _port)
+    extra_tolerations: tuple[dict[str, str], ...] = setting(
+        "KVSCALE_EXTRA_TOLERATIONS",
+        "",
+        "Extra taints engine pods tolerate, as key[=value]:Effect, comma-separated.",
+        _tolerations,
+    )
+    prometheus_url: str | None = setting(
+        "KVSCALE_PROMETHEUS_URL",
+        "",
+        "Prometheus base URL the autoscaler reads engine metrics from; unset: no autoscaling, replicas held.",
+        _optional,
+    )
+    scale_interval_s: float = setting(
+        "KVSCALE_SCALE_INTERVAL", "15s", "How often the autoscaling policy runs per InferenceService.", _duration
+    )
+    metrics_window: str = setting("KVSCALE_METRICS_WINDOW", "1m", "PromQL range for rates and quantiles.", _window)
+    metrics_stale_after_s: float = setting(
+        "KVSCALE_METRICS_STALE_AFTER", "120s", "Engine samples older than this count as missing.", _duration
+    )
+    metrics_port: int = setting(
+        "KVSCALE_METRICS_PORT", "9090", "Port of the operator's own /metrics (0 disables).", _port
+    )
+    log_level: str = setting("KVSCALE_LOG_LEVEL", "info", "debug, info, warning or error.", _level)
+
+    @property
+    def metrics_window_s(self) -> float:
+        return _duration("KVSCALE_METRICS_WINDOW", self.metrics_window)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            meta = f.metadata
+            if meta["env"] in env:
+                values[f.name] = meta["parse"](meta["env"], env[meta["env"]])
+        return cls(**values)
+
+
+def settings_table() -> str:
+    """README's table of settings, generated from the class."""
+    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for f in fields(Settings):
+        meta = f.metadata
+        default = f"`{meta['default']}`" if meta["default"] else "(unset)"
+        rows.append(f"| `{meta['env']}` | {default} | {meta['doc']} |")
+    return "\n".join(rows)

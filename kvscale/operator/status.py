@@ -1,85 +1,119 @@
-"""Status and conditions as plain dicts (pure), in the CRD's camelCase."""
+"""Status values (pure): conditions and the plan, as the typed models of kvscale.api."""
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, Literal
 
-from kvscale.operator.inventory import GpuPool
-from kvscale.sizing.planner import Candidate, Feasible, Plan
+from kvscale.api.models import CandidateStatus, Condition, InferenceServiceStatus, ObservedStatus, PlanStatus
+from kvscale.autoscaling.observation import Decision, Observation
+from kvscale.operator.planning import Planned
+from kvscale.sizing.planner import Candidate, Feasible
 from kvscale.sizing.units import format_duration
 
 TOP_ALTERNATIVES = 5
 MAX_REJECTED = 20
+MAX_MESSAGE = 1000
 
 
-def now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_rfc3339(now: dt.datetime | None = None) -> str:
+    return (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition(
+    status: InferenceServiceStatus,
     type_: str,
     ok: bool | None,
     reason: str,
     message: str,
     generation: int | None,
-    previous: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    status = "Unknown" if ok is None else ("True" if ok else "False")
-    before = next((c for c in previous or [] if c.get("type") == type_), None)
-    changed = before is None or before.get("status") != status
-    return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message[:1000],
-        "lastTransitionTime": now_rfc3339() if changed or not before else before.get("lastTransitionTime"),
-        "observedGeneration": generation,
-    }
+    now: dt.datetime | None = None,
+) -> Condition:
+    """A condition; its transition time moves only when its status does."""
+    value: Literal["True", "False", "Unknown"] = "Unknown" if ok is None else ("True" if ok else "False")
+    before = next((c for c in status.conditions if c.type == type_), None)
+    changed = before is None or before.status != value
+    return Condition(
+        type=type_,
+        status=value,
+        reason=reason,
+        message=message[:MAX_MESSAGE],
+        last_transition_time=now_rfc3339(now) if changed or before is None else before.last_transition_time,
+        observed_generation=generation,
+    )
 
 
-def merge_conditions(previous: list[dict[str, Any]] | None, *updates: dict[str, Any]) -> list[dict[str, Any]]:
-    by_type = {c["type"]: c for c in previous or [] if "type" in c}
-    for u in updates:
-        by_type[u["type"]] = u
-    return [by_type[k] for k in sorted(by_type)]
+def with_conditions(status: InferenceServiceStatus, *updates: Condition, **fields: Any) -> InferenceServiceStatus:
+    """The status with `updates` replacing conditions of their type (sorted by type) and `fields` set."""
+    by_type = {c.type: c for c in status.conditions}
+    by_type.update({c.type: c for c in updates})
+    return status.model_copy(update={"conditions": [by_type[k] for k in sorted(by_type)], **fields})
 
 
-def _candidate(c: Candidate) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "gpuType": c.gpu,
-        "tensorParallel": c.tensor_parallel,
-        "precision": c.precision,
-        "reason": c.reason[:300],
-    }
-    if isinstance(c, Feasible):
-        out["replicas"] = c.prediction.replicas
-        out["costPerHour"] = round(c.prediction.cost_usd_per_hour, 4)
-    return out
+def without_condition(status: InferenceServiceStatus, type_: str) -> InferenceServiceStatus:
+    return status.model_copy(update={"conditions": [c for c in status.conditions if c.type != type_]})
 
 
-def plan_status(plan: Plan, pool: GpuPool, max_context: int, excluded: tuple[str, ...]) -> dict[str, Any]:
-    chosen = plan.chosen
-    assert chosen is not None
-    p = chosen.prediction
-    return {
-        "gpuType": chosen.gpu,
-        "gpuProduct": pool.product_label,
-        "tensorParallel": chosen.tensor_parallel,
-        "precision": chosen.precision,
-        "maxBatch": p.max_batch,
-        "maxContextTokens": max_context,
-        "replicas": p.replicas,
-        "predictedTtft": format_duration(p.ttft_p_s),
-        "predictedTpot": format_duration(p.tpot_p_s),
-        "throughputTokensPerSecond": round(p.throughput_tokens_per_s, 1),
-        "ratePerReplica": round(p.rate_per_replica_max, 4),
-        "limitedBy": p.limited_by,
-        "mbu": round(p.mbu, 4),
-        "mfu": round(p.mfu, 4),
-        "costPerHour": round(p.cost_usd_per_hour, 4),
-        "reason": chosen.reason[:500],
-        "excludedGpuTypes": list(excluded),
-        "alternatives": [_candidate(c) for c in plan.alternatives[:TOP_ALTERNATIVES]],
-        "rejected": [_candidate(c) for c in plan.rejected[:MAX_REJECTED]],
-    }
+def get_condition(status: InferenceServiceStatus, type_: str) -> Condition | None:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+def candidate_status(c: Candidate) -> CandidateStatus:
+    p = c.prediction if isinstance(c, Feasible) else None
+    return CandidateStatus(
+        gpu_type=c.gpu,
+        tensor_parallel=c.tensor_parallel,
+        precision=c.precision,
+        reason=c.reason[:300],
+        replicas=p.replicas if p is not None else None,
+        cost_per_hour=round(p.cost_usd_per_hour, 4) if p is not None else None,
+    )
+
+
+def plan_status(planned: Planned, max_context: int, excluded: tuple[str, ...]) -> PlanStatus:
+    chosen, p, plan = planned.chosen, planned.prediction, planned.plan
+    return PlanStatus(
+        gpu_type=chosen.gpu,
+        gpu_product=planned.pool.product_label,
+        tensor_parallel=chosen.tensor_parallel,
+        precision=chosen.precision,
+        max_batch=p.max_batch,
+        max_context_tokens=max_context,
+        replicas=p.replicas,
+        predicted_ttft=format_duration(p.ttft_p_s),
+        predicted_tpot=format_duration(p.tpot_p_s),
+        throughput_tokens_per_second=round(p.throughput_tokens_per_s, 1),
+        rate_per_replica=round(p.rate_per_replica_max, 4),
+        limited_by=p.limited_by,
+        mbu=round(p.mbu, 4),
+        mfu=round(p.mfu, 4),
+        cost_per_hour=round(p.cost_usd_per_hour, 4),
+        reason=chosen.reason[:500],
+        excluded_gpu_types=list(excluded),
+        alternatives=[candidate_status(c) for c in plan.alternatives[:TOP_ALTERNATIVES]],
+        rejected=[candidate_status(c) for c in plan.rejected[:MAX_REJECTED]],
+    )
+
+
+def observed_status(obs: Observation, decision: Decision) -> ObservedStatus:
+    def dur(value: float | None) -> str | None:
+        return None if value is None else format_duration(value)
+
+    return ObservedStatus(
+        ttft=dur(obs.ttft_p_s),
+        tpot=dur(obs.tpot_p_s),
+        requests_per_second=None if obs.arrival_rate_per_s is None else round(obs.arrival_rate_per_s, 4),
+        queue=obs.waiting,
+        kv_cache_usage=None if obs.kv_usage is None else round(obs.kv_usage, 4),
+        calibration=round(decision.calibration, 4),
+        tpot_source=obs.tpot_source,
+        ttft_source=obs.ttft_source,
+    )
+
+
+def mark_synced(stage: str, status: InferenceServiceStatus, generation: int | None) -> InferenceServiceStatus:
+    """After a timer run succeeds: Synced back to True if that timer had failed before."""
+    synced = get_condition(status, "Synced")
+    if synced is None or synced.status != "False" or synced.reason != f"{stage.capitalize()}Failed":
+        return status
+    return with_conditions(status, condition(status, "Synced", True, "Synced", f"{stage} succeeded", generation))

@@ -1,9 +1,13 @@
 """The operator's own /metrics: desired and current replicas, targets, predicted vs observed
-latency, decisions by kind, tick durations, errors."""
+latency, decisions by kind, tick durations, errors. A resource's series go with it."""
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from kvscale.operator.scaling import Gauges
 
 REGISTRY = CollectorRegistry()
 LABELS = ("namespace", "inferenceservice")
@@ -26,13 +30,58 @@ ERRORS = Counter("kvscale_errors", "Reconcile and tick errors", ("stage",), regi
 TICK_SECONDS = Histogram("kvscale_tick_duration_seconds", "Autoscaling tick duration", registry=REGISTRY)
 RECONCILE_SECONDS = Histogram("kvscale_reconcile_duration_seconds", "Reconcile duration", registry=REGISTRY)
 
+_PER_RESOURCE = (
+    DESIRED,
+    CURRENT,
+    READY,
+    TTFT_TARGET,
+    TPOT_TARGET,
+    TTFT_OBSERVED,
+    TPOT_OBSERVED,
+    TTFT_PREDICTED,
+    TPOT_PREDICTED,
+    COST,
+    METRICS_AVAILABLE,
+)
+_kinds: dict[tuple[str, str], set[str]] = {}
+
 
 def serve(port: int) -> None:
     start_http_server(port, registry=REGISTRY)
 
 
-def decision_kind(reason: str) -> str:
-    for kind in ("scale up", "scale down", "metrics missing", "hold"):
-        if reason.startswith(kind) or kind in reason[:40]:
-            return kind.replace(" ", "_")
-    return "other"
+def _set(gauge: Gauge, labels: tuple[str, str], value: float | None) -> None:
+    if value is None:
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)
+    else:
+        gauge.labels(*labels).set(value)
+
+
+def export(namespace: str, name: str, g: Gauges) -> None:
+    labels = (namespace, name)
+    _set(DESIRED, labels, g.desired)
+    _set(CURRENT, labels, g.current)
+    _set(READY, labels, g.ready)
+    _set(TTFT_TARGET, labels, g.ttft_target_s)
+    _set(TPOT_TARGET, labels, g.tpot_target_s)
+    _set(TTFT_PREDICTED, labels, g.ttft_predicted_s)
+    _set(TPOT_PREDICTED, labels, g.tpot_predicted_s)
+    if g.ttft_observed_s is not None:
+        TTFT_OBSERVED.labels(*labels).set(g.ttft_observed_s)
+    if g.tpot_observed_s is not None:
+        TPOT_OBSERVED.labels(*labels).set(g.tpot_observed_s)
+    _set(COST, labels, g.cost_usd_per_hour)
+    METRICS_AVAILABLE.labels(*labels).set(1 if g.metrics_available else 0)
+    DECISIONS.labels(*labels, g.decision_kind).inc()
+    _kinds.setdefault(labels, set()).add(g.decision_kind)
+
+
+def forget(namespace: str, name: str) -> None:
+    """Remove every series of a deleted InferenceService."""
+    labels = (namespace, name)
+    for gauge in _PER_RESOURCE:
+        _set(gauge, labels, None)
+    for kind in _kinds.pop(labels, set()):
+        with contextlib.suppress(KeyError):
+            DECISIONS.remove(*labels, kind)

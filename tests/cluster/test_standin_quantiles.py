@@ -18,11 +18,12 @@ from kvscale.metrics.client import PrometheusClient
 from kvscale.metrics.engines import VLLM_TPOT_BUCKETS_S, VLLM_TTFT_BUCKETS_S
 from kvscale.metrics.observe import observe
 from kvscale.sim.engine import SimRequest, StepTimes
+from kvscale.sim.fleet import FleetSpec
 from kvscale.sim.load_profile import parse_profile
-from kvscale.sim.serve import PodEngine, StandIn
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.standin.kubernetes_loop import serve_text_metrics
+from kvscale.standin.exposition import EngineCollector, serve_text_metrics
+from kvscale.standin.fleet import PodFleet, PodStats
 from tests.cluster.harness import free_port, wait_until
 from tests.cluster.prometheus import Prometheus
 
@@ -37,30 +38,25 @@ def test_promql_quantiles_from_vllm_buckets(tmp_path: Path) -> None:
     cat = default_catalog()
     cfg = ServingConfig.build(cat, cat.model("llama-3.1-8b"), cat.gpu("A100-80GB"))
     clock = {"t": 0.0}
-    standin = StandIn(
-        "ns",
-        "llama",
+    standin = PodFleet(
+        FleetSpec(48, cfg.memory.kv_capacity_tokens, 2048, cfg.gpus, 0.0),
         StepTimes(cfg),
-        48,
-        cfg.memory.kv_capacity_tokens,
-        2048,
-        0.0,
         parse_profile("constant:8", 512, 128, seed=3),
         clock=lambda: clock["t"],
     )
     standin.sync_pods(["svc-abc12-x1y2z"])
     tpots: list[float] = []
     ttfts: list[float] = []
-    original = PodEngine.record
+    original = PodStats.record
 
-    def record(self: PodEngine, r: SimRequest) -> None:
+    def record(self: PodStats, r: SimRequest) -> None:
         tpots.append(r.tpot_s)
         ttfts.append(r.ttft_s)
         original(self, r)
 
-    PodEngine.record = record  # type: ignore[method-assign]
+    PodStats.record = record  # type: ignore[method-assign]
     registry = CollectorRegistry()
-    registry.register(standin)
+    registry.register(EngineCollector(standin, "ns", "llama"))
     port = free_port()
     server = serve_text_metrics(registry, port)  # as `kvscale sim serve` serves them
     running = threading.Event()
@@ -95,7 +91,7 @@ def test_promql_quantiles_from_vllm_buckets(tmp_path: Path) -> None:
     finally:
         running.clear()
         server.shutdown()
-        PodEngine.record = original  # type: ignore[method-assign]
+        PodStats.record = original  # type: ignore[method-assign]
     obs = result["obs"]
     assert result["why"] is None and obs.tpot_source == "per-request TPOT"
     exact_tpot = sorted(tpots)[math.ceil(0.95 * len(tpots)) - 1]

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from kvscale.api.models import parse_spec
+from kvscale.api.intent import parse_intent
 from kvscale.cli import app
-from kvscale.operator.planning import plan_service
+from kvscale.operator.planning import Planned, plan_service
 from kvscale.operator.resources import deployment
 from kvscale.sizing.catalog import default_catalog
 
@@ -46,13 +46,14 @@ def test_sample_prints_what_the_operator_builds() -> None:
     # The same builder, called directly on the same plan, gives the same Deployment.
     cat = default_catalog()
     body = sample("llama-3.1-8b-chat")
-    spec = parse_spec(body["spec"])
+    intent = parse_intent(body["spec"])
+    spec = intent.spec
     from kvscale.cli.manifests import gpu_pools
 
     pools = gpu_pools(cat, "A10G=16,L4=16", spec.scaling.max_replicas)
-    result = plan_service(spec, cat, pools)
+    result = plan_service(intent, cat, pools)
+    assert isinstance(result, Planned)
     chosen = result.chosen
-    assert chosen is not None and result.model is not None
     replicas = min(chosen.prediction.replicas, spec.scaling.max_replicas)
     direct = deployment(
         "llama-8b-chat", "", spec, result.model, chosen.config, chosen, pools[chosen.gpu], replicas, 8000

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
+from kvscale.api.intent import parse_intent
 from kvscale.api.models import parse_spec
 from kvscale.operator.inventory import GpuPool, gpu_inventory
-from kvscale.operator.planning import PlanningResult, plan_service
+from kvscale.operator.planning import Planned, Unplanned, plan_service
 from kvscale.operator.resources import EngineImageError, deployment, engine_image, planned_launch
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.checkpoints import (
@@ -56,13 +57,12 @@ def spec_with(**patch: Any) -> dict[str, Any]:
     return spec
 
 
-def build(raw: dict[str, Any], nodes: list[dict[str, Any]] | None = None) -> tuple[PlanningResult, dict[str, Any]]:
+def build(raw: dict[str, Any], nodes: list[dict[str, Any]] | None = None) -> tuple[Planned, dict[str, Any]]:
     spec = parse_spec(raw)
     pools = gpu_inventory(CAT, nodes if nodes is not None else NODES, [])
-    result = plan_service(spec, CAT, pools)
+    result = plan_service(parse_intent(raw), CAT, pools)
+    assert isinstance(result, Planned), result.message
     chosen = result.chosen
-    assert result.outcome == "planned" and chosen is not None and chosen.prediction is not None, result.message
-    assert result.model is not None
     cfg = ServingConfig.build(
         CAT,
         result.model,
@@ -113,8 +113,8 @@ def test_default_context_is_the_limit_lowered_to_one_sequence_of_kv() -> None:
 
 def test_operator_refuses_a_context_above_the_limit_naming_both_numbers() -> None:
     pools = gpu_inventory(CAT, NODES, [])
-    result = plan_service(parse_spec(spec_with(workload={"maxContextTokens": 200_000})), CAT, pools)
-    assert result.outcome == "unusable" and result.reason == "ContextTooLong"
+    result = plan_service(parse_intent(spec_with(workload={"maxContextTokens": 200_000})), CAT, pools)
+    assert isinstance(result, Unplanned) and not result.retry and result.reason == "ContextTooLong"
     assert "spec.workload.maxContextTokens 200000" in result.message and "131072" in result.message
 
 
@@ -188,11 +188,12 @@ def test_method_from_name() -> None:
 def test_operator_refuses_int4_without_a_checkpoint() -> None:
     pools = gpu_inventory(CAT, NODES, [])
     raw = spec_with(model={"name": "mistral-7b", "precision": "int4"})
-    result = plan_service(parse_spec(raw), CAT, pools)
-    assert result.outcome == "unusable" and result.reason == "NoMatchingCheckpoint"
+    result = plan_service(parse_intent(raw), CAT, pools)
+    assert isinstance(result, Unplanned) and not result.retry and result.reason == "NoMatchingCheckpoint"
     assert "spec.model.source" in result.message
     raw["model"]["source"] = "hf://mistralai/Mistral-7B-v0.1"
-    assert plan_service(parse_spec(raw), CAT, pools).reason == "NoMatchingCheckpoint"
+    again = plan_service(parse_intent(raw), CAT, pools)
+    assert isinstance(again, Unplanned) and again.reason == "NoMatchingCheckpoint"
 
 
 def test_int4_deploys_the_catalog_awq_checkpoint_with_marlin() -> None:
@@ -223,13 +224,14 @@ def test_engines_without_a_rocm_image_leave_amd_gpus_out() -> None:
     pools = gpu_inventory(CAT, [*NODES, MI300X_NODE], [])
     raw = spec_with(engine={"type": "sglang"}, hardware={"gpuTypes": ["MI300X"]})
     # Only MI300X allowed, no ROCm image for SGLang in the catalog: nothing left to plan on.
-    refused = plan_service(parse_spec(raw), CAT, pools)
-    assert refused.reason == "NoEngineImage" and "spec.engine.rocmImage" in refused.message
-    anywhere = plan_service(parse_spec(spec_with(engine={"type": "sglang"})), CAT, pools)
-    assert anywhere.chosen is not None and anywhere.chosen.gpu != "MI300X"
-    assert all(c.gpu != "MI300X" for c in anywhere.plan.candidates)  # type: ignore[union-attr]
+    refused = plan_service(parse_intent(raw), CAT, pools)
+    assert isinstance(refused, Unplanned) and refused.reason == "NoEngineImage"
+    assert "spec.engine.rocmImage" in refused.message
+    anywhere = plan_service(parse_intent(spec_with(engine={"type": "sglang"})), CAT, pools)
+    assert isinstance(anywhere, Planned) and anywhere.chosen.gpu != "MI300X"
+    assert all(c.gpu != "MI300X" for c in anywhere.plan.candidates)
     raw["engine"]["rocmImage"] = "lmsysorg/sglang:my-rocm"
-    assert plan_service(parse_spec(raw), CAT, pools).outcome == "planned"
+    assert isinstance(plan_service(parse_intent(raw), CAT, pools), Planned)
     with pytest.raises(EngineImageError, match=r"spec.engine.rocmImage"):
         engine_image(parse_spec(spec_with(engine={"type": "sglang"})), CAT.engine("sglang"), CAT.gpu("MI300X"))
 
@@ -312,8 +314,9 @@ def test_tgi_command_line() -> None:
 def test_tgi_refuses_an_fp8_kv_cache() -> None:
     pools = gpu_inventory(CAT, NODES, [])
     raw = spec_with(engine={"type": "tgi"}, model={"name": "llama-3.1-8b", "kvCachePrecision": "fp8"})
-    result = plan_service(parse_spec(raw), CAT, pools)
-    assert result.reason == "EngineUnsupported" and "spec.engine.type" in result.message
+    result = plan_service(parse_intent(raw), CAT, pools)
+    assert isinstance(result, Unplanned) and result.reason == "EngineUnsupported"
+    assert "spec.engine.type" in result.message
 
 
 def test_the_planner_uses_each_engines_profile() -> None:

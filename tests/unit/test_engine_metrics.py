@@ -24,12 +24,14 @@ from kvscale.metrics.engines import (
 )
 from kvscale.metrics.observe import observe
 from kvscale.metrics.promql import queries
-from kvscale.operator.autoscaler import observed_status
+from kvscale.operator.status import observed_status
 from kvscale.sim.engine import StepTimes
+from kvscale.sim.fleet import FleetSpec
 from kvscale.sim.load_profile import parse_profile
-from kvscale.sim.serve import StandIn
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
+from kvscale.standin.exposition import EngineCollector
+from kvscale.standin.fleet import PodFleet
 
 
 def test_vllm_buckets_are_vllms() -> None:
@@ -62,7 +64,7 @@ def test_sglang_and_tgi_adapters() -> None:
     assert "tgi_request_mean_time_per_token_duration_bucket" in tgi["tpot"]
 
 
-def _scrape(standin: StandIn) -> dict[str, Any]:
+def _scrape(standin: EngineCollector) -> dict[str, Any]:
     registry = CollectorRegistry()
     registry.register(standin)
     return {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
@@ -85,22 +87,17 @@ def test_standin_exports_vllm_names_labels_and_buckets() -> None:
     cat = default_catalog()
     cfg = ServingConfig.build(cat, cat.model("llama-3.1-8b"), cat.gpu("L4"))
     clock = {"t": 0.0}
-    standin = StandIn(
-        "ns",
-        "llama",
+    fleet = PodFleet(
+        FleetSpec(32, cfg.memory.kv_capacity_tokens, 2048, cfg.gpus, 0.0),
         StepTimes(cfg),
-        32,
-        cfg.memory.kv_capacity_tokens,
-        2048,
-        0.0,
         parse_profile("constant:4", 256, 64, seed=1),
         clock=lambda: clock["t"],
     )
-    standin.sync_pods(["svc-abc-1"])
+    fleet.sync_pods(["svc-abc-1"])
     for step in range(1, 601):
         clock["t"] = step * 0.1
-        standin.tick()
-    families = _scrape(standin)
+        fleet.tick()
+    families = _scrape(EngineCollector(fleet, "ns", "llama"))
     tpot = families["vllm:request_time_per_output_token_seconds"]
     buckets = [s for s in tpot.samples if s.name.endswith("_bucket")]
     assert [float(s.labels["le"]) for s in buckets] == [*VLLM_TPOT_BUCKETS_S, float("inf")]
@@ -152,5 +149,5 @@ def test_observation_says_what_tpot_and_ttft_were_read_from() -> None:
     assert tgi.ttft_p_s is None and "no TTFT histogram" in (tgi.ttft_source or "")
     assert tgi.tpot_source == "per-request TPOT"
     status = observed_status(fallback, Decision(1, "hold"))
-    assert status["tpotSource"] == fallback.tpot_source
-    ObservedStatus.model_validate(status)  # the CRD's status schema takes it
+    assert status.tpot_source == fallback.tpot_source
+    assert ObservedStatus.model_validate(status.model_dump(by_alias=True)) == status  # the wire form round-trips

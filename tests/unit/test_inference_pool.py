@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from kvscale.api.intent import parse_intent
 from kvscale.api.models import InferencePoolRouting, parse_spec
 from kvscale.operator.inference_pool import inference_pool, owned_by, plan_pool
 from kvscale.operator.inventory import gpu_inventory
 from kvscale.operator.labels import LABEL_VALUE, label_value, serving_labels
-from kvscale.operator.planning import plan_service
+from kvscale.operator.planning import Planned, plan_service
 from kvscale.operator.resources import deployment, labels
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
@@ -150,10 +151,11 @@ def test_serving_labels_tell_variants_apart() -> None:
 def test_engine_pods_carry_identity_and_pool_labels() -> None:
     cat = default_catalog()
     pools = gpu_inventory(cat, list(node_objects(Path(__file__).parents[1] / "cluster" / "nodepool.yaml")), [])
-    spec = parse_spec({**SPEC, "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}})
-    result = plan_service(spec, cat, pools)
+    intent = parse_intent({**SPEC, "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}})
+    spec = intent.spec
+    result = plan_service(intent, cat, pools)
+    assert isinstance(result, Planned)
     chosen, model = result.chosen, result.model
-    assert chosen is not None and model is not None
     cfg = ServingConfig.build(cat, model, cat.gpu(chosen.gpu), chosen.precision, chosen.tensor_parallel)
     dep = deployment("chat", "uid-1", spec, model, cfg, chosen, pools[chosen.gpu], 1, 8000, pool_labels={"pool": "p"})
     got = dep["spec"]["template"]["metadata"]["labels"]

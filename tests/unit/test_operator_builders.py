@@ -2,10 +2,11 @@
 
 from pathlib import Path
 
-from kvscale.api.models import parse_spec
+from kvscale.api import labels
+from kvscale.api.intent import parse_intent
 from kvscale.operator.inventory import gpu_inventory
-from kvscale.operator.planning import plan_service
-from kvscale.operator.resources import deployment, labels, pod_disruption_budget, service
+from kvscale.operator.planning import Planned, Unplanned, plan_service
+from kvscale.operator.resources import deployment, pod_disruption_budget, service
 from kvscale.operator.settings import SettingsError, parse_tolerations
 from kvscale.sizing.catalog import default_catalog
 from tests.cluster.harness import node_objects
@@ -38,37 +39,37 @@ def test_inventory_counts_free_gpus_by_type() -> None:
 
 def test_planning_outcomes() -> None:
     pools = gpu_inventory(CAT, NODES, [])
-    planned = plan_service(parse_spec(SPEC), CAT, pools)
-    assert planned.outcome == "planned" and planned.chosen is not None
+    planned = plan_service(parse_intent(SPEC), CAT, pools)
+    assert isinstance(planned, Planned)
     assert planned.chosen.tensor_parallel <= pools[planned.chosen.gpu].max_per_node
-    unknown = plan_service(parse_spec({**SPEC, "model": {"name": "gpt-17"}}), CAT, pools)
-    assert unknown.outcome == "unusable" and unknown.message.startswith("spec.model.name")
+    unknown = plan_service(parse_intent({**SPEC, "model": {"name": "gpt-17"}}), CAT, pools)
+    assert isinstance(unknown, Unplanned) and not unknown.retry and unknown.message.startswith("spec.model.name")
     impossible = plan_service(
-        parse_spec({**SPEC, "slo": {"timeToFirstToken": "1ms", "timePerOutputToken": "1ms"}}), CAT, pools
+        parse_intent({**SPEC, "slo": {"timeToFirstToken": "1ms", "timePerOutputToken": "1ms"}}), CAT, pools
     )
-    assert impossible.outcome == "unusable" and impossible.reason == "SLOInfeasible" and "--tpot" in impossible.message
-    missing = plan_service(parse_spec({**SPEC, "hardware": {"gpuTypes": ["B200"]}}), CAT, pools)
-    assert missing.outcome == "no-capacity" and "B200" in missing.message
-    fallback = plan_service(parse_spec(SPEC), CAT, pools, excluded=(planned.chosen.gpu,))
-    assert fallback.chosen is None or fallback.chosen.gpu != planned.chosen.gpu
+    assert isinstance(impossible, Unplanned) and not impossible.retry
+    assert impossible.reason == "SLOInfeasible" and "--tpot" in impossible.message
+    missing = plan_service(parse_intent({**SPEC, "hardware": {"gpuTypes": ["B200"]}}), CAT, pools)
+    assert isinstance(missing, Unplanned) and missing.retry and "B200" in missing.message
+    fallback = plan_service(parse_intent(SPEC), CAT, pools, excluded=(planned.chosen.gpu,))
+    assert not isinstance(fallback, Planned) or fallback.chosen.gpu != planned.chosen.gpu
 
 
 def test_deployment_carries_the_plan() -> None:
     pools = gpu_inventory(CAT, NODES, [])
-    spec = parse_spec(
+    intent = parse_intent(
         {**SPEC, "model": {"name": "llama-3.1-70b", "credentialsSecret": "hf"}, "engine": {"args": ["--x"]}}
     )
-    result = plan_service(spec, CAT, pools)
-    chosen = result.chosen
-    assert chosen is not None and result.model is not None
-    cfg = chosen.config
-    pool = pools[chosen.gpu]
+    result = plan_service(intent, CAT, pools)
+    assert isinstance(result, Planned)
+    chosen, pool = result.chosen, result.pool
+    assert pool == pools[chosen.gpu]
     dep = deployment(
         "svc",
         "uid-1",
-        spec,
+        intent.spec,
         result.model,
-        cfg,
+        chosen.config,
         chosen,
         pool,
         2,
@@ -82,10 +83,10 @@ def test_deployment_carries_the_plan() -> None:
     args = container["args"]
     assert args[0] == "meta-llama/Llama-3.1-70B"
     assert args[args.index("--tensor-parallel-size") + 1] == str(chosen.tensor_parallel)
-    assert args[args.index("--max-num-seqs") + 1] == str(chosen.prediction.max_batch)
+    assert args[args.index("--max-num-seqs") + 1] == str(result.prediction.max_batch)
     # No maxContextTokens: the model's limit, lowered only to what one sequence can hold.
     served = int(args[args.index("--max-model-len") + 1])
-    expected = min(131072, int(chosen.prediction.kv_cache_tokens * 0.9) // 16 * 16)
+    expected = min(131072, int(result.prediction.kv_cache_tokens * 0.9) // 16 * 16)
     assert served == max(expected, 2048 + 256)
     assert args[-1] == "--x"
     term = pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][

@@ -1,0 +1,221 @@
+"""The spec, parsed once: from the wire model to the domain values the planner, the policy and
+the builders take (SI units, durations in seconds). Every later step reads these values, never
+the strings; every error names the field and the fix."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from kvscale.api.crd import DNS_LABEL_1035, ENV_VAR_NAME, MAX_NAME_LENGTH
+from kvscale.api.models import InferenceServiceSpec, PlanStatus, parse_spec
+from kvscale.autoscaling.policy import PolicyConfig
+from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch
+from kvscale.sizing.checkpoints import EngineType
+from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES, Objective, PlanRequest
+from kvscale.sizing.units import UnitError, parse_duration_s
+from kvscale.sizing.workload import Slo, Workload
+
+Mode = Literal["auto", "recommend"]
+
+
+class SpecError(ValueError):
+    """The spec cannot be used as written. `reason` is the condition's CamelCase reason; the
+    message names the field (spec.x.y) and what to change."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ScalingIntent:
+    min_replicas: int
+    max_replicas: int
+    mode: Mode
+    scale_down_stabilization_s: float
+    pinned_replicas: int | None  # spec.scaling.replicas (the scale subresource)
+
+    def bounded(self, replicas: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, replicas))
+
+
+@dataclass(frozen=True)
+class Intent:
+    """What an InferenceService asks for, in domain values."""
+
+    spec: InferenceServiceSpec  # the validated wire form, for what the builders copy through
+    workload: Workload
+    slo: Slo
+    gpu_types: tuple[str, ...]  # as written; empty: any type present
+    tensor_parallel: tuple[int, ...]
+    precision: str
+    kv_cache_precision: str
+    objective: Objective
+    engine: EngineType
+    scaling: ScalingIntent
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.workload.engine_max_context_tokens
+
+
+def validation_message(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        where = ".".join(["spec", *(str(p) for p in e["loc"])])
+        parts.append(f"{where}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def _seconds(text: str, field: str) -> float:
+    try:
+        return parse_duration_s(text, field=field)
+    except UnitError as exc:
+        raise SpecError("InvalidSpec", str(exc)) from exc
+
+
+def parse_intent(raw: Mapping[str, Any] | InferenceServiceSpec) -> Intent:
+    """The spec as domain values, or a SpecError naming the field."""
+    try:
+        spec = raw if isinstance(raw, InferenceServiceSpec) else parse_spec(raw)
+    except ValidationError as exc:
+        raise SpecError("InvalidSpec", validation_message(exc)) from exc
+    w, s, h, sc = spec.workload, spec.slo, spec.hardware, spec.scaling
+    ttft_s = _seconds(s.time_to_first_token, "spec.slo.timeToFirstToken")
+    tpot_s = _seconds(s.time_per_output_token, "spec.slo.timePerOutputToken")
+    stabilization_s = _seconds(sc.scale_down_stabilization, "spec.scaling.scaleDownStabilization")
+    try:
+        workload = Workload(w.input_tokens, w.output_tokens, w.requests_per_second, w.max_context_tokens)
+        slo = Slo(ttft_s, tpot_s, s.percentile)
+    except ValueError as exc:
+        raise SpecError("InvalidSpec", f"spec.workload/spec.slo: {exc}") from exc
+    return Intent(
+        spec=spec,
+        workload=workload,
+        slo=slo,
+        gpu_types=tuple(h.gpu_types),
+        tensor_parallel=tuple(tp for tp in TENSOR_PARALLEL_DEGREES if tp <= h.max_tensor_parallel),
+        precision=spec.model.precision,
+        kv_cache_precision=spec.model.kv_cache_precision,
+        objective=h.objective,
+        engine=spec.engine.type,
+        scaling=ScalingIntent(sc.min_replicas, sc.max_replicas, sc.mode, stabilization_s, sc.replicas),
+    )
+
+
+def resolve_model(intent: Intent, catalog: Catalog) -> ModelArch:
+    """The catalog's model, or the spec's own architecture; SpecError when neither is usable."""
+    m = intent.spec.model
+    if m.architecture is not None:
+        a = m.architecture
+        try:
+            return ModelArch.from_architecture(
+                m.name or "custom",
+                layers=a.layers,
+                hidden_size=a.hidden_size,
+                heads=a.heads,
+                kv_heads=a.kv_heads,
+                head_dim=a.head_dim,
+                intermediate_size=a.intermediate_size,
+                vocab_size=a.vocab_size,
+                params=a.params,
+                experts=a.experts or 1,
+                active_experts=a.active_experts or 1,
+            )
+        except ValueError as exc:
+            raise SpecError("InvalidArchitecture", f"spec.model.architecture: {exc}") from exc
+    try:
+        return catalog.model(m.name or "")
+    except CatalogError as exc:
+        raise SpecError("UnknownModel", f"spec.model.name: {exc}; or describe it with spec.model.architecture") from exc
+
+
+def serving_config(intent: Intent, plan: PlanStatus, catalog: Catalog) -> ServingConfig:
+    """The configuration a plan in status describes (gpuType, tensorParallel, precision)."""
+    return ServingConfig.build(
+        catalog,
+        resolve_model(intent, catalog),
+        catalog.gpu(plan.gpu_type),
+        plan.precision,
+        plan.tensor_parallel,
+        intent.kv_cache_precision,
+        intent.engine,
+    )
+
+
+def allowed_gpus(intent: Intent, catalog: Catalog) -> tuple[str, ...]:
+    """spec.hardware.gpuTypes as catalog names (aliases resolved); empty: any."""
+    try:
+        return tuple(catalog.gpu(g).name for g in intent.gpu_types)
+    except CatalogError as exc:
+        raise SpecError("UnknownGPUType", f"spec.hardware.gpuTypes: {exc}") from exc
+
+
+def plan_request(
+    intent: Intent, model: ModelArch, gpus: tuple[str, ...], gpu_limits: Mapping[str, int] | None
+) -> PlanRequest:
+    return PlanRequest(
+        model=model,
+        workload=intent.workload,
+        slo=intent.slo,
+        gpus=gpus,
+        tensor_parallel=intent.tensor_parallel,
+        precisions=(intent.precision,),
+        kv_cache_precision=intent.kv_cache_precision,
+        objective=intent.objective,
+        max_replicas=intent.scaling.max_replicas,
+        gpu_limits=gpu_limits,
+        engine=intent.engine,
+    )
+
+
+def policy_config(intent: Intent, cold_start_s: float, interval_s: float, window_s: float) -> PolicyConfig:
+    """The autoscaling policy's configuration: the SLO, the workload's lengths as defaults, the
+    replica bounds, the modelled cold start and the tick; feedback waits a metrics window."""
+    return PolicyConfig(
+        ttft_target_s=intent.slo.ttft_s,
+        tpot_target_s=intent.slo.tpot_s,
+        default_input_tokens=intent.workload.input_tokens,
+        default_output_tokens=intent.workload.output_tokens,
+        min_replicas=intent.scaling.min_replicas,
+        max_replicas=intent.scaling.max_replicas,
+        cold_start_s=cold_start_s,
+        tick_s=interval_s,
+        scale_down_stabilization_s=intent.scaling.scale_down_stabilization_s,
+        feedback_cooldown_s=window_s + interval_s,
+    )
+
+
+_DNS_LABEL = re.compile(DNS_LABEL_1035)
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_ENV_NAME = re.compile(ENV_VAR_NAME)
+
+
+def child_name_problems(name: str, spec: InferenceServiceSpec) -> list[str]:
+    """What the API server would refuse in the children this resource makes, said up front
+    (the CRD's CEL rules say the same where the API server checks them): the name becomes a
+    Service name (a DNS-1035 label) and, with suffixes, the pods' names; env names and the
+    credentials Secret must be valid as Kubernetes names."""
+    problems = []
+    if len(name) > MAX_NAME_LENGTH or not _DNS_LABEL.match(name):
+        problems.append(
+            f"metadata.name: {name!r} must be at most {MAX_NAME_LENGTH} characters of a-z, 0-9 and '-', "
+            "starting with a letter (it names the engine Service); recreate it under such a name"
+        )
+    for i, env in enumerate(spec.engine.env):
+        if not _ENV_NAME.match(env.name):
+            problems.append(
+                f"spec.engine.env[{i}].name: {env.name!r} is not a valid environment variable name "
+                "(letters, digits, '_', '-', '.'; not starting with a digit)"
+            )
+    secret = spec.model.credentials_secret
+    if secret is not None and (len(secret) > 253 or not _DNS_SUBDOMAIN.match(secret)):
+        problems.append(f"spec.model.credentialsSecret: {secret!r} is not a valid Secret name (lowercase DNS name)")
+    return problems

@@ -1,0 +1,89 @@
+"""Applying a Result: children, scale, status, Events, then kopf's retry policy. The only
+place where a reconcile's value turns into writes."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from kvscale.api import selector
+from kvscale.api.models import InferenceServiceStatus, status_patch
+from kvscale.operator import telemetry
+from kvscale.operator.k8s import Kube, Refused
+from kvscale.operator.reconcile import Resource, Result
+from kvscale.operator.status import condition, with_conditions
+
+log = logging.getLogger("kvscale.operator")
+
+
+def write_status(patch: kopf.Patch, before: InferenceServiceStatus, after: InferenceServiceStatus) -> None:
+    """Only what changed; nothing at all when nothing did."""
+    for key, value in status_patch(before, after).items():
+        patch.status[key] = value
+
+
+def _post(body: Any, result: Result) -> None:
+    for event in result.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
+def _refused(
+    body: Any,
+    patch: kopf.Patch,
+    before: InferenceServiceStatus,
+    status: InferenceServiceStatus,
+    res: Resource,
+    exc: Refused,
+) -> None:
+    message = str(exc)[:1000]
+    failed = with_conditions(
+        status,
+        condition(status, "Ready", False, "Refused", message, res.generation),
+        phase="Failed",
+        observed_generation=res.generation,
+    )
+    write_status(patch, before, failed)
+    kopf.warn(body, reason="Refused", message=message)
+    raise kopf.PermanentError(message) from exc
+
+
+def apply(
+    kube: Kube, body: Any, patch: kopf.Patch, before: InferenceServiceStatus, result: Result, res: Resource
+) -> None:
+    """Delete, apply (owned by the resource), scale, write the status, post the Events, and
+    raise kopf's error when the result asks for a retry."""
+    try:
+        for kind in result.delete:
+            kube.delete_if_present(kind, res.namespace, res.name)
+        children = [dict(c) for c in result.apply]
+        kopf.adopt(children, owner=body)
+        for child in children:
+            kube.apply(child)
+        if result.scale_to is not None:
+            kube.scale(res.namespace, res.name, result.scale_to)
+        if result.prune_pools:
+            kube.prune_pools(res.namespace, selector(res.name), res.uid, result.keep_pool)
+    except Refused as exc:
+        _refused(body, patch, before, result.status, res, exc)
+    write_status(patch, before, result.status)
+    _post(body, result)
+    if result.retry is not None:
+        if result.retry.delay_s is None:
+            raise kopf.PermanentError(result.retry.message)
+        raise kopf.TemporaryError(result.retry.message, delay=result.retry.delay_s)
+
+
+def timer_failed(
+    stage: str, body: Any, patch: kopf.Patch, before: InferenceServiceStatus, res: Resource, exc: Exception
+) -> None:
+    """A timer failed unexpectedly: counted, logged naming the object, and visible in status
+    (condition Synced=False) until a later run succeeds. No retry loop: the timer runs again."""
+    telemetry.ERRORS.labels(stage).inc()
+    log.warning("Timer %s failed for %s/%s: %s: %s", stage, res.namespace, res.name, type(exc).__name__, exc)
+    message = f"{stage} failed: {type(exc).__name__}: {exc}"
+    failed = with_conditions(
+        before, condition(before, "Synced", False, f"{stage.capitalize()}Failed", message, res.generation)
+    )
+    write_status(patch, before, failed)

@@ -1,0 +1,404 @@
+"""Reconcile, as a value: (spec, observed cluster, status) -> what to apply, the new status,
+the Events to post and how kopf should retry. Pure: the handlers apply the result.
+
+- `reconcile`: plan and build the children (on create, spec change, resume, re-plan).
+- `refresh`: the status tick: readiness, scheduling, drift in the children, and a re-plan
+  without a GPU type whose pods stay unschedulable.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from kvscale.api import LABEL_GPU_TYPE, selector
+from kvscale.api.intent import Intent, SpecError, child_name_problems, parse_intent
+from kvscale.api.models import InferenceServiceStatus
+from kvscale.operator.inference_pool import CONDITION as POOL_CONDITION
+from kvscale.operator.inference_pool import PoolPlan, plan_pool
+from kvscale.operator.inventory import EnginePod, GpuPool
+from kvscale.operator.planning import Planned, Unplanned, plan_service
+from kvscale.operator.resources import (
+    EngineImageError,
+    deployment,
+    labels,
+    planned_launch,
+    pod_disruption_budget,
+    pod_labels,
+    service,
+)
+from kvscale.operator.settings import Settings
+from kvscale.operator.status import condition, get_condition, plan_status, with_conditions, without_condition
+from kvscale.sizing.catalog import Catalog
+from kvscale.sizing.checkpoints import CheckpointError
+from kvscale.sizing.context_limit import ContextLimitError
+
+CHILD_KINDS = ("Service", "PodDisruptionBudget", "Deployment")  # the Deployment last: never without its Service
+POOL_FORBIDDEN = (
+    "the operator may not read or manage inferencepools (inference.networking.k8s.io): "
+    "install the chart with inferencePool.enabled=true; the engines are deployed without a pool"
+)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """The InferenceService being reconciled."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int | None
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    """The engine Deployment as the watch last saw it."""
+
+    replicas: int
+    ready_replicas: int
+    gpu_type: str | None
+    image: str | None = None
+    args: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> DeploymentView:
+        spec, st = body.get("spec") or {}, body.get("status") or {}
+        template = spec.get("template") or {}
+        container = ((template.get("spec") or {}).get("containers") or [{}])[0]
+        return cls(
+            replicas=int(spec.get("replicas") or 0),
+            ready_replicas=int(st.get("readyReplicas") or 0),
+            gpu_type=((template.get("metadata") or {}).get("labels") or {}).get(LABEL_GPU_TYPE),
+            image=container.get("image"),
+            args=tuple(container.get("args") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What the API server holds for spec.routing.inferencePool: whether the InferencePool API
+    is served, the pool of that name if any, and whether the operator may look at all."""
+
+    api_installed: bool
+    existing: Mapping[str, Any] | None = None
+    forbidden: bool = False
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The cluster as reconcile sees it: GPU pools (already without this resource's own pods),
+    its Deployment, its engine pods, the Deployment body kvscale last applied, and the
+    InferencePool view (None when not looked at)."""
+
+    pools: Mapping[str, GpuPool]
+    deployment: DeploymentView | None = None
+    pods: tuple[EnginePod, ...] = ()
+    applied: Mapping[str, Any] | None = None
+    pool: PoolView | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How kopf retries: `delay_s` None is permanent (until the spec changes)."""
+
+    message: str
+    delay_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    status: InferenceServiceStatus
+    apply: tuple[dict[str, Any], ...] = ()  # server-side applied in order
+    delete: tuple[str, ...] = ()  # child kinds to delete
+    scale_to: int | None = None  # the Deployment's replicas, through its scale subresource
+    events: tuple[Event, ...] = ()
+    retry: Retry | None = None
+    applied_deployment: dict[str, Any] | None = field(default=None)  # for drift detection
+    prune_pools: bool = False  # delete the InferencePools this resource owns, except keep_pool
+    keep_pool: str | None = None
+
+
+def _failed(
+    status: InferenceServiceStatus,
+    res: Resource,
+    reason: str,
+    message: str,
+    retry_s: float | None = None,
+    now: dt.datetime | None = None,
+) -> Result:
+    new = with_conditions(
+        status,
+        condition(status, "Planned", False, reason, message, res.generation, now),
+        condition(status, "Ready", False, reason, "not deployed: see Planned", res.generation, now),
+        phase="Failed" if retry_s is None else "Pending",
+        observed_generation=res.generation,
+    )
+    return Result(new, events=(Event("Warning", reason, message[:1000]),), retry=Retry(message, retry_s))
+
+
+def _replicas(intent: Intent, planned: Planned, status: InferenceServiceStatus, existing: DeploymentView | None) -> int:
+    """Pinned replicas win. An existing Deployment on the same GPU type keeps its size (the
+    autoscaler owns it) unless the new plan needs more than the previous one did; otherwise
+    the plan's count, within the bounds."""
+    scaling = intent.scaling
+    if scaling.pinned_replicas is not None:
+        return scaling.pinned_replicas
+    wanted = scaling.bounded(planned.prediction.replicas)
+    if existing is not None and existing.gpu_type == planned.chosen.gpu:
+        kept = status.desired_replicas or existing.replicas or wanted
+        previous = status.plan.replicas if status.plan is not None else None
+        grows = previous is not None and planned.prediction.replicas > previous
+        return max(kept, wanted) if grows else kept
+    return wanted
+
+
+def _summary(planned: Planned, replicas: int) -> str:
+    c, p = planned.chosen, planned.prediction
+    per_replica = p.cost_usd_per_hour / max(p.replicas, 1)
+    planned_note = "" if replicas == p.replicas else f" (the plan needs {p.replicas} at spec.workload's rate)"
+    return (
+        f"{replicas} x {c.tensor_parallel} {c.gpu} ({c.precision}), max batch {p.max_batch}, "
+        f"${replicas * per_replica:.2f}/h{planned_note}"
+    )
+
+
+def reconcile(
+    spec: Mapping[str, Any],
+    res: Resource,
+    status: InferenceServiceStatus,
+    observed: Observed,
+    catalog: Catalog,
+    settings: Settings,
+    excluded: tuple[str, ...] | None = None,
+    now: dt.datetime | None = None,
+) -> Result:
+    """Plan, then build the children (mode auto) or only record the plan (mode recommend)."""
+    try:
+        intent = parse_intent(spec)
+    except SpecError as exc:
+        return _failed(status, res, exc.reason, exc.message, now=now)
+    problems = child_name_problems(res.name, intent.spec)
+    if problems:
+        return _failed(status, res, "InvalidName", "; ".join(problems), now=now)
+    excluded = tuple(status.plan.excluded_gpu_types) if excluded is None and status.plan else excluded or ()
+    outcome = plan_service(intent, catalog, observed.pools, excluded)
+    if isinstance(outcome, Unplanned):
+        delay = settings.retry_backoff_s if outcome.retry else None
+        return _failed(status, res, outcome.reason, outcome.message, delay, now)
+    try:
+        launch = planned_launch(
+            intent.spec,
+            outcome.config,
+            outcome.prediction.max_batch,
+            outcome.prediction.kv_cache_tokens,
+            settings.engine_port,
+        )
+    except (CheckpointError, ContextLimitError) as exc:
+        return _failed(status, res, "Undeployable", str(exc), now=now)
+    base = status.model_copy(
+        update={
+            "plan": plan_status(outcome, launch.context.max_model_len_tokens, excluded),
+            "observed_generation": res.generation,
+            "selector": selector(res.name),
+        }
+    )
+    planned = condition(status, "Planned", True, "Planned", outcome.chosen.reason, res.generation, now)
+    if intent.scaling.mode == "recommend":
+        not_ready = condition(
+            status, "Ready", False, "RecommendOnly", "mode is recommend: nothing deployed", res.generation, now
+        )
+        new = with_conditions(without_condition(base, POOL_CONDITION), planned, not_ready, phase="Recommended")
+        summary = _summary(outcome, outcome.prediction.replicas)
+        event = Event("Normal", "Recommended", f"Recommend {summary}")
+        return Result(new, delete=CHILD_KINDS, events=(event,), prune_pools=_had_pool(status))
+    replicas = _replicas(intent, outcome, status, observed.deployment)
+    routing = _routing(intent, res, observed.pool, outcome, settings)
+    try:
+        dep = deployment(
+            res.name,
+            res.uid,
+            intent.spec,
+            outcome.model,
+            outcome.config,
+            outcome.chosen,
+            outcome.pool,
+            replicas,
+            settings.engine_port,
+            settings.extra_tolerations,
+            pool_labels=routing.join_labels if routing is not None and routing.action == "join" else None,
+        )
+    except EngineImageError as exc:
+        return _failed(status, res, "NoEngineImage", str(exc), now=now)
+    children = (service(res.name, settings.engine_port), pod_disruption_budget(res.name), dep)
+    new = with_conditions(base, planned, phase="Deploying", replicas=replicas, desired_replicas=replicas)
+    message = f"Deployed {_summary(outcome, replicas)}: {outcome.chosen.reason}"
+    result = Result(new, apply=children, events=(Event("Normal", "Planned", message[:1000]),), applied_deployment=dep)
+    return _with_routing(result, status, res, routing, now)
+
+
+def _had_pool(status: InferenceServiceStatus) -> bool:
+    """Whether this resource owned an InferencePool (only then does removal look at the API)."""
+    c = get_condition(status, POOL_CONDITION)
+    return c is not None and c.reason == "Owned"
+
+
+def _routing(
+    intent: Intent, res: Resource, seen: PoolView | None, planned: Planned, settings: Settings
+) -> PoolPlan | None:
+    """What to do about spec.routing.inferencePool; None when not asked for. A missing API or
+    missing RBAC becomes a condition; the engines deploy anyway."""
+    wanted = intent.spec.routing.inference_pool if intent.spec.routing else None
+    if wanted is None:
+        return None
+    if seen is not None and seen.forbidden:
+        return PoolPlan("none", False, "Forbidden", POOL_FORBIDDEN)
+    engine_labels = pod_labels(res.name, res.uid, planned.config)
+    installed = seen is not None and seen.api_installed
+    existing = seen.existing if seen is not None else None
+    return plan_pool(
+        res.name, res.uid, wanted, labels(res.name), engine_labels, settings.engine_port, installed, existing
+    )
+
+
+def _with_routing(
+    result: Result, before: InferenceServiceStatus, res: Resource, routing: PoolPlan | None, now: dt.datetime | None
+) -> Result:
+    """The owned pool joins the children; the InferencePool condition says what happened."""
+    if routing is None:
+        status = without_condition(result.status, POOL_CONDITION)
+        return replace(result, status=status, prune_pools=_had_pool(before))
+    keep = routing.pool["metadata"]["name"] if routing.pool is not None else None
+    pool_condition = condition(before, POOL_CONDITION, routing.ok, routing.reason, routing.message, res.generation, now)
+    events = result.events
+    if not routing.ok:
+        events = (*events, Event("Warning", f"InferencePool{routing.reason}", routing.message[:1000]))
+    return replace(
+        result,
+        status=with_conditions(result.status, pool_condition),
+        apply=result.apply + ((routing.pool,) if routing.pool is not None else ()),
+        events=events,
+        prune_pools=_had_pool(before),
+        keep_pool=keep,
+    )
+
+
+def replans(status: InferenceServiceStatus, observed: Observed, settings: Settings, now: dt.datetime) -> bool:
+    """Whether the status tick re-plans: nothing of the planned GPU type is placed and its pods
+    stayed unschedulable too long."""
+    gpu = status.plan.gpu_type if status.plan else None
+    pods = [p for p in observed.pods if p.gpu_type == gpu and not p.deleting]
+    stuck = [p.unschedulable_since for p in pods if p.unschedulable_since is not None]
+    placed = [p for p in pods if p.node_name]
+    return bool(stuck) and not placed and (now - min(stuck)).total_seconds() >= settings.unschedulable_timeout_s
+
+
+def drift(applied: Mapping[str, Any] | None, seen: DeploymentView | None) -> list[str]:
+    """How the Deployment differs from what kvscale applied: replicas, image, args."""
+    if applied is None or seen is None:
+        return []
+    spec = applied.get("spec") or {}
+    container = (((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}])[0]
+    out = []
+    if int(spec.get("replicas") or 0) != seen.replicas:
+        out.append(f"replicas {seen.replicas} -> {spec.get('replicas')}")
+    if container.get("image") != seen.image:
+        out.append(f"image {seen.image} -> {container.get('image')}")
+    if tuple(container.get("args") or ()) != seen.args:
+        out.append("engine args")
+    return out
+
+
+def refresh(
+    spec: Mapping[str, Any],
+    res: Resource,
+    status: InferenceServiceStatus,
+    observed: Observed,
+    catalog: Catalog,
+    settings: Settings,
+    now: dt.datetime,
+) -> Result | None:
+    """The status tick; None when there is nothing to look at (not deployed)."""
+    if status.phase in (None, "Failed", "Pending", "Recommended") or status.plan is None:
+        return None
+    gpu = status.plan.gpu_type
+    if replans(status, observed, settings, now):
+        message = (
+            f"pods on {gpu} stayed unschedulable for {settings.unschedulable_timeout_s:.0f}s: re-planning without {gpu}"
+        )
+        marked = with_conditions(
+            status, condition(status, "Scheduled", False, "GPUTypeUnschedulable", message, res.generation, now)
+        )
+        replanned = reconcile(
+            spec, res, marked, observed, catalog, settings, (*status.plan.excluded_gpu_types, gpu), now
+        )
+        return replace(replanned, events=(Event("Warning", "GPUTypeUnschedulable", message), *replanned.events))
+    if pool_api_missing(status) and observed.pool is not None and observed.pool.api_installed:
+        return reconcile(spec, res, status, observed, catalog, settings, now=now)  # the CRD arrived
+    seen = observed.deployment
+    if seen is None:
+        return None
+    return _readiness(status, res, observed, seen, now)
+
+
+def pool_api_missing(status: InferenceServiceStatus) -> bool:
+    """Deployed without its pool because the InferencePool CRD was missing: the status tick looks
+    for the API (one discovery request) while this holds."""
+    c = get_condition(status, POOL_CONDITION)
+    return c is not None and c.reason == "APINotInstalled"
+
+
+def _readiness(
+    status: InferenceServiceStatus, res: Resource, observed: Observed, seen: DeploymentView, now: dt.datetime
+) -> Result:
+    gpu = status.plan.gpu_type if status.plan else ""
+    wanted, ready = seen.replicas, seen.ready_replicas
+    is_ready = ready >= wanted > 0
+    waiting = sum(1 for p in observed.pods if p.gpu_type == gpu and p.unschedulable_since is not None)
+    events: list[Event] = []
+    fields: dict[str, Any] = {"replicas": wanted, "ready_replicas": ready}
+    if is_ready != (status.phase == "Ready"):
+        fields["phase"] = "Ready" if is_ready else "Deploying"
+        events.append(Event("Normal", "Ready" if is_ready else "NotReady", f"{ready}/{wanted} replicas ready"))
+    readiness = f"{ready}/{wanted} replicas ready"
+    new = with_conditions(
+        status,
+        condition(
+            status,
+            "Ready",
+            is_ready,
+            "ReplicasReady" if is_ready else "ReplicasNotReady",
+            readiness,
+            res.generation,
+            now,
+        ),
+        condition(
+            status,
+            "Scheduled",
+            not waiting,
+            "WaitingForGPUs" if waiting else "Scheduled",
+            f"{waiting} pod(s) waiting for free {gpu} GPUs" if waiting else f"pods scheduled on {gpu}",
+            res.generation,
+            now,
+        ),
+        **fields,
+    )
+    changed = drift(observed.applied, seen)
+    if not changed or observed.applied is None:
+        return Result(new, events=tuple(events))
+    message = f"Reverted changes made outside kvscale: {', '.join(changed)}"
+    restored = dict(observed.applied)
+    return Result(
+        new.model_copy(update={"replicas": int(restored["spec"]["replicas"])}),
+        apply=(restored,),
+        events=(*events, Event("Normal", "DriftReverted", message)),
+        applied_deployment=restored,
+    )

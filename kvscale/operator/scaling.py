@@ -1,0 +1,201 @@
+"""The autoscaling tick, as a value: (intent, status, Deployment, observation, memory) ->
+(new status, replicas to scale to, Events, the operator's own gauges, new memory). Pure:
+the observation is read by the handler before, and the result applied after.
+
+The policy is kvscale.autoscaling's, the same the simulator runs. Its state lives in the
+operator's memory per object; after a restart it starts empty, which only delays
+scale-downs (they need a full stabilization window of history).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from kvscale.api.intent import Intent, policy_config, serving_config
+from kvscale.api.models import InferenceServiceStatus, PlanStatus
+from kvscale.autoscaling.capacity import SizingCapacity
+from kvscale.autoscaling.observation import Decision, Observation
+from kvscale.autoscaling.policy import PolicyState, decide
+from kvscale.operator.reconcile import DeploymentView, Event, Resource, Result
+from kvscale.operator.settings import Settings
+from kvscale.operator.status import condition, now_rfc3339, observed_status, with_conditions
+from kvscale.sizing.catalog import Catalog
+from kvscale.sizing.units import format_duration, parse_duration_s
+
+
+@dataclass(frozen=True)
+class ScalerMemory:
+    """Per-object memory of the autoscaler (kept in kopf's memo): the capacity model of the
+    planned configuration and the policy's state, reset when the plan or the SLO changes."""
+
+    key: tuple[object, ...] | None = None
+    capacity: SizingCapacity | None = None
+    cold_start_s: float = 60.0
+    state: PolicyState = field(default_factory=PolicyState)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The Deployment's replicas as the tick starts."""
+
+    current: int
+    ready: int
+    plan: PlanStatus
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """The operator's own metrics for one InferenceService after a tick. Running figures
+    (current, ready, cost) are None in recommend mode: nothing runs."""
+
+    desired: int
+    current: int | None
+    ready: int | None
+    ttft_target_s: float
+    tpot_target_s: float
+    ttft_predicted_s: float
+    tpot_predicted_s: float
+    ttft_observed_s: float | None
+    tpot_observed_s: float | None
+    cost_usd_per_hour: float | None
+    metrics_available: bool
+    decision_kind: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    result: Result
+    memory: ScalerMemory
+    decision: Decision
+    gauges: Gauges
+
+
+def planned(status: InferenceServiceStatus) -> bool:
+    """Whether there is a plan to scale (not failed, not waiting for capacity)."""
+    return status.plan is not None and status.phase not in (None, "Failed", "Pending")
+
+
+def fleet(intent: Intent, status: InferenceServiceStatus, seen: DeploymentView | None) -> Fleet | Result | None:
+    """What the tick starts from; None (nothing to do) before a plan or without a Deployment in
+    mode auto; a Result when the replicas are pinned (the policy is not asked)."""
+    plan = status.plan
+    if plan is None or not planned(status):
+        return None
+    if intent.scaling.pinned_replicas is not None:
+        return Result(status.model_copy(update={"desired_replicas": intent.scaling.pinned_replicas}))
+    if intent.scaling.mode == "auto" and seen is None:
+        return None
+    current = (seen.replicas if seen else 0) or status.desired_replicas or plan.replicas
+    return Fleet(current, seen.ready_replicas if seen else 0, plan)
+
+
+def capacity(
+    memory: ScalerMemory, intent: Intent, plan: PlanStatus, catalog: Catalog
+) -> tuple[SizingCapacity, ScalerMemory]:
+    """A capacity model for this plan and SLO, and the memory holding it (with a fresh policy
+    state when the plan or the SLO changed)."""
+    key = (plan.gpu_type, plan.tensor_parallel, plan.precision, plan.max_batch, intent.spec.model, intent.slo)
+    if memory.key == key and memory.capacity is not None:
+        return memory.capacity, memory
+    cfg = serving_config(intent, plan, catalog)
+    model = SizingCapacity(cfg, intent.slo, plan.max_batch)
+    return model, ScalerMemory(key, model, cfg.cold_start_s, PolicyState())
+
+
+def decision_kind(decision: Decision) -> str:
+    """The decision's kind for telemetry: the policy's own, never parsed from its prose."""
+    return decision.kind.value
+
+
+def _gauges(intent: Intent, plan: PlanStatus, fleet_: Fleet, obs: Observation, decision: Decision, ok: bool) -> Gauges:
+    running = intent.scaling.mode == "auto"
+    return Gauges(
+        desired=decision.replicas,
+        current=fleet_.current if running else None,
+        ready=fleet_.ready if running else None,
+        ttft_target_s=intent.slo.ttft_s,
+        tpot_target_s=intent.slo.tpot_s,
+        ttft_predicted_s=parse_duration_s(plan.predicted_ttft),
+        tpot_predicted_s=parse_duration_s(plan.predicted_tpot),
+        ttft_observed_s=obs.ttft_p_s,
+        tpot_observed_s=obs.tpot_p_s,
+        cost_usd_per_hour=fleet_.current * plan.cost_per_hour / max(plan.replicas, 1) if running else None,
+        metrics_available=ok,
+        decision_kind=decision_kind(decision),
+    )
+
+
+def _conditions(
+    intent: Intent,
+    res: Resource,
+    status: InferenceServiceStatus,
+    obs: Observation,
+    missing: str | None,
+    now: dt.datetime,
+) -> InferenceServiceStatus:
+    met = (
+        None
+        if obs.ttft_p_s is None or obs.tpot_p_s is None
+        else (obs.ttft_p_s <= intent.slo.ttft_s and obs.tpot_p_s <= intent.slo.tpot_s)
+    )
+    seen = "no latency samples yet"
+    if obs.ttft_p_s is not None and obs.tpot_p_s is not None:
+        seen = f"observed TTFT {format_duration(obs.ttft_p_s)}, TPOT {format_duration(obs.tpot_p_s)}"
+    available = missing is None
+    return with_conditions(
+        status,
+        condition(
+            status,
+            "MetricsAvailable",
+            available,
+            "MetricsAvailable" if available else "MetricsMissing",
+            missing or "engine metrics present and fresh",
+            res.generation,
+            now,
+        ),
+        condition(
+            status,
+            "SLOMet",
+            met,
+            "Unknown" if met is None else ("WithinTarget" if met else "OverTarget"),
+            seen,
+            res.generation,
+            now,
+        ),
+    )
+
+
+def tick(
+    intent: Intent,
+    res: Resource,
+    status: InferenceServiceStatus,
+    fleet_: Fleet,
+    obs: Observation,
+    missing: str | None,
+    memory: ScalerMemory,
+    catalog: Catalog,
+    settings: Settings,
+    now: dt.datetime,
+) -> Tick:
+    """Ask the policy; scale (mode auto) or only say what it would do (mode recommend)."""
+    plan = fleet_.plan
+    model, memory = capacity(memory, intent, plan, catalog)
+    config = policy_config(intent, memory.cold_start_s, settings.scale_interval_s, settings.metrics_window_s)
+    decision, state = decide(obs, memory.state, model, config)
+    memory = ScalerMemory(memory.key, model, memory.cold_start_s, state)
+    new = _conditions(intent, res, status, obs, missing, now).model_copy(
+        update={"observed": observed_status(obs, decision), "desired_replicas": decision.replicas}
+    )
+    gauges = _gauges(intent, plan, fleet_, obs, decision, missing is None)
+    current, target = fleet_.current, decision.replicas
+    if target == current:
+        return Tick(Result(new), memory, decision, gauges)
+    if intent.scaling.mode == "recommend":
+        event = Event("Normal", "Recommendation", f"Would scale {current} -> {target}: {decision.reason}"[:1000])
+        return Tick(Result(new, events=(event,)), memory, decision, gauges)
+    scaled = new.model_copy(
+        update={"replicas": target, "last_scale_time": now_rfc3339(now), "last_scale_reason": decision.reason[:500]}
+    )
+    event = Event("Normal", "Scaled", f"Scaled {current} -> {target}: {decision.reason}"[:1000])
+    return Tick(Result(scaled, scale_to=target, events=(event,)), memory, decision, gauges)

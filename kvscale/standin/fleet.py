@@ -1,0 +1,123 @@
+"""The stand-in's fleet: one simulated replica per Running pod (the simulator's Fleet and its
+least-loaded routing), and per-pod counters and histograms of what the replicas finished."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from kvscale.metrics.engines import ENGINES, vllm_token_buckets
+from kvscale.sim.engine import Replica, SimRequest, StepTimes
+from kvscale.sim.fleet import Fleet, FleetSpec
+from kvscale.sim.load_profile import Arrivals
+
+# vLLM's own bucket boundaries (the one engine table): quantiles read here are as coarse as on
+# a real cluster.
+VLLM = ENGINES["vllm"]
+TTFT_BUCKETS = VLLM.buckets_s[VLLM.ttft_histogram[0]]
+TPOT_BUCKETS = VLLM.buckets_s[VLLM.tpot_histogram[0]]
+ITL_BUCKETS = VLLM.buckets_s[VLLM.itl_histogram[0]]
+E2E_BUCKETS = VLLM.buckets_s[VLLM.e2e_histogram[0]]
+TOKEN_BUCKETS = vllm_token_buckets(131072)
+
+
+@dataclass
+class Histogram:
+    bounds: tuple[float, ...]
+    counts: list[float] = field(default_factory=list)
+    total: float = 0.0
+    count: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0.0] * len(self.bounds)
+
+    def observe(self, value: float, weight: float = 1.0) -> None:
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.counts[i] += weight
+        self.total += value * weight
+        self.count += weight
+
+    def buckets(self) -> list[tuple[str, float]]:
+        return [(str(b), c) for b, c in zip(self.bounds, self.counts, strict=True)] + [("+Inf", self.count)]
+
+
+@dataclass
+class PodStats:
+    """What one pod's engine has served, as the engine's metrics count it."""
+
+    pod: str
+    replica: Replica
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS))
+    e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    prompt: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))
+    generation: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))
+    success: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+
+    def record(self, r: SimRequest) -> None:
+        self.ttft.observe(r.ttft_s)
+        if r.output_tokens > 1:
+            # Per token gap (the simulator knows each request's mean gap) and once per request,
+            # as vLLM's output processor does (vllm/v1/metrics/loggers.py).
+            self.itl.observe(r.tpot_s, r.output_tokens - 1)
+            self.tpot.observe(r.tpot_s)
+        self.e2e.observe(r.finish_s - r.arrival_s)
+        self.prompt.observe(r.input_tokens)
+        self.generation.observe(r.output_tokens)
+        self.success += 1
+        self.prompt_tokens += r.input_tokens
+        self.generation_tokens += r.output_tokens
+
+
+class PodFleet:
+    """The simulator's fleet, driven by the cluster's pods: `sync_pods` and `tick` are called
+    by the serve loop, `serving` by the metrics collector (all under one lock)."""
+
+    def __init__(self, spec: FleetSpec, steps: StepTimes, arrivals: Arrivals, clock: Callable[[], float]) -> None:
+        self.fleet = Fleet(spec, steps)
+        self.arrivals = arrivals
+        self.clock = clock
+        self.start = clock()
+        self.pods: dict[str, PodStats] = {}
+        self.lock = threading.Lock()
+        self._ids = 0
+
+    def now(self) -> float:
+        return float(self.clock() - self.start)
+
+    def sync_pods(self, running_pods: Iterable[str]) -> None:
+        """Running pods get a replica (serving after the cold start); gone pods lose theirs,
+        with their in-flight requests, as when a pod dies."""
+        now, running = self.now(), set(running_pods)
+        with self.lock:
+            for pod in sorted(running - set(self.pods)):
+                self.fleet.start(1, now)
+                self.pods[pod] = PodStats(pod, self.fleet.replicas[-1])
+            for pod in set(self.pods) - running:
+                self.pods.pop(pod).replica.stopped_s = now
+
+    def tick(self) -> None:
+        now = self.now()
+        with self.lock:
+            for arrival in self.arrivals.until(now):
+                self._ids += 1
+                self.fleet.route(
+                    SimRequest(self._ids, arrival.arrival_s, arrival.input_tokens, arrival.output_tokens), now
+                )
+            finished: list[SimRequest] = []
+            self.fleet.advance_to(now, finished)
+            by_replica = {stats.replica.id: stats for stats in self.pods.values()}
+            for request in finished:
+                stats = by_replica.get(request.replica)
+                if stats is not None:
+                    stats.record(request)
+
+    def serving(self) -> list[PodStats]:
+        """Pods whose engine answers (past its cold start); call under `lock`."""
+        now = self.now()
+        return [s for s in self.pods.values() if s.replica.is_ready(now)]
