@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -9,12 +10,15 @@ import pytest
 from pydantic import ValidationError
 
 from kvscale.api.intent import parse_intent
-from kvscale.api.models import InferencePoolRouting, parse_spec
+from kvscale.api.models import InferencePoolRouting, InferenceServiceStatus, parse_spec
 from kvscale.operator.inference_pool import inference_pool, owned_by, plan_pool
 from kvscale.operator.inventory import gpu_inventory
 from kvscale.operator.labels import LABEL_VALUE, label_value, serving_labels
 from kvscale.operator.planning import Planned, plan_service
+from kvscale.operator.reconcile import Observed, PoolView, Resource, Result, reconcile, refresh
 from kvscale.operator.resources import deployment, labels
+from kvscale.operator.settings import Settings
+from kvscale.operator.status import get_condition
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
 from tests.cluster.harness import node_objects
@@ -164,3 +168,72 @@ def test_engine_pods_carry_identity_and_pool_labels() -> None:
     assert got["kvscale.io/variant"] == f"{chosen.gpu.lower()}-tp{chosen.tensor_parallel}-{chosen.precision}"
     assert got["pool"] == "p" and labels("chat").items() <= got.items()
     assert dep["spec"]["selector"]["matchLabels"] == labels("chat")
+
+
+# -- reconcile: the pool among the children ---------------------------------------------------
+
+RES = Resource("ns", "chat", "uid-1", 1)
+NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
+ROUTED = {**SPEC, "hardware": {"gpuTypes": ["L4", "A10G"]}, "routing": {"inferencePool": {}}}
+GPUS = gpu_inventory(default_catalog(), list(node_objects(Path(__file__).parents[1] / "cluster" / "nodepool.yaml")), [])
+
+
+def reconciled(body: dict[str, Any], pool: PoolView | None, status: InferenceServiceStatus | None = None) -> Result:
+    observed = Observed(GPUS, pool=pool)
+    return reconcile(body, RES, status or InferenceServiceStatus(), observed, default_catalog(), Settings(), now=NOW)
+
+
+def pool_condition(result: Result) -> tuple[str, str] | None:
+    c = get_condition(result.status, "InferencePool")
+    return None if c is None else (c.status, c.reason)
+
+
+def test_reconcile_applies_the_owned_pool_after_the_deployment() -> None:
+    result = reconciled(ROUTED, PoolView(api_installed=True))
+    assert [c["kind"] for c in result.apply] == ["Service", "PodDisruptionBudget", "Deployment", "InferencePool"]
+    pool = result.apply[-1]
+    assert pool["spec"]["selector"]["matchLabels"] == result.apply[2]["spec"]["selector"]["matchLabels"]
+    assert pool_condition(result) == ("True", "Owned") and result.keep_pool == "chat"
+    assert not result.prune_pools  # never owned one before: no list call
+
+
+def test_reconcile_joins_a_foreign_pool_through_the_pod_template() -> None:
+    result = reconciled(ROUTED, PoolView(api_installed=True, existing=foreign({"pool": "shared"})))
+    assert [c["kind"] for c in result.apply] == ["Service", "PodDisruptionBudget", "Deployment"]
+    assert result.apply[2]["spec"]["template"]["metadata"]["labels"]["pool"] == "shared"
+    assert pool_condition(result) == ("True", "Joined")
+
+
+@pytest.mark.parametrize(
+    ("view", "reason"),
+    [(PoolView(api_installed=False), "APINotInstalled"), (PoolView(api_installed=True, forbidden=True), "Forbidden")],
+)
+def test_reconcile_without_the_api_or_rbac_deploys_the_rest(view: PoolView, reason: str) -> None:
+    result = reconciled(ROUTED, view)
+    assert [c["kind"] for c in result.apply] == ["Service", "PodDisruptionBudget", "Deployment"]
+    assert pool_condition(result) == ("False", reason)
+    assert any(e.type == "Warning" and e.reason == f"InferencePool{reason}" for e in result.events)
+
+
+def test_routing_removed_prunes_the_owned_pool_and_the_condition() -> None:
+    owned = reconciled(ROUTED, PoolView(api_installed=True)).status
+    unrouted = {**ROUTED, "routing": {}}
+    result = reconciled(unrouted, None, owned)
+    assert result.prune_pools and result.keep_pool is None and pool_condition(result) is None
+    assert all(c["kind"] != "InferencePool" for c in result.apply)
+    recommend = reconciled({**ROUTED, "scaling": {"mode": "recommend"}}, PoolView(api_installed=True), owned)
+    assert recommend.prune_pools and recommend.apply == () and pool_condition(recommend) is None
+    # A service that never owned a pool never looks.
+    assert not reconciled(unrouted, None).prune_pools
+
+
+def test_refresh_reconciles_once_the_crd_arrives() -> None:
+    missing = reconciled(ROUTED, PoolView(api_installed=False))
+    seen = Observed(GPUS, pool=PoolView(api_installed=True))
+    status = missing.status.model_copy(update={"phase": "Ready"})
+    later = refresh(ROUTED, RES, status, seen, default_catalog(), Settings(), NOW)
+    assert later is not None and later.apply[-1]["kind"] == "InferencePool"
+    still = refresh(
+        ROUTED, RES, status, Observed(GPUS, pool=PoolView(api_installed=False)), default_catalog(), Settings(), NOW
+    )
+    assert still is None or all(c["kind"] != "InferencePool" for c in still.apply)
