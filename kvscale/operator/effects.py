@@ -24,6 +24,11 @@ def write_status(patch: kopf.Patch, before: InferenceServiceStatus, after: Infer
         patch.status[key] = value
 
 
+def writes(result: Result) -> bool:
+    """Whether applying `result` calls the API server (beyond kopf's own status patch)."""
+    return bool(result.apply or result.delete or result.scale_to is not None or result.prune_pools)
+
+
 def _post(body: Any, result: Result) -> None:
     for event in result.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)

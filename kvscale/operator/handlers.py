@@ -1,15 +1,32 @@
 """kopf handlers, registered at startup by `register` (nothing happens at import). Each one
 reads the object and the watch indexes, calls one pure function (reconcile, refresh, the
-scaling tick) and applies the value it returns (effects.apply)."""
+scaling tick) and applies the value it returns (effects.apply).
+
+Every handler is a coroutine on kopf's event loop, and none of them waits there on I/O that
+another resource needs:
+- Prometheus is read with the async client (made at startup inside kopf's loop, closed at
+  cleanup): each observation has a deadline shorter than the tick and holds no thread, so a
+  slow Prometheus delays only the ticks that wait on it.
+- The Kubernetes client is synchronous; its calls (and the planner, CPU-bound, on create or
+  spec change) run in `Runtime.workers`, a thread pool of the operator's own sized like the
+  client's connection pool. Not kopf's executor: that one is shared by anything kopf runs
+  synchronously, and a pool of our own keeps the size tied to the connections it needs.
+- Results without writes (most status and scaling ticks) are applied in the loop: kopf
+  patches the status itself, no thread needed.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import datetime as dt
+import functools
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import kopf
 
@@ -17,8 +34,8 @@ from kvscale.api import GROUP, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, VERSION
 from kvscale.api.intent import parse_intent
 from kvscale.api.models import InferenceServiceStatus, parse_status
 from kvscale.autoscaling.observation import Observation
-from kvscale.metrics.client import PrometheusClient
-from kvscale.metrics.observe import observe
+from kvscale.metrics.client import AsyncPrometheusClient
+from kvscale.metrics.observe import observe_async
 from kvscale.operator import effects, telemetry
 from kvscale.operator.inventory import EnginePod, NodeGpus, PodGpus, engine_pod, node_entry, pod_entry, pools
 from kvscale.operator.k8s import Kube
@@ -39,20 +56,36 @@ from kvscale.operator.status import mark_synced
 from kvscale.sizing.catalog import Catalog
 
 MANAGED = {LABEL_MANAGED_BY: MANAGED_BY}
+T = TypeVar("T")
+KUBE_WORKERS = 8  # threads for Kubernetes calls; the client's connection pool has as many
 
 
-@dataclass(frozen=True)
+@dataclass
 class Runtime:
-    """What the handlers share, built once at startup."""
+    """What the handlers share, built once at startup. The Prometheus client is made in
+    kopf's event loop (the `startup` handler), not here."""
 
     settings: Settings
     catalog: Catalog
     kube: Kube
-    prometheus: PrometheusClient | None
+    workers: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(KUBE_WORKERS, thread_name_prefix="kube")
+    )
+    prometheus: AsyncPrometheusClient | None = None
 
     @property
     def gpu_resources(self) -> frozenset[str]:
         return frozenset(g.resource_name for g in self.catalog.gpus.values())
+
+    async def io(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in the Kubernetes workers, with kopf's context (its Events need it)."""
+        context = contextvars.copy_context()
+        call = functools.partial(context.run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.workers, call)
+
+    def observation_deadline_s(self) -> float:
+        """Each tick's observation ends within this: a third of the tick, at most 2 s."""
+        return min(2.0, self.settings.scale_interval_s / 3)
 
 
 def resource(meta: Mapping[str, Any], namespace: str | None, name: str) -> Resource:
@@ -93,22 +126,22 @@ def _indexes(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     resources = rt.gpu_resources
 
     @kopf.index("nodes", id="gpu_nodes", registry=registry)
-    def gpu_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeGpus]:
+    async def gpu_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeGpus]:
         entry = node_entry(rt.catalog, body)
         return {entry.name: entry} if entry else {}
 
     @kopf.index("pods", id="gpu_pods", registry=registry)
-    def gpu_pods(body: kopf.Body, **_: Any) -> dict[str, PodGpus]:
+    async def gpu_pods(body: kopf.Body, **_: Any) -> dict[str, PodGpus]:
         entry = pod_entry(body, resources)
         return {entry.node_name: entry} if entry else {}
 
     @kopf.index("pods", id="engine_pods", labels=MANAGED, registry=registry)
-    def engine_pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], EnginePod]:
+    async def engine_pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], EnginePod]:
         entry = engine_pod(body)
         return {entry[0]: entry[1]} if entry else {}
 
     @kopf.index("deployments", id="engine_deployments", labels=MANAGED, registry=registry)
-    def engine_deployments(
+    async def engine_deployments(
         body: kopf.Body, namespace: str | None, name: str | None, **_: Any
     ) -> dict[tuple[str, str], DeploymentView]:
         return {(namespace or "", name or ""): DeploymentView.of(body)}
@@ -146,6 +179,13 @@ class Call:
             self.memo["applied"] = result.applied_deployment
         effects.apply(rt.kube, self.body, self.patch, self.before, result, self.res)
 
+    async def apply_async(self, rt: Runtime, result: Result) -> None:
+        """Writes to the API server in the workers; a status-only result in the loop."""
+        if effects.writes(result):
+            await rt.io(self.apply, rt, result)
+        else:
+            self.apply(rt, result)
+
 
 def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     @kopf.on.login(registry=registry)
@@ -153,19 +193,30 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         return kopf.login_via_client(**kwargs)
 
     @kopf.on.startup(registry=registry)
-    def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
+        if rt.settings.prometheus_url:
+            deadline = rt.observation_deadline_s()
+            rt.prometheus = AsyncPrometheusClient(rt.settings.prometheus_url, timeout_s=deadline, retries=1)
+            telemetry.count_prometheus_errors(rt.prometheus.errors)
         if rt.settings.metrics_port:
             telemetry.serve(rt.settings.metrics_port)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        if rt.prometheus is not None:
+            await rt.prometheus.aclose()
+        rt.workers.shutdown(wait=False, cancel_futures=True)
 
     @kopf.on.create(GROUP, VERSION, PLURAL, id="on_spec", registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, id="on_spec", field="spec", registry=registry)
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="on_spec", registry=registry)
-    def on_spec(**kwargs: Any) -> None:
-        spec_changed(rt, Call.of(kwargs))
+    async def on_spec(**kwargs: Any) -> None:
+        await rt.io(spec_changed, rt, Call.of(kwargs))
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="forget", optional=True, registry=registry)
-    def forget(namespace: str | None, name: str, **_: Any) -> None:
+    async def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+        memo["deleted"] = True  # a tick in flight exports nothing after this
         telemetry.forget(namespace or "", name)
 
 
@@ -173,12 +224,12 @@ def _timers(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     status_s, scale_s = rt.settings.status_interval_s, rt.settings.scale_interval_s
 
     @kopf.timer(GROUP, VERSION, PLURAL, id="refresh", interval=status_s, initial_delay=status_s, registry=registry)
-    def refresh_timer(**kwargs: Any) -> None:
-        status_tick(rt, Call.of(kwargs))
+    async def refresh_timer(**kwargs: Any) -> None:
+        await status_tick(rt, Call.of(kwargs))
 
     @kopf.timer(GROUP, VERSION, PLURAL, id="autoscale", interval=scale_s, initial_delay=scale_s, registry=registry)
-    def autoscale_timer(**kwargs: Any) -> None:
-        scale_tick(rt, Call.of(kwargs))
+    async def autoscale_timer(**kwargs: Any) -> None:
+        await scale_tick(rt, Call.of(kwargs))
 
 
 def spec_changed(rt: Runtime, call: Call) -> None:
@@ -190,49 +241,57 @@ def spec_changed(rt: Runtime, call: Call) -> None:
     call.apply(rt, result)
 
 
-def status_tick(rt: Runtime, call: Call) -> None:
-    """Readiness, scheduling, drift; a re-plan when the GPU type stays unschedulable."""
+async def status_tick(rt: Runtime, call: Call) -> None:
+    """Readiness, scheduling, drift; a re-plan when the GPU type stays unschedulable. Pure and
+    cheap in the loop; a re-plan (planner, API reads) in the workers."""
     try:
         now = dt.datetime.now(dt.UTC)
         seen = call.observed()
         if pool_api_missing(call.before) or replans(call.before, seen, rt.settings, now):
-            seen = call.observed(rt)  # the InferencePool too: a reconcile follows
-        result = refresh(call.spec, call.res, call.before, seen, rt.catalog, rt.settings, now)
+            seen = await rt.io(call.observed, rt)  # the InferencePool too: a reconcile follows
+            result = await rt.io(refresh, call.spec, call.res, call.before, seen, rt.catalog, rt.settings, now)
+        else:
+            result = refresh(call.spec, call.res, call.before, seen, rt.catalog, rt.settings, now)
     except Exception as exc:  # counted and shown in status; the timer runs again
         effects.timer_failed("refresh", call.body, call.patch, call.before, call.res, exc)
         return
     if result is not None:
-        call.apply(rt, replace(result, status=mark_synced("refresh", result.status, call.res.generation)))
+        await call.apply_async(rt, replace(result, status=mark_synced("refresh", result.status, call.res.generation)))
 
 
-def scale_tick(rt: Runtime, call: Call) -> None:
-    """Observe, ask the policy, scale (mode auto) or only recommend."""
+async def scale_tick(rt: Runtime, call: Call) -> None:
+    """Observe (async, within the deadline), ask the policy, scale (mode auto) or only
+    recommend. The tick's wall time is measured (kvscale_tick_duration_seconds)."""
     if not planned(call.before):
         return
+    started = time.monotonic()
     try:
         intent = parse_intent(call.spec)
         start = fleet(intent, call.before, call.observed().deployment)
         if isinstance(start, Fleet):
-            with telemetry.TICK_SECONDS.time():
-                obs, missing = _observe(rt, call.res, intent.engine, intent.slo.percentile, start)
-                memory = call.memo.get("scaler", ScalerMemory())
-                now = dt.datetime.now(dt.UTC)
-                done = tick(intent, call.res, call.before, start, obs, missing, memory, rt.catalog, rt.settings, now)
+            obs, missing = await _observe(rt, call.res, intent.engine, intent.slo.percentile, start)
+            memory = call.memo.get("scaler", ScalerMemory())
+            now = dt.datetime.now(dt.UTC)
+            done = tick(intent, call.res, call.before, start, obs, missing, memory, rt.catalog, rt.settings, now)
     except Exception as exc:  # counted and shown in status; the timer runs again
         effects.timer_failed("autoscale", call.body, call.patch, call.before, call.res, exc)
         return
     if not isinstance(start, Fleet):
         if start is not None:  # pinned replicas: recorded, the policy is not asked
-            call.apply(rt, start)
+            await call.apply_async(rt, start)
         return
     call.memo["scaler"] = done.memory
-    telemetry.export(call.res.namespace, call.res.name, done.gauges)
+    if not call.memo.get("deleted"):
+        telemetry.export(call.res.namespace, call.res.name, done.gauges)
     if done.result.scale_to is not None and call.memo.get("applied") is not None:
         call.memo["applied"]["spec"]["replicas"] = done.result.scale_to
-    call.apply(rt, replace(done.result, status=mark_synced("autoscale", done.result.status, call.res.generation)))
+    await call.apply_async(
+        rt, replace(done.result, status=mark_synced("autoscale", done.result.status, call.res.generation))
+    )
+    telemetry.TICK_SECONDS.observe(time.monotonic() - started)
 
 
-def _observe(
+async def _observe(
     rt: Runtime, res: Resource, engine: str, percentile: float, start: Fleet
 ) -> tuple[Observation, str | None]:
     now = time.time()
@@ -241,7 +300,7 @@ def _observe(
         obs = Observation(time_s=now, ready_replicas=start.ready, starting_replicas=starting, stale=True)
         return obs, "KVSCALE_PROMETHEUS_URL is not set"
     s = rt.settings
-    return observe(
+    return await observe_async(
         rt.prometheus,
         engine,
         res.namespace,
@@ -252,6 +311,7 @@ def _observe(
         now,
         s.metrics_window,
         s.metrics_stale_after_s,
+        deadline_s=rt.observation_deadline_s(),
     )
 
 

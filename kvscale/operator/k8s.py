@@ -42,12 +42,16 @@ def _detail(exc: ApiException) -> str:
         return str(exc.reason)
 
 
-def new_api_client() -> client.ApiClient:
+def new_api_client(connections: int = 8) -> client.ApiClient:
+    """A client with `connections` pooled connections: one per worker thread that uses it, so
+    no call waits for a connection (urllib3 would open and drop extra ones)."""
+    cfg = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=cfg)
     except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+        config.load_kube_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = connections
+    return client.ApiClient(cfg)
 
 
 class Kube:

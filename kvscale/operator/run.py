@@ -8,8 +8,7 @@ import logging
 
 import kopf
 
-from kvscale.metrics.client import PrometheusClient
-from kvscale.operator.handlers import Runtime, register
+from kvscale.operator.handlers import KUBE_WORKERS, Runtime, register
 from kvscale.operator.k8s import Kube, new_api_client
 from kvscale.operator.settings import Settings
 from kvscale.sizing.catalog import load_catalog
@@ -19,8 +18,7 @@ def runtime(settings: Settings) -> Runtime:
     return Runtime(
         settings=settings,
         catalog=load_catalog(*settings.catalog_overlays),
-        kube=Kube(new_api_client(), settings.retry_backoff_s),
-        prometheus=PrometheusClient(settings.prometheus_url) if settings.prometheus_url else None,
+        kube=Kube(new_api_client(KUBE_WORKERS), settings.retry_backoff_s),
     )
 
 

@@ -4,8 +4,11 @@ latency, decisions by kind, tick durations, errors. A resource's series go with 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from kvscale.operator.scaling import Gauges
 
@@ -44,6 +47,33 @@ _PER_RESOURCE = (
     METRICS_AVAILABLE,
 )
 _kinds: dict[tuple[str, str], set[str]] = {}
+
+
+class _PrometheusErrors(Collector):
+    """kvscale_prometheus_errors_total{kind}: the async client's own error counts, read at scrape."""
+
+    def __init__(self, counts: Mapping[str, int]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "kvscale_prometheus_errors", "Prometheus queries that gave no usable value, by kind", labels=("kind",)
+        )
+        for kind, count in sorted(self.counts.items()):
+            family.add_metric((kind,), count)
+        yield family
+
+
+_prometheus_errors: _PrometheusErrors | None = None
+
+
+def count_prometheus_errors(counts: Mapping[str, int]) -> None:
+    """Export `counts` (the Prometheus client's errors by kind); replaces an earlier source."""
+    global _prometheus_errors
+    if _prometheus_errors is not None:
+        REGISTRY.unregister(_prometheus_errors)
+    _prometheus_errors = _PrometheusErrors(counts)
+    REGISTRY.register(_prometheus_errors)
 
 
 def serve(port: int) -> None:

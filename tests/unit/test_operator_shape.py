@@ -12,8 +12,8 @@ OPERATOR = ROOT / "kvscale" / "operator"
 MAX_HANDLER_LINES = 40
 
 
-def _functions(path: Path) -> list[ast.FunctionDef]:
-    return [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)]
+def _functions(path: Path) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
 
 
 def test_no_handler_is_longer_than_40_lines() -> None:
