@@ -274,7 +274,7 @@ def write_catalog(c: Columns, theta: np.ndarray, source: str) -> None:
     engines_path = CATALOG_DIR / "engines.yaml"
     text = engines_path.read_text()
     for name, _ in ENGINE_PARAMS:
-        text = _set_field(text, ENGINE, name, f"{e[name]:.4g}")
+        text = _set_field(text, ENGINE, name, f"{e[name]:.4g}" if e[name] >= 1e-9 else "0.0")
     text = _set_field(text, ENGINE, "fitted", f'"{source}"')
     engines_path.write_text(text)
 

@@ -28,7 +28,10 @@ PRECISIONS = ("bf16", "fp16", "fp8", "int8", "int4")
 
 def main() -> None:
     catalog = default_catalog()
-    table = Table(title="plan() over the full catalog: 12 GPUs x TP 1/2/4/8 x 5 precisions = 240 candidates")
+    gpus = len(catalog.gpus)
+    table = Table(
+        title=f"plan() over the full catalog: {gpus} GPUs x TP 1/2/4/8 x 5 precisions = {gpus * 4 * 5} candidates"
+    )
     for col in ("model", "runs", "median ms", "p90 ms", "max ms", "feasible"):
         table.add_column(col)
     for name, workload, slo in CASES:

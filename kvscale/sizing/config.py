@@ -86,7 +86,7 @@ class ServingConfig:
         return cls(
             model=model,
             gpu=gpu,
-            link=catalog.link(gpu),
+            link=catalog.link(gpu, tensor_parallel),
             precision=catalog.precision(precision),
             kv=catalog.kv_precision(kv_cache_precision),
             engine=catalog.engine(engine),

@@ -49,5 +49,5 @@ def test_calibrated_static_table_error_stays_within_the_reported_figures() -> No
         errors.append((abs(p.ttft_s / r.ttft_s - 1), abs(p.tpot_s / r.tpot_s - 1)))
     ttft = sorted(e[0] for e in errors)
     tpot = sorted(e[1] for e in errors)
-    assert ttft[len(ttft) // 2] <= 0.11 and tpot[len(tpot) // 2] <= 0.08
+    assert ttft[len(ttft) // 2] <= 0.12 and tpot[len(tpot) // 2] <= 0.08
     assert tpot[int(0.9 * len(tpot))] <= 0.25

@@ -42,6 +42,9 @@ class GpuSpec(_Frozen):
     ops_int8_per_s: float | None = Field(default=None, gt=0)
     bf16_supported: bool = True
     link: str
+    pair_link: str | None = Field(
+        default=None, description="Link between the two GPUs of a bridged pair (tensor parallel 2), if faster"
+    )
     gpus_per_node: tuple[int, ...]
     price_usd_per_gpu_hour: float = Field(gt=0)
     node_labels: tuple[str, ...]
@@ -224,7 +227,6 @@ class EngineProfile(_Frozen):
     prefill_half_efficiency_flops: float = Field(ge=0)
     allreduce_efficiency: Efficiency = Field(gt=0, le=1)
     allreduce_hop_latency_s: float = Field(ge=0)
-    tpot_tail_factor: float = Field(ge=1)
     cold_start_fixed_s: float = Field(ge=0)
     weight_load_bytes_per_s: float = Field(gt=0)
     fitted: str | None = Field(default=None, description="Which fields were fitted to what data, if any")
@@ -251,8 +253,9 @@ class Catalog(_Frozen):
     @model_validator(mode="after")
     def _links_known(self) -> Catalog:
         for gpu in self.gpus.values():
-            if gpu.link not in self.links:
-                raise ValueError(f"GPU {gpu.name}: unknown link {gpu.link!r}; known: {sorted(self.links)}")
+            for link in (gpu.link, gpu.pair_link):
+                if link is not None and link not in self.links:
+                    raise ValueError(f"GPU {gpu.name}: unknown link {link!r}; known: {sorted(self.links)}")
         return self
 
     def gpu(self, name: str) -> GpuSpec:
@@ -271,7 +274,10 @@ class Catalog(_Frozen):
     def engine(self, name: str = "vllm") -> EngineProfile:
         return self.engines[_resolve(name, self.engines, {}, "engine", None)]
 
-    def link(self, gpu: GpuSpec) -> LinkSpec:
+    def link(self, gpu: GpuSpec, tensor_parallel: int = 1) -> LinkSpec:
+        """The link a tensor-parallel ring crosses: a bridged pair's own link at TP 2."""
+        if tensor_parallel == 2 and gpu.pair_link is not None:
+            return self.links[gpu.pair_link]
         return self.links[gpu.link]
 
     def gpu_for_node_label(self, label_value: str) -> GpuSpec | None:
