@@ -138,7 +138,8 @@ def resolve_model(intent: Intent, catalog: Catalog) -> ModelArch:
 
 
 def serving_config(intent: Intent, plan: PlanStatus, catalog: Catalog) -> ServingConfig:
-    """The configuration a plan in status describes (gpuType, tensorParallel, precision)."""
+    """The configuration a plan in status describes (gpuType, tensorParallel, precision,
+    chunk budget; a status written before the budget was recorded gets the engine's default)."""
     return ServingConfig.build(
         catalog,
         resolve_model(intent, catalog),
@@ -147,6 +148,7 @@ def serving_config(intent: Intent, plan: PlanStatus, catalog: Catalog) -> Servin
         plan.tensor_parallel,
         intent.kv_cache_precision,
         intent.engine,
+        plan.max_num_batched_tokens,
     )
 
 

@@ -309,12 +309,19 @@ class PlanStatus(_Status):
     precision: str = Field(description="Weight precision.")
     max_batch: int = Field(description="Engine batch limit (--max-num-seqs).")
     max_context_tokens: int = Field(description="Engine context limit (--max-model-len).")
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        description="Chunked-prefill token budget per engine step, running decodes included (--max-num-batched-tokens).",
+    )
     replicas: int = Field(description="Replicas the plan needs at the spec's request rate.")
     predicted_ttft: str = Field(description="Predicted TTFT at the percentile and the spec's load.")
     predicted_tpot: str = Field(description="Predicted TPOT at the percentile and the spec's load.")
     throughput_tokens_per_second: float = Field(description="Generated tokens/s one replica sustains within the SLO.")
     rate_per_replica: float = Field(description="Requests/s one replica sustains within the SLO.")
-    limited_by: str = Field(description="bandwidth, compute, kv-capacity, communication or overhead.")
+    limited_by: str = Field(
+        description="What bounds a replica: prefill-compute, decode-bandwidth, decode-compute, kv-capacity, "
+        "batch-slots, communication or overhead."
+    )
     mbu: float = Field(description="Model bandwidth utilization of the decode step.")
     mfu: float = Field(description="Model FLOPs utilization of the decode step.")
     cost_per_hour: float = Field(description="USD per hour for the planned replicas.")

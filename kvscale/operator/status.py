@@ -79,6 +79,7 @@ def plan_status(planned: Planned, max_context: int, excluded: tuple[str, ...]) -
         precision=chosen.precision,
         max_batch=p.max_batch,
         max_context_tokens=max_context,
+        max_num_batched_tokens=chosen.max_num_batched_tokens,
         replicas=p.replicas,
         predicted_ttft=format_duration(p.ttft_p_s),
         predicted_tpot=format_duration(p.tpot_p_s),
