@@ -21,6 +21,9 @@ from kvscale.operator.reconcile import DeploymentView, Event, Resource, Result
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import condition, now_rfc3339, observed_status, with_conditions
 from kvscale.sizing.catalog import Catalog
+from kvscale.sizing.checkpoints import CheckpointError, replica_cold_start
+from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.engine_args import requested_source
 from kvscale.sizing.units import format_duration, parse_duration_s
 
 
@@ -100,7 +103,25 @@ def capacity(
         return memory.capacity, memory
     cfg = serving_config(intent, plan, catalog)
     model = SizingCapacity(cfg, intent.slo, plan.max_batch)
-    return model, ScalerMemory(key, model, cfg.cold_start_s, PolicyState())
+    return model, ScalerMemory(key, model, default_cold_start_s(intent, cfg), PolicyState())
+
+
+def default_cold_start_s(intent: Intent, cfg: ServingConfig) -> float:
+    """The policy's cold start until it has observed one: the checkpoint's download (each new
+    pod downloads it unless spec.model.cache keeps it) plus engine start and shard load."""
+    m = intent.spec.model
+    try:
+        start = replica_cold_start(
+            cfg.model,
+            cfg.precision,
+            cfg.tensor_parallel,
+            cfg.engine,
+            requested_source(m.name, m.source, cfg.precision.name),
+            cached=m.cache is not None,
+        )
+    except CheckpointError:  # refused at planning; keep the engine-only estimate
+        return cfg.cold_start_s
+    return start.total_s
 
 
 def decision_kind(decision: Decision) -> str:

@@ -363,3 +363,16 @@ def test_replica_cold_start_is_what_a_policy_defaults_to() -> None:
     assert replica_cold_start(model, CAT.precision("int4"), 2, engine, None, cached=True).download_s == 0.0
     with pytest.raises(CheckpointError):
         replica_cold_start(CAT.model("mistral-7b"), CAT.precision("int4"), 1, engine, None, cached=True)
+
+
+def test_the_policy_defaults_to_the_modelled_start_with_download() -> None:
+    from kvscale.api.intent import parse_intent
+    from kvscale.operator.scaling import default_cold_start_s
+
+    cfg = ServingConfig.build(CAT, CAT.model("llama-3.1-70b"), CAT.gpu("H100-SXM"), "bf16", 4)
+    uncached = default_cold_start_s(parse_intent(spec_with(model={"name": "llama-3.1-70b"})), cfg)
+    cached = default_cold_start_s(
+        parse_intent(spec_with(model={"name": "llama-3.1-70b", "cache": {"persistentVolumeClaim": "w"}})), cfg
+    )
+    assert uncached == pytest.approx(45 + 70.6e9 * 2 / 250e6 + 70.6e9 * 2 / 4 / 1e9)  # 645 s
+    assert cached == pytest.approx(cfg.cold_start_s)  # engine start + shard load only
