@@ -157,7 +157,9 @@ def simulate(
     if trace is not None or load is not None:
         try:
             if load is not None:
-                requests = scale_time(scale_rate(generate(parse_load(load), seed), rate_scale, seed), time_scale)
+                spec = parse_load(load)
+                _check_load_size(spec, seed)
+                requests = scale_time(scale_rate(generate(spec, seed), rate_scale, seed), time_scale)
             else:
                 assert trace is not None
                 requests = scale_time(scale_rate(read_trace(trace), rate_scale, seed), time_scale)
@@ -204,6 +206,24 @@ def simulate(
         write_picture(png, lambda: draw_timeline(results, slo, png, title))
         if not as_json:
             console.print(f"wrote {png}")
+
+
+def _check_load_size(spec: Any, seed: int) -> None:
+    """A generated load within the trace bounds (span, requests), checked before generating:
+    `duration=100000h` or `rate=1e9` is a typo, not minutes of generation at GBs of memory."""
+    import random
+
+    from kvscale.sim.generators import rate_function
+    from kvscale.sim.trace import MAX_REQUESTS, MAX_SPAN_S
+
+    if spec.duration_s > MAX_SPAN_S:
+        fail(f"--load {spec.text!r}: duration must be at most {MAX_SPAN_S / 86400:g} days, got {spec.duration_s:g} s")
+    _, peak_per_s = rate_function(spec, random.Random(seed))
+    if peak_per_s * spec.duration_s > MAX_REQUESTS:
+        fail(
+            f"--load {spec.text!r}: up to {peak_per_s * spec.duration_s:,.0f} requests (peak {peak_per_s:g}/s for "
+            f"{spec.duration_s:g} s), more than {MAX_REQUESTS:,}; lower the rate or the duration"
+        )
 
 
 def _render(setup: Any, rows: list[dict[str, Any]], slo: Any, percentile: float) -> None:

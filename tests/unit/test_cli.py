@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -560,3 +561,19 @@ def test_sim_serve_checks_options_before_the_cluster() -> None:
     assert result.exit_code == 2 and "--port must be in [1, 65535]" in _stderr(result)
     result = runner.invoke(app, ["sim", "serve", "--name", "x", "--load", "sometimes"])
     assert result.exit_code == 2 and result.stderr.strip()
+
+
+@pytest.mark.parametrize(
+    ("load", "message"),
+    [
+        ("poisson:rate=1e9,duration=1h", "more than 2,000,000; lower the rate or the duration"),
+        ("poisson:rate=1,duration=100000h", "duration must be at most 31 days"),
+    ],
+)
+def test_simulate_refuses_a_generated_load_too_large_before_generating(load: str, message: str) -> None:
+    started = time.monotonic()
+    result = runner.invoke(
+        app, ["simulate", "--model", "llama-3.1-8b", "--ttft", "1s", "--tpot", "60ms", "--load", load]
+    )
+    assert result.exit_code == 2 and message in _stderr(result)
+    assert time.monotonic() - started < 5
