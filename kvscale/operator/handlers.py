@@ -267,7 +267,7 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
     started = time.monotonic()
     try:
         intent = parse_intent(call.spec)
-        start = fleet(intent, call.before, call.observed().deployment)
+        start = fleet(intent, call.before, call.observed().deployment, call.res.generation)
         if isinstance(start, Fleet):
             obs, missing = await _observe(rt, call.res, intent.engine, intent.slo.percentile, start)
             memory = call.memo.get("scaler", ScalerMemory())

@@ -26,7 +26,8 @@ def run_operator(namespaces: tuple[str, ...], liveness: str | None = None) -> No
     settings = Settings.from_env()
     registry = kopf.OperatorRegistry()
     register(registry, runtime(settings))
-    kopf.configure(verbose=False)  # kopf's own log format, to stderr
+    # kopf's own log format, to stderr; per-object lines (a failing handler) start with [namespace/name].
+    kopf.configure(verbose=False, log_prefix=True)
     logging.getLogger().setLevel(settings.log_level.upper())
     # Per-object INFO lines ("Timer 'refresh' succeeded" every interval) drown real news.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)

@@ -79,14 +79,20 @@ def planned(status: InferenceServiceStatus) -> bool:
     return status.plan is not None and status.phase not in (None, "Failed", "Pending")
 
 
-def fleet(intent: Intent, status: InferenceServiceStatus, seen: DeploymentView | None) -> Fleet | Result | None:
+def fleet(
+    intent: Intent, status: InferenceServiceStatus, seen: DeploymentView | None, generation: int | None = None
+) -> Fleet | Result | None:
     """What the tick starts from; None (nothing to do) before a plan or without a Deployment in
-    mode auto; a Result when the replicas are pinned (the policy is not asked)."""
+    mode auto; a Result when the replicas are pinned (the policy is not asked, metrics are not
+    read: MetricsAvailable says so instead of keeping an older tick's message)."""
     plan = status.plan
     if plan is None or not planned(status):
         return None
-    if intent.scaling.pinned_replicas is not None:
-        return Result(status.model_copy(update={"desired_replicas": intent.scaling.pinned_replicas}))
+    pinned = intent.scaling.pinned_replicas
+    if pinned is not None:
+        message = f"spec.scaling.replicas pins {pinned} replicas: the autoscaler does not read metrics"
+        unread = condition(status, "MetricsAvailable", None, "Pinned", message, generation)
+        return Result(with_conditions(status, unread, desired_replicas=pinned))
     if intent.scaling.mode == "auto" and seen is None:
         return None
     current = (seen.replicas if seen else 0) or status.desired_replicas or plan.replicas

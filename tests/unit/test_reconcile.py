@@ -244,6 +244,8 @@ def test_pinned_replicas_bypass_the_policy() -> None:
     assert first.apply[-1]["spec"]["replicas"] == 3
     pinned = fleet(parse_intent(body), first.status, DeploymentView(3, 3, None))
     assert isinstance(pinned, Result) and pinned.status.desired_replicas == 3 and pinned.scale_to is None
+    metrics = next(c for c in pinned.status.conditions if c.type == "MetricsAvailable")
+    assert (metrics.status, metrics.reason) == ("Unknown", "Pinned") and "pins 3 replicas" in metrics.message
 
 
 def test_status_round_trips_through_the_wire_form() -> None:
