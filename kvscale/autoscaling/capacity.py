@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from kvscale.sizing.checkpoints import replica_cold_start
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.load import ReplicaModel
 from kvscale.sizing.workload import Slo, Workload
@@ -41,3 +42,12 @@ class SizingCapacity:
         replica = self._replica(self._bucket(input_tokens), self._bucket(output_tokens))
         batch = min(self.max_batch, max(1, replica.kv_max_batch))
         return replica.at_rate(rate_per_replica, batch, self.slo.percentile).tpot_p_s
+
+
+def default_cold_start_s(cfg: ServingConfig, weights_cached: bool = False, source: str | None = None) -> float:
+    """A new replica's start-to-ready time before any was observed, from the model size:
+    the engine's start, downloading the checkpoint (`source`, or the 16-bit one) when the pod
+    has no weight cache (spec.model.cache), and loading each GPU's shard."""
+    return replica_cold_start(
+        cfg.model, cfg.precision, cfg.tensor_parallel, cfg.engine, source, cached=weights_cached
+    ).total_s

@@ -1,10 +1,25 @@
 """kvscale's autoscaling policy.
 
-Model-based target (forecast arrival rate over per-replica capacity from the plan),
-corrected by a calibration factor learned from observed vs predicted TPOT, with a
-feedback term when the SLO is missed or the queue grows. Scale-up looks one cold start
-ahead; scale-down needs the remaining replicas to provably absorb the load and a
-stabilization window, and never happens on missing or stale metrics.
+Each tick the policy computes a replica count from terms, and the decision names the term
+that set it (its `DecisionKind`):
+
+- forecast: the arrival rate one cold start ahead, a damped trend (a ramp's slope counts,
+  but its extrapolation saturates instead of running linearly over the whole cold start),
+  over what one replica carries within the SLO (the sizing model, calibrated by observed
+  TPOT), with headroom;
+- burst reserve: an upper quantile of how much the arrival rate rose within one cold start,
+  learned from the arrival process itself over the last half hour; a bursty process keeps a
+  large reserve (so it consolidates slowly), a smooth one a small one (promptly);
+- backlog: when requests queue, enough replicas to drain the queue within the TTFT target
+  once new replicas are ready. Behind a gateway the queue moves to new replicas; behind a
+  plain Service a queued request stays where it is, so the fleet is sized for the longest
+  replica queue to drain while that replica still takes its share of new arrivals;
+- feedback: the observed SLO was missed: one step beyond the ready replicas;
+- scale-down needs a stabilization window and the remaining replicas to absorb the load,
+  and never happens on missing or stale metrics.
+
+The cold start is learned from observed start-to-ready times (the slowest of the recent
+ones), defaulting from the model size; it sets the forecast and reserve horizon.
 """
 
 from __future__ import annotations
@@ -34,10 +49,17 @@ class PolicyConfig:
     max_replicas: int = 100
     headroom: float = 0.10
     # A new replica's start-to-ready time before any was observed: the default from the model
-    # size (container start, weight download and load, engine warm-up); see ServingConfig.
+    # size (container start, weight download and load, engine warm-up); see capacity.py.
     cold_start_s: float = 90.0
     tick_s: float = 15.0  # how often the policy runs
-    forecast_window_s: float = 180.0
+    # Behind a gateway that holds requests until a replica has room, a queue moves to new
+    # replicas; behind a plain Service it stays on the replica it was routed to.
+    queue_moves: bool = False
+    forecast_window_s: float = 180.0  # the trend is fitted over this much rate history
+    trend_damping_s: float = 120.0  # the trend's extrapolation saturates after about this long
+    burst_quantile: float = 0.99  # the rise over one cold start the reserve covers
+    burst_memory_s: float = 3600.0  # how much arrival history the reserve learns from
+    burst_hold_s: float = 1200.0  # a peak in the memory counts in full this long, then fades
     scale_down_stabilization_s: float = 120.0
     queue_per_replica_threshold: float = 4.0
     # After a feedback scale-up the latency window still holds the old samples: wait this
@@ -45,8 +67,11 @@ class PolicyConfig:
     feedback_cooldown_s: float = 45.0
     calibration_smoothing: float = 0.3
     calibration_bounds: tuple[float, float] = (0.9, 3.0)  # little optimism: a fast engine is a bonus, not a plan
+    slo_feedback_step: float = 0.10  # capacity correction per missed window
+    slo_feedback_decay: float = 0.005  # per tick while the SLO is met with room
+    slo_feedback_relax_below: float = 0.6
+    slo_feedback_max: float = 3.0
     scale_down_margin: float = 0.10  # extra spare capacity a scale-down must leave (hysteresis against flapping)
-
     cold_start_samples: int = 8  # observed start-to-ready times kept for learning
 
     def __post_init__(self) -> None:
@@ -54,6 +79,8 @@ class PolicyConfig:
             raise ValueError(f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})")
         if not self.cold_start_s >= 0:
             raise ValueError(f"the cold start must be >= 0 seconds, got {self.cold_start_s}")
+        if not 0 < self.burst_quantile <= 1:
+            raise ValueError(f"burst_quantile must be in (0, 1], got {self.burst_quantile}")
 
 
 @dataclass(frozen=True)
@@ -61,11 +88,14 @@ class PolicyState:
     rates: tuple[tuple[float, float], ...] = ()  # (time, observed arrival rate)
     targets: tuple[tuple[float, int], ...] = ()  # (time, unstabilized target) for scale-down
     calibration: float = 1.0
+    # SLO feedback on capacity: grows while the observed SLO is missed without a backlog to
+    # explain it, decays while it is met with room; divides what the model says a replica carries.
+    slo_factor: float = 1.0
     last_feedback_s: float | None = None
     # Observed start-to-ready seconds (newest last). The operator may restore them from status
     # after a restart; empty means the config's default cold start applies.
     cold_start_samples: tuple[float, ...] = ()
-    history_limit_s: float = field(default=900.0, repr=False)
+    history_limit_s: float = field(default=3600.0, repr=False)
 
     def cold_start_s(self, config: PolicyConfig) -> float:
         """The cold start to plan with: the slowest recent observed start (a scale-up must
@@ -87,8 +117,16 @@ class PolicyState:
         return replace(self, rates=rates, targets=targets)
 
 
-def forecast_rate(history: tuple[tuple[float, float], ...], now_s: float, window_s: float, horizon_s: float) -> float:
-    """Least-squares trend over the window, projected `horizon_s` ahead; never below the latest."""
+def forecast_rate(
+    history: tuple[tuple[float, float], ...],
+    now_s: float,
+    window_s: float,
+    horizon_s: float,
+    damping_s: float | None = None,
+) -> float:
+    """The rate `horizon_s` ahead: the latest rate plus the least-squares slope over the
+    window, extrapolated over damping_s x (1 - exp(-horizon/damping_s)) seconds (a damped
+    trend; None: linear over the whole horizon). Never below the latest."""
     points = [(t, r) for t, r in history if t >= now_s - window_s]
     if not points:
         return 0.0
@@ -101,8 +139,63 @@ def forecast_rate(history: tuple[tuple[float, float], ...], now_s: float, window
     if var_t <= 0:
         return latest
     slope = sum((t - mean_t) * (r - mean_r) for t, r in points) / var_t
-    projected = mean_r + slope * (now_s + horizon_s - mean_t)
-    return max(latest, projected)
+    if damping_s is None:
+        return max(latest, mean_r + slope * (now_s + horizon_s - mean_t))
+    reach_s = damping_s * (1 - math.exp(-horizon_s / damping_s)) if damping_s > 0 else 0.0
+    # The fitted line at now, then the damped extrapolation from there.
+    return max(latest, mean_r + slope * (now_s - mean_t) + slope * reach_s)
+
+
+def burst_reserve(
+    history: tuple[tuple[float, float], ...], horizon_s: float, quantile: float, min_spans: int = 4
+) -> float:
+    """The `quantile` of how much the rate rose within `horizon_s` after each past tick
+    (max over the following horizon minus the rate then, floored at 0). 0 until the
+    history holds `min_spans` complete horizons."""
+    if not history:
+        return 0.0
+    times = [t for t, _ in history]
+    rates = [r for _, r in history]
+    end = times[-1]
+    rises: list[float] = []
+    j = 0
+    peak_window: list[int] = []  # indices of a decreasing-rate deque over (t_k, t_k + horizon]
+    for k, t_k in enumerate(times):
+        if t_k + horizon_s > end + 1e-9:
+            break
+        while j < len(times) and times[j] <= t_k + horizon_s + 1e-9:
+            while peak_window and rates[peak_window[-1]] <= rates[j]:
+                peak_window.pop()
+            peak_window.append(j)
+            j += 1
+        while peak_window and peak_window[0] <= k:
+            peak_window.pop(0)
+        ahead = rates[peak_window[0]] if peak_window else rates[k]
+        rises.append(max(0.0, ahead - rates[k]))
+    if not rises or (end - times[0]) < min_spans * horizon_s:
+        return 0.0
+    return _quantile(rises, quantile)
+
+
+def burst_ceiling(history: tuple[tuple[float, float], ...], now_s: float, config: PolicyConfig) -> float:
+    """The highest rate the memory holds, each weighed by its age: in full for the first
+    `burst_hold_s`, then fading linearly to nothing at the end of `burst_memory_s`."""
+    fade_s = max(config.burst_memory_s - config.burst_hold_s, 1e-9)
+    best = 0.0
+    for t, r in history:
+        age = now_s - t
+        if age > config.burst_memory_s:
+            continue
+        weight = 1.0 if age <= config.burst_hold_s else max(0.0, 1.0 - (age - config.burst_hold_s) / fade_s)
+        best = max(best, r * weight)
+    return best
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def _clamp(value: int, config: PolicyConfig) -> int:
@@ -124,7 +217,7 @@ def _calibrate(
 ) -> float:
     """Smoothed observed/predicted TPOT at the observed per-replica load: how much slower
     (or faster) the engine runs than the model says. Not while replicas warm up or just
-    became ready: their latency window mixes fleet sizes."""
+    became ready (their latency window mixes fleet sizes), nor while requests queue."""
     if (
         obs.tpot_p_s is None
         or obs.arrival_rate_per_s is None
@@ -132,7 +225,10 @@ def _calibrate(
         or not obs.arrival_rate_per_s > 0
         or obs.starting_replicas > 0
         or obs.started_to_ready_s
+        or (obs.waiting or 0.0) > config.queue_per_replica_threshold * obs.ready_replicas
     ):
+        # A queue means the batch is full whatever the model predicts at this rate: what it
+        # shows is overload, not a slower engine.
         return state.calibration
     predicted = capacity.predicted_tpot_s(obs.arrival_rate_per_s / obs.ready_replicas, *lengths)
     if not math.isfinite(predicted) or predicted <= 0:
@@ -141,6 +237,58 @@ def _calibrate(
     ratio = min(hi, max(lo, obs.tpot_p_s / predicted))
     a = config.calibration_smoothing
     return min(hi, max(lo, (1 - a) * state.calibration + a * ratio))
+
+
+def _slo_feedback(obs: Observation, state: PolicyState, config: PolicyConfig, missed: str | None) -> float:
+    """The SLO-feedback factor on per-replica capacity. The model can be optimistic about a
+    tail (p99 TTFT under heavy-tailed prompts, say) in a way TPOT calibration does not see:
+    a missed SLO with no queue to explain it raises the factor by `slo_feedback_step` (at most
+    once per feedback cooldown, as the latency window lags); a met SLO with room (both
+    quantiles under `slo_feedback_relax_below` of their targets) lets it decay to 1."""
+    factor = state.slo_factor
+    queued = (obs.waiting or 0.0) > config.queue_per_replica_threshold * max(obs.ready_replicas, 1)
+    cooled = state.last_feedback_s is None or obs.time_s - state.last_feedback_s >= config.feedback_cooldown_s
+    if missed and not queued and cooled and obs.ready_replicas > 0:
+        return min(config.slo_feedback_max, factor * (1 + config.slo_feedback_step))
+    relaxed = (
+        not missed
+        and obs.ttft_p_s is not None
+        and obs.tpot_p_s is not None
+        and obs.ttft_p_s <= config.slo_feedback_relax_below * config.ttft_target_s
+        and obs.tpot_p_s <= config.slo_feedback_relax_below * config.tpot_target_s
+    )
+    if relaxed:
+        return max(1.0, factor * (1 - config.slo_feedback_decay))
+    return factor
+
+
+def _replicas_for(rate: float, per_replica: float, headroom: float) -> int:
+    return math.ceil(rate * (1 + headroom) / per_replica - 1e-9)
+
+
+def _backlog_target(
+    obs: Observation, config: PolicyConfig, rate: float, per_replica: float, cold_start_s: float
+) -> tuple[int, str] | None:
+    """Replicas that drain the queue within the TTFT target after new replicas are ready."""
+    assert obs.waiting is not None
+    if obs.waiting <= config.queue_per_replica_threshold * max(obs.ready_replicas, 1):
+        return None
+    drain_s = cold_start_s + config.ttft_target_s
+    if config.queue_moves:
+        needed = _replicas_for(rate + obs.waiting / drain_s, per_replica, config.headroom)
+        return needed, (
+            f"{obs.waiting:.0f} queued at the gateway, drained within {drain_s:.0f}s, plus {rate:.2f} req/s "
+            f"over the {per_replica:.2f} req/s one replica carries"
+        )
+    # Behind a Service: the longest replica queue drains only at its own spare capacity, so
+    # its share of new arrivals must leave room for that (at most half of it).
+    longest = obs.waiting_max if obs.waiting_max is not None else obs.waiting / max(obs.ready_replicas, 1)
+    drain_rate = min(longest / drain_s, per_replica / 2)
+    needed = _replicas_for(rate, per_replica - drain_rate, config.headroom)
+    return needed, (
+        f"{longest:.0f} queued on one replica (a Service does not move them), drained within {drain_s:.0f}s "
+        f"while it takes its share of {rate:.2f} req/s over the {per_replica:.2f} req/s one replica carries"
+    )
 
 
 def decide(
@@ -172,25 +320,68 @@ def decide(
         obs.output_tokens_mean or config.default_output_tokens,
     )
     calibration = _calibrate(obs, state, capacity, config, lengths)
-    per_replica = capacity.rate_per_replica(*lengths) / calibration
-    state = replace(state, calibration=calibration)
+    slo_factor = _slo_feedback(obs, state, config, missed)
+    raised = slo_factor > state.slo_factor
+    if raised:
+        state = replace(state, last_feedback_s=obs.time_s)
+    state = replace(state, slo_factor=slo_factor)
+    per_replica = capacity.rate_per_replica(*lengths) / (calibration * slo_factor)
+    state = replace(state, calibration=calibration, history_limit_s=max(config.burst_memory_s, state.history_limit_s))
     rate_now = obs.arrival_rate_per_s
     history = state.remember(obs.time_s, rate_now, 0).rates
     horizon_s = cold_start_s + config.tick_s
-    forecast = forecast_rate(history, obs.time_s, config.forecast_window_s, horizon_s)
+    forecast = forecast_rate(history, obs.time_s, config.forecast_window_s, horizon_s, config.trend_damping_s)
+    rise = burst_reserve(history, horizon_s, config.burst_quantile)
+    ceiling = burst_ceiling(history, obs.time_s, config)
+    recent = [r for t, r in history if t >= obs.time_s - config.burst_memory_s]
+    bursty = rise > 0 and rise >= _quantile(recent, 0.5)  # the rate can more than double within a cold start
+    if bursty and forecast <= max(ceiling, rate_now):
+        # On/off traffic: the trend says nothing about the next burst and a replica started
+        # now lands after this one; hold capacity for the highest rate the memory holds.
+        level, kind = max(ceiling, rate_now), DecisionKind.BURST_RESERVE
+        why = (
+            f"bursty arrivals (p{config.burst_quantile * 100:g} rise {rise:.2f} req/s within {horizon_s:.0f}s): "
+            f"holding {level:.2f} req/s (now {rate_now:.2f})"
+        )
+    else:
+        # A rise counts from the current rate, but not past the highest rate the memory holds.
+        reserve = max(0.0, min(rise, ceiling - rate_now))
+        if rate_now + reserve > forecast:
+            level, kind = rate_now + reserve, DecisionKind.BURST_RESERVE
+            why = (
+                f"now {rate_now:.2f} req/s plus a burst reserve of {reserve:.2f} "
+                f"(p{config.burst_quantile * 100:g} rise within {horizon_s:.0f}s)"
+            )
+        else:
+            level, kind = forecast, DecisionKind.FORECAST
+            why = f"forecast {forecast:.2f} req/s {horizon_s:.0f}s ahead (now {rate_now:.2f})"
     if per_replica <= 0:
         target, kind = config.max_replicas, DecisionKind.BOUNDS
         why = "no replica meets the SLO at the observed lengths: scaling to the maximum"
     else:
-        target, kind = math.ceil(forecast * (1 + config.headroom) / per_replica - 1e-9), DecisionKind.FORECAST
-        why = (
-            f"forecast {forecast:.2f} req/s (now {rate_now:.2f}) over {per_replica:.2f} req/s per replica "
-            f"with {config.headroom:.0%} headroom, {horizon_s:.0f}s ahead"
-        )
+        target = _replicas_for(level, per_replica, config.headroom)
+        why += f" over the {per_replica:.2f} req/s one replica carries, {config.headroom:.0%} headroom"
+        if slo_factor > 1.0 + 1e-6:
+            why += f" (capacity lowered x{slo_factor:.2f} by SLO feedback)"
+        if raised and missed and target > current:
+            kind, why = DecisionKind.FEEDBACK, f"{missed}: {why}"
+    backlog = _backlog_target(obs, config, max(rate_now, forecast), per_replica, cold_start_s) if per_replica else None
+    if backlog is not None and backlog[0] > target:
+        target, kind, why = backlog[0], DecisionKind.BACKLOG, backlog[1]
     cooled = state.last_feedback_s is None or obs.time_s - state.last_feedback_s >= config.feedback_cooldown_s
-    if missed and obs.starting_replicas == 0 and cooled:
-        backlog = math.ceil(obs.waiting / max(capacity.max_batch, 1))
-        feedback = obs.ready_replicas + max(1, backlog)
+    # Feedback covers what the model misses. While the backlog term already adds replicas the
+    # queue is its to size (the latency window lags the drain, and more replicas do not
+    # shorten a queue a Service has pinned).
+    backlog_adds = backlog is not None and backlog[0] > obs.ready_replicas
+    pinned = (
+        not config.queue_moves
+        and backlog is not None
+        and obs.waiting_max is not None
+        and obs.waiting_max > obs.waiting / 2
+        and obs.ready_replicas > 1
+    )
+    if missed and not backlog_adds and not pinned and obs.starting_replicas == 0 and cooled:
+        feedback = obs.ready_replicas + 1
         if feedback > target:
             target, kind = feedback, DecisionKind.FEEDBACK
             why = f"{missed}: adding {feedback - obs.ready_replicas} beyond the ready {obs.ready_replicas}"

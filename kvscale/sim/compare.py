@@ -1,11 +1,19 @@
-"""Builds every policy for one setup and runs them on the same arrivals; the oracle is the
-cheapest clairvoyant schedule (from the whole trace and the cold start) that meets the SLO."""
+"""Builds every policy for one setup and runs them on the same arrivals.
+
+Two references beside the policies:
+- the oracle: the cheapest clairvoyant schedule of our own family (replicas from the sizing
+  model for each bucket of the whole trace, asked for one cold start ahead) that meets the SLO;
+- the bound: the cheapest fleet that could have met the SLO with instantaneous scaling: per
+  interval, the fewest warm replicas on which that interval's requests meet the SLO, behind
+  the best routing (the gateway). No policy that pays for cold starts can beat it by much.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import pairwise
 
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.policy import PolicyConfig
@@ -19,13 +27,14 @@ from kvscale.sim.policies import (
     StaticPolicy,
 )
 from kvscale.sim.report import attainment
-from kvscale.sim.run import SimResult, SimSetup, Source, bucket_rates, simulate
+from kvscale.sim.run import SimResult, SimSetup, Source, TimelinePoint, bucket_rates, simulate
 from kvscale.sim.trace import TraceRequest
 
 POLICY_NAMES = ("kvscale", "static", "hpa", "keda", "saturation", "oracle")
 ORACLE_BUCKET_S = 30.0
 ORACLE_HEADROOMS = (0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
 ATTAINMENT_GOAL = 0.99
+BOUND_INTERVAL_S = 60.0
 
 
 def _lengths(trace: list[TraceRequest]) -> tuple[float, float]:
@@ -78,6 +87,7 @@ def make_policies(
         headroom=headroom,
         cold_start_s=setup.cold_start_s,
         tick_s=setup.tick_s,
+        queue_moves=setup.routing == "gateway",
     )
     built: dict[str, Callable[[], SimPolicy]] = {
         "kvscale": lambda: KvscalePolicy(capacity, config),
@@ -108,3 +118,90 @@ def _better(candidate: SimResult, incumbent: SimResult, setup: SimSetup) -> bool
     if (a >= ATTAINMENT_GOAL) != (b >= ATTAINMENT_GOAL):
         return a >= ATTAINMENT_GOAL
     return candidate.gpu_hours < incumbent.gpu_hours if a >= ATTAINMENT_GOAL else a > b
+
+
+def run_bound(
+    setup: SimSetup,
+    trace: list[TraceRequest],
+    max_replicas: int = 1000,
+    interval_s: float = BOUND_INTERVAL_S,
+    goal: float = ATTAINMENT_GOAL,
+) -> SimResult:
+    """The fewest replicas per interval, with instantaneous scaling, meeting the SLO goal.
+
+    Each interval's arrivals are simulated alone on n warm replicas behind the gateway
+    (starting empty: work carried over from the previous interval is ignored, which only
+    makes the bound lower), and n is the smallest count whose attainment reaches `goal`
+    (at least 1, like every policy); where no count up to `max_replicas` does (requests the
+    SLO cannot be met for at any fleet size), the smallest count that does as well as
+    `max_replicas`. GPU-hours are the sum of n x interval."""
+    spans: dict[int, list[TraceRequest]] = {}
+    for r in trace:
+        spans.setdefault(int(r.arrival_s // interval_s), []).append(r)
+    intervals = (int(trace[-1].arrival_s // interval_s) + 1) if trace else 0
+    base = replace(setup, routing="gateway", cold_start_s=0.0)
+    requests = []
+    timeline: list[TimelinePoint] = []
+    counts: list[int] = []
+    preemptions = 0
+    guess = 1
+    for i in range(intervals):
+        arrivals = [
+            TraceRequest(r.arrival_s - i * interval_s, r.input_tokens, r.output_tokens) for r in spans.get(i, [])
+        ]
+        runs: dict[int, SimResult] = {}
+        wanted = [goal]  # lowered to the best any count reaches when even max_replicas misses
+
+        def meets(
+            n: int,
+            arrivals: list[TraceRequest] = arrivals,
+            runs: dict[int, SimResult] = runs,
+            wanted: list[float] = wanted,
+        ) -> bool:
+            if n not in runs:
+                runs[n] = simulate(replace(base, initial_replicas=n), Source(arrivals), StaticPolicy(n))
+            return attainment(runs[n], setup.slo) >= wanted[0] - 1e-12
+
+        if not arrivals:
+            n = 1
+        elif meets(guess):
+            n = guess
+            while n > 1 and meets(n - 1):
+                n -= 1
+        else:
+            lo, hi = guess, guess
+            while not meets(hi) and hi < max_replicas:
+                lo, hi = hi, min(max_replicas, hi * 2)
+            if not meets(hi):  # no count meets the goal: the fewest that do as well as any
+                wanted[0] = attainment(runs[hi], setup.slo)
+            while hi - lo > 1:  # meets(hi), not meets(lo)
+                mid = (lo + hi) // 2
+                if meets(mid):
+                    hi = mid
+                else:
+                    lo = mid
+            n = hi
+        guess = n
+        counts.append(n)
+        if arrivals:
+            chosen = runs[n]
+            for request in chosen.requests:  # back on the trace's clock
+                request.arrival_s += i * interval_s
+                request.first_token_s += i * interval_s
+                request.finish_s += i * interval_s
+            requests.extend(chosen.requests)
+            preemptions += chosen.preemptions
+        timeline.append(TimelinePoint(i * interval_s, len(arrivals) / interval_s, n, n, None, None))
+    gpu_hours = sum(counts) * interval_s * setup.cfg.tensor_parallel / 3600.0
+    return SimResult(
+        policy="bound",
+        requests=requests,
+        gpu_hours=gpu_hours,
+        cost_usd=gpu_hours * setup.cfg.gpu.price_usd_per_gpu_hour,
+        scale_events=sum(1 for a, b in pairwise(counts) if a != b),
+        preemptions=preemptions,
+        duration_s=intervals * interval_s,
+        timeline=timeline,
+        routing="gateway",
+        replica_spans=[(i * interval_s, (i + 1) * interval_s) for i, n in enumerate(counts) for _ in range(n)],
+    )

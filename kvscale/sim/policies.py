@@ -36,9 +36,11 @@ class KvscalePolicy:
     config: PolicyConfig
     name: str = "kvscale"
     state: PolicyState = field(default_factory=PolicyState)
+    kinds: dict[str, int] = field(default_factory=dict)  # decisions by kind, as the operator counts them
 
     def decide(self, obs: Observation) -> Decision:
         decision, self.state = decide(obs, self.state, self.capacity, self.config)
+        self.kinds[decision.kind.value] = self.kinds.get(decision.kind.value, 0) + 1
         return decision
 
 

@@ -19,6 +19,20 @@ def attainment(result: SimResult, slo: Slo) -> float:
     return met / len(result.requests)
 
 
+def attainment_from(result: SimResult, slo: Slo, from_s: float) -> float:
+    """Attainment over the requests that arrived at or after `from_s` (after a warm-up)."""
+    kept = [r for r in result.requests if r.arrival_s >= from_s]
+    if not kept:
+        return 1.0
+    return sum(1 for r in kept if r.done and r.ttft_s <= slo.ttft_s and r.tpot_s <= slo.tpot_s) / len(kept)
+
+
+def gpu_hours_from(result: SimResult, gpus_per_replica: int, from_s: float) -> float:
+    """GPU-hours spent at or after `from_s`, from the replicas' spans."""
+    seconds = sum(max(0.0, stop - max(start, from_s)) for start, stop in result.replica_spans)
+    return seconds * gpus_per_replica / 3600.0
+
+
 def _quantile(values: list[float], q: float) -> float:
     if not values:
         return math.nan

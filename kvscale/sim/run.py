@@ -71,6 +71,8 @@ class SimResult:
     decisions: list[tuple[float, int, str]] = field(default_factory=list)
     routing: str = "service"
     token_gaps: Counter[float] = field(default_factory=Counter)  # per-token gap (s) -> tokens, all replicas
+    # (started, stopped) of every replica, for GPU-hours over part of the run
+    replica_spans: list[tuple[float, float]] = field(default_factory=list)
 
 
 class _Window:
@@ -209,6 +211,7 @@ def simulate(
         decisions=decisions,
         routing=setup.routing,
         token_gaps=sum((r.token_gaps for r in fleet.replicas), Counter()),
+        replica_spans=[(r.started_s, r.stopped_s if r.stopped_s is not None else end) for r in fleet.replicas],
     )
 
 

@@ -1,11 +1,12 @@
 """kvscale's autoscaling policy on hand-built observations."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from kvscale.autoscaling.observation import DecisionKind, Observation
-from kvscale.autoscaling.policy import PolicyConfig, PolicyState, decide, forecast_rate
+from kvscale.autoscaling.policy import PolicyConfig, PolicyState, burst_reserve, decide, forecast_rate
 
 
 class FixedCapacity:
@@ -187,3 +188,117 @@ def test_calibration_ignores_ticks_with_warming_replicas() -> None:
     for i in range(1, 10):
         decision, state = decide(obs(15 * i, 4.0, 3, 1, tpot_p_s=0.06), state, FixedCapacity(tpot_s=0.03), CONFIG)
     assert decision.calibration == 1.0
+
+
+def test_damped_trend_saturates_instead_of_extrapolating_linearly() -> None:
+    history = tuple((float(t), 1.0 + 0.01 * t) for t in range(0, 180, 15))
+    linear = forecast_rate(history, 165, 180, 600)
+    damped = forecast_rate(history, 165, 180, 600, damping_s=60)
+    assert linear == pytest.approx(1.0 + 0.01 * 765)
+    # the fitted line at now, plus the slope over 60 x (1 - e^-10) seconds
+    assert damped == pytest.approx(1.0 + 0.01 * 165 + 0.01 * 60 * (1 - math.exp(-10)), rel=1e-6)
+    assert forecast_rate(history, 165, 180, 600, damping_s=60) < forecast_rate(history, 165, 180, 600, damping_s=120)
+
+
+def test_burst_reserve_is_the_upper_quantile_of_rises_within_the_horizon() -> None:
+    # Smooth: the rate never rises, the reserve is 0.
+    flat = tuple((float(t), 5.0) for t in range(0, 1200, 15))
+    assert burst_reserve(flat, 90, 0.95) == 0.0
+    # Bursty: every 300 s the rate jumps from 1 to 31 for 60 s. A quarter or more of the
+    # ticks see a jump within the next 90 s, so the 95th percentile rise is the full jump.
+    bursty = tuple((float(t), 31.0 if t % 300 >= 240 else 1.0) for t in range(0, 1800, 15))
+    assert burst_reserve(bursty, 90, 0.95) == pytest.approx(30.0)
+    # ... while its median rise is 0: the reserve is the quantile, not the mean.
+    assert burst_reserve(bursty, 90, 0.5) == 0.0
+    # Too little history: no reserve yet.
+    assert burst_reserve(bursty[:10], 90, 0.95) == 0.0
+
+
+def test_a_bursty_history_holds_capacity_a_smooth_one_releases() -> None:
+    """After the same quiet minutes, a fleet that saw bursts keeps its reserve; one that saw
+    only a slow drift consolidates."""
+    bursty_rates = [31.0 if t % 300 >= 240 else 1.0 for t in range(15, 1500, 15)]
+    smooth_rates = [1.0 + 0.5 * math.sin(t / 400) for t in range(15, 1500, 15)]
+    ends = {}
+    for name, rates in (("bursty", bursty_rates), ("smooth", smooth_rates)):
+        state, ready, decision = PolicyState(), 16, None
+        for i, rate in enumerate([*rates, *[1.0] * 12]):
+            decision, state = decide(obs(15.0 * (i + 1), rate, ready), state, FixedCapacity(), CONFIG)
+            ready = decision.replicas
+        assert decision is not None
+        ends[name] = decision
+    assert ends["bursty"].replicas >= math.ceil(31 * 1.1 / 2.0)  # the burst's replicas stay
+    assert ends["bursty"].kind in (DecisionKind.BURST_RESERVE, DecisionKind.STABILIZATION, DecisionKind.HOLD)
+    assert ends["smooth"].replicas <= 2
+
+
+def test_backlog_behind_a_gateway_is_drained_by_new_replicas() -> None:
+    gateway = PolicyConfig(**{**CONFIG.__dict__, "queue_moves": True})
+    # 4 req/s on 2 replicas of 2 req/s, 600 requests queued: drain them within a cold start
+    # (45 s) plus the TTFT target (1 s) after new replicas are ready.
+    decision, _ = decide(obs(15, 4.0, 2, waiting=600.0), PolicyState(), FixedCapacity(), gateway)
+    assert decision.kind is DecisionKind.BACKLOG
+    assert decision.replicas == math.ceil((4.0 + 600 / 46) * 1.1 / 2.0)  # 10
+
+
+def test_backlog_behind_a_service_sizes_for_the_longest_replica_queue() -> None:
+    # A Service leaves 300 requests on one replica. New replicas cannot take them; they take
+    # its share of new arrivals, so it keeps spare capacity to drain: at most half of it.
+    decision, _ = decide(obs(15, 4.0, 2, waiting=320.0, waiting_max=300.0), PolicyState(), FixedCapacity(), CONFIG)
+    assert decision.kind is DecisionKind.BACKLOG
+    assert decision.replicas == math.ceil(4.0 * 1.1 / (2.0 - 1.0))  # 5
+    # A short queue needs less: 46 requests drain at 1 req/s within 46 s.
+    decision, _ = decide(obs(15, 4.0, 2, waiting=50.0, waiting_max=23.0), PolicyState(), FixedCapacity(), CONFIG)
+    assert decision.replicas == math.ceil(4.0 * 1.1 / (2.0 - 0.5))  # 3
+    # The same queue behind a gateway moves to new replicas: sized on the total.
+    gateway = PolicyConfig(**{**CONFIG.__dict__, "queue_moves": True})
+    decision, _ = decide(obs(15, 4.0, 2, waiting=320.0, waiting_max=300.0), PolicyState(), FixedCapacity(), gateway)
+    assert decision.replicas == math.ceil((4.0 + 320 / 46) * 1.1 / 2.0)  # 7
+
+
+def test_no_scale_down_on_missing_metrics_even_with_a_learned_reserve_or_backlog_history() -> None:
+    state = PolicyState()
+    for i in range(1, 40):
+        _, state = decide(obs(15 * i, 20.0 if i % 10 == 0 else 1.0, 8), state, FixedCapacity(), CONFIG)
+    for missing in ({"running": None}, {"waiting": None}, {"stale": True}):
+        o = replace(obs(15 * 41, 0.1, 8, running=0.0, waiting=0.0), **missing)
+        decision, _ = decide(o, state, FixedCapacity(), CONFIG)
+        assert decision.replicas >= 8 and decision.kind is DecisionKind.MISSING_METRICS
+
+
+def test_default_cold_start_counts_the_download_unless_weights_are_cached() -> None:
+    from kvscale.autoscaling.capacity import default_cold_start_s
+    from kvscale.sizing.catalog import default_catalog
+    from kvscale.sizing.config import ServingConfig
+
+    cat = default_catalog()
+    small = ServingConfig.build(cat, cat.model("llama-3.1-8b"), cat.gpu("H100-SXM"), "bf16", 1)
+    large = ServingConfig.build(cat, cat.model("llama-3.1-70b"), cat.gpu("H100-SXM"), "bf16", 4)
+    engine = small.engine
+    # 8B in bf16 is ~16 GB: download at the engine profile's rate, then load one shard.
+    expected = (
+        engine.cold_start_fixed_s + 16.06e9 / engine.download_bytes_per_s + 16.06e9 / engine.weight_load_bytes_per_s
+    )
+    assert default_cold_start_s(small) == pytest.approx(expected, rel=0.02)
+    assert default_cold_start_s(small, weights_cached=True) < default_cold_start_s(small)
+    assert default_cold_start_s(large) > default_cold_start_s(small)  # more weights to fetch
+
+
+def test_slo_feedback_lowers_capacity_while_missed_and_relaxes_when_met() -> None:
+    # The model says 2 req/s per replica; the engine misses TTFT at that load with no queue.
+    state, ready, seen = PolicyState(), 4, []
+    for i in range(1, 13):
+        decision, state = decide(obs(15 * i, 7.0, ready, ttft_p_s=1.4), state, FixedCapacity(), CONFIG)
+        ready = decision.replicas
+        seen.append(decision.kind)
+    assert state.slo_factor == pytest.approx(1.1**4, rel=1e-6)  # once per 45 s cooldown over 180 s
+    assert ready == math.ceil(7.0 * 1.1 * 1.1**4 / 2.0)  # 6
+    assert DecisionKind.FEEDBACK in seen and "SLO feedback" in decision.reason
+    # Met with room: the factor decays back toward 1, never below.
+    for i in range(13, 800):
+        decision, state = decide(obs(15 * i, 7.0, ready, ttft_p_s=0.2, tpot_p_s=0.01), state, FixedCapacity(), CONFIG)
+        ready = decision.replicas
+    assert state.slo_factor == 1.0 and ready == 4
+    # A queue explains the miss: the backlog term acts, the factor stays.
+    _, queued = decide(obs(15, 7.0, 4, ttft_p_s=3.0, waiting=100.0), PolicyState(), FixedCapacity(), CONFIG)
+    assert queued.slo_factor == 1.0

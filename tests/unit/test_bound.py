@@ -1,0 +1,66 @@
+"""The bound: the cheapest fleet with instantaneous scaling, beside the oracle."""
+
+import random
+
+from kvscale.autoscaling.capacity import SizingCapacity
+from kvscale.sim.compare import ATTAINMENT_GOAL, run_bound, run_oracle
+from kvscale.sim.report import attainment, attainment_from, gpu_hours_from
+from kvscale.sim.run import SimSetup
+from kvscale.sim.trace import TraceRequest
+from kvscale.sizing.catalog import default_catalog
+from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.workload import Slo
+
+CAT = default_catalog()
+CFG = ServingConfig.build(CAT, CAT.model("llama-3.1-8b"), CAT.gpu("L4"), "bf16", 1)
+SLO = Slo(1.5, 0.08, 99.0)
+
+
+def step_trace(seed: int = 2) -> list[TraceRequest]:
+    """Six minutes: 1 req/s, then 5 req/s, then 1 req/s again."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    while t < 360:
+        rate = 5.0 if 120 <= t < 240 else 1.0
+        t += rng.expovariate(rate)
+        out.append(TraceRequest(t, rng.randint(200, 800), rng.randint(30, 120)))
+    return out
+
+
+def test_bound_meets_the_goal_per_interval_and_costs_no_more_than_the_oracle() -> None:
+    trace = step_trace()
+    setup = SimSetup(CFG, SLO, 64, cold_start_s=60.0, initial_replicas=1)
+    bound = run_bound(setup, trace, max_replicas=50)
+    oracle = run_oracle(setup, trace, SizingCapacity(CFG, SLO, 64))
+    assert len(bound.requests) == len(trace)
+    assert attainment(bound, SLO) >= ATTAINMENT_GOAL
+    assert bound.gpu_hours <= oracle.gpu_hours
+    counts = [p.desired for p in bound.timeline]
+    assert max(counts[2:4]) > max(counts[:2])  # the busy minutes need more replicas
+    assert min(counts) >= 1
+    # Its spans are the per-interval counts; its requests are back on the trace's clock.
+    assert gpu_hours_from(bound, 1, 0.0) == bound.gpu_hours
+    assert attainment_from(bound, SLO, 120.0) >= ATTAINMENT_GOAL
+    assert min(r.arrival_s for r in bound.requests) == trace[0].arrival_s
+
+
+def test_fewer_replicas_per_interval_would_miss() -> None:
+    """Minimality: with one replica fewer in the busiest interval, that interval misses."""
+    from dataclasses import replace
+
+    from kvscale.sim.policies import StaticPolicy
+    from kvscale.sim.run import Source, simulate
+
+    trace = step_trace()
+    setup = SimSetup(CFG, SLO, 64, cold_start_s=60.0, initial_replicas=1)
+    bound = run_bound(setup, trace, max_replicas=50)
+    busiest = max(range(len(bound.timeline)), key=lambda i: bound.timeline[i].desired)
+    n = bound.timeline[busiest].desired
+    assert n > 1
+    arrivals = [
+        TraceRequest(r.arrival_s - busiest * 60.0, r.input_tokens, r.output_tokens)
+        for r in trace
+        if busiest * 60.0 <= r.arrival_s < (busiest + 1) * 60.0
+    ]
+    fewer = replace(setup, routing="gateway", cold_start_s=0.0, initial_replicas=n - 1)
+    assert attainment(simulate(fewer, Source(arrivals), StaticPolicy(n - 1)), SLO) < ATTAINMENT_GOAL
