@@ -112,6 +112,14 @@ class ReplicaModel:
         self._own_prefills: dict[int, StepTime] = {}
         self.prefill_step = self.own_prefill(0)
 
+    def renamed(self, cfg: ServingConfig) -> ReplicaModel:
+        """The same model for a physically identical configuration (another precision name),
+        sharing the cached steps."""
+        twin = object.__new__(ReplicaModel)
+        twin.__dict__.update(self.__dict__)
+        twin.cfg = cfg
+        return twin
+
     def _decode(self, batch: int) -> StepTime:
         step = self._decodes.get(batch)
         if step is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kvscale.sizing.catalog import Catalog, GpuSpec, ModelArch
@@ -195,6 +195,40 @@ class _Screened:
     bound: float  # lower bound of the ranking metric: cost at no-queueing capacity, or idle latency
 
 
+def _physics_key(cfg: ServingConfig) -> tuple[object, ...]:
+    """What the step times depend on: precisions that differ only in name and dtype flag
+    (bf16 and fp16: 2 bytes, the 16-bit path) share one screening."""
+    p = cfg.precision
+    return (
+        cfg.gpu.name,
+        cfg.tensor_parallel,
+        p.bytes_per_param,
+        p.compute,
+        p.weight_bandwidth_efficiency,
+        p.matmul_efficiency_factor,
+        cfg.kv.name,
+        cfg.chunk_budget_tokens,
+    )
+
+
+def _screen_once(
+    cfg: ServingConfig, request: PlanRequest, twins: dict[tuple[object, ...], Rejected | _Screened]
+) -> Rejected | _Screened:
+    """_screen, reusing a physically identical twin's verdict under this config's name."""
+    unsupported = cfg.unsupported_reason()
+    if unsupported:
+        return _reject(cfg, unsupported)
+    key = _physics_key(cfg)
+    twin = twins.get(key)
+    if twin is None:
+        twin = twins[key] = _screen(cfg, request)
+        return twin
+    if isinstance(twin, Rejected):
+        return replace(twin, precision=cfg.precision.name)
+    mine = replace(twin.cfg, precision=cfg.precision)
+    return replace(twin, cfg=mine, replica=twin.replica.renamed(mine))
+
+
 def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
     """Load-independent verdicts: can it run, does it fit, can it ever meet the SLO."""
     unsupported = cfg.unsupported_reason()
@@ -363,8 +397,9 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
     """
     rejected: list[Rejected] = []
     screened: list[_Screened] = []
+    twins: dict[tuple[object, ...], Rejected | _Screened] = {}
     for cfg in configurations(catalog, request):
-        verdict = _screen(cfg, request)
+        verdict = _screen_once(cfg, request, twins)
         if isinstance(verdict, Rejected):
             rejected.append(verdict)
         else:
