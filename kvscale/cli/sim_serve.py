@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import typer
@@ -34,6 +35,7 @@ def sim_serve(
         parse_profile(load_profile, 1, 1)
     except ProfileError as exc:
         fail(str(exc))
+    _check_profile_numbers(load_profile)
     cold_start_s = duration(cold_start, "--cold-start")
     stop_after_s = duration(run_for, "--duration") if run_for is not None else None
     cat = load(catalog)
@@ -60,3 +62,31 @@ def sim_serve(
         fail(f"cannot reach the cluster's API server (kubeconfig or in-cluster config): {exc}", EXIT_INFEASIBLE)
     except OSError as exc:
         fail(f"--port {port}: cannot serve metrics there: {exc}")
+
+
+# The stand-in plays a test cluster's engines in real time; more than this is a typo.
+MAX_STANDIN_RATE = 10_000.0
+
+
+def _check_profile_numbers(text: str) -> None:
+    """Rates finite in [0, MAX_STANDIN_RATE], times finite and >= 0, a ramp's span positive:
+    parse_profile reads the shapes, this refuses the numbers that would fail mid-run."""
+    kind, _, rest = text.partition(":")
+    if kind == "trace":
+        return
+    if kind == "steps":
+        pairs = [item.split("@") for item in rest.split(",")]
+        rates, times = [float(r) for r, _ in pairs], [float(t) for _, t in pairs]
+    else:
+        numbers = [float(p) for p in rest.split(":")]
+        rates, times = (numbers[:2], numbers[2:]) if kind == "ramp" else (numbers, [])
+    for rate in rates:
+        if not (math.isfinite(rate) and 0 <= rate <= MAX_STANDIN_RATE):
+            fail(
+                f"--load {text!r}: a rate must be a number of requests per second in [0, {MAX_STANDIN_RATE:g}], got {rate:g}"
+            )
+    for t in times:
+        if not (math.isfinite(t) and t >= 0):
+            fail(f"--load {text!r}: times must be finite seconds >= 0, got {t:g}")
+    if kind == "ramp" and not times[0] > 0:
+        fail(f"--load {text!r}: the ramp's SECONDS must be positive, got {times[0]:g}")

@@ -577,3 +577,19 @@ def test_simulate_refuses_a_generated_load_too_large_before_generating(load: str
     )
     assert result.exit_code == 2 and message in _stderr(result)
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    ("load", "message"),
+    [
+        ("constant:nan", "a rate must be a number of requests per second in [0, 10000], got nan"),
+        ("constant:-1", "got -1"),
+        ("constant:1e9", "got 1e+09"),
+        ("ramp:1:2:0", "the ramp's SECONDS must be positive"),
+        ("steps:1@0,inf@5", "got inf"),
+        ("steps:1@-5", "times must be finite seconds >= 0"),
+    ],
+)
+def test_sim_serve_load_numbers_checked_before_the_cluster(load: str, message: str) -> None:
+    result = runner.invoke(app, ["sim", "serve", "--name", "x", "--load", load])
+    assert result.exit_code == 2 and message in _stderr(result)
