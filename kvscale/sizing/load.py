@@ -32,6 +32,7 @@ from kvscale.sizing.workload import Slo, Workload
 
 _BISECTION_STEPS = 10  # 2^-10 (0.1%) of the capacity rate: far finer than the model is accurate
 _FIXED_POINT_STEPS = 3
+_CHUNK_GRAIN_TOKENS = 64  # packed chunks are costed in whole 64-token units (cache sharing)
 CHUNK_BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)  # --max-num-batched-tokens the planner considers
 REFERENCE_CHUNK_SHARE = 0.5  # the budget keeps TPOT when half of a request's token gaps carry a full chunk
 PREFILL_BOUND_SHARE = 0.5  # limited by prefill compute when prefill takes more GPU time than decode
@@ -77,6 +78,16 @@ class LoadPoint:
         return moved / (seconds * self.decode.peak_bandwidth_bytes_per_s)
 
 
+def running_bucket(concurrency: float) -> int:
+    """The running batch a step is costed at: the concurrency rounded up to 4 significant
+    bits (at most 6% more sequences), so nearby load points share cached step times."""
+    n = max(1, math.ceil(concurrency))
+    if n <= 16:
+        return n
+    grain = 1 << (n.bit_length() - 4)
+    return -(-n // grain) * grain
+
+
 def decode_life_percentile_s(decode_s: float, per_prompt_s: float, rate_per_s: float, percentile: float) -> float:
     """A request's decode life at the percentile: its decode steps plus the extra time of the
     chunks of every prompt that arrives meanwhile.
@@ -101,16 +112,23 @@ def decode_life_percentile_s(decode_s: float, per_prompt_s: float, rate_per_s: f
 class ReplicaModel:
     """Latency of one replica of a configuration for one workload, with its steps cached."""
 
-    def __init__(self, cfg: ServingConfig, workload: Workload) -> None:
+    def __init__(self, cfg: ServingConfig, workload: Workload, steps_from: ReplicaModel | None = None) -> None:
+        """`steps_from`: a model of the same configuration under another chunk budget, whose
+        cached step times this one shares (a step's time does not depend on the budget, only
+        how many prompt tokens fit beside the decodes does)."""
         self.cfg = cfg
         self.workload = workload
         self.budget = cfg.max_num_batched_tokens
         # Plain dicts: one planner run builds hundreds of these, and lru_cache wrappers cost
         # more to create than the look-ups they save.
-        self._decodes: dict[int, StepTime] = {}
-        self._mixeds: dict[tuple[int, int], StepTime] = {}
+        self._decodes: dict[int, StepTime] = steps_from._decodes if steps_from else {}
+        self._mixeds: dict[tuple[int, int], StepTime] = steps_from._mixeds if steps_from else {}
         self._own_prefills: dict[int, StepTime] = {}
-        self.prefill_step = self.own_prefill(0)
+
+    @property
+    def prefill_step(self) -> StepTime:
+        """The prompt's own chunk steps on an idle engine."""
+        return self.own_prefill(0)
 
     def renamed(self, cfg: ServingConfig) -> ReplicaModel:
         """The same model for a physically identical configuration (another precision name),
@@ -238,7 +256,8 @@ class ReplicaModel:
         room = self.chunk_room(batch)
         inp = self.workload.input_tokens
         one = self.mixed(batch, min(room, inp)).seconds  # a chunk step of one prompt
-        return max(1, min(room, round(inp * (1.0 + rate_per_s * one))))
+        packed = math.ceil(inp * (1.0 + rate_per_s * one) / _CHUNK_GRAIN_TOKENS) * _CHUNK_GRAIN_TOKENS
+        return max(1, min(room, packed))
 
     def _mix(self, rate_per_s: float, batch: int) -> tuple[StepTime, StepTime, float, float]:
         """Decode step, chunk step, mean gap and chunk share at `batch` running decodes."""
@@ -284,13 +303,13 @@ class ReplicaModel:
         gap = self.decode(1).seconds
         dec, mix, share = self.decode(1), self.mixed(1), 0.0
         for _ in range(_FIXED_POINT_STEPS):  # converges fast: step time grows slowly with batch
-            n = max(1, math.ceil(concurrency))
+            n = running_bucket(concurrency)
             dec, mix, gap, share = self._mix(rate_per_s, n)
             if not math.isfinite(gap):
                 break
             hold = self.own_prefill_s(n) + (out - 1) * gap + gap
             concurrency = min(rate_per_s * hold, float(batch_cap))
-        n = max(1, math.ceil(concurrency))
+        n = running_bucket(concurrency)
         own = self.own_prefill(n).seconds
         if not math.isfinite(gap):
             return LoadPoint(
@@ -393,7 +412,9 @@ def _md1_wait_percentile_s(utilization: float, service_s: float, percentile: flo
     return math.log(utilization / tail) * service_s / (2.0 * (1.0 - utilization))
 
 
-def chunk_budget_for(cfg: ServingConfig, workload: Workload, tpot_target_s: float) -> int:
+def chunk_budget_for(
+    cfg: ServingConfig, workload: Workload, tpot_target_s: float, replica: ReplicaModel | None = None
+) -> int:
     """The largest `--max-num-batched-tokens` whose full mixed step keeps the TPOT target.
 
     A step of C tokens (decodes plus a prompt's chunk) is what a decoding request waits for
@@ -405,10 +426,11 @@ def chunk_budget_for(cfg: ServingConfig, workload: Workload, tpot_target_s: floa
     load model decides whether the averaged TPOT still holds).
     """
 
-    decode_s = decode_step(cfg, 1, workload.mean_decode_context_tokens).seconds
+    steps = replica if replica is not None else ReplicaModel(cfg, workload)
+    decode_s = steps.decode(1).seconds
 
     def keeps(budget: int) -> bool:
-        mixed_s = mixed_step(cfg, 0, 0.0, budget, min(workload.input_tokens, budget)).seconds
+        mixed_s = steps._mixed(0, budget).seconds  # a chunk of C prompt tokens, no decodes beside it
         return decode_s + REFERENCE_CHUNK_SHARE * (mixed_s - decode_s) <= tpot_target_s
 
     # The step time grows with the budget: walk the ladder from the engine's default for this

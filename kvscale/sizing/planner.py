@@ -234,8 +234,9 @@ def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
     unsupported = cfg.unsupported_reason()
     if unsupported:
         return _reject(cfg, unsupported)
+    steps = ReplicaModel(cfg, request.workload)
     if cfg.chunk_budget_tokens is None:
-        cfg = cfg.with_chunk_budget(chunk_budget_for(cfg, request.workload, request.slo.tpot_s))
+        cfg = cfg.with_chunk_budget(chunk_budget_for(cfg, request.workload, request.slo.tpot_s, steps))
     mem = cfg.memory
     if not mem.fits:
         return _reject(
@@ -243,7 +244,7 @@ def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
             f"does not fit: {_gib(mem.weights_bytes)} of weights + {_gib(mem.reserve_bytes)} engine reserve per GPU "
             f"exceed the {_gib(mem.usable_bytes)} usable of {cfg.gpu.name}",
         )
-    replica = ReplicaModel(cfg, request.workload)
+    replica = ReplicaModel(cfg, request.workload, steps_from=steps)
     if not replica.max_context_fits:
         return _reject(
             cfg,
