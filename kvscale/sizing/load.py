@@ -119,6 +119,7 @@ class ReplicaModel:
         self.cfg = cfg
         self.workload = workload
         self.budget = cfg.max_num_batched_tokens
+        self._context = workload.mean_decode_context_tokens
         # Plain dicts: one planner run builds hundreds of these, and lru_cache wrappers cost
         # more to create than the look-ups they save.
         self._decodes: dict[int, StepTime] = steps_from._decodes if steps_from else {}
@@ -141,14 +142,14 @@ class ReplicaModel:
     def _decode(self, batch: int) -> StepTime:
         step = self._decodes.get(batch)
         if step is None:
-            step = self._decodes[batch] = decode_step(self.cfg, batch, self.workload.mean_decode_context_tokens)
+            step = self._decodes[batch] = decode_step(self.cfg, batch, self._context)
         return step
 
     def _mixed(self, batch: int, chunk: int) -> StepTime:
         step = self._mixeds.get((batch, chunk))
         if step is None:
             step = self._mixeds[(batch, chunk)] = mixed_step(
-                self.cfg, batch, self.workload.mean_decode_context_tokens, chunk, self.workload.input_tokens
+                self.cfg, batch, self._context, chunk, self.workload.input_tokens
             )
         return step
 

@@ -133,7 +133,7 @@ def step(
     half = r.gemm_half_flops
     efficiency = r.matmul_efficiency * (per_layer / (per_layer + half) if half > 0 else 1.0)
     compute_s = flops / (r.peak_flops_per_s * efficiency)
-    weights = weight_bytes_read(cfg, tokens) if cfg.model.is_moe else r.dense_weight_bytes
+    weights = weight_bytes_read(cfg, tokens) if r.expert_weight_bytes else r.dense_weight_bytes
     # KV read: every decode reads its context; a chunk reads the prompt's earlier chunks.
     seqs = prefill_seqs if prefill_seqs > 1.0 else 1.0
     prior = prefill_context_tokens - prefill_tokens / seqs / 2.0
