@@ -277,7 +277,7 @@ def predict(
     cfg = _config(cat, model, gpu, tp, precision, kv_cache_precision)
     positive(batch, "--batch", MAX_TOKENS)
     prediction = predict_batch(cfg, batch, tokens(input_tokens, "--input"), tokens(output_tokens, "--output"))
-    data = prediction_to_dict(prediction, cfg.memory.weights_bytes)
+    data = prediction_to_dict(prediction, cfg.memory.weights_bytes, cfg.max_num_batched_tokens)
     if as_json:
         print_json(data)
     else:

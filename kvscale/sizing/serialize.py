@@ -76,8 +76,10 @@ def plan_to_dict(plan: Plan, engine_args: list[str] | None = None) -> dict[str, 
     }
 
 
-def prediction_to_dict(p: BatchPrediction, weights_bytes_per_gpu: float) -> dict[str, Any]:
-    return {
+def prediction_to_dict(
+    p: BatchPrediction, weights_bytes_per_gpu: float, max_num_batched_tokens: int | None = None
+) -> dict[str, Any]:
+    out = {
         "fits": p.fits,
         "batch": p.batch,
         "input_tokens": p.input_tokens,
@@ -95,3 +97,6 @@ def prediction_to_dict(p: BatchPrediction, weights_bytes_per_gpu: float) -> dict
         "prefill_mfu": None if p.prefill is None else round(p.prefill.mfu, 4),
         "weights_gib_per_gpu": round(weights_bytes_per_gpu / GIB, 3),
     }
+    if max_num_batched_tokens is not None:
+        out["max_num_batched_tokens"] = max_num_batched_tokens  # the prefill chunk size assumed
+    return out
