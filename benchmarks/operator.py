@@ -1,18 +1,30 @@
-"""Operator timings and memory on the test cluster (not a test: prints a table).
+"""Operator timings, API requests and memory on the test cluster (not a test: prints tables).
 
-- time from `create` to the Deployment existing, and to status phase Ready (kwok pods);
-- operator resident memory with 200 InferenceServices (recommend mode: plans, no pods).
-Run: KVSCALE_CLUSTER_BINS=... .venv/bin/python benchmarks/operator.py
+Sections (`--section`, default all):
+- small: time from `create` to the Deployment existing and to phase Ready (kwok pods),
+  operator memory with 200 InferenceServices (recommend mode: plans, no pods);
+- large: 1,000 kwok GPU nodes and 5,000 pods (3,000 holding a GPU), then InferenceServices
+  created one at a time: reconcile latency (create -> Deployment) and the API requests the
+  operator made per reconcile, read from the API server's own request counters.
+  `--compare-pythonpath DIR` runs a second operator from another checkout (e.g. the commit
+  before the watch-based inventory) on the same cluster, for the before/after table.
+
+Run: KVSCALE_CLUSTER_BINS=... PYTHONPATH=. .venv/bin/python benchmarks/operator.py [--section large]
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+import re
 import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import httpx
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -20,12 +32,23 @@ from rich.console import Console
 from rich.table import Table
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from tests.cluster.harness import Cluster, find_bins, wait_until
+from tests.cluster.harness import GPU_TAINT, KWOK_TAINT, Cluster, find_bins, node_objects, wait_until
 from tests.cluster.processes import Operator
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = yaml.safe_load((ROOT / "deploy" / "samples" / "custom-architecture.yaml").read_text())
 RECOMMEND = yaml.safe_load((ROOT / "deploy" / "samples" / "mistral-7b-recommend.yaml").read_text())
+LARGE_POOL = {
+    "pools": [
+        {"name": "h100", "count": 250, "gpus": 8, "product": "NVIDIA-H100-80GB-HBM3", "cpu": "208", "memory": "2000Gi"},
+        {"name": "a100", "count": 250, "gpus": 8, "product": "NVIDIA-A100-SXM4-80GB", "cpu": "96", "memory": "1000Gi"},
+        {"name": "a10g", "count": 200, "gpus": 4, "product": "NVIDIA-A10G", "cpu": "48", "memory": "192Gi"},
+        {"name": "l4", "count": 300, "gpus": 1, "product": "NVIDIA-L4", "cpu": "8", "memory": "32Gi"},
+    ]
+}
+PODS, GPU_PODS, TIMED = 5000, 3000, 10
+_REQUEST = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def rss_mib(pid: int) -> float:
@@ -35,15 +58,36 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def main() -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="kvscale-bench-"))
-    cluster = Cluster(workdir, find_bins()).start()
-    operator = Operator(cluster, workdir)
+def request_counts(cluster: Cluster) -> Counter[tuple[str, str]]:
+    """The API server's request counters by (verb, resource[/subresource]); watches left out."""
+    text = httpx.get(f"{cluster.server}/metrics", verify=cluster.admin_tls(), timeout=30).text
+    counts: Counter[tuple[str, str]] = Counter()
+    for line in text.splitlines():
+        m = _REQUEST.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m["labels"]))
+        if labels.get("verb") == "WATCH":
+            continue
+        resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+        counts[(labels.get("verb", ""), resource)] += int(float(m["value"]))
+    return counts
+
+
+def deployed(apps: client.AppsV1Api, name: str, namespace: str = "default") -> bool:
     try:
-        cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-        operator.start()
-        assert operator.process is not None
+        apps.read_namespaced_deployment(name, namespace)
+    except ApiException:
+        return False
+    return True
+
+
+def small(cluster: Cluster, workdir: Path) -> Table:
+    operator = Operator(cluster, workdir)
+    operator.start()
+    try:
+        if operator.process is None:
+            raise RuntimeError("the operator did not start")
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         objs, apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
         to_deployment, to_ready = [], []
@@ -52,15 +96,8 @@ def main() -> None:
             body["metadata"] = {"name": f"timed-{i}", "namespace": "default"}
             start = time.monotonic()
             objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
-
-            def deployed(name: str = f"timed-{i}") -> bool:
-                try:
-                    apps.read_namespaced_deployment(name, "default")
-                except ApiException:
-                    return False
-                return True
-
-            wait_until(deployed, 120, "the Deployment", interval_s=0.05)
+            name = f"timed-{i}"
+            wait_until(lambda: deployed(apps, name), 120, "the Deployment", interval_s=0.05)  # noqa: B023
             to_deployment.append(time.monotonic() - start)
 
             def ready(name: str = f"timed-{i}") -> bool:
@@ -87,18 +124,156 @@ def main() -> None:
         for _ in range(10):
             samples.append(rss_mib(operator.process.pid))
             time.sleep(1.0)  # sample memory over ten seconds of steady timers
-        table = Table(title="kvscale operator on the test cluster (kwok nodes, 1 s status interval)")
-        for col in ("measure", "value"):
-            table.add_column(col)
-        table.add_row("create -> Deployment exists (median of 5)", f"{statistics.median(to_deployment):.2f} s")
-        table.add_row("create -> phase Ready (median of 5)", f"{statistics.median(to_ready):.2f} s")
-        table.add_row("operator RSS, idle after 5 services", f"{baseline:.0f} MiB")
-        table.add_row("200 InferenceServices planned (recommend mode)", f"{planned_all:.1f} s")
-        table.add_row("operator RSS with 200 InferenceServices", f"{max(samples):.0f} MiB (max of 10 samples)")
-        Console(width=120).print(table)
     finally:
         operator.stop()
-        cluster.stop()
+    table = Table(title="kvscale operator on the test cluster (12 kwok nodes, 1 s status interval)")
+    for col in ("measure", "value"):
+        table.add_column(col)
+    table.add_row("create -> Deployment exists (median of 5)", f"{statistics.median(to_deployment):.2f} s")
+    table.add_row("create -> phase Ready (median of 5)", f"{statistics.median(to_ready):.2f} s")
+    table.add_row("operator RSS, idle after 5 services", f"{baseline:.0f} MiB")
+    table.add_row("200 InferenceServices planned (recommend mode)", f"{planned_all:.1f} s")
+    table.add_row("operator RSS with 200 InferenceServices", f"{max(samples):.0f} MiB (max of 10 samples)")
+    return table
+
+
+def _pods(nodes: list[str]) -> list[dict[str, Any]]:
+    """5,000 pods bound to the GPU nodes (kwok runs them): the first 3,000 hold one GPU each."""
+    gpu_nodes = [n for n in nodes if n.startswith(("h100-", "a100-"))]
+    out = []
+    for i in range(PODS):
+        node = gpu_nodes[i % len(gpu_nodes)] if i < GPU_PODS else nodes[i % len(nodes)]
+        limits = {"nvidia.com/gpu": "1"} if i < GPU_PODS else {}
+        out.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"load-{i}", "namespace": "default", "labels": {"app": "load"}},
+                "spec": {
+                    "nodeName": node,
+                    "tolerations": [
+                        {"key": KWOK_TAINT["key"], "operator": "Exists"},
+                        {"key": GPU_TAINT["key"], "operator": "Exists"},
+                    ],
+                    "containers": [{"name": "c", "image": "busybox", "resources": {"limits": limits}}],
+                },
+            }
+        )
+    return out
+
+
+def populate(cluster: Cluster, nodes: list[str]) -> float:
+    start = time.monotonic()
+    pods = _pods(nodes)
+    for i in range(0, len(pods), 500):
+        cluster.kubectl("create", "-f", "-", input_text=yaml.safe_dump_all(pods[i : i + 500]))
+    core = client.CoreV1Api(config.new_client_from_config(config_file=str(cluster.kubeconfig)))
+
+    def running() -> bool:
+        listed = core.list_namespaced_pod("default", label_selector="app=load", field_selector="status.phase=Running")
+        return len(listed.items) >= PODS
+
+    wait_until(running, 600, f"{PODS} pods Running", interval_s=5.0)
+    return time.monotonic() - start
+
+
+def timed_reconciles(cluster: Cluster, workdir: Path, label: str, pythonpath: str | None) -> dict[str, Any]:
+    """Starts an operator, waits until it serves, then creates TIMED services one at a time."""
+    env = {"KVSCALE_STATUS_INTERVAL": "10s"}  # the default: the timers' own reads stay rare
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    operator = Operator(cluster, workdir / label, extra_env=env)
+    (workdir / label).mkdir(parents=True, exist_ok=True)
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    objs, apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
+    started = time.monotonic()
+    operator.start()
+    try:
+        warm = copy.deepcopy(SAMPLE)
+        warm["metadata"] = {"name": f"{label}-warm", "namespace": "default"}
+        objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, warm)
+        wait_until(lambda: deployed(apps, f"{label}-warm"), 300, "the first Deployment", interval_s=0.1)
+        first = time.monotonic() - started
+        before = request_counts(cluster)
+        latencies = []
+        for i in range(TIMED):
+            body = copy.deepcopy(SAMPLE)
+            body["metadata"] = {"name": f"{label}-{i}", "namespace": "default"}
+            start = time.monotonic()
+            objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+            name = f"{label}-{i}"
+            wait_until(lambda: deployed(apps, name), 120, "the Deployment", interval_s=0.02)  # noqa: B023
+            latencies.append(time.monotonic() - start)
+        after = request_counts(cluster)
+        rss = rss_mib(operator.process.pid) if operator.process else float("nan")
+    finally:
+        operator.stop()
+    for i in range(TIMED):
+        objs.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, f"{label}-{i}")
+    objs.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, f"{label}-warm")
+    return {"first": first, "latencies": latencies, "requests": after - before, "rss": rss}
+
+
+def large(cluster: Cluster, workdir: Path, compare: str | None) -> list[Table]:
+    nodes = [n["metadata"]["name"] for n in node_objects(cluster.nodepool)]  # Ready: start() waited
+    populated = populate(cluster, nodes)
+    runs = {"this checkout": timed_reconciles(cluster, workdir, "now", None)}
+    if compare:
+        runs["--compare-pythonpath"] = timed_reconciles(cluster, workdir, "before", compare)
+    table = Table(title=f"{len(nodes)} kwok GPU nodes, {PODS} pods ({GPU_PODS} holding a GPU); {TIMED} creates")
+    table.add_column("measure")
+    for name in runs:
+        table.add_column(name, justify="right")
+    rows: list[tuple[str, list[str]]] = [
+        ("operator start -> first Deployment", [f"{r['first']:.1f} s" for r in runs.values()]),
+        ("create -> Deployment, median", [f"{statistics.median(r['latencies']):.2f} s" for r in runs.values()]),
+        ("create -> Deployment, max", [f"{max(r['latencies']):.2f} s" for r in runs.values()]),
+        ("operator RSS after the creates", [f"{r['rss']:.0f} MiB" for r in runs.values()]),
+    ]
+    kinds = sorted(
+        {k for r in runs.values() for k, v in r["requests"].items() if v and k[0] in ("LIST", "GET")},
+        key=lambda k: (k[1], k[0]),
+    )
+    for verb, resource in kinds:
+        rows.append(
+            (f"{verb} {resource} per create", [f"{r['requests'][(verb, resource)] / TIMED:.1f}" for r in runs.values()])
+        )
+    for name, values in rows:
+        table.add_row(name, *values)
+    setup = Table(title="Setup")
+    setup.add_column("measure")
+    setup.add_column("value", justify="right")
+    setup.add_row(f"{PODS} pods created and Running", f"{populated:.0f} s")
+    return [setup, table]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--section", choices=("small", "large", "all"), default="all")
+    parser.add_argument("--compare-pythonpath", help="another checkout's root, run as a second operator (large)")
+    args = parser.parse_args()
+    console = Console(width=120)
+    if args.section in ("small", "all"):
+        workdir = Path(tempfile.mkdtemp(prefix="kvscale-bench-"))
+        cluster = Cluster(workdir, find_bins()).start()
+        try:
+            cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+            cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+            console.print(small(cluster, workdir))
+        finally:
+            cluster.stop()
+    if args.section in ("large", "all"):
+        workdir = Path(tempfile.mkdtemp(prefix="kvscale-bench-large-"))
+        pool = workdir / "nodepool.yaml"
+        pool.write_text(yaml.safe_dump(LARGE_POOL))
+        cluster = Cluster(workdir, find_bins(), nodepool=pool).start(timeout_s=600)
+        try:
+            cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+            cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+            for table in large(cluster, workdir, args.compare_pythonpath):
+                console.print(table)
+        finally:
+            cluster.stop()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_OWNER_UID = "kvscale.io/owner-uid"  # on engine pods: the InferenceService's uid
 LABEL_GPU_TYPE = "kvscale.io/gpu-type"  # on engine pods: the planned catalog GPU type
+LABEL_MODEL = "kvscale.io/model"  # on engine pods: the catalog model
+LABEL_VARIANT = "kvscale.io/variant"  # on engine pods: GPU type, tensor parallelism, precision
 
 
 def labels(name: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """kopf handlers, registered at startup by `register` (nothing happens at import). Each one
-reads the object and the watch indexes, calls one pure function (reconcile, refresh, the
+reads the object and the informers' view of the cluster, calls one pure function (reconcile, refresh, the
 scaling tick) and applies the value it returns (effects.apply).
 
 Every handler is a coroutine on kopf's event loop, and none of them waits there on I/O that
@@ -23,24 +23,24 @@ import datetime as dt
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import kopf
 
-from kvscale.api import GROUP, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, VERSION
+from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.api.intent import parse_intent
 from kvscale.api.models import InferenceServiceStatus, parse_status
 from kvscale.autoscaling.observation import Observation
 from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.metrics.observe import observe_async
 from kvscale.operator import effects, telemetry
-from kvscale.operator.inventory import EnginePod, NodeGpus, PodGpus, engine_pod, node_entry, pod_entry, pools
+from kvscale.operator.informers import Inventory
+from kvscale.operator.inventory import pools
 from kvscale.operator.k8s import Kube
 from kvscale.operator.reconcile import (
-    DeploymentView,
     Observed,
     PoolView,
     Resource,
@@ -55,7 +55,7 @@ from kvscale.operator.settings import Settings
 from kvscale.operator.status import mark_synced
 from kvscale.sizing.catalog import Catalog
 
-MANAGED = {LABEL_MANAGED_BY: MANAGED_BY}
+INVENTORY_SYNC_S = 300.0
 T = TypeVar("T")
 KUBE_WORKERS = 8  # threads for Kubernetes calls; the client's connection pool has as many
 
@@ -71,11 +71,8 @@ class Runtime:
     workers: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(KUBE_WORKERS, thread_name_prefix="kube")
     )
+    inventory: Inventory | None = None  # made with the runtime (run.runtime), started at startup
     prometheus: AsyncPrometheusClient | None = None
-
-    @property
-    def gpu_resources(self) -> frozenset[str]:
-        return frozenset(g.resource_name for g in self.catalog.gpus.values())
 
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in the Kubernetes workers, with kopf's context (its Events need it)."""
@@ -92,24 +89,16 @@ def resource(meta: Mapping[str, Any], namespace: str | None, name: str) -> Resou
     return Resource(namespace or "", name, str(meta.get("uid", "")), meta.get("generation"))
 
 
-def _values(index: Any, key: Any) -> list[Any]:
-    return list(index.get(key, ())) if index is not None else []
-
-
-def _all(index: Any) -> Iterable[Any]:
-    return (v for key in index for v in index[key])
-
-
-def observed(res: Resource, memo: Any, indexes: Mapping[str, Any], pool: PoolView | None = None) -> Observed:
+def observed(res: Resource, memo: Any, inventory: Inventory | None, pool: PoolView | None = None) -> Observed:
+    """The cluster from the informers (memory, no API request), and the pool if looked at."""
+    if inventory is None:
+        return Observed(pools={}, applied=memo.get("applied"), pool=pool)
     key = (res.namespace, res.name)
-    nodes: list[NodeGpus] = list(_all(indexes["gpu_nodes"]))
-    held: list[PodGpus] = list(_all(indexes["gpu_pods"]))
-    deployments: list[DeploymentView] = _values(indexes["engine_deployments"], key)
-    pods: list[EnginePod] = _values(indexes["engine_pods"], key)
+    deployments = inventory.deployments.get(key)
     return Observed(
-        pools=pools(nodes, held, exclude_owner_uid=res.uid),
+        pools=pools(inventory.nodes.values(), inventory.gpu_pods.values(), exclude_owner_uid=res.uid),
         deployment=deployments[0] if deployments else None,
-        pods=tuple(pods),
+        pods=tuple(inventory.engine_pods.get(key)),
         applied=memo.get("applied"),
         pool=pool,
     )
@@ -117,39 +106,13 @@ def observed(res: Resource, memo: Any, indexes: Mapping[str, Any], pool: PoolVie
 
 def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     """Every handler of the operator, bound to the runtime objects."""
-    _indexes(registry, rt)
     _lifecycle(registry, rt)
     _timers(registry, rt)
 
 
-def _indexes(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
-    resources = rt.gpu_resources
-
-    @kopf.index("nodes", id="gpu_nodes", registry=registry)
-    async def gpu_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeGpus]:
-        entry = node_entry(rt.catalog, body)
-        return {entry.name: entry} if entry else {}
-
-    @kopf.index("pods", id="gpu_pods", registry=registry)
-    async def gpu_pods(body: kopf.Body, **_: Any) -> dict[str, PodGpus]:
-        entry = pod_entry(body, resources)
-        return {entry.node_name: entry} if entry else {}
-
-    @kopf.index("pods", id="engine_pods", labels=MANAGED, registry=registry)
-    async def engine_pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], EnginePod]:
-        entry = engine_pod(body)
-        return {entry[0]: entry[1]} if entry else {}
-
-    @kopf.index("deployments", id="engine_deployments", labels=MANAGED, registry=registry)
-    async def engine_deployments(
-        body: kopf.Body, namespace: str | None, name: str | None, **_: Any
-    ) -> dict[tuple[str, str], DeploymentView]:
-        return {(namespace or "", name or ""): DeploymentView.of(body)}
-
-
 @dataclass(frozen=True)
 class Call:
-    """One handler call: the object, kopf's patch and per-object memo, the watch indexes."""
+    """One handler call: the object, kopf's patch and per-object memo, the informers."""
 
     body: kopf.Body
     spec: Mapping[str, Any]
@@ -157,16 +120,16 @@ class Call:
     memo: Any
     res: Resource
     before: InferenceServiceStatus
-    indexes: Mapping[str, Any]
+    inventory: Inventory | None
 
     @classmethod
-    def of(cls, kw: Mapping[str, Any]) -> Call:
+    def of(cls, rt: Runtime, kw: Mapping[str, Any]) -> Call:
         res = resource(kw["meta"], kw["namespace"], kw["name"])
-        return cls(kw["body"], kw["spec"], kw["patch"], kw["memo"], res, parse_status(kw["status"]), kw)
+        return cls(kw["body"], kw["spec"], kw["patch"], kw["memo"], res, parse_status(kw["status"]), rt.inventory)
 
     def observed(self, rt: Runtime | None = None) -> Observed:
-        """The watch indexes; with `rt`, also the InferencePool the spec asks for (API reads)."""
-        return observed(self.res, self.memo, self.indexes, self._pool(rt) if rt is not None else None)
+        """The informers' view; with `rt`, also the InferencePool the spec asks for (API reads)."""
+        return observed(self.res, self.memo, self.inventory, self._pool(rt) if rt is not None else None)
 
     def _pool(self, rt: Runtime) -> PoolView | None:
         routing = (self.spec.get("routing") or {}).get("inferencePool")
@@ -201,9 +164,15 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
             telemetry.count_prometheus_errors(rt.prometheus.errors)
         if rt.settings.metrics_port:
             telemetry.serve(rt.settings.metrics_port)
+        if rt.inventory is not None:
+            unsynced = await asyncio.to_thread(rt.inventory.start, INVENTORY_SYNC_S)
+            if unsynced:
+                raise kopf.PermanentError(f"watches not synced after {INVENTORY_SYNC_S:.0f}s: {', '.join(unsynced)}")
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        if rt.inventory is not None:
+            rt.inventory.stop()
         if rt.prometheus is not None:
             await rt.prometheus.aclose()
         rt.workers.shutdown(wait=False, cancel_futures=True)
@@ -212,7 +181,7 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     @kopf.on.update(GROUP, VERSION, PLURAL, id="on_spec", field="spec", registry=registry)
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="on_spec", registry=registry)
     async def on_spec(**kwargs: Any) -> None:
-        await rt.io(spec_changed, rt, Call.of(kwargs))
+        await rt.io(spec_changed, rt, Call.of(rt, kwargs))
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="forget", optional=True, registry=registry)
     async def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
@@ -225,11 +194,11 @@ def _timers(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
 
     @kopf.timer(GROUP, VERSION, PLURAL, id="refresh", interval=status_s, initial_delay=status_s, registry=registry)
     async def refresh_timer(**kwargs: Any) -> None:
-        await status_tick(rt, Call.of(kwargs))
+        await status_tick(rt, Call.of(rt, kwargs))
 
     @kopf.timer(GROUP, VERSION, PLURAL, id="autoscale", interval=scale_s, initial_delay=scale_s, registry=registry)
     async def autoscale_timer(**kwargs: Any) -> None:
-        await scale_tick(rt, Call.of(kwargs))
+        await scale_tick(rt, Call.of(rt, kwargs))
 
 
 def spec_changed(rt: Runtime, call: Call) -> None:

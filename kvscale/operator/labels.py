@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import re
 
-MODEL_LABEL = "kvscale.io/model"
-GPU_LABEL = "kvscale.io/gpu-type"
-VARIANT_LABEL = "kvscale.io/variant"
+from kvscale.api import LABEL_GPU_TYPE, LABEL_MODEL, LABEL_VARIANT
+
+MODEL_LABEL = LABEL_MODEL
+GPU_LABEL = LABEL_GPU_TYPE
+VARIANT_LABEL = LABEL_VARIANT
 
 MAX_LABEL_VALUE = 63
 _INVALID = re.compile(r"[^A-Za-z0-9._-]+")

@@ -9,16 +9,20 @@ import logging
 import kopf
 
 from kvscale.operator.handlers import KUBE_WORKERS, Runtime, register
+from kvscale.operator.informers import INFORMERS, inventory
 from kvscale.operator.k8s import Kube, new_api_client
 from kvscale.operator.settings import Settings
 from kvscale.sizing.catalog import load_catalog
 
 
 def runtime(settings: Settings) -> Runtime:
+    catalog = load_catalog(*settings.catalog_overlays)
     return Runtime(
         settings=settings,
-        catalog=load_catalog(*settings.catalog_overlays),
+        catalog=catalog,
         kube=Kube(new_api_client(KUBE_WORKERS), settings.retry_backoff_s),
+        # Its own connections: each informer holds one for its watch.
+        inventory=inventory(new_api_client(len(INFORMERS)), catalog),
     )
 
 

@@ -259,3 +259,25 @@ def test_delete_cleans_up(operator: Operator, api: client.ApiClient, namespace: 
         )
 
     wait_until(gone, 60, "the resource and everything it made to be deleted")
+
+
+def test_drift_in_the_deployment_is_reverted(operator: Operator, api: client.ApiClient, namespace: str) -> None:
+    body = SAMPLES["custom-architecture"]
+    name = body["metadata"]["name"]
+    create(api, namespace, body)
+    wait_phase(api, namespace, name, "Ready", operator)
+    apps = client.AppsV1Api(api)
+    planned = apps.read_namespaced_deployment(name, namespace)
+    wanted_replicas, wanted_args = planned.spec.replicas, planned.spec.template.spec.containers[0].args
+    apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": wanted_replicas + 2}})
+    edited = [*wanted_args, "--enforce-eager"]
+    apps.patch_namespaced_deployment(
+        name, namespace, {"spec": {"template": {"spec": {"containers": [{"name": "engine", "args": edited}]}}}}
+    )
+
+    def reverted() -> bool:
+        dep = apps.read_namespaced_deployment(name, namespace)
+        return bool(dep.spec.replicas == wanted_replicas and dep.spec.template.spec.containers[0].args == wanted_args)
+
+    wait_until(reverted, 30, "the hand edits reverted by the status tick")
+    wait_until(lambda: any(r == "DriftReverted" for r, _ in events(api, namespace, name)), 30, "a DriftReverted Event")

@@ -1,0 +1,184 @@
+"""Informers: list once, then watch, keeping one small entry per object in memory.
+
+The operator's view of GPU nodes, GPU-holding pods and its own Deployments and pods comes
+from these, so a reconcile reads memory instead of listing every pod in the cluster. Each
+informer is a thread running the Kubernetes client's list + watch with server-side field and
+label selectors (kopf's indexes see every object of a kind and pre-populate in time
+quadratic in their count: 5,000 pods took minutes), relisting when the watch expires (410).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from kvscale.api import LABEL_MANAGED_BY, MANAGED_BY
+from kvscale.operator.inventory import EnginePod, NodeGpus, PodGpus, engine_pod, node_entry, pod_entry
+from kvscale.operator.reconcile import DeploymentView
+from kvscale.sizing.catalog import Catalog
+
+V = TypeVar("V")
+log = logging.getLogger("kvscale.operator")
+WATCH_TIMEOUT_S = 240  # the server ends each watch after this; the informer resumes from its version
+RETRY_S = 2.0
+INFORMERS = ("nodes", "gpu-pods", "engine-pods", "deployments")
+Entry = Callable[[Mapping[str, Any]], "tuple[Hashable, V] | None"]
+
+
+class Informer(Generic[V]):
+    """One kind of object, selected server-side, as {object uid: (key, entry)}."""
+
+    def __init__(self, name: str, list_fn: Callable[..., Any], entry: Entry[V], **selectors: str) -> None:
+        self.name, self.list_fn, self.entry, self.selectors = name, list_fn, entry, selectors
+        self._items: dict[str, tuple[Hashable, V]] = {}
+        self._lock = threading.Lock()
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self.lists = 0  # initial lists and relists, for the benchmark
+
+    # -- reading --------------------------------------------------------------------------
+
+    def values(self) -> list[V]:
+        with self._lock:
+            return [v for _, v in self._items.values()]
+
+    def get(self, key: Hashable) -> list[V]:
+        with self._lock:
+            return [v for k, v in self._items.values() if k == key]
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        return self._synced.wait(timeout_s)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _put(self, obj: Mapping[str, Any], items: dict[str, tuple[Hashable, V]]) -> None:
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        made = self.entry(obj)
+        if made is None:
+            items.pop(uid, None)
+        else:
+            items[uid] = made
+
+    def _list(self) -> str:
+        response = self.list_fn(**self.selectors, _preload_content=False)
+        body = json.loads(response.data)
+        items: dict[str, tuple[Hashable, V]] = {}
+        for obj in body.get("items") or []:
+            self._put(obj, items)
+        with self._lock:
+            self._items = items
+        self.lists += 1
+        self._synced.set()
+        return str((body.get("metadata") or {}).get("resourceVersion", ""))
+
+    def _events(self, version: str) -> Iterator[dict[str, Any]]:
+        def unannotated(**kwargs: Any) -> Any:  # no docstring: the watch yields raw dicts
+            return self.list_fn(**kwargs)
+
+        yield from watch.Watch().stream(
+            unannotated, resource_version=version, timeout_seconds=WATCH_TIMEOUT_S, **self.selectors
+        )
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        obj = event.get("raw_object") or event.get("object") or {}
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        with self._lock:
+            if event.get("type") == "DELETED":
+                self._items.pop(uid, None)
+            elif event.get("type") in ("ADDED", "MODIFIED"):
+                self._put(obj, self._items)
+
+    def _run(self) -> None:
+        version: str | None = None
+        while not self._stop.is_set():
+            try:
+                version = version or self._list()
+                for event in self._events(version):
+                    self._apply(event)
+                    version = str(
+                        ((event.get("raw_object") or {}).get("metadata") or {}).get("resourceVersion") or version
+                    )
+                    if self._stop.is_set():
+                        return
+            except ApiException as exc:
+                if exc.status != 410:
+                    log.warning("Informer %s: %s; retrying in %.0fs", self.name, exc.reason, RETRY_S)
+                    time.sleep(RETRY_S)  # back off before listing again
+                version = None  # expired or failed: relist
+            except Exception as exc:  # a dropped connection: resume from the last version
+                log.warning("Informer %s: %s; retrying in %.0fs", self.name, exc, RETRY_S)
+                time.sleep(RETRY_S)  # back off before watching again
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The operator's watched view of the cluster."""
+
+    nodes: Informer[NodeGpus]
+    gpu_pods: Informer[PodGpus]
+    engine_pods: Informer[EnginePod]
+    deployments: Informer[DeploymentView]
+
+    @property
+    def all(self) -> tuple[Informer[Any], ...]:
+        return (self.nodes, self.gpu_pods, self.engine_pods, self.deployments)
+
+    def start(self, timeout_s: float) -> list[str]:
+        """Starts every informer; the names of those not synced within `timeout_s`."""
+        for informer in self.all:
+            informer.start()
+        deadline = time.monotonic() + timeout_s
+        return [i.name for i in self.all if not i.wait_synced(max(0.0, deadline - time.monotonic()))]
+
+    def stop(self) -> None:
+        for informer in self.all:
+            informer.stop()
+
+
+def _keyed(
+    make: Callable[[Mapping[str, Any]], V | None], key: Callable[[V], Hashable]
+) -> Callable[[Mapping[str, Any]], tuple[Hashable, V] | None]:
+    def entry(obj: Mapping[str, Any]) -> tuple[Hashable, V] | None:
+        value = make(obj)
+        return None if value is None else (key(value), value)
+
+    return entry
+
+
+def _deployment(obj: Mapping[str, Any]) -> tuple[Hashable, DeploymentView]:
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace", ""), meta.get("name", "")), DeploymentView.of(obj)
+
+
+def inventory(api: client.ApiClient, catalog: Catalog) -> Inventory:
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    resources = {g.resource_name for g in catalog.gpus.values()}
+    managed = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+    bound = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+    return Inventory(
+        nodes=Informer("nodes", core.list_node, _keyed(lambda n: node_entry(catalog, n), lambda e: e.name)),
+        gpu_pods=Informer(
+            "gpu-pods",
+            core.list_pod_for_all_namespaces,
+            _keyed(lambda p: pod_entry(p, resources), lambda e: e.node_name),
+            field_selector=bound,
+        ),
+        engine_pods=Informer("engine-pods", core.list_pod_for_all_namespaces, engine_pod, label_selector=managed),
+        deployments=Informer(
+            "deployments", apps.list_deployment_for_all_namespaces, _deployment, label_selector=managed
+        ),
+    )
