@@ -1,6 +1,6 @@
 """The cluster's GPUs by catalog type (pure).
 
-The operator keeps kopf indexes of GPU nodes and GPU-holding pods, fed by watches: each
+The operator keeps informers of GPU nodes and GPU-holding pods, fed by watches: each
 object becomes a small entry here (`node_entry`, `pod_entry`) when it changes, and a
 reconcile sums the entries (`pools`) instead of listing every pod in the cluster.
 """
@@ -174,7 +174,7 @@ def gpu_inventory(
     pods: Iterable[Mapping[str, Any]],
     exclude_owner_uid: str | None = None,
 ) -> dict[str, GpuPool]:
-    """GPU pools from whole Node and Pod objects (the CLI and tests; the operator uses indexes)."""
+    """GPU pools from whole Node and Pod objects (the CLI and tests; the operator uses informers)."""
     node_entries = [e for n in nodes if (e := node_entry(catalog, n)) is not None]
     resources = {n.resource_name for n in node_entries}
     pod_entries = [h for p in pods if (h := pod_entry(p, resources)) is not None]
