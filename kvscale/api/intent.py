@@ -220,6 +220,11 @@ def child_name_problems(name: str, spec: InferenceServiceSpec) -> list[str]:
                 f"spec.engine.env[{i}].name: {env.name!r} is not a valid environment variable name "
                 "(letters, digits, '_', '-', '.'; not starting with a digit)"
             )
+    seen: set[str] = set()
+    for i, env in enumerate(spec.engine.env):
+        if env.name in seen:  # server-side apply refuses a list with two entries of one key
+            problems.append(f"spec.engine.env[{i}].name: {env.name!r} is set twice; keep one entry")
+        seen.add(env.name)
     secret = spec.model.credentials_secret
     if secret is not None and (len(secret) > 253 or not _DNS_SUBDOMAIN.match(secret)):
         problems.append(f"spec.model.credentialsSecret: {secret!r} is not a valid Secret name (lowercase DNS name)")

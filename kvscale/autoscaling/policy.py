@@ -388,8 +388,11 @@ def decide(
             state = replace(state, last_feedback_s=obs.time_s)
     clamped = _clamp(target, config)
     if clamped != target:
-        bound = "maxReplicas" if clamped < target else "minReplicas"
-        target, kind, why = clamped, DecisionKind.BOUNDS, f"{why}; {bound} {clamped}"
+        if clamped < target:  # the load is the news here, not the latency term that measured it
+            why = f"the load needs {target} replicas, more than maxReplicas {clamped}: capped ({why})"
+        else:
+            why = f"{why}; minReplicas {clamped}"
+        target, kind = clamped, DecisionKind.BOUNDS
     state = state.remember(obs.time_s, rate_now, target)
 
     def answer(replicas: int, reason: str, kind: DecisionKind) -> Decision:

@@ -204,7 +204,10 @@ class AsyncPrometheusClient(_Base):
         self._slots = asyncio.Semaphore(max_in_flight)
         self._http = httpx.AsyncClient(
             timeout=timeout_s,
-            limits=httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight),
+            # No cap on connections (the semaphore caps requests): a connection given up on at
+            # the deadline can stay in the pool until the server answers, and with the cap at
+            # max_in_flight such connections took every place (no query was sent again).
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=max_in_flight),
             transport=transport,
         )
 
@@ -214,25 +217,38 @@ class AsyncPrometheusClient(_Base):
     async def query(self, promql: str, timeout_s: float | None = None) -> list[Sample]:
         """An instant query's samples; PrometheusError (with its kind) when there are none to read."""
         budget = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        deadline = asyncio.get_running_loop().time() + budget
+        timed_out = PrometheusError(
+            f"Prometheus at {self.base_url} did not answer {short(promql)} within {budget:g}s", MissingKind.TIMEOUT
+        )
         try:
-            async with asyncio.timeout(budget):
-                return await self._query(promql)
-        except TimeoutError:
-            raise PrometheusError(
-                f"Prometheus at {self.base_url} did not answer {short(promql)} within {budget:g}s", MissingKind.TIMEOUT
-            ) from None
+            async with asyncio.timeout_at(deadline):  # a backstop: httpx's own timeouts end the request first
+                return await self._query(promql, deadline)
+        except (TimeoutError, httpx.TimeoutException):
+            raise timed_out from None
 
-    async def _query(self, promql: str) -> list[Sample]:
+    async def _query(self, promql: str, deadline: float) -> list[Sample]:
+        loop = asyncio.get_running_loop()
         last: object = None
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                async with self._slots:
-                    response = await self._http.get(self.url, params={"query": promql})
-            except httpx.HTTPError as exc:
-                last = str(exc) or type(exc).__name__
-                continue
+            async with self._slots:
+                # httpx ends the request itself, a little before the deadline: a request cancelled
+                # from outside (asyncio.timeout) can leave its pooled connection stuck in CONNECTING,
+                # and after a minute of a slow Prometheus every slot was stuck (no query sent again).
+                remaining = (deadline - loop.time()) * 0.9
+                if remaining <= 0:
+                    raise TimeoutError
+                try:
+                    response = await self._http.get(
+                        self.url, params={"query": promql}, timeout=httpx.Timeout(remaining)
+                    )
+                except httpx.TimeoutException:
+                    raise
+                except httpx.HTTPError as exc:
+                    last = str(exc) or type(exc).__name__
+                    continue
             try:
                 return parse_response(promql, response.status_code, response.content)
             except PrometheusError as exc:

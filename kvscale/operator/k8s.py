@@ -42,6 +42,12 @@ def _detail(exc: ApiException) -> str:
         return str(exc.reason)
 
 
+def _invalid_apply(status: int, exc: ApiException) -> bool:
+    """A server-side apply whose body does not fit the object's schema (e.g. a list with two
+    entries of one key) is answered HTTP 500, yet retrying cannot fix it."""
+    return status == 500 and "failed to create typed patch object" in _detail(exc)
+
+
 def new_api_client(connections: int = 8) -> client.ApiClient:
     """A client with `connections` pooled connections: one per worker thread that uses it, so
     no call waits for a connection (urllib3 would open and drop extra ones)."""
@@ -73,7 +79,7 @@ class Kube:
             status = int(exc.status or 0)
             if status == 409:
                 raise kopf.TemporaryError(f"{what}: conflict, retrying", delay=CONFLICT_RETRY_S) from exc
-            if 400 <= status < 500 and status != 429:
+            if (400 <= status < 500 and status != 429) or _invalid_apply(status, exc):
                 raise Refused(what, status, _detail(exc)) from exc
             raise kopf.TemporaryError(f"{what}: HTTP {status} {_detail(exc)}", delay=self.backoff_s) from exc
         except (HTTPError, OSError) as exc:

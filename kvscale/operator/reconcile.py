@@ -194,6 +194,13 @@ def reconcile(
     if isinstance(outcome, Unplanned):
         delay = settings.retry_backoff_s if outcome.retry else None
         return _failed(status, res, outcome.reason, outcome.message, delay, now)
+    cache_env = outcome.config.engine.cache_env
+    if any(e.name == cache_env for e in intent.spec.engine.env):
+        message = (
+            f"spec.engine.env: {cache_env} is set by kvscale (where the engine keeps downloaded weights, "
+            "mounted from spec.model.cache); remove it from spec.engine.env and set spec.model.cache instead"
+        )
+        return _failed(status, res, "InvalidEnv", message, now=now)
     try:
         launch = planned_launch(
             intent.spec,

@@ -8,6 +8,7 @@ and one Event, not a retry loop."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import re
 import time
@@ -22,6 +23,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kvscale.api import GROUP, PLURAL, VERSION
+from kvscale.metrics.client import AsyncPrometheusClient, Missing
 from tests.cluster.harness import Cluster, holds_for, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.test_reliability import FakePrometheus, vector
@@ -235,22 +237,67 @@ def test_a_deleted_resources_series_leave_metrics(
     holds_for(lambda: not series(), 4, "no series coming back from a tick in flight")
 
 
-def test_a_child_the_api_server_refuses_gives_a_condition_and_one_event(
-    operator: Operator, fake: FakePrometheus, api: client.ApiClient, namespace: str
+@pytest.mark.parametrize(
+    ("env", "reason", "field"),
+    [
+        # kvscale sets HF_HOME (the weights cache); a second entry was an HTTP 500 retried forever.
+        ([{"name": "HF_HOME", "value": "/elsewhere"}], "InvalidEnv", "spec.engine.env: HF_HOME is set by kvscale"),
+        ([{"name": "HF_TOKEN", "value": "a"}, {"name": "HF_TOKEN", "value": "b"}], "InvalidName", "set twice"),
+    ],
+)
+def test_an_env_the_children_cannot_carry_gives_a_condition_and_one_event(
+    operator: Operator,
+    fake: FakePrometheus,
+    api: client.ApiClient,
+    namespace: str,
+    env: list[dict[str, str]],
+    reason: str,
+    field: str,
 ) -> None:
     body = copy.deepcopy(SAMPLES["custom-architecture"])
-    body["spec"]["engine"]["image"] = " vllm/vllm-openai:v0.11.0"  # the API server refuses the whitespace
+    body["spec"]["engine"]["env"] = env
     name = body["metadata"]["name"]
     create(api, namespace, body)
 
-    def refused() -> bool:
-        ready = condition(api, namespace, name, "Ready")
-        return ready.get("reason") == "Refused" and "image" in ready.get("message", "")
+    def failed() -> bool:
+        planned = condition(api, namespace, name, "Planned")
+        return planned.get("reason") == reason and field in planned.get("message", "")
 
-    wait_until(refused, 30, "Ready=False naming the refused field")
+    try:
+        wait_until(failed, 30, f"Planned=False ({reason}) naming the field")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}: {get(api, namespace, name).get('status')}\n{operator.tail()}") from exc
     assert get(api, namespace, name)["status"]["phase"] == "Failed"
-    wait_until(lambda: len(events(api, namespace, name, "Refused")) == 1, 30, "one Refused Event")
-    holds_for(lambda: len(events(api, namespace, name, "Refused")) == 1, 5, "no retry loop")
+    wait_until(lambda: len(events(api, namespace, name, reason)) == 1, 30, f"one {reason} Event")
+    holds_for(lambda: len(events(api, namespace, name, reason)) == 1, 5, "no retry loop")
     assert f"[{namespace}/{name}]" in operator.tail(400), "the failing handler's log line names the object"
-    if deployment(api, namespace, name) is not None:  # never a Deployment without its Service
-        client.CoreV1Api(api).read_namespaced_service(name, namespace)
+    assert deployment(api, namespace, name) is None
+
+
+def test_the_async_client_recovers_after_many_timed_out_queries() -> None:
+    """Staggered queries against a 10 s Prometheus, each given up after 0.5 s, then Prometheus
+    answers at once again: queries reach it and read values. (With the connection pool capped
+    at the in-flight limit, given-up connections stayed CONNECTING and no query was sent again.)"""
+
+    async def run(fake: FakePrometheus) -> tuple[int, float | Missing]:
+        prometheus = AsyncPrometheusClient(fake.url, timeout_s=0.5, retries=1, max_in_flight=4)
+
+        async def service(i: int) -> None:
+            await asyncio.sleep(i * 0.01)
+            while True:
+                await prometheus.scalar(f"up{i}")
+                await asyncio.sleep(0.05)
+
+        tasks = [asyncio.create_task(service(i)) for i in range(50)]
+        await asyncio.sleep(4.0)  # the slow period being replayed
+        for task in tasks:
+            task.cancel()
+        asked = fake.requests
+        fake.delay_s = 0.0
+        reading = await prometheus.scalar("up")
+        await prometheus.aclose()
+        return fake.requests - asked, reading
+
+    with FakePrometheus(10.0, vector("1")) as fake:
+        sent, reading = asyncio.run(run(fake))
+    assert sent >= 1 and reading == 1.0, reading

@@ -157,7 +157,7 @@ def test_each_decision_names_the_term_that_set_it() -> None:
         ttft_target_s=1, tpot_target_s=0.05, default_input_tokens=1, default_output_tokens=1, max_replicas=5
     )
     decision, _ = decide(obs(15, 100.0, 3), PolicyState(), FixedCapacity(), capped)
-    assert decision.kind is DecisionKind.BOUNDS and "maxReplicas" in decision.reason
+    assert decision.kind is DecisionKind.BOUNDS and "more than maxReplicas 5: capped" in decision.reason
     # Load drops: first held by the stabilization window, then scaled down by the forecast.
     series = [obs(t, 7.0, 4) for t in range(15, 300, 15)] + [obs(t, 1.0, 4) for t in range(300, 600, 15)]
     seen = kinds(series)

@@ -8,6 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kvscale.api.intent import parse_intent
 from kvscale.api.models import InferenceServiceStatus, status_dict, status_patch
 from kvscale.autoscaling.observation import Observation
@@ -251,3 +253,20 @@ def test_pinned_replicas_bypass_the_policy() -> None:
 def test_status_round_trips_through_the_wire_form() -> None:
     status = deployed().status
     assert InferenceServiceStatus.model_validate(status_dict(status)) == status
+
+
+@pytest.mark.parametrize(
+    ("env", "reason", "says"),
+    [
+        ([{"name": "HF_HOME", "value": "/x"}], "InvalidEnv", "spec.engine.env: HF_HOME is set by kvscale"),
+        ([{"name": "A", "value": "1"}, {"name": "A", "value": "2"}], "InvalidName", "spec.engine.env[1].name"),
+    ],
+)
+def test_an_env_the_deployment_cannot_carry_fails_once_with_the_field(
+    env: list[dict[str, str]], reason: str, says: str
+) -> None:
+    result = reconcile(spec(engine={"env": env}), RES, InferenceServiceStatus(), Observed(POOLS), CAT, SETTINGS)
+    assert result.apply == () and result.retry is not None and result.retry.delay_s is None
+    status, why, message = condition_of(result.status, "Planned")
+    assert (status, why) == ("False", reason) and says in message
+    assert [e.reason for e in result.events] == [reason]
