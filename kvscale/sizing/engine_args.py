@@ -157,12 +157,12 @@ def tgi_args(launch: EngineLaunch) -> list[str]:
         str(max_input),
         "--max-batch-prefill-tokens",
         str(max(launch.chunk_budget_tokens, max_input)),
-        "--dtype",
-        launch.dtype,
     ]
+    # TGI's server refuses --dtype together with most --quantize methods ("Only 1 can be set
+    # between `dtype` and `quantize`"); a quantized checkpoint keeps the dtype it was made for.
     if launch.quantization:
-        args += ["--quantize", launch.quantization]
-    return args
+        return [*args, "--quantize", launch.quantization]
+    return [*args, "--dtype", launch.dtype]
 
 
 def engine_command(launch: EngineLaunch) -> tuple[list[str], list[str]]:

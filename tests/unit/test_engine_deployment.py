@@ -376,3 +376,10 @@ def test_the_policy_defaults_to_the_modelled_start_with_download() -> None:
     )
     assert uncached == pytest.approx(45 + 70.6e9 * 2 / 250e6 + 70.6e9 * 2 / 4 / 1e9)  # 645 s
     assert cached == pytest.approx(cfg.cold_start_s)  # engine start + shard load only
+
+
+def test_tgi_quantized_checkpoints_take_no_dtype() -> None:
+    _, dep = build(spec_with(engine={"type": "tgi"}, model={"name": "llama-3.1-8b", "precision": "int8"}))
+    args = container(dep)["args"]
+    assert arg(args, "--quantize") == "compressed-tensors" and "--dtype" not in args
+    assert arg(args, "--model-id") == "neuralmagic/Meta-Llama-3.1-8B-Instruct-quantized.w8a8"
