@@ -57,7 +57,7 @@ class PolicyConfig:
     queue_moves: bool = False
     forecast_window_s: float = 180.0  # the trend is fitted over this much rate history
     trend_damping_s: float = 120.0  # the trend's extrapolation saturates after about this long
-    burst_quantile: float = 0.99  # the rise over one cold start the reserve covers
+    burst_quantile: float = 0.95  # the rise over one cold start the reserve covers
     burst_memory_s: float = 3600.0  # how much arrival history the reserve learns from
     burst_hold_s: float = 1200.0  # a peak in the memory counts in full this long, then fades
     scale_down_stabilization_s: float = 120.0
@@ -69,8 +69,8 @@ class PolicyConfig:
     calibration_bounds: tuple[float, float] = (0.9, 3.0)  # little optimism: a fast engine is a bonus, not a plan
     slo_feedback_step: float = 0.10  # capacity correction per missed window
     slo_feedback_decay: float = 0.005  # per tick while the SLO is met with room
-    slo_feedback_relax_below: float = 0.6
-    slo_feedback_max: float = 3.0
+    slo_feedback_relax_below: float = 0.8
+    slo_feedback_max: float = 2.0
     scale_down_margin: float = 0.10  # extra spare capacity a scale-down must leave (hysteresis against flapping)
     cold_start_samples: int = 8  # observed start-to-ready times kept for learning
 
@@ -91,6 +91,9 @@ class PolicyState:
     # SLO feedback on capacity: grows while the observed SLO is missed without a backlog to
     # explain it, decays while it is met with room; divides what the model says a replica carries.
     slo_factor: float = 1.0
+    # How far over target the SLO was when the factor last rose (None: met since): a raise
+    # that did not bring it closer is not repeated (a tail no fleet size fixes).
+    slo_miss_at_raise: float | None = None
     last_feedback_s: float | None = None
     # Observed start-to-ready seconds (newest last). The operator may restore them from status
     # after a restart; empty means the config's default cold start applies.
@@ -239,17 +242,34 @@ def _calibrate(
     return min(hi, max(lo, (1 - a) * state.calibration + a * ratio))
 
 
-def _slo_feedback(obs: Observation, state: PolicyState, config: PolicyConfig, missed: str | None) -> float:
-    """The SLO-feedback factor on per-replica capacity. The model can be optimistic about a
-    tail (p99 TTFT under heavy-tailed prompts, say) in a way TPOT calibration does not see:
-    a missed SLO with no queue to explain it raises the factor by `slo_feedback_step` (at most
-    once per feedback cooldown, as the latency window lags); a met SLO with room (both
-    quantiles under `slo_feedback_relax_below` of their targets) lets it decay to 1."""
-    factor = state.slo_factor
+def _miss_ratio(obs: Observation, config: PolicyConfig) -> float:
+    ratios = [0.0]
+    if obs.ttft_p_s is not None:
+        ratios.append(obs.ttft_p_s / config.ttft_target_s)
+    if obs.tpot_p_s is not None:
+        ratios.append(obs.tpot_p_s / config.tpot_target_s)
+    return max(ratios)
+
+
+def _slo_feedback(
+    obs: Observation, state: PolicyState, config: PolicyConfig, missed: str | None
+) -> tuple[float, float | None]:
+    """The SLO-feedback factor on per-replica capacity, and the miss it was raised at. The
+    model can be optimistic about a tail (p99 TTFT under heavy-tailed prompts, say) in a way
+    TPOT calibration does not see: a missed SLO with no queue to explain it raises the factor
+    by `slo_feedback_step` (at most once per feedback cooldown, as the latency window lags),
+    but only while each raise brings the quantile closer to its target (more replicas do not
+    shorten a prompt's own prefill); a met SLO with room (both quantiles under
+    `slo_feedback_relax_below` of their targets) lets it decay to 1."""
+    factor, at_raise = state.slo_factor, state.slo_miss_at_raise
     queued = (obs.waiting or 0.0) > config.queue_per_replica_threshold * max(obs.ready_replicas, 1)
     cooled = state.last_feedback_s is None or obs.time_s - state.last_feedback_s >= config.feedback_cooldown_s
-    if missed and not queued and cooled and obs.ready_replicas > 0:
-        return min(config.slo_feedback_max, factor * (1 + config.slo_feedback_step))
+    if not missed:
+        at_raise = None
+    elif not queued and cooled and obs.ready_replicas > 0:
+        ratio = _miss_ratio(obs, config)
+        if at_raise is None or ratio < 0.95 * at_raise:
+            return min(config.slo_feedback_max, factor * (1 + config.slo_feedback_step)), ratio
     relaxed = (
         not missed
         and obs.ttft_p_s is not None
@@ -258,8 +278,8 @@ def _slo_feedback(obs: Observation, state: PolicyState, config: PolicyConfig, mi
         and obs.tpot_p_s <= config.slo_feedback_relax_below * config.tpot_target_s
     )
     if relaxed:
-        return max(1.0, factor * (1 - config.slo_feedback_decay))
-    return factor
+        return max(1.0, factor * (1 - config.slo_feedback_decay)), at_raise
+    return factor, at_raise
 
 
 def _replicas_for(rate: float, per_replica: float, headroom: float) -> int:
@@ -320,11 +340,11 @@ def decide(
         obs.output_tokens_mean or config.default_output_tokens,
     )
     calibration = _calibrate(obs, state, capacity, config, lengths)
-    slo_factor = _slo_feedback(obs, state, config, missed)
+    slo_factor, miss_at_raise = _slo_feedback(obs, state, config, missed)
     raised = slo_factor > state.slo_factor
     if raised:
         state = replace(state, last_feedback_s=obs.time_s)
-    state = replace(state, slo_factor=slo_factor)
+    state = replace(state, slo_factor=slo_factor, slo_miss_at_raise=miss_at_raise)
     per_replica = capacity.rate_per_replica(*lengths) / (calibration * slo_factor)
     state = replace(state, calibration=calibration, history_limit_s=max(config.burst_memory_s, state.history_limit_s))
     rate_now = obs.arrival_rate_per_s

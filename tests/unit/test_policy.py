@@ -286,9 +286,11 @@ def test_default_cold_start_counts_the_download_unless_weights_are_cached() -> N
 
 def test_slo_feedback_lowers_capacity_while_missed_and_relaxes_when_met() -> None:
     # The model says 2 req/s per replica; the engine misses TTFT at that load with no queue.
+    # Each raise brings TTFT closer to its target, so feedback keeps going.
     state, ready, seen = PolicyState(), 4, []
     for i in range(1, 13):
-        decision, state = decide(obs(15 * i, 7.0, ready, ttft_p_s=1.4), state, FixedCapacity(), CONFIG)
+        ttft = 1.6 - 0.04 * i
+        decision, state = decide(obs(15 * i, 7.0, ready, ttft_p_s=ttft), state, FixedCapacity(), CONFIG)
         ready = decision.replicas
         seen.append(decision.kind)
     assert state.slo_factor == pytest.approx(1.1**4, rel=1e-6)  # once per 45 s cooldown over 180 s
@@ -302,3 +304,16 @@ def test_slo_feedback_lowers_capacity_while_missed_and_relaxes_when_met() -> Non
     # A queue explains the miss: the backlog term acts, the factor stays.
     _, queued = decide(obs(15, 7.0, 4, ttft_p_s=3.0, waiting=100.0), PolicyState(), FixedCapacity(), CONFIG)
     assert queued.slo_factor == 1.0
+
+
+def test_slo_feedback_stops_when_a_raise_does_not_help() -> None:
+    """A tail no fleet size fixes (a prompt whose own prefill outlasts the target): after one
+    raise that leaves TTFT where it was, the factor stops growing."""
+    state, ready = PolicyState(), 4
+    for i in range(1, 30):
+        decision, state = decide(obs(15 * i, 7.0, ready, ttft_p_s=1.4), state, FixedCapacity(), CONFIG)
+        ready = decision.replicas
+    assert state.slo_factor == pytest.approx(1.1)
+    # Met again: the next miss starts afresh.
+    _, state = decide(obs(15 * 31, 7.0, ready, ttft_p_s=0.5), state, FixedCapacity(), CONFIG)
+    assert state.slo_miss_at_raise is None
