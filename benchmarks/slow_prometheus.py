@@ -3,14 +3,16 @@ prints a table). Issue 14's probe: a slow Prometheus once stalled the whole oper
 resource's Deployment after 115-124 s with 57 services).
 
 - A fake Prometheus on 127.0.0.1 answers every query after 10 s; the operator's scale tick
-  runs every 5 s against it (observation deadline min(2 s, tick / 3)).
+  runs every 5 s against it (observation deadline min(2 s, tick / 3)); status tick 1 s
+  (the test settings; `--status-interval 10s --scale-interval 15s` for the defaults).
 - 200 recommend-mode InferenceServices (planned, ticking, no pods), then 5 auto-mode ones
   created one at a time: create -> Deployment exists, and -> phase Ready (kwok pods).
 - At rest with the 200: API requests/s over an idle minute from the API server's own
   `apiserver_request_total`, with the operator running and then stopped (the difference is
   the operator's), by verb and resource; operator RSS; tick durations from its /metrics.
 
-Run: KVSCALE_CLUSTER_BINS=... .venv/bin/python -m benchmarks.slow_prometheus [--idle 60]
+Run: KVSCALE_CLUSTER_BINS=... .venv/bin/python -m benchmarks.slow_prometheus [--idle 60] [--status-interval 10s]
+    [--scale-interval 15s]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvscale.api import GROUP, PLURAL, VERSION
+from kvscale.sizing.units import parse_duration_s
 from tests.cluster.harness import Cluster, find_bins, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.test_reliability import FakePrometheus, vector
@@ -118,12 +121,15 @@ def create_and_time(objs: client.CustomObjectsApi, apps: client.AppsV1Api, name:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--idle", type=float, default=60.0, help="seconds of each idle measurement")
+    parser.add_argument("--status-interval", default="1s", help="KVSCALE_STATUS_INTERVAL (default 10s)")
+    parser.add_argument("--scale-interval", default="5s", help="KVSCALE_SCALE_INTERVAL (default 15s)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the cluster on `kill` too
     workdir = Path(tempfile.mkdtemp(prefix="kvscale-slowprom-"))
     cluster = Cluster(workdir, find_bins()).start()
     fake = FakePrometheus(PROMETHEUS_DELAY_S, vector("1")).__enter__()
-    operator = Operator(cluster, workdir, {"KVSCALE_PROMETHEUS_URL": fake.url, "KVSCALE_SCALE_INTERVAL": "5s"})
+    intervals = {"KVSCALE_STATUS_INTERVAL": args.status_interval, "KVSCALE_SCALE_INTERVAL": args.scale_interval}
+    operator = Operator(cluster, workdir, {"KVSCALE_PROMETHEUS_URL": fake.url, **intervals})
     rows: list[tuple[str, str]] = []
     try:
         cluster.kubectl("apply", "-f", str(ROOT / "crds"))
@@ -151,6 +157,10 @@ def main() -> None:
         ticks = operator_metric(operator, "kvscale_tick_duration_seconds_count")
         tick_sum = operator_metric(operator, "kvscale_tick_duration_seconds_sum")
         timeouts = operator_metric(operator, 'kvscale_prometheus_errors_total{kind="timeout"}')
+        # At rest: Prometheus answers at once again (every query the value 1); after two ticks
+        # the statuses are settled and nothing should change.
+        fake.delay_s = 0.0
+        time.sleep(2 * parse_duration_s(args.scale_interval) + 2)  # two ticks at the fast answers
         at_rest, took = idle_rates(cluster, args.idle)
         rss = max(rss_mib(operator.process.pid) for _ in range(3))
         operator.stop()
@@ -170,7 +180,7 @@ def main() -> None:
             ("autoscale ticks so far / mean tick wall time", f"{ticks:.0f} / {tick_sum / max(ticks, 1):.2f} s"),
             ("Prometheus queries timed out (counted by the operator)", f"{timeouts:.0f}"),
             (
-                f"API requests/s at rest, {SERVICES + 8} services, operator running",
+                f"API requests/s at rest, {SERVICES} services, Prometheus fast again, operator running",
                 f"{total:.2f} (operator stopped: {total_without:.2f})",
             ),
             ("operator RSS at rest", f"{rss:.0f} MiB"),
@@ -182,7 +192,10 @@ def main() -> None:
         operator.stop()
         fake.__exit__(None, None, None)
         cluster.stop()
-    table = Table(title=f"Operator with a {PROMETHEUS_DELAY_S:.0f} s Prometheus and {SERVICES} InferenceServices")
+    table = Table(
+        title=f"Operator with a {PROMETHEUS_DELAY_S:.0f} s Prometheus and {SERVICES} InferenceServices "
+        f"(status interval {args.status_interval}, scale interval {args.scale_interval})"
+    )
     for col in ("measure", "value"):
         table.add_column(col)
     for row in rows:
