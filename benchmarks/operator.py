@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import re
 import statistics
 import tempfile
@@ -187,7 +188,13 @@ def timed_reconciles(cluster: Cluster, workdir: Path, label: str, pythonpath: st
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     objs, apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
     started = time.monotonic()
-    operator.start()
+    here = Path.cwd()
+    if pythonpath:
+        os.chdir(pythonpath)  # `python -m` puts the working directory first on sys.path
+    try:
+        operator.start()
+    finally:
+        os.chdir(here)
     try:
         warm = copy.deepcopy(SAMPLE)
         warm["metadata"] = {"name": f"{label}-warm", "namespace": "default"}
