@@ -237,7 +237,9 @@ def test_a_10s_prometheus_costs_200_services_one_deadline() -> None:
     with FakePrometheus(10.0, vector("1")) as fake:
         results, took, beats = asyncio.run(run(fake.url))
     assert took < 3.0, f"200 observations took {took:.1f}s against a 1s deadline"
-    assert beats >= int(took / 0.05 * 0.5), "the event loop was blocked"
+    # A blocked loop gets next to no beats; a quarter of the ideal count leaves room for a
+    # loaded CI machine (half failed once at a load average of 7, 16 beats of 17).
+    assert beats >= int(took / 0.05 * 0.25), "the event loop was blocked"
     for obs, why in results:
         assert obs.stale and not obs.complete
         assert why is not None and "did not answer" in why
