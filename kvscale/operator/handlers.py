@@ -73,6 +73,7 @@ class Runtime:
     )
     inventory: Inventory | None = None  # made with the runtime (run.runtime), started at startup
     prometheus: AsyncPrometheusClient | None = None
+    stopping: bool = False  # set at cleanup: a tick still in flight then writes nothing
 
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in the Kubernetes workers, with kopf's context (its Events need it)."""
@@ -171,6 +172,7 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        rt.stopping = True
         if rt.inventory is not None:
             rt.inventory.stop()
         if rt.prometheus is not None:
@@ -243,7 +245,8 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
             now = dt.datetime.now(dt.UTC)
             done = tick(intent, call.res, call.before, start, obs, missing, memory, rt.catalog, rt.settings, now)
     except Exception as exc:  # counted and shown in status; the timer runs again
-        effects.timer_failed("autoscale", call.body, call.patch, call.before, call.res, exc)
+        if not rt.stopping:  # at shutdown the closed clients fail a tick in flight: not news
+            effects.timer_failed("autoscale", call.body, call.patch, call.before, call.res, exc)
         return
     if not isinstance(start, Fleet):
         if start is not None:  # pinned replicas: recorded, the policy is not asked
