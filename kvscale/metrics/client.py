@@ -1,4 +1,4 @@
-"""Prometheus HTTP API clients: an async one for the operator, a sync one for offline use.
+"""The Prometheus HTTP API client (async, as the operator runs it).
 
 Parsing is total: whatever comes back (HTTP 500, HTML, `data: null`, a bare list, a value
 of "oops", NaN, -5) ends either as numbers or as a `Missing` that says why, of a known
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
@@ -158,8 +157,19 @@ def one_value(promql: str, samples: list[Sample], minimum: float = 0.0) -> float
     return value
 
 
-class _Base:
-    def __init__(self, base_url: str, timeout_s: float, retries: int, backoff_s: float) -> None:
+class AsyncPrometheusClient:
+    """Instant queries on httpx.AsyncClient. Each call (retries included) ends within
+    `timeout_s`; at most `max_in_flight` requests run at once."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 2.0,
+        retries: int = 1,
+        backoff_s: float = 0.1,
+        max_in_flight: int = 16,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         if not (math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
         self.base_url = base_url.rstrip("/")
@@ -167,6 +177,18 @@ class _Base:
         self.retries = max(0, retries)
         self.backoff_s = backoff_s
         self.errors: Counter[str] = Counter()  # MissingKind value -> count, errors only
+        # Requests wait for a slot here, not in httpx's pool: the pool rescans its whole queue
+        # on every change, which grows quadratic with thousands of waiters (200 services x 9
+        # queries against a slow Prometheus took 75 s instead of 1 s).
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._http = httpx.AsyncClient(
+            timeout=timeout_s,
+            # No cap on connections (the semaphore caps requests): a connection given up on at
+            # the deadline can stay in the pool until the server answers, and with the cap at
+            # max_in_flight such connections took every place (no query was sent again).
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=max_in_flight),
+            transport=transport,
+        )
 
     @property
     def url(self) -> str:
@@ -181,34 +203,6 @@ class _Base:
         return PrometheusError(
             f"Prometheus at {self.base_url} unreachable after {tries} tries for {short(promql)}: {last}",
             MissingKind.UNREACHABLE,
-        )
-
-
-class AsyncPrometheusClient(_Base):
-    """Instant queries on httpx.AsyncClient. Each call (retries included) ends within
-    `timeout_s`; at most `max_in_flight` requests run at once."""
-
-    def __init__(
-        self,
-        base_url: str,
-        timeout_s: float = 2.0,
-        retries: int = 1,
-        backoff_s: float = 0.1,
-        max_in_flight: int = 16,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(base_url, timeout_s, retries, backoff_s)
-        # Requests wait for a slot here, not in httpx's pool: the pool rescans its whole queue
-        # on every change, which grows quadratic with thousands of waiters (200 services x 9
-        # queries against a slow Prometheus took 75 s instead of 1 s).
-        self._slots = asyncio.Semaphore(max_in_flight)
-        self._http = httpx.AsyncClient(
-            timeout=timeout_s,
-            # No cap on connections (the semaphore caps requests): a connection given up on at
-            # the deadline can stay in the pool until the server answers, and with the cap at
-            # max_in_flight such connections took every place (no query was sent again).
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=max_in_flight),
-            transport=transport,
         )
 
     async def aclose(self) -> None:
@@ -264,67 +258,3 @@ class AsyncPrometheusClient(_Base):
         except PrometheusError as exc:
             return self._count(Missing(exc.kind, str(exc)))
         return self._count(one_value(promql, samples, minimum))
-
-
-class PrometheusClient(_Base):
-    """The same queries, synchronously (for scripts, benchmarks and tests; the operator is to use
-    AsyncPrometheusClient). `timeout_s` bounds each try; the defaults (2 s, one retry) keep a
-    dead Prometheus to about 4 s per observation, within the default 15 s tick."""
-
-    def __init__(
-        self,
-        base_url: str,
-        timeout_s: float = 2.0,
-        retries: int = 1,
-        backoff_s: float = 0.2,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        super().__init__(base_url, timeout_s, retries, backoff_s)
-        self._http = httpx.Client(timeout=timeout_s, transport=transport)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def query(self, promql: str) -> list[Sample]:
-        """An instant query's vector (a scalar comes back as one unlabelled sample)."""
-        last: object = None
-        timed_out = False
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))  # retry backoff, bounded by `retries`
-            try:
-                response = self._http.get(self.url, params={"query": promql})
-            except httpx.HTTPError as exc:
-                last, timed_out = str(exc) or type(exc).__name__, isinstance(exc, httpx.TimeoutException)
-                continue
-            try:
-                return parse_response(promql, response.status_code, response.content)
-            except PrometheusError as exc:
-                if exc.kind is not MissingKind.UNREACHABLE:
-                    raise
-                last, timed_out = exc, False
-        if timed_out:
-            raise PrometheusError(
-                f"Prometheus at {self.base_url} did not answer {short(promql)} within {self.timeout_s:g}s "
-                f"({self.retries + 1} tries)",
-                MissingKind.TIMEOUT,
-            )
-        raise self._unreachable(promql, self.retries + 1, last)
-
-    def reading(self, promql: str, minimum: float = 0.0) -> float | Missing:
-        """One value, or a Missing that says why; never raises for Prometheus's answers."""
-        try:
-            samples = self.query(promql)
-        except PrometheusError as exc:
-            return self._count(Missing(exc.kind, str(exc)))
-        return self._count(one_value(promql, samples, minimum))
-
-    def scalar(self, promql: str) -> float | None:
-        """One number, or None when the answer is empty, NaN or infinite. Several series, a
-        negative value or an unreadable answer are a PrometheusError."""
-        reading = self.reading(promql, minimum=-math.inf)
-        if isinstance(reading, Missing):
-            if reading.is_error:
-                raise PrometheusError(reading.reason, reading.kind)
-            return None
-        return reading

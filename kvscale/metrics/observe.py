@@ -1,9 +1,8 @@
 """One InferenceService's Observation from Prometheus: what the policy sees each tick.
 
-`observe_async` (the operator's) runs the queries concurrently under one deadline; `observe`
-is the same, synchronously. Both are total: an answer that cannot be read, a negative value,
-a timeout or an unreachable Prometheus gives a stale Observation and the reason (what
-MetricsAvailable=False says), never an exception.
+`observe_async` runs the queries concurrently under one deadline. It is total: an answer that
+cannot be read, a negative value, a timeout or an unreachable Prometheus gives a stale
+Observation and the reason (what MetricsAvailable=False says), never an exception.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import asyncio
 import math
 
 from kvscale.autoscaling.observation import Observation
-from kvscale.metrics.client import AsyncPrometheusClient, Missing, MissingKind, PrometheusClient
+from kvscale.metrics.client import AsyncPrometheusClient, Missing
 from kvscale.metrics.engines import ENGINES, EngineMetrics
 from kvscale.metrics.promql import queries
 
@@ -64,29 +63,6 @@ def _assemble(
         ),
         why,
     )
-
-
-def observe(
-    client: PrometheusClient,
-    engine: str,
-    namespace: str,
-    name: str,
-    percentile: float,
-    ready_replicas: int,
-    starting_replicas: int,
-    now_s: float,
-    window: str = "1m",
-    stale_after_s: float = 120.0,
-) -> tuple[Observation, str | None]:
-    """The observation, and why metrics are missing (None when they are all there)."""
-    built = queries(ENGINES[engine], namespace, name, percentile / 100.0, window)
-    values: dict[str, float | Missing] = {}
-    for key, promql in built.items():
-        reading = client.reading(promql, _MINIMUM.get(key, 0.0))
-        values[key] = reading
-        if isinstance(reading, Missing) and reading.kind in (MissingKind.UNREACHABLE, MissingKind.TIMEOUT):
-            break  # one unreachable answer says it for all: do not wait on the others
-    return _assemble(ENGINES[engine], values, ready_replicas, starting_replicas, now_s, stale_after_s)
 
 
 async def observe_async(

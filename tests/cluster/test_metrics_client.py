@@ -3,6 +3,7 @@ multi-series and unreachable answers are each handled explicitly."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
@@ -12,8 +13,8 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, make_wsgi_app
 
-from kvscale.metrics.client import PrometheusClient, PrometheusError
-from kvscale.metrics.observe import observe
+from kvscale.metrics.client import AsyncPrometheusClient, Missing, MissingKind, PrometheusError
+from kvscale.metrics.observe import observe_async
 from tests.cluster.harness import free_port
 from tests.cluster.prometheus import Prometheus
 
@@ -34,22 +35,38 @@ def test_client_handles_nan_empty_multi_and_errors(tmp_path: Path) -> None:
     try:
         with Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{port}"]) as prom:
             prom.wait_for_series('kvscale_test_value{pod="b"}')
-            client = PrometheusClient(prom.url, timeout_s=2, retries=1, backoff_s=0.05)
-            assert client.scalar('kvscale_test_value{pod="a"}') is None  # NaN
-            assert client.scalar('kvscale_test_value{pod="b"}') == 2.0
-            assert client.scalar('kvscale_test_value{pod="zzz"}') is None  # empty
-            with pytest.raises(PrometheusError, match="2 series"):
-                client.scalar("kvscale_test_value")
-            with pytest.raises(PrometheusError, match="bad_data"):
-                client.scalar("sum(")
-            assert client.scalar("1 + 1") == 2.0  # a scalar result
-            obs, why = observe(client, "vllm", "ns", "svc", 95, 2, 0, time.time())
-            assert obs.stale and why == "no engine samples in Prometheus"
-            assert not obs.complete
+            asyncio.run(_live(prom.url))
     finally:
         server.shutdown()
-    dead = PrometheusClient(f"http://127.0.0.1:{free_port()}", timeout_s=0.5, retries=1, backoff_s=0.01)
-    with pytest.raises(PrometheusError, match="unreachable after 2 tries"):
-        dead.query("up")
-    obs, why = observe(dead, "vllm", "ns", "svc", 95, 2, 1, time.time())
-    assert obs.stale and obs.ready_replicas == 2 and obs.starting_replicas == 1 and why and "unreachable" in why
+    asyncio.run(_dead(f"http://127.0.0.1:{free_port()}"))
+
+
+async def _live(url: str) -> None:
+    client = AsyncPrometheusClient(url, timeout_s=2, retries=1, backoff_s=0.05)
+    try:
+        nan = await client.scalar('kvscale_test_value{pod="a"}')
+        assert isinstance(nan, Missing) and nan.kind is MissingKind.NOT_FINITE
+        assert await client.scalar('kvscale_test_value{pod="b"}') == 2.0
+        empty = await client.scalar('kvscale_test_value{pod="zzz"}')
+        assert isinstance(empty, Missing) and empty.kind is MissingKind.EMPTY
+        many = await client.scalar("kvscale_test_value")
+        assert isinstance(many, Missing) and many.kind is MissingKind.AMBIGUOUS and "2 series" in many.reason
+        bad = await client.scalar("sum(")
+        assert isinstance(bad, Missing) and bad.kind is MissingKind.REJECTED and "bad_data" in bad.reason
+        assert await client.scalar("1 + 1") == 2.0  # a scalar result
+        obs, why = await observe_async(client, "vllm", "ns", "svc", 95, 2, 0, time.time())
+        assert obs.stale and why == "no engine samples in Prometheus"
+        assert not obs.complete
+    finally:
+        await client.aclose()
+
+
+async def _dead(url: str) -> None:
+    dead = AsyncPrometheusClient(url, timeout_s=0.5, retries=1, backoff_s=0.01)
+    try:
+        with pytest.raises(PrometheusError, match="unreachable after 2 tries"):
+            await dead.query("up")
+        obs, why = await observe_async(dead, "vllm", "ns", "svc", 95, 2, 1, time.time())
+        assert obs.stale and obs.ready_replicas == 2 and obs.starting_replicas == 1 and why and "unreachable" in why
+    finally:
+        await dead.aclose()

@@ -4,6 +4,7 @@ lands in the bucket that holds the exact p95, not on it)."""
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import json
 import math
@@ -14,9 +15,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from kvscale.metrics.client import PrometheusClient
+from kvscale.autoscaling.observation import Observation
+from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.metrics.engines import VLLM_TPOT_BUCKETS_S, VLLM_TTFT_BUCKETS_S
-from kvscale.metrics.observe import observe
+from kvscale.metrics.observe import observe_async
 from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.fleet import FleetSpec
 from kvscale.sim.load_profile import parse_profile
@@ -73,12 +75,11 @@ def test_promql_quantiles_from_vllm_buckets(tmp_path: Path) -> None:
     ticker.start()
     try:
         with Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{port}"]) as prom:
-            client = PrometheusClient(prom.url, timeout_s=2, retries=1, backoff_s=0.05)
             prom.wait_for_series('vllm:request_time_per_output_token_seconds_count{engine="0"}')
             result: dict[str, Any] = {}
 
             def observed() -> bool:
-                obs, why = observe(client, "vllm", "ns", "svc", 95, 1, 0, time.time(), window="30s")
+                obs, why = asyncio.run(_observe(prom.url))
                 result.update(obs=obs, why=why)
                 return obs.tpot_p_s is not None and obs.ttft_p_s is not None and len(tpots) > 300
 
@@ -106,3 +107,11 @@ def test_promql_quantiles_from_vllm_buckets(tmp_path: Path) -> None:
         obs.ttft_p_s,
         exact_ttft,
     )
+
+
+async def _observe(url: str) -> tuple[Observation, str | None]:
+    client = AsyncPrometheusClient(url, timeout_s=2, retries=1, backoff_s=0.05)
+    try:
+        return await observe_async(client, "vllm", "ns", "svc", 95, 1, 0, time.time(), window="30s")
+    finally:
+        await client.aclose()

@@ -3,6 +3,7 @@ names, labels and bucket boundaries; per-request TPOT; SGLang and TGI adapters."
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import json
 import time
@@ -13,8 +14,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscale.api.models import ObservedStatus
-from kvscale.autoscaling.observation import Decision
-from kvscale.metrics.client import PrometheusClient
+from kvscale.autoscaling.observation import Decision, Observation
+from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.metrics.engines import (
     ENGINES,
     VLLM_REQUEST_LATENCY_BUCKETS_S,
@@ -22,7 +23,7 @@ from kvscale.metrics.engines import (
     VLLM_TTFT_BUCKETS_S,
     vllm_token_buckets,
 )
-from kvscale.metrics.observe import observe
+from kvscale.metrics.observe import observe_async
 from kvscale.metrics.promql import queries
 from kvscale.operator.status import observed_status
 from kvscale.sim.engine import StepTimes
@@ -125,7 +126,7 @@ def test_standin_exports_vllm_names_labels_and_buckets() -> None:
     assert mean <= p95 <= top
 
 
-def _prometheus(per_request_series: bool) -> PrometheusClient:
+def _prometheus(per_request_series: bool) -> AsyncPrometheusClient:
     """Answers every query with 0.2 (age 3 s); the per-request TPOT count is empty when the
     engine exports no per-request histogram, as an older vLLM would."""
 
@@ -137,7 +138,17 @@ def _prometheus(per_request_series: bool) -> PrometheusClient:
         body = {"status": "success", "data": {"resultType": "vector", "result": result}}
         return httpx.Response(200, content=json.dumps(body).encode())
 
-    return PrometheusClient("http://prometheus.test", retries=0, transport=httpx.MockTransport(handler))
+    return AsyncPrometheusClient("http://prometheus.test", retries=0, transport=httpx.MockTransport(handler))
+
+
+def observe(client: AsyncPrometheusClient, *args: Any) -> tuple[Observation, str | None]:
+    async def go() -> tuple[Observation, str | None]:
+        try:
+            return await observe_async(client, *args)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
 
 
 def test_observation_says_what_tpot_and_ttft_were_read_from() -> None:

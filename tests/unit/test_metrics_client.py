@@ -9,7 +9,6 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -21,11 +20,12 @@ from kvscale.metrics.client import (
     AsyncPrometheusClient,
     Missing,
     MissingKind,
-    PrometheusClient,
     PrometheusError,
     parse_response,
 )
-from kvscale.metrics.observe import observe, observe_async
+from kvscale.metrics.engines import ENGINES
+from kvscale.metrics.observe import observe_async
+from kvscale.metrics.promql import queries
 
 BASE = "http://prometheus.test"
 
@@ -42,25 +42,19 @@ def answering(body: Any, status: int = 200) -> httpx.MockTransport:
     return httpx.MockTransport(lambda request: httpx.Response(status, content=raw))
 
 
-def sync_reading(body: Any, status: int = 200) -> tuple[float | Missing, PrometheusClient]:
-    client = PrometheusClient(BASE, retries=0, transport=answering(body, status))
-    return client.reading("q"), client
-
-
-def async_reading(body: Any, status: int = 200) -> tuple[float | Missing, AsyncPrometheusClient]:
-    client = AsyncPrometheusClient(BASE, retries=0, transport=_async(answering(body, status)))
-
+def reading_of(client: AsyncPrometheusClient, promql: str = "q") -> float | Missing:
     async def go() -> float | Missing:
         try:
-            return await client.scalar("q")
+            return await client.scalar(promql)
         finally:
             await client.aclose()
 
-    return asyncio.run(go()), client
+    return asyncio.run(go())
 
 
-def _async(sync: httpx.MockTransport) -> httpx.MockTransport:
-    return sync  # MockTransport serves both httpx.Client and httpx.AsyncClient
+def async_reading(body: Any, status: int = 200) -> tuple[float | Missing, AsyncPrometheusClient]:
+    client = AsyncPrometheusClient(BASE, retries=0, transport=answering(body, status))
+    return reading_of(client), client
 
 
 MALFORMED: list[tuple[Any, int, MissingKind, str]] = [
@@ -109,18 +103,15 @@ MALFORMED: list[tuple[Any, int, MissingKind, str]] = [
 
 
 @pytest.mark.parametrize(("body", "status", "kind", "reason"), MALFORMED)
-@pytest.mark.parametrize("read", [sync_reading, async_reading], ids=["sync", "async"])
-def test_every_wrong_answer_is_a_counted_missing(
-    read: Callable[[Any, int], tuple[float | Missing, Any]], body: Any, status: int, kind: MissingKind, reason: str
-) -> None:
-    reading, client = read(body, status)
+def test_every_wrong_answer_is_a_counted_missing(body: Any, status: int, kind: MissingKind, reason: str) -> None:
+    reading, client = async_reading(body, status)
     assert isinstance(reading, Missing) and reading.kind is kind, reading
     assert reason in reading.reason
     assert client.errors == {kind.value: 1}
 
 
-@pytest.mark.parametrize("read", [sync_reading, async_reading], ids=["sync", "async"])
-def test_normal_answers(read: Callable[[Any], tuple[float | Missing, Any]]) -> None:
+def test_normal_answers() -> None:
+    read = async_reading
     assert read(vector("2.5"))[0] == 2.5
     assert read({"status": "success", "data": {"resultType": "scalar", "result": [1, "7"]}})[0] == 7.0
     empty, client = read(vector())
@@ -153,12 +144,11 @@ def test_any_json_parses_or_raises_a_typed_error(body: Any, status: int) -> None
             assert all(isinstance(s.value, float) for s in samples)
 
 
-def test_sync_scalar_keeps_its_contract() -> None:
-    client = PrometheusClient(BASE, retries=0, transport=answering(vector("NaN")))
-    assert client.scalar("q") is None
-    client = PrometheusClient(BASE, retries=0, transport=answering(vector("oops")))
-    with pytest.raises(PrometheusError, match="not a number"):
-        client.scalar("q")
+def test_scalar_tells_no_value_from_an_error() -> None:
+    nan = reading_of(AsyncPrometheusClient(BASE, retries=0, transport=answering(vector("NaN"))))
+    assert isinstance(nan, Missing) and not nan.is_error
+    oops = reading_of(AsyncPrometheusClient(BASE, retries=0, transport=answering(vector("oops"))))
+    assert isinstance(oops, Missing) and oops.is_error and "not a number" in oops.reason
 
 
 def test_retries_then_unreachable() -> None:
@@ -168,8 +158,8 @@ def test_retries_then_unreachable() -> None:
         calls.append(request)
         raise httpx.ConnectError("refused", request=request)
 
-    client = PrometheusClient(BASE, retries=2, backoff_s=0.0, transport=httpx.MockTransport(handler))
-    reading = client.reading("up")
+    client = AsyncPrometheusClient(BASE, retries=2, backoff_s=0.0, transport=httpx.MockTransport(handler))
+    reading = reading_of(client, "up")
     assert isinstance(reading, Missing) and reading.kind is MissingKind.UNREACHABLE
     assert "unreachable after 3 tries" in reading.reason and len(calls) == 3
 
@@ -232,14 +222,11 @@ def test_a_slow_prometheus_does_not_block_the_event_loop() -> None:
     ],
 )
 def test_observe_marks_bad_answers_missing_never_fresh(body: Any, why: str) -> None:
-    client = PrometheusClient(BASE, retries=0, transport=answering(body))
-    obs, reason = observe(client, "vllm", "ns", "svc", 95, 3, 0, time.time())
+    client = AsyncPrometheusClient(BASE, retries=0, transport=answering(body))
+    obs, reason = asyncio.run(observe_async(client, "vllm", "ns", "svc", 95, 3, 0, time.time()))
     assert obs.stale and not obs.complete and obs.ttft_p_s is None
     assert reason is not None and why in reason
-    aclient = AsyncPrometheusClient(BASE, retries=0, transport=answering(body))
-    obs, reason = asyncio.run(observe_async(aclient, "vllm", "ns", "svc", 95, 3, 0, time.time()))
-    assert obs.stale and reason is not None and why in reason
-    assert sum(aclient.errors.values()) >= 1
+    assert sum(client.errors.values()) >= 1
 
 
 def test_observe_reads_a_healthy_answer() -> None:
@@ -255,17 +242,22 @@ def test_observe_reads_a_healthy_answer() -> None:
     assert math.isclose(obs.arrival_rate_per_s or 0.0, 0.2)
 
 
-def test_sync_timeouts_are_timeouts_and_stop_the_observation() -> None:
+def test_timeouts_are_timeouts_and_not_retried() -> None:
     calls = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         calls.append(request)
         raise httpx.ReadTimeout("slow", request=request)
 
-    client = PrometheusClient(BASE, timeout_s=0.5, retries=1, backoff_s=0.0, transport=httpx.MockTransport(handler))
-    reading = client.reading("up")
+    def client() -> AsyncPrometheusClient:
+        return AsyncPrometheusClient(
+            BASE, timeout_s=0.5, retries=1, backoff_s=0.0, transport=httpx.MockTransport(handler)
+        )
+
+    reading = reading_of(client(), "up")
     assert isinstance(reading, Missing) and reading.kind is MissingKind.TIMEOUT and "within 0.5s" in reading.reason
+    assert len(calls) == 1  # the deadline covers retries: a timed-out query is not asked again
     calls.clear()
-    obs, why = observe(client, "vllm", "ns", "svc", 95, 1, 0, time.time())
+    obs, why = asyncio.run(observe_async(client(), "vllm", "ns", "svc", 95, 1, 0, time.time()))
     assert obs.stale and why is not None and "did not answer" in why
-    assert len(calls) == 2  # the first query's two tries; the other queries are not waited on
+    assert len(calls) == len(queries(ENGINES["vllm"], "ns", "svc", 0.95, "1m"))  # each query once
