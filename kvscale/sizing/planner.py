@@ -41,18 +41,10 @@ class Prediction:
     cost_usd_per_hour: float
 
 
-@dataclass(frozen=True)
-class Feasible:
-    """A candidate that meets the SLO at the requested load: the chosen one or an alternative.
-
-    It carries the exact configuration the prediction was made for (chunk budget
-    included), so callers deploy or simulate `config` instead of rebuilding one.
-    """
+class _Configured:
+    """The names a candidate with a ServingConfig shows (Feasible and Outranked)."""
 
     config: ServingConfig
-    prediction: Prediction
-    verdict: Literal["chosen", "alternative"]
-    reason: str
 
     @property
     def gpu(self) -> str:
@@ -71,13 +63,27 @@ class Feasible:
         return self.config.kv.name
 
     @property
+    def label(self) -> str:
+        return f"{self.gpu} x{self.tensor_parallel} {self.precision}"
+
+
+@dataclass(frozen=True)
+class Feasible(_Configured):
+    """A candidate that meets the SLO at the requested load: the chosen one or an alternative.
+
+    It carries the exact configuration the prediction was made for (chunk budget
+    included), so callers deploy or simulate `config` instead of rebuilding one.
+    """
+
+    config: ServingConfig
+    prediction: Prediction
+    verdict: Literal["chosen", "alternative"]
+    reason: str
+
+    @property
     def max_num_batched_tokens(self) -> int:
         """The chunked-prefill token budget the prediction assumed (`--max-num-batched-tokens`)."""
         return self.config.max_num_batched_tokens
-
-    @property
-    def label(self) -> str:
-        return f"{self.gpu} x{self.tensor_parallel} {self.precision}"
 
     @property
     def total_gpus(self) -> int:
@@ -104,7 +110,7 @@ class Rejected:
 
 
 @dataclass(frozen=True)
-class Outranked:
+class Outranked(_Configured):
     """A candidate that passed every load-independent check but whose optimistic bound on
     the objective already loses to the fully ranked ones, so it was not evaluated in full."""
 
@@ -112,26 +118,6 @@ class Outranked:
     bound: float  # lower bound of the ranking metric ($/h, or seconds per request)
     reason: str
     verdict: Literal["outranked"] = "outranked"
-
-    @property
-    def gpu(self) -> str:
-        return self.config.gpu.name
-
-    @property
-    def tensor_parallel(self) -> int:
-        return self.config.tensor_parallel
-
-    @property
-    def precision(self) -> str:
-        return self.config.precision.name
-
-    @property
-    def kv_cache_precision(self) -> str:
-        return self.config.kv.name
-
-    @property
-    def label(self) -> str:
-        return f"{self.gpu} x{self.tensor_parallel} {self.precision}"
 
 
 Candidate = Feasible | Rejected | Outranked
