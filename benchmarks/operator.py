@@ -17,21 +17,19 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import re
 import statistics
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.cluster_probes import request_counts, rss_mib
 from kvscale.api import GROUP, PLURAL, VERSION
 from tests.cluster.harness import GPU_TAINT, KWOK_TAINT, Cluster, find_bins, node_objects, wait_until
 from tests.cluster.processes import Operator
@@ -48,31 +46,6 @@ LARGE_POOL = {
     ]
 }
 PODS, GPU_PODS, TIMED = 5000, 3000, 10
-_REQUEST = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def request_counts(cluster: Cluster) -> Counter[tuple[str, str]]:
-    """The API server's request counters by (verb, resource[/subresource]); watches left out."""
-    text = httpx.get(f"{cluster.server}/metrics", verify=cluster.admin_tls(), timeout=30).text
-    counts: Counter[tuple[str, str]] = Counter()
-    for line in text.splitlines():
-        m = _REQUEST.match(line)
-        if not m:
-            continue
-        labels = dict(_LABEL.findall(m["labels"]))
-        if labels.get("verb") == "WATCH":
-            continue
-        resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
-        counts[(labels.get("verb", ""), resource)] += int(float(m["value"]))
-    return counts
 
 
 def deployed(apps: client.AppsV1Api, name: str, namespace: str = "default") -> bool:
@@ -201,7 +174,7 @@ def timed_reconciles(cluster: Cluster, workdir: Path, label: str, pythonpath: st
         objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, warm)
         wait_until(lambda: deployed(apps, f"{label}-warm"), 300, "the first Deployment", interval_s=0.1)
         first = time.monotonic() - started
-        before = request_counts(cluster)
+        before = request_counts(cluster, watches=False)
         latencies = []
         for i in range(TIMED):
             body = copy.deepcopy(SAMPLE)
@@ -211,7 +184,7 @@ def timed_reconciles(cluster: Cluster, workdir: Path, label: str, pythonpath: st
             name = f"{label}-{i}"
             wait_until(lambda: deployed(apps, name), 120, "the Deployment", interval_s=0.02)  # noqa: B023
             latencies.append(time.monotonic() - start)
-        after = request_counts(cluster)
+        after = request_counts(cluster, watches=False)
         rss = rss_mib(operator.process.pid) if operator.process else float("nan")
     finally:
         operator.stop()

@@ -34,6 +34,7 @@ from kubernetes.client.rest import ApiException
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.cluster_probes import request_counts, rss_mib
 from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.sizing.units import parse_duration_s
 from tests.cluster.harness import Cluster, find_bins, wait_until
@@ -45,30 +46,6 @@ SAMPLE = yaml.safe_load((ROOT / "deploy" / "samples" / "custom-architecture.yaml
 RECOMMEND = yaml.safe_load((ROOT / "deploy" / "samples" / "mistral-7b-recommend.yaml").read_text())
 SERVICES = 200
 PROMETHEUS_DELAY_S = 10.0
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def request_counts(cluster: Cluster) -> Counter[tuple[str, str]]:
-    """apiserver_request_total summed by (verb, resource[/subresource])."""
-    text = httpx.get(f"{cluster.server}/metrics", verify=cluster.admin_tls(), timeout=30).text
-    out: Counter[tuple[str, str]] = Counter()
-    for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels_text, value = line[len("apiserver_request_total{") :].rsplit("} ", 1)
-        labels = dict(part.split("=", 1) for part in labels_text.split('",') if "=" in part)
-        labels = {k: v.strip('"') for k, v in labels.items()}
-        resource = labels.get("resource", "")
-        if labels.get("subresource"):
-            resource += "/" + labels["subresource"]
-        out[(labels.get("verb", ""), resource)] += int(float(value))
-    return out
 
 
 def idle_rates(cluster: Cluster, seconds: float) -> tuple[Counter[tuple[str, str]], float]:
