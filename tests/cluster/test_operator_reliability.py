@@ -129,10 +129,15 @@ def test_a_slow_prometheus_does_not_delay_another_resources_deployment(
     fake.delay_s, fake.answer = 10.0, vector("1")
     for i in range(20):  # recommend mode: planned and ticking against the slow Prometheus
         create(api, namespace, SAMPLES["mistral-7b-recommend"], f"ticking-{i}")
+    # Every one of them, not only the last created: each object's first tick is offset by its
+    # uid within the interval, so creation order says nothing about which ticks first.
     wait_until(
-        lambda: condition(api, namespace, "ticking-19", "MetricsAvailable").get("reason") == "MetricsMissing",
-        60,
-        "the last ticking service to time out on Prometheus",
+        lambda: all(
+            condition(api, namespace, f"ticking-{i}", "MetricsAvailable").get("reason") == "MetricsMissing"
+            for i in range(20)
+        ),
+        90,
+        "every ticking service to time out on Prometheus",
     )
     asked = fake.requests
     wait_until(lambda: fake.requests > asked, 30, "ticks waiting on the slow Prometheus")
