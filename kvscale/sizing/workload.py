@@ -1,16 +1,221 @@
-"""What the user asks for: a workload and a latency objective, in SI units."""
+"""What the user asks for: a workload and a latency objective, in SI units.
+
+A workload is a stream of requests whose prompt and output lengths follow distributions
+(`LengthDistribution`: weighted representative lengths, the mean-value workload being one
+point) and whose arrivals are more or less bursty than Poisson at short time scales
+(`Burstiness`: the index of dispersion of arrival counts over a window). `Workload(input,
+output, rate)` is still the mean-value workload: constant lengths, Poisson arrivals.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+# Probability edges of the bins a sample is summarized into: finer in the upper tail, where
+# the SLO percentile lives (the last bins hold the top 1% and 0.2%).
+SAMPLE_BIN_EDGES = (0.0, 0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.96, 0.99, 0.998, 1.0)
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """Token lengths as a discrete mixture: `tokens[i]` with probability `weights[i]`.
+
+    Each point stands for a bin of requests (its mean length), so the mean is exact and the
+    quantiles are those of the bins. `constant(n)` is the mean-value special case.
+    """
+
+    tokens: tuple[int, ...]
+    weights: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            raise ValueError("a length distribution needs at least one point")
+        if len(self.tokens) != len(self.weights):
+            raise ValueError(f"{len(self.tokens)} lengths but {len(self.weights)} weights: give one weight per length")
+        if any(t < 1 for t in self.tokens):
+            raise ValueError(f"every length must be at least 1 token, got {min(self.tokens)}")
+        if any(not (w >= 0 and math.isfinite(w)) for w in self.weights):
+            raise ValueError("weights must be finite and non-negative")
+        total = sum(self.weights)
+        if not total > 0:
+            raise ValueError("weights must not all be zero")
+        pairs = sorted(zip(self.tokens, self.weights, strict=True))
+        merged: dict[int, float] = {}
+        for t, w in pairs:
+            if w > 0:
+                merged[t] = merged.get(t, 0.0) + w / total
+        object.__setattr__(self, "tokens", tuple(merged))
+        object.__setattr__(self, "weights", tuple(merged.values()))
+
+    @classmethod
+    def constant(cls, tokens: int) -> LengthDistribution:
+        return cls((tokens,), (1.0,))
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[int], edges: Sequence[float] = SAMPLE_BIN_EDGES) -> LengthDistribution:
+        """Summarizes observed lengths: one point per probability bin (`edges`), at the bin's
+        mean length, so the mean is preserved and the tail keeps its own points."""
+        values = sorted(max(1, int(s)) for s in samples)
+        if not values:
+            raise ValueError("no samples to fit a length distribution from")
+        n = len(values)
+        tokens: list[int] = []
+        weights: list[float] = []
+        for lo, hi in itertools.pairwise(edges):
+            a, b = round(lo * n), round(hi * n)
+            if b <= a:
+                continue
+            chunk = values[a:b]
+            tokens.append(max(1, round(sum(chunk) / len(chunk))))
+            weights.append(len(chunk) / n)
+        return cls(tuple(tokens), tuple(weights))
+
+    @classmethod
+    def from_histogram(cls, upper_bounds: Sequence[float], counts: Sequence[float]) -> LengthDistribution:
+        """From a cumulative-free histogram (Prometheus buckets after differencing): bucket i
+        holds counts[i] requests of length in (upper_bounds[i-1], upper_bounds[i]]; each is
+        placed at its midpoint (the first bucket at half its bound, an infinite one at twice
+        the last finite bound)."""
+        if len(upper_bounds) != len(counts):
+            raise ValueError("give one count per bucket bound")
+        tokens: list[int] = []
+        weights: list[float] = []
+        lower = 0.0
+        finite = [b for b in upper_bounds if math.isfinite(b)]
+        for bound, count in zip(upper_bounds, counts, strict=True):
+            top = bound if math.isfinite(bound) else 2.0 * (finite[-1] if finite else 1.0)
+            if count > 0:
+                tokens.append(max(1, round((lower + top) / 2.0)))
+                weights.append(float(count))
+            lower = top
+        if not tokens:
+            raise ValueError("the histogram is empty")
+        return cls(tuple(tokens), tuple(weights))
+
+    @property
+    def mean(self) -> float:
+        return sum(t * w for t, w in zip(self.tokens, self.weights, strict=True))
+
+    @property
+    def max(self) -> int:
+        return self.tokens[-1]
+
+    @property
+    def is_constant(self) -> bool:
+        return len(self.tokens) == 1
+
+    @property
+    def points(self) -> tuple[tuple[int, float], ...]:
+        return tuple(zip(self.tokens, self.weights, strict=True))
+
+    def quantile(self, q: float) -> int:
+        """The smallest length with at least q of the mass at or below it (q in [0, 1])."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be in [0, 1], got {q}")
+        acc = 0.0
+        for t, w in self.points:
+            acc += w
+            if acc >= q - 1e-12:
+                return t
+        return self.tokens[-1]
+
+    def scaled(self, factor: float) -> LengthDistribution:
+        """Every length times `factor` (at least 1 token): a length mix that drifted."""
+        return LengthDistribution(tuple(max(1, round(t * factor)) for t in self.tokens), self.weights)
+
+
+@dataclass(frozen=True)
+class Burstiness:
+    """How bursty arrivals are at a short time scale: the index of dispersion (variance over
+    mean) of the number of arrivals in windows of `window_s`. 1 is Poisson; batch
+    submissions of N requests give about N; below 1 is smoother than Poisson."""
+
+    index_of_dispersion: float = 1.0
+    window_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not (self.index_of_dispersion > 0 and math.isfinite(self.index_of_dispersion)):
+            raise ValueError(f"index of dispersion must be positive, got {self.index_of_dispersion}")
+        if not self.window_s > 0:
+            raise ValueError(f"burstiness window must be positive, got {self.window_s}")
+
+    @classmethod
+    def poisson(cls) -> Burstiness:
+        return cls()
+
+    @property
+    def is_poisson(self) -> bool:
+        return abs(self.index_of_dispersion - 1.0) < 1e-9
+
+    def dispersion_at(self, window_s: float) -> float:
+        """The index of dispersion over another window length. Bursts last about `window_s`:
+        over longer windows whole bursts are counted and the excess over Poisson stays;
+        over shorter ones a burst is cut and its excess shrinks in proportion."""
+        excess = self.index_of_dispersion - 1.0
+        if window_s >= self.window_s:
+            return self.index_of_dispersion
+        return 1.0 + excess * window_s / self.window_s
+
+    def arrivals_at_percentile(self, rate_per_s: float, window_s: float, percentile: float) -> float:
+        """Arrivals within `window_s` not exceeded in `percentile` % of windows: the mean
+        rate x window plus z standard deviations, the variance being dispersion x mean."""
+        mean = rate_per_s * window_s
+        if mean <= 0:
+            return 0.0
+        z = NormalDist().inv_cdf(percentile / 100.0)
+        return max(0.0, mean + z * math.sqrt(self.dispersion_at(window_s) * mean))
+
+    @staticmethod
+    def from_arrivals(times_s: Sequence[float], window_s: float = 5.0) -> Burstiness:
+        """Fits the index of dispersion of arrival counts over windows of `window_s`.
+
+        Windows are counted over the span of the arrivals; the slow drift of the rate is
+        taken out by comparing each window with the mean of its minute, so a daily ramp
+        does not read as burstiness."""
+        if len(times_s) < 2:
+            return Burstiness(1.0, window_s)
+        start = min(times_s)
+        span = max(times_s) - start
+        n_windows = max(1, int(span // window_s) + 1)
+        counts = [0] * n_windows
+        for t in times_s:
+            counts[min(n_windows - 1, int((t - start) // window_s))] += 1
+        group = max(1, round(60.0 / window_s))
+        weighted = 0.0
+        weight = 0
+        for g in range(0, n_windows, group):
+            block = counts[g : g + group]
+            arrivals = sum(block)
+            if len(block) < 2 or arrivals == 0:
+                continue
+            mean = arrivals / len(block)
+            var = sum((c - mean) ** 2 for c in block) / (len(block) - 1)
+            weighted += var / mean * arrivals
+            weight += arrivals
+        if weight == 0:
+            return Burstiness(1.0, window_s)
+        dispersion = weighted / weight
+        return Burstiness(max(dispersion, 0.05), window_s)
 
 
 @dataclass(frozen=True)
 class Workload:
+    """Requests of `input_tokens` prompt and `output_tokens` output (the means) arriving at
+    `requests_per_s`; optionally their length distributions and burstiness (see
+    `Workload.of`). Without them: constant lengths and Poisson arrivals."""
+
     input_tokens: int
     output_tokens: int
     requests_per_s: float
     max_context_tokens: int | None = None  # default: input + output, at least what the model needs
+    input_lengths: LengthDistribution | None = field(default=None, compare=True)
+    output_lengths: LengthDistribution | None = field(default=None, compare=True)
+    burstiness: Burstiness | None = None
+    prefix_cache_hit_share: float = 0.0  # share of prompt tokens served from the prefix cache
 
     def __post_init__(self) -> None:
         if self.input_tokens < 1:
@@ -24,6 +229,57 @@ class Workload:
                 f"max context {self.max_context_tokens} is shorter than input + output "
                 f"({self.input_tokens + self.output_tokens}); raise it or shorten the request"
             )
+        for name, dist, mean in (
+            ("input", self.input_lengths, self.input_tokens),
+            ("output", self.output_lengths, self.output_tokens),
+        ):
+            if dist is not None and abs(dist.mean - mean) > max(1.0, 0.01 * mean):
+                raise ValueError(
+                    f"{name} tokens {mean} differ from the mean of the {name} length distribution "
+                    f"({dist.mean:.1f}); build the workload with Workload.of(...)"
+                )
+        if not 0.0 <= self.prefix_cache_hit_share < 1.0:
+            raise ValueError(f"prefix-cache hit share must be in [0, 1), got {self.prefix_cache_hit_share}")
+
+    @classmethod
+    def of(
+        cls,
+        input_lengths: LengthDistribution,
+        output_lengths: LengthDistribution,
+        requests_per_s: float,
+        max_context_tokens: int | None = None,
+        burstiness: Burstiness | None = None,
+        prefix_cache_hit_share: float = 0.0,
+    ) -> Workload:
+        """A workload from its length distributions (the means become input/output tokens)."""
+        return cls(
+            max(1, round(input_lengths.mean)),
+            max(1, round(output_lengths.mean)),
+            requests_per_s,
+            max_context_tokens,
+            input_lengths,
+            output_lengths,
+            burstiness,
+            prefix_cache_hit_share,
+        )
+
+    @property
+    def inputs(self) -> LengthDistribution:
+        """The prompt length distribution (constant at the mean when none was given)."""
+        return self.input_lengths or LengthDistribution.constant(self.input_tokens)
+
+    @property
+    def outputs(self) -> LengthDistribution:
+        return self.output_lengths or LengthDistribution.constant(self.output_tokens)
+
+    @property
+    def arrivals(self) -> Burstiness:
+        return self.burstiness or Burstiness.poisson()
+
+    @property
+    def is_mean_value(self) -> bool:
+        """Constant lengths, Poisson arrivals: today's single typical request."""
+        return self.inputs.is_constant and self.outputs.is_constant and self.arrivals.is_poisson
 
     @property
     def context_tokens(self) -> int:
@@ -37,7 +293,32 @@ class Workload:
 
     @property
     def engine_max_context_tokens(self) -> int:
-        return self.max_context_tokens or self.context_tokens
+        longest = self.inputs.max + self.outputs.max if not self.is_mean_value else self.context_tokens
+        return self.max_context_tokens or max(longest, self.context_tokens)
+
+    # Demand in work units -------------------------------------------------------------
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """Prompt tokens the fleet must compute per second (after prefix-cache hits)."""
+        return self.requests_per_s * self.inputs.mean * (1.0 - self.prefix_cache_hit_share)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Output tokens the fleet must generate per second."""
+        return self.requests_per_s * self.outputs.mean
+
+    def at_rate(self, requests_per_s: float) -> Workload:
+        """The same mix and burstiness at another request rate."""
+        return Workload(
+            self.input_tokens,
+            self.output_tokens,
+            requests_per_s,
+            self.max_context_tokens,
+            self.input_lengths,
+            self.output_lengths,
+            self.burstiness,
+            self.prefix_cache_hit_share,
+        )
 
 
 @dataclass(frozen=True)
