@@ -1,6 +1,6 @@
 """How close kvscale's model is to published measurements. Prints five tables:
 
-1. the figures in shared/reference/published-figures.md (vLLM-era articles), as before;
+1. the figures in benchmarks/data/reference/published-figures.md (vLLM-era articles), as before;
 2. the TensorRT-LLM 0.9.0 static table by GPU, tensor-parallel degree and regime (small
    batch <= 8, long prompt 2048 in, large batch otherwise), with the tensorrt-llm profile;
 3. memory: rows that ran which the model calls "does not fit";

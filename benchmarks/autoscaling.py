@@ -1,4 +1,4 @@
-"""The autoscaling trace suite: every policy, both routings, on the shared traces at several
+"""The autoscaling trace suite: every policy, both routings, on the bundled traces at several
 rate scales and on the seeded load generators, for several model/GPU pairs, at a p99 SLO.
 
 Per case it prints a table (SLO attainment, GPU-hours, GPU-hours over the oracle and over the
@@ -36,7 +36,7 @@ from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.workload import Slo, Workload
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parent / "data" / "traces"
 POLICIES = ("kvscale", "static", "hpa", "keda", "saturation")
 ROUTINGS = ("service", "gateway")
 HEADROOM = 0.10
@@ -53,7 +53,7 @@ class Case:
     tp: int
     ttft_s: float
     tpot_s: float
-    load: str  # a trace file name under shared/traces, or a generator spec
+    load: str  # a trace file name under benchmarks/data/traces, or a generator spec
     rate_scale: float = 1.0
     weights_cached: bool = False  # the cold start includes downloading the weights unless cached
     seed: int = 0

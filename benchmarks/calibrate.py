@@ -344,9 +344,7 @@ def main() -> None:
             allerr = np.concatenate([errs[metric] for errs in cv.values()])
             print("  " + summarize(f"all held out: {metric}", allerr))
     if args.write:
-        source = (
-            f"benchmarks/calibrate.py least squares over shared/reference/trtllm-0.9.0-static.csv ({len(rows)} rows)"
-        )
+        source = f"benchmarks/calibrate.py least squares over benchmarks/data/reference/trtllm-0.9.0-static.csv ({len(rows)} rows)"
         write_catalog(c, theta, source)
         default_catalog.cache_clear()
         fresh = load_catalog()

@@ -1,4 +1,4 @@
-"""Readers for the published measurements in shared/reference: the TensorRT-LLM 0.9.0
+"""Readers for the published measurements in benchmarks/data/reference: the TensorRT-LLM 0.9.0
 static-batching table and the NIM closed-loop sweeps, mapped onto kvscale catalog names."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-REFERENCE = Path(__file__).resolve().parent / "data" / "reference"  # copies of shared/reference
+REFERENCE = Path(__file__).resolve().parent / "data" / "reference"  # copies of benchmarks/data/reference
 STATIC_CSV = REFERENCE / "trtllm-0.9.0-static.csv"
 SWEEPS_CSV = REFERENCE / "nim-genai-perf-sweeps.csv"
 

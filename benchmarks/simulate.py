@@ -1,4 +1,4 @@
-"""Every policy on the shared Azure conversation trace at two load scales.
+"""Every policy on the Azure conversation trace at two load scales.
 
 Prints the comparison table per scale, the wall time of each policy's simulated hour, and
 whether kvscale met the goal: >= 99% SLO attainment, GPU-hours within 1.2x of the oracle,
@@ -25,7 +25,7 @@ from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.workload import Slo
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-conv-2023.csv"
+TRACE = Path(__file__).resolve().parent / "data" / "traces" / "azure-llm-conv-2023.csv"
 MODEL, GPU, MAX_BATCH = "llama-3.1-8b", "L40S", 256
 SLO = Slo(ttft_s=1.0, tpot_s=0.05, percentile=99.0)
 SCALES = (1.0, 4.0)

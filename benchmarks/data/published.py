@@ -1,4 +1,4 @@
-"""Published figures (shared/reference/published-figures.md) and the model's answer to each.
+"""Published figures (benchmarks/data/reference/published-figures.md) and the model's answer to each.
 
 Used by the accuracy tests (each figure within its stated tolerance) and by
 benchmarks/accuracy.py (the table with median and 90th-percentile error). Figures the

@@ -20,7 +20,7 @@ from kvscale.sizing.workload import Slo, Workload
 CAT = default_catalog()
 CFG = ServingConfig.build(CAT, CAT.model("llama-3.1-8b"), CAT.gpu("L40S"), "bf16", 1)
 SLO = Slo(1.0, 0.05)
-SHARED_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure-llm-conv-2023.csv"
+TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "traces"  # in the repository
 
 
 def synthetic(n: int = 600, rate: float = 6.0, seed: int = 1) -> list[TraceRequest]:
@@ -154,11 +154,14 @@ def test_rate_and_time_scaling() -> None:
         rate_scale(trace, 0)
 
 
-def test_shared_trace_reads() -> None:
-    trace = read_trace(SHARED_TRACE)
+def test_bundled_traces_read() -> None:
+    trace = read_trace(TRACES / "azure-llm-conv-2023.csv")
     assert len(trace) == 19366
     assert 3000 < trace[-1].arrival_s < 4000
     assert math.isclose(trace[0].arrival_s, 0.0)
+    mooncake = read_trace(TRACES / "mooncake-synthetic.jsonl")
+    assert len(mooncake) == 3993
+    assert 900 < mooncake[-1].arrival_s < 1200
 
 
 def test_closed_loop_releases_the_next_request_when_the_last_finishes() -> None:

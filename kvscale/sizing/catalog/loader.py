@@ -54,7 +54,7 @@ class GpuSpec(_Frozen):
     bandwidth_efficiency: Efficiency = Field(gt=0, le=1)
     source: str
     efficiency_source: str = Field(
-        default="assumed: datasheet-class priors (no measurements of this GPU in shared/reference)",
+        default="assumed: datasheet-class priors (no measurements of this GPU in benchmarks/data/reference)",
         description="Where matmul_efficiency and bandwidth_efficiency come from",
     )
 
