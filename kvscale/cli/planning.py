@@ -114,7 +114,8 @@ def plan_cmd(
         )
     except ContextLimitError as exc:
         fail(str(exc))
-    precisions = _with_checkpoints(cat, arch, precisions, source)
+    served = served_id(model)
+    precisions = _with_checkpoints(cat, arch, precisions, served, source)
     try:
         workload = Workload(tokens(input_tokens, "--input"), tokens(output_tokens, "--output"), rps, context)
         slo = make_slo(ttft, tpot, percentile)
@@ -134,7 +135,7 @@ def plan_cmd(
         engine=engine,
     )
     result = plan(cat, request)
-    launch = _launch(result, source)
+    launch = _launch(result, served, source)
     command, args = engine_command(launch.launch) if launch else ([], None)
     if as_json:
         out = plan_to_dict(result, args)
@@ -153,14 +154,21 @@ def plan_cmd(
         raise typer.Exit(EXIT_INFEASIBLE)
 
 
+def served_id(model: str) -> str | None:
+    """The id the user typed, kept as what the engine loads (as the operator keeps
+    spec.model.name): `-m meta-llama/Llama-3.1-8B-Instruct` serves the Instruct checkpoint, not
+    the catalog's default one. None for a catalog name or an architecture file."""
+    return None if model.endswith((".yaml", ".yml", ".json")) or "/" not in model else model
+
+
 def _with_checkpoints(
-    cat: Catalog, arch: ModelArch, precisions: tuple[str, ...], source: str | None
+    cat: Catalog, arch: ModelArch, precisions: tuple[str, ...], served: str | None, source: str | None
 ) -> tuple[str, ...]:
     """The precisions a checkpoint exists for; exit 2 naming --source when none has one."""
     usable, errors = [], []
     for p in precisions:
         try:
-            resolve_checkpoint(arch, cat.precision(p), requested_source(arch.name, source, p), "--source")
+            resolve_checkpoint(arch, cat.precision(p), requested_source(served, source, p), "--source")
         except CheckpointError as exc:
             errors.append(str(exc))
         else:
@@ -170,7 +178,7 @@ def _with_checkpoints(
     return tuple(usable)
 
 
-def _launch(result: Plan, source: str | None) -> PlannedLaunch | None:
+def _launch(result: Plan, served: str | None, source: str | None) -> PlannedLaunch | None:
     """The chosen plan as the engine runs it: checkpoint, longest request served, command line."""
     c = result.chosen
     if c is None:
@@ -178,7 +186,7 @@ def _launch(result: Plan, source: str | None) -> PlannedLaunch | None:
     r = result.request
     return plan_launch(
         c.config,
-        requested_source(r.model.name, source, c.precision),
+        requested_source(served, source, c.precision),
         r.workload.max_context_tokens,
         r.workload.context_tokens,
         c.prediction.max_batch,
