@@ -2,8 +2,85 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
+
+
+@dataclass(frozen=True)
+class LengthHistogram:
+    """Requests per token-length bucket, as an engine's length histogram counts them over a
+    window: `counts[i]` requests (or requests/s) of length in (upper_bounds[i-1],
+    upper_bounds[i]]; the last bound may be infinite."""
+
+    upper_bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.upper_bounds) != len(self.counts):
+            raise ValueError(f"{len(self.upper_bounds)} bucket bounds but {len(self.counts)} counts")
+        if list(self.upper_bounds) != sorted(self.upper_bounds):
+            raise ValueError("bucket bounds must increase")
+        if any(not (c >= 0 and math.isfinite(c)) for c in self.counts):
+            raise ValueError("bucket counts must be finite and non-negative")
+
+    @classmethod
+    def from_cumulative(cls, buckets: list[tuple[float, float]]) -> LengthHistogram | None:
+        """From Prometheus's cumulative (le, count) pairs, in any order; None when empty. A
+        count below the previous bucket's (counters reset between scrapes) counts as none."""
+        ordered = sorted(buckets)
+        bounds, counts, below = [], [], 0.0
+        for le, cumulative in ordered:
+            if not math.isfinite(cumulative):
+                return None
+            bounds.append(le)
+            counts.append(max(0.0, cumulative - below))
+            below = max(below, cumulative)
+        if not counts or sum(counts) <= 0:
+            return None
+        return cls(tuple(bounds), tuple(counts))
+
+    @property
+    def total(self) -> float:
+        return sum(self.counts)
+
+    def quantile(self, q: float) -> float:
+        """Prometheus's histogram_quantile: linear within the bucket that holds rank q; in the
+        open last bucket, its lower bound."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be in [0, 1], got {q}")
+        rank, below, lower = q * self.total, 0.0, 0.0
+        for bound, count in zip(self.upper_bounds, self.counts, strict=True):
+            if count > 0 and below + count >= rank:
+                if math.isinf(bound):
+                    return lower
+                return lower + (bound - lower) * (rank - below) / count
+            below += count
+            lower = bound if math.isfinite(bound) else lower
+        return lower
+
+
+@dataclass(frozen=True)
+class ObservedWorkload:
+    """The work that arrived over a window longer than a tick's (minutes), with the peaks of
+    a short-window rate over the last hour and day: what the service is re-planned for."""
+
+    time_s: float
+    window_s: float  # the window the rates, means and histograms cover
+    requests_per_s: float | None = None
+    input_tokens_mean: float | None = None
+    output_tokens_mean: float | None = None
+    prompt_lengths: LengthHistogram | None = None
+    output_lengths: LengthHistogram | None = None
+    prompt_tokens_per_s: float | None = None  # every prompt token, cached or not
+    prefill_tokens_per_s: float | None = None  # prompt tokens computed: after prefix-cache hits
+    decode_tokens_per_s: float | None = None
+    prefix_cache_hit_ratio: float | None = None  # of the prompt tokens looked up, found in the cache
+    peak_window_s: float | None = None  # the short window of the peak rates below
+    peak_requests_per_s_1h: float | None = None
+    peak_requests_per_s_1d: float | None = None
+    peak_prefill_tokens_per_s_1h: float | None = None
+    peak_prefill_tokens_per_s_1d: float | None = None
 
 
 @dataclass(frozen=True)
@@ -28,6 +105,13 @@ class Observation:
     # Start-to-ready seconds of replicas that became ready since the previous tick (pod
     # creation to Ready): what the policy learns its cold start from.
     started_to_ready_s: tuple[float, ...] = ()
+    # Work units over the tick's window (None: the engine does not export them, or no data).
+    prompt_tokens_per_s: float | None = None  # every prompt token, cached or not
+    prefill_tokens_per_s: float | None = None  # prompt tokens computed: after prefix-cache hits
+    decode_tokens_per_s: float | None = None  # generated tokens
+    prefix_cache_hit_ratio: float | None = None  # of the prompt tokens looked up, found in the cache
+    # The slower, longer-window view (length distributions, peaks), refreshed every few ticks.
+    workload: ObservedWorkload | None = None
 
     @property
     def complete(self) -> bool:

@@ -17,7 +17,12 @@ def sim_serve(
     namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
     port: Annotated[int, typer.Option(help="Port of the /metrics endpoint (on 127.0.0.1).")] = 9400,
     load_profile: Annotated[
-        str, typer.Option("--load", help="constant:R, ramp:R0:R1:SECONDS, steps:R0@T0,R1@T1,... or trace:FILE")
+        str,
+        typer.Option(
+            "--load",
+            help="constant:R, ramp:R0:R1:SECONDS, steps:R0@T0,R1@T1,... or trace:FILE; "
+            "append ;lengths:IN/OUT@T,... to change prompt/output lengths over time",
+        ),
     ] = "constant:1",
     cold_start: Annotated[str, typer.Option("--cold-start", help="Time before a new pod serves.")] = "30s",
     seed: Annotated[int, typer.Option(help="Seed of the arrival process.")] = 0,
@@ -71,7 +76,7 @@ MAX_STANDIN_RATE = 10_000.0
 def _check_profile_numbers(text: str) -> None:
     """Rates finite in [0, MAX_STANDIN_RATE], times finite and >= 0, a ramp's span positive:
     parse_profile reads the shapes, this refuses the numbers that would fail mid-run."""
-    kind, _, rest = text.partition(":")
+    kind, _, rest = text.partition(";")[0].partition(":")
     if kind == "trace":
         return
     if kind == "steps":

@@ -251,6 +251,19 @@ class AsyncPrometheusClient:
                 last = exc
         raise self._unreachable(promql, self.retries + 1, last)
 
+    async def vector(self, promql: str, timeout_s: float | None = None) -> list[Sample] | Missing:
+        """Every series of the answer (a histogram's buckets by `le`, say), or a Missing that
+        says why; never raises for Prometheus's answers. No series is EMPTY."""
+        try:
+            samples = await self.query(promql, timeout_s)
+        except PrometheusError as exc:
+            missing = Missing(exc.kind, str(exc))
+            self._count(missing)
+            return missing
+        if not samples:
+            return Missing(MissingKind.EMPTY, f"no data for {short(promql)}")
+        return samples
+
     async def scalar(self, promql: str, minimum: float = 0.0, timeout_s: float | None = None) -> float | Missing:
         """One value, or a Missing that says why; never raises for Prometheus's answers."""
         try:

@@ -9,13 +9,33 @@ Checked against the engines' source:
   vllm:inter_token_latency_seconds once per token gap (its tail carries prefill stalls).
   vLLM 0.33.0 keeps the names and the buckets (vllm/v1/metrics/buckets.py) and drops
   vllm:time_per_output_token_seconds and vllm:gpu_cache_usage_perc.
+  Work counters (prometheus_client adds `_total` to a Counter's name): vllm:prompt_tokens
+  counts every prompt token once, when its request's prefill completes (stats.py
+  IterationStats.update_from_output: num_prompt_tokens += prompt_len), cached or not;
+  vllm:generation_tokens every generated token. vllm:prefix_cache_queries / _hits count
+  tokens looked up in the prefix cache and found there (v1/core/kv_cache_manager.py
+  get_computed_blocks: queries += request.num_tokens, hits += num_new_computed_tokens; a
+  request that waits is looked up again each step it is tried, so both grow together and
+  only their ratio means something). vllm:gpu_prefix_cache_* are the pre-0.9.2 names,
+  shown in 0.11 only with --show-hidden-metrics-for-version=0.10. Length histograms
+  vllm:request_prompt_tokens / vllm:request_generation_tokens are observed once per
+  finished request, buckets 1, 2, 5, 10, ... up to max_model_len.
 - SGLang 0.5.23 sglang/srt/observability/metrics_collector.py: exported only with
   --enable-metrics; sglang:request_time_per_output_token_seconds is per request;
   token histograms are sglang:prompt_tokens_histogram / sglang:generation_tokens_histogram.
-- TGI 3.3.7 (per kvscale DESIGN.md; TGI is not on PyPI): tgi_request_queue_duration is queue
+  observe_one_finished_request counts sglang:prompt_tokens_total and
+  sglang:generation_tokens_total per finished request (label is_streaming), and the prompt
+  tokens served from the prefix cache in sglang:cached_tokens_total (label cache_source:
+  device/host/storage, or total; summed here): every prompt token is looked up, so the
+  hit ratio is cached over prompt tokens. SGLang 0.5.3 sglang/srt/metrics/collector.py has
+  the same five names.
+- TGI 3.3.7 (per kvscale DESIGN.md; TGI is not on PyPI and its router is not on crates.io,
+  so this table was not checked against TGI's source): tgi_request_queue_duration is queue
   time only, so TGI has no TTFT histogram: kvscale reports TTFT as unavailable rather than a
   number that reads low by the whole prefill. tgi_request_mean_time_per_token_duration is
-  per request.
+  per request. No token counters and no prefix-cache counter are known for TGI: its token
+  rates are read from the length histograms' sums (finished requests only) and its prefill
+  work counts every prompt token.
 """
 
 from __future__ import annotations
@@ -126,10 +146,14 @@ class EngineMetrics:
     labels: tuple[str, ...] = ()
     buckets_s: dict[str, tuple[float, ...]] = field(default_factory=dict)
     ttft_unavailable_reason: str | None = None
-    # Read by no query today, exposed by the stand-in (counters with their `_total`):
-    e2e_histogram: tuple[str, ...] = ()
+    # Work counters, with their `_total`: prompt and generated tokens, and the prefix cache's
+    # token lookups and hits. No queries counter: every prompt token is looked up (SGLang).
     prompt_tokens_counter: tuple[str, ...] = ()
     generation_tokens_counter: tuple[str, ...] = ()
+    prefix_cache_queries_counter: tuple[str, ...] = ()
+    prefix_cache_hits_counter: tuple[str, ...] = ()
+    # Read by no query today, exposed by the stand-in:
+    e2e_histogram: tuple[str, ...] = ()
     preemptions_counter: tuple[str, ...] = ()
 
     def tpot_source(self, per_request_present: bool) -> str:
@@ -154,6 +178,8 @@ ENGINES: dict[str, EngineMetrics] = {
         e2e_histogram=("vllm:e2e_request_latency_seconds",),
         prompt_tokens_counter=("vllm:prompt_tokens_total",),
         generation_tokens_counter=("vllm:generation_tokens_total",),
+        prefix_cache_queries_counter=("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+        prefix_cache_hits_counter=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
         preemptions_counter=("vllm:num_preemptions_total",),
         buckets_s={
             "vllm:time_to_first_token_seconds": VLLM_TTFT_BUCKETS_S,
@@ -173,6 +199,9 @@ ENGINES: dict[str, EngineMetrics] = {
         success_counter=("sglang:num_requests_total",),
         prompt_tokens_histogram=("sglang:prompt_tokens_histogram",),
         generation_tokens_histogram=("sglang:generation_tokens_histogram",),
+        prompt_tokens_counter=("sglang:prompt_tokens_total",),
+        generation_tokens_counter=("sglang:generation_tokens_total",),
+        prefix_cache_hits_counter=("sglang:cached_tokens_total",),
         labels=("model_name",),
     ),
     "tgi": EngineMetrics(

@@ -10,14 +10,22 @@ from __future__ import annotations
 import asyncio
 import math
 
-from kvscale.autoscaling.observation import Observation
-from kvscale.metrics.client import AsyncPrometheusClient, Missing
+from kvscale.autoscaling.observation import LengthHistogram, Observation, ObservedWorkload
+from kvscale.metrics.client import AsyncPrometheusClient, Missing, MissingKind, Sample
 from kvscale.metrics.engines import ENGINES, EngineMetrics
-from kvscale.metrics.promql import queries
+from kvscale.metrics.promql import PEAK_LOOKBACKS, queries, workload_queries
 
 # Values each query may take below zero: the sample age may read slightly negative when
 # clocks differ; every other quantity (rates, latencies, counts, usage) is non-negative.
 _MINIMUM = {"age": -math.inf}
+
+
+def prefill_tokens_per_s(prompt_tokens_per_s: float | None, hit_ratio: float | None) -> float | None:
+    """Prompt tokens the engines compute: those not found in the prefix cache. A missing hit
+    ratio (no counter, no lookups in the window) discounts nothing: more work, never less."""
+    if prompt_tokens_per_s is None:
+        return None
+    return prompt_tokens_per_s * (1.0 - min(1.0, max(0.0, hit_ratio or 0.0)))
 
 
 def _assemble(
@@ -60,6 +68,13 @@ def _assemble(
             stale=stale,
             tpot_source=None if numbers.get("tpot") is None else metrics.tpot_source(per_request),
             ttft_source=metrics.ttft_unavailable_reason,
+            waiting_max=numbers.get("waiting_max"),
+            prompt_tokens_per_s=numbers.get("prompt_tokens_rate"),
+            prefill_tokens_per_s=prefill_tokens_per_s(
+                numbers.get("prompt_tokens_rate"), numbers.get("prefix_cache_hit_ratio")
+            ),
+            decode_tokens_per_s=numbers.get("generation_tokens_rate"),
+            prefix_cache_hit_ratio=numbers.get("prefix_cache_hit_ratio"),
         ),
         why,
     )
@@ -87,3 +102,94 @@ async def observe_async(
     return _assemble(
         ENGINES[engine], dict(zip(keys, answers, strict=True)), ready_replicas, starting_replicas, now_s, stale_after_s
     )
+
+
+def _histogram(reading: list[Sample] | Missing) -> LengthHistogram | None:
+    """A length histogram from the answer's (le, cumulative rate) series; None when there is
+    none or a series has no readable `le`."""
+    if isinstance(reading, Missing):
+        return None
+    pairs = []
+    for sample in reading:
+        try:
+            pairs.append((float(sample.labels["le"]), sample.value))
+        except (KeyError, ValueError):
+            return None
+    return LengthHistogram.from_cumulative(pairs)
+
+
+def _window_s(window: str) -> float:
+    return float(window[:-1]) * {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}[window[-1]]
+
+
+def assemble_workload(
+    values: dict[str, float | Missing], histograms: dict[str, list[Sample] | Missing], now_s: float, window: str,
+    peak_window: str,
+) -> tuple[ObservedWorkload | None, str | None]:  # fmt: skip
+    """The observed workload from the answers, and why parts are missing (None: all there).
+    Errors leave the workload out entirely (None): a re-plan never follows a half-read."""
+    errors = [f"{k}: {v.reason}" for k, v in (values | histograms).items() if isinstance(v, Missing) and v.is_error]
+    if errors:
+        return None, errors[0] + (f" (and {len(errors) - 1} more queries)" if len(errors) > 1 else "")
+    n = {k: v for k, v in values.items() if not isinstance(v, Missing)}
+    ratio = n.get("prefix_cache_hit_ratio")
+    ratio = None if ratio is None else min(1.0, ratio)
+    discount = 1.0 - (ratio or 0.0)
+    lookbacks = [lookback for lookback, _ in PEAK_LOOKBACKS]
+
+    def scaled(key: str) -> float | None:
+        value = n.get(key)
+        return None if value is None else value * discount
+
+    workload = ObservedWorkload(
+        time_s=now_s,
+        window_s=_window_s(window),
+        requests_per_s=n.get("rate"),
+        input_tokens_mean=n.get("input_tokens"),
+        output_tokens_mean=n.get("output_tokens"),
+        prompt_lengths=_histogram(histograms.get("prompt_lengths", Missing(MissingKind.EMPTY, ""))),
+        output_lengths=_histogram(histograms.get("output_lengths", Missing(MissingKind.EMPTY, ""))),
+        prompt_tokens_per_s=n.get("prompt_tokens_rate"),
+        prefill_tokens_per_s=prefill_tokens_per_s(n.get("prompt_tokens_rate"), ratio),
+        decode_tokens_per_s=n.get("generation_tokens_rate"),
+        prefix_cache_hit_ratio=ratio,
+        peak_window_s=_window_s(peak_window),
+        peak_requests_per_s_1h=n.get(f"peak_requests_{lookbacks[0]}"),
+        peak_requests_per_s_1d=n.get(f"peak_requests_{lookbacks[1]}"),
+        # The window's hit ratio applied to the peak: the cache hits of the peak are not read.
+        peak_prefill_tokens_per_s_1h=scaled(f"peak_prompt_tokens_{lookbacks[0]}"),
+        peak_prefill_tokens_per_s_1d=scaled(f"peak_prompt_tokens_{lookbacks[1]}"),
+    )
+    missing = [k for k in ("rate", "input_tokens", "output_tokens") if k not in n]
+    return workload, (f"no data for {', '.join(missing)}" if missing else None)
+
+
+async def observe_workload_async(
+    client: AsyncPrometheusClient,
+    engine: str,
+    namespace: str,
+    name: str,
+    now_s: float,
+    window: str = "10m",
+    peak_window: str = "1m",
+    deadline_s: float | None = None,
+) -> tuple[ObservedWorkload | None, str | None]:
+    """The workload over `window` with its hour and day peaks, all queries at once within the
+    deadline; never raises (a failed query leaves the workload None and says why)."""
+    built = workload_queries(ENGINES[engine], namespace, name, window, peak_window)
+    budget = client.timeout_s if deadline_s is None else deadline_s
+    vectors = [k for k in built if k.endswith("_lengths")]
+    scalars = [k for k in built if k not in vectors]
+    answers = await asyncio.gather(
+        *(client.scalar(built[k], 0.0, timeout_s=budget) for k in scalars),
+        *(client.vector(built[k], timeout_s=budget) for k in vectors),
+    )
+    values: dict[str, float | Missing] = {}
+    for key, answer in zip(scalars, answers[: len(scalars)], strict=True):
+        assert not isinstance(answer, list)
+        values[key] = answer
+    histograms: dict[str, list[Sample] | Missing] = {}
+    for key, answer in zip(vectors, answers[len(scalars) :], strict=True):
+        assert not isinstance(answer, float)
+        histograms[key] = answer
+    return assemble_workload(values, histograms, now_s, window, peak_window)

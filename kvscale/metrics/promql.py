@@ -38,6 +38,45 @@ def gauge_avg(names: tuple[str, ...], selector: str) -> str:
     return _first(names, f'avg({{{{__name__="{{m}}",{selector}}}}})')
 
 
+def gauge_max(names: tuple[str, ...], selector: str) -> str:
+    """The largest value of one pod (the longest per-pod queue)."""
+    return _first(names, f'max({{{{__name__="{{m}}",{selector}}}}})')
+
+
+def counter_rate(names: tuple[str, ...], selector: str, window: str) -> str:
+    """A counter's per-second rate, summed over the pods (and over any label the engine adds)."""
+    return _first(names, f'sum(rate({{{{__name__="{{m}}",{selector}}}}}[{window}]))')
+
+
+def token_rate(counter: tuple[str, ...], histogram: tuple[str, ...], selector: str, window: str) -> str:
+    """Tokens per second from the engine's token counter, else from its length histogram's
+    `_sum` (which counts a request only when it finishes)."""
+    return counter_rate(counter + tuple(f"{m}_sum" for m in histogram), selector, window)
+
+
+def prefix_cache_hit_ratio(engine: EngineMetrics, selector: str, window: str) -> str | None:
+    """Prompt tokens found in the prefix cache over those looked up (every prompt token where
+    the engine counts no lookups); None when the engine exports no hit counter."""
+    if not engine.prefix_cache_hits_counter:
+        return None
+    looked_up = engine.prefix_cache_queries_counter or engine.prompt_tokens_counter
+    if not looked_up:
+        return None
+    hits = counter_rate(engine.prefix_cache_hits_counter, selector, window)
+    return f"({hits}) / ({counter_rate(looked_up, selector, window)})"
+
+
+def length_histogram(names: tuple[str, ...], selector: str, window: str) -> str:
+    """Requests per second by length bucket (cumulative, one series per `le`)."""
+    return _first(names, f'sum by (le) (rate({{{{__name__="{{m}}_bucket",{selector}}}}}[{window}]))')
+
+
+def peak(expr: str, over: str, step: str) -> str:
+    """The highest value `expr` (a rate over a short window) took over the last `over`,
+    evaluated every `step` (a subquery)."""
+    return f"max_over_time(({expr})[{over}:{step}])"
+
+
 def mean_from_histogram(names: tuple[str, ...], selector: str, window: str) -> str:
     return _first(
         names,
@@ -66,6 +105,7 @@ def queries(engine: EngineMetrics, namespace: str, name: str, quantile: float, w
         "tpot": histogram_quantile(engine.tpot_histogram + engine.itl_histogram, sel, quantile, window),
         "running": gauge_sum(engine.running_gauge, sel),
         "waiting": gauge_sum(engine.waiting_gauge, sel),
+        "waiting_max": gauge_max(engine.waiting_gauge, sel),
         "rate": arrival_rate(engine, sel, window),
         "input_tokens": mean_from_histogram(engine.prompt_tokens_histogram, sel, window),
         "output_tokens": mean_from_histogram(engine.generation_tokens_histogram, sel, window),
@@ -79,4 +119,48 @@ def queries(engine: EngineMetrics, namespace: str, name: str, quantile: float, w
         )
     if engine.kv_usage_gauge:
         out["kv_usage"] = gauge_avg(engine.kv_usage_gauge, sel)
+    out.update(work_queries(engine, sel, window))
+    return out
+
+
+def work_queries(engine: EngineMetrics, sel: str, window: str) -> dict[str, str]:
+    """Work units: prompt and generated tokens per second and the prefix-cache hit ratio."""
+    out = {
+        "prompt_tokens_rate": token_rate(engine.prompt_tokens_counter, engine.prompt_tokens_histogram, sel, window),
+        "generation_tokens_rate": token_rate(
+            engine.generation_tokens_counter, engine.generation_tokens_histogram, sel, window
+        ),
+    }
+    ratio = prefix_cache_hit_ratio(engine, sel, window)
+    if ratio is not None:
+        out["prefix_cache_hit_ratio"] = ratio
+    return out
+
+
+# The short window of the peak rates and the subquery step per lookback: a step finer than
+# the window would only re-read the same scrapes.
+PEAK_LOOKBACKS = (("1h", "30s"), ("1d", "2m"))
+
+
+def workload_queries(engine: EngineMetrics, namespace: str, name: str, window: str, peak_window: str) -> dict[str, str]:
+    """PromQL per key for the observed workload over `window` (minutes): completions/s, mean
+    lengths, token rates, the prefix-cache hit ratio, and the peaks over the last hour and day
+    of the request and prompt-token rates over `peak_window`. The `*_lengths` keys answer a
+    vector (one series per bucket bound); the others one value."""
+    sel = pod_selector(namespace, name)
+    out = {
+        "rate": counter_rate(engine.success_counter, sel, window),
+        "input_tokens": mean_from_histogram(engine.prompt_tokens_histogram, sel, window),
+        "output_tokens": mean_from_histogram(engine.generation_tokens_histogram, sel, window),
+        "prompt_lengths": length_histogram(engine.prompt_tokens_histogram, sel, window),
+        "output_lengths": length_histogram(engine.generation_tokens_histogram, sel, window),
+        **work_queries(engine, sel, window),
+    }
+    short = {
+        "requests": counter_rate(engine.success_counter, sel, peak_window),
+        "prompt_tokens": token_rate(engine.prompt_tokens_counter, engine.prompt_tokens_histogram, sel, peak_window),
+    }
+    for lookback, step in PEAK_LOOKBACKS:
+        for key, expr in short.items():
+            out[f"peak_{key}_{lookback}"] = peak(expr, lookback, step)
     return out

@@ -25,6 +25,8 @@ class Arrivals:
     output_tokens: int
     seed: int = 0
     trace: list[TraceRequest] | None = None
+    # (from seconds, prompt tokens, output tokens), sorted: the length mix changing over time.
+    lengths: tuple[tuple[float, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -49,11 +51,51 @@ class Arrivals:
                 return out  # stays pending for the next window
             self._last, self._candidate = self._candidate, None
             if self._rng.random() * self.peak_rate <= self.rate_at(self._last):
-                out.append(TraceRequest(self._last, self.input_tokens, self.output_tokens))
+                out.append(TraceRequest(self._last, *self.lengths_at(self._last)))
+
+    def lengths_at(self, t_s: float) -> tuple[int, int]:
+        """Prompt and output tokens of a request arriving at `t_s`."""
+        current = (self.input_tokens, self.output_tokens)
+        for start, prompt, output in self.lengths:
+            if t_s >= start:
+                current = (prompt, output)
+        return current
 
 
 def parse_profile(text: str, input_tokens: int, output_tokens: int, seed: int = 0) -> Arrivals:
-    """constant:R | ramp:R0:R1:SECONDS | steps:R0@T0,R1@T1,... | trace:FILE (rates in req/s, times in s)."""
+    """constant:R | ramp:R0:R1:SECONDS | steps:R0@T0,R1@T1,... | trace:FILE (rates in req/s,
+    times in s), optionally followed by `;lengths:IN/OUT@T,IN/OUT@T,...`: from T seconds on,
+    requests have IN prompt and OUT output tokens (before the first T, the workload's)."""
+    rates, sep, mix = text.partition(";")
+    arrivals = _rates(rates, input_tokens, output_tokens, seed)
+    if sep:
+        if arrivals.trace is not None:
+            raise ProfileError(f"--load {text!r}: a trace has its own lengths; drop ';lengths:...'")
+        arrivals.lengths = parse_lengths(text, mix)
+    return arrivals
+
+
+def parse_lengths(text: str, mix: str) -> tuple[tuple[float, int, int], ...]:
+    """`lengths:IN/OUT@T,...` as sorted (T, IN, OUT); lengths at least 1 token, times >= 0."""
+    kind, _, rest = mix.partition(":")
+    usage = f"--load {text!r}: write ';lengths:PROMPT/OUTPUT@SECONDS,...', e.g. ';lengths:512/128@0,2048/128@60'"
+    if kind != "lengths" or not rest:
+        raise ProfileError(usage)
+    out: list[tuple[float, int, int]] = []
+    try:
+        for item in rest.split(","):
+            pair, _, at_text = item.partition("@")
+            prompt_text, _, output_text = pair.partition("/")
+            out.append((float(at_text), int(prompt_text), int(output_text)))
+    except ValueError as exc:
+        raise ProfileError(usage) from exc
+    for at, prompt, output in out:
+        if not (math.isfinite(at) and at >= 0) or prompt < 1 or output < 1:
+            raise ProfileError(f"{usage}; got {prompt}/{output}@{at:g} (lengths >= 1 token, times >= 0 s)")
+    return tuple(sorted(out))
+
+
+def _rates(text: str, input_tokens: int, output_tokens: int, seed: int) -> Arrivals:
     kind, _, rest = text.partition(":")
     if kind == "steps":
         return _steps(text, rest, input_tokens, output_tokens, seed)

@@ -48,6 +48,12 @@ class EngineCollector(Collector):
             "prompt_total": counter(n.prompt_tokens_counter, "Number of prefill tokens processed."),
             "generation_total": counter(n.generation_tokens_counter, "Number of generation tokens processed."),
             "preemptions": counter(n.preemptions_counter, "Cumulative number of preemption."),
+            "cache_queries": counter(
+                n.prefix_cache_queries_counter, "Prefix cache queries, in terms of number of queried tokens."
+            ),
+            "cache_hits": counter(
+                n.prefix_cache_hits_counter, "Prefix cache hits, in terms of number of cached tokens."
+            ),
             "ttft": histogram(n.ttft_histogram, "Histogram of time to first token in seconds."),
             "itl": histogram(n.itl_histogram, "Histogram of inter-token latency in seconds."),
             "tpot": histogram(n.tpot_histogram, "Histogram of time_per_output_token_seconds per request."),
@@ -65,6 +71,9 @@ class EngineCollector(Collector):
         families["prompt_total"].add_metric(values, s.prompt_tokens)
         families["generation_total"].add_metric(values, s.generation_tokens)
         families["preemptions"].add_metric(values, r.preemptions)
+        # The simulator has no prefix cache: every prompt token is looked up, none is found.
+        families["cache_queries"].add_metric(values, s.prompt_tokens)
+        families["cache_hits"].add_metric(values, 0.0)
         hists = {
             "ttft": s.ttft,
             "itl": s.itl,
