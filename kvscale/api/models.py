@@ -305,7 +305,9 @@ class CandidateStatus(_Status):
 class PlanStatus(_Status):
     gpu_type: str = Field(description="Chosen GPU type.")
     gpu_product: str = Field(description="Node label value (nvidia.com/gpu.product) the pods are pinned to.")
-    tensor_parallel: int = Field(description="GPUs per replica.")
+    tensor_parallel: int = Field(description="Tensor-parallel degree: GPUs per pipeline stage.")
+    pipeline_parallel: int = Field(default=1, description="Pipeline stages per replica (across nodes when > 1).")
+    nodes: int = Field(default=1, description="Nodes one replica spans (a LeaderWorkerSet group when > 1).")
     precision: str = Field(description="Weight precision.")
     max_batch: int = Field(description="Engine batch limit (--max-num-seqs).")
     max_context_tokens: int = Field(description="Engine context limit (--max-model-len).")

@@ -76,6 +76,8 @@ def plan_status(planned: Planned, max_context: int, excluded: tuple[str, ...]) -
         gpu_type=chosen.gpu,
         gpu_product=planned.pool.product_label,
         tensor_parallel=chosen.tensor_parallel,
+        pipeline_parallel=chosen.pipeline_parallel,
+        nodes=chosen.nodes,
         precision=chosen.precision,
         max_batch=p.max_batch,
         max_context_tokens=max_context,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -75,6 +76,7 @@ class ServingConfig:
     engine: EngineProfile
     tensor_parallel: int
     chunk_budget_tokens: int | None = None  # --max-num-batched-tokens; None: the engine's default here
+    pipeline_parallel: int = 1  # pipeline stages; > 1 when one replica spans nodes (TP within a node)
 
     @classmethod
     def build(
@@ -87,6 +89,7 @@ class ServingConfig:
         kv_cache_precision: str = "auto",
         engine: str = "vllm",
         max_num_batched_tokens: int | None = None,
+        pipeline_parallel: int = 1,
     ) -> ServingConfig:
         return cls(
             model=model,
@@ -97,6 +100,7 @@ class ServingConfig:
             engine=catalog.engine(engine),
             tensor_parallel=tensor_parallel,
             chunk_budget_tokens=max_num_batched_tokens,
+            pipeline_parallel=pipeline_parallel,
         )
 
     @property
@@ -139,6 +143,7 @@ class ServingConfig:
             id(self.kv),
             id(self.engine),
             self.tensor_parallel,
+            self.pipeline_parallel,
         )
 
     @cached_property
@@ -195,17 +200,29 @@ class ServingConfig:
                 self.engine,
                 self.tensor_parallel,
                 self.max_num_batched_tokens,
+                self.pipeline_parallel,
             )
             hit = _MEMORY[key] = (self._parts(), budget)
         return hit[1]
 
     @property
     def gpus(self) -> int:
-        return self.tensor_parallel
+        """GPUs one replica uses: tensor parallel x pipeline parallel."""
+        return self.tensor_parallel * self.pipeline_parallel
+
+    @property
+    def nodes(self) -> int:
+        """Nodes one replica spans (a LeaderWorkerSet group of this size when > 1)."""
+        return max(1, math.ceil(self.gpus / self.gpu.max_gpus_per_node))
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs one replica asks of each of its nodes."""
+        return self.gpus // self.nodes
 
     @property
     def price_usd_per_hour(self) -> float:
-        return self.gpu.price_usd_per_gpu_hour * self.tensor_parallel
+        return self.gpu.price_usd_per_gpu_hour * self.gpus
 
     @property
     def cold_start_s(self) -> float:
@@ -219,6 +236,19 @@ class ServingConfig:
             return f"tensor parallel {tp} is not one of 1, 2, 4, 8"
         if tp > self.gpu.max_gpus_per_node:
             return f"tensor parallel {tp} exceeds the {self.gpu.max_gpus_per_node} {self.gpu.name} GPUs a node holds"
+        pp = self.pipeline_parallel
+        if pp < 1:
+            return f"pipeline parallel {pp} must be at least 1"
+        if pp > self.model.layers:
+            return f"pipeline parallel {pp} exceeds the model's {self.model.layers} layers"
+        if self.nodes > 1:
+            if self.gpus % self.gpu.max_gpus_per_node:
+                return (
+                    f"{self.gpus} GPUs per replica do not fill whole nodes of {self.gpu.max_gpus_per_node} "
+                    f"{self.gpu.name} (tensor parallel within a node, pipeline parallel across nodes)"
+                )
+            if self.gpu.internode_bandwidth_bytes_per_s is None:
+                return f"{self.gpu.name} has no inter-node fabric in the catalog for a replica spanning nodes"
         if self.model.heads % tp:
             return f"{self.model.heads} attention heads do not split evenly over {tp} GPUs"
         if self.model.kv_heads % tp and tp % self.model.kv_heads:

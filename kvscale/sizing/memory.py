@@ -60,9 +60,12 @@ def memory_budget(
     engine: EngineProfile,
     tensor_parallel: int,
     chunk_budget_tokens: int,
+    pipeline_parallel: int = 1,
 ) -> MemoryBudget:
+    """One GPU's split. With pipeline parallelism each stage holds 1/pp of the layers (weights
+    and KV); the KV capacity in tokens is then the same on every stage."""
     total = gpu.memory_bytes
-    weights = weight_bytes(model, precision) / tensor_parallel
+    weights = weight_bytes(model, precision) / (tensor_parallel * pipeline_parallel)
     reserve = (
         activation_peak_bytes(model, engine, tensor_parallel, chunk_budget_tokens)
         + engine.cuda_graph_memory_bytes
@@ -74,7 +77,7 @@ def memory_budget(
     else:  # vLLM: a fraction of the whole GPU, weights and reserve inside it
         usable = total * engine.gpu_memory_utilization
         kv_left = usable - weights - reserve
-    per_token = kv_bytes_per_token(model, kv, tensor_parallel)
+    per_token = kv_bytes_per_token(model, kv, tensor_parallel) / pipeline_parallel
     return MemoryBudget(
         total_bytes=total,
         usable_bytes=usable,

@@ -55,6 +55,14 @@ class _Configured:
         return self.config.tensor_parallel
 
     @property
+    def pipeline_parallel(self) -> int:
+        return self.config.pipeline_parallel
+
+    @property
+    def nodes(self) -> int:
+        return self.config.nodes
+
+    @property
     def precision(self) -> str:
         return self.config.precision.name
 
@@ -64,7 +72,13 @@ class _Configured:
 
     @property
     def label(self) -> str:
-        return f"{self.gpu} x{self.tensor_parallel} {self.precision}"
+        return _label(self.gpu, self.tensor_parallel, self.pipeline_parallel, self.precision)
+
+
+def _label(gpu: str, tensor_parallel: int, pipeline_parallel: int, precision: str) -> str:
+    if pipeline_parallel > 1:
+        return f"{gpu} x{tensor_parallel}x{pipeline_parallel}pp {precision}"
+    return f"{gpu} x{tensor_parallel} {precision}"
 
 
 @dataclass(frozen=True)
@@ -87,7 +101,7 @@ class Feasible(_Configured):
 
     @property
     def total_gpus(self) -> int:
-        return self.tensor_parallel * self.prediction.replicas
+        return self.config.gpus * self.prediction.replicas
 
 
 @dataclass(frozen=True)
@@ -103,10 +117,12 @@ class Rejected:
     best_ttft_s: float | None = None
     best_tpot_s: float | None = None
     verdict: Literal["rejected"] = "rejected"
+    pipeline_parallel: int = 1
+    nodes: int = 1
 
     @property
     def label(self) -> str:
-        return f"{self.gpu} x{self.tensor_parallel} {self.precision}"
+        return _label(self.gpu, self.tensor_parallel, self.pipeline_parallel, self.precision)
 
 
 @dataclass(frozen=True)
@@ -162,7 +178,15 @@ def _reject(
     cfg: ServingConfig, reason: str, best_ttft_s: float | None = None, best_tpot_s: float | None = None
 ) -> Rejected:
     return Rejected(
-        cfg.gpu.name, cfg.tensor_parallel, cfg.precision.name, cfg.kv.name, reason, best_ttft_s, best_tpot_s
+        cfg.gpu.name,
+        cfg.tensor_parallel,
+        cfg.precision.name,
+        cfg.kv.name,
+        reason,
+        best_ttft_s,
+        best_tpot_s,
+        pipeline_parallel=cfg.pipeline_parallel,
+        nodes=cfg.nodes,
     )
 
 
@@ -277,10 +301,8 @@ def _evaluate(s: _Screened, request: PlanRequest) -> Feasible | Rejected:
         return _reject(cfg, f"needs {replicas} replicas, more than maxReplicas {request.max_replicas}")
     if request.gpu_limits is not None:
         free = request.gpu_limits.get(cfg.gpu.name, 0)
-        if replicas * cfg.tensor_parallel > free:
-            return _reject(
-                cfg, f"needs {replicas * cfg.tensor_parallel} {cfg.gpu.name} GPUs, the cluster has {free} free"
-            )
+        if replicas * cfg.gpus > free:
+            return _reject(cfg, f"needs {replicas * cfg.gpus} {cfg.gpu.name} GPUs, the cluster has {free} free")
     at_load = replica.at_rate(request.workload.requests_per_s / replicas, s.max_batch, slo.percentile)
     at_max = replica.at_rate(rate_max, s.max_batch, slo.percentile)
     mem = cfg.memory
@@ -311,7 +333,13 @@ def _metric(candidate: Feasible, objective: Objective, output_tokens: int) -> fl
 def _rank_key(candidate: Feasible, objective: Objective, output_tokens: int) -> tuple[float | str | int, ...]:
     p = candidate.prediction
     latency = p.ttft_p_s + output_tokens * p.tpot_p_s
-    tie = (candidate.total_gpus, candidate.gpu, candidate.tensor_parallel, candidate.precision)
+    tie = (
+        candidate.total_gpus,
+        candidate.gpu,
+        candidate.tensor_parallel,
+        candidate.pipeline_parallel,
+        candidate.precision,
+    )
     if objective == "latency":
         return (round(latency, 6), round(p.cost_usd_per_hour, 6), *tie)
     return (round(p.cost_usd_per_hour, 6), round(latency, 6), *tie)
@@ -326,7 +354,7 @@ def _loss_reason(candidate: Feasible, chosen: Feasible, objective: Objective, ou
             return f"slower: {format_duration(mine)} per request vs {format_duration(best)}"
     if p.cost_usd_per_hour > c.cost_usd_per_hour + 1e-9:
         return (
-            f"costs ${p.cost_usd_per_hour:.2f}/h ({p.replicas} replica(s) x {candidate.tensor_parallel} GPU(s)) "
+            f"costs ${p.cost_usd_per_hour:.2f}/h ({p.replicas} replica(s) x {candidate.config.gpus} GPU(s)) "
             f"vs ${c.cost_usd_per_hour:.2f}/h"
         )
     return "ties on cost and latency; lost the deterministic tie-break (fewer GPUs, then name)"
@@ -406,7 +434,7 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
         else:
             feasible.append(candidate)
             bisect.insort(metrics, _metric(candidate, request.objective, out))
-    rejected.sort(key=lambda c: (c.gpu, c.tensor_parallel, c.precision))
+    rejected.sort(key=lambda c: (c.gpu, c.tensor_parallel, c.pipeline_parallel, c.precision))
     feasible.sort(key=lambda c: _rank_key(c, request.objective, out))
     if not feasible:
         return Plan(request, None, (), tuple(rejected), _suggestions(request, rejected))
@@ -438,11 +466,17 @@ def _outranked(s: _Screened, best: Feasible, objective: Objective) -> Outranked:
     return Outranked(s.cfg, s.bound, reason)
 
 
+def _replica_shape(c: Feasible) -> str:
+    if c.nodes > 1:
+        return f"{c.config.gpus} {c.gpu} over {c.nodes} nodes (TP {c.tensor_parallel} x PP {c.pipeline_parallel})"
+    return f"{c.config.gpus} {c.gpu}"
+
+
 def _chosen_reason(best: Feasible, objective: Objective, feasible_count: int) -> str:
     p = best.prediction
     what = "cheapest" if objective == "cost" else "fastest"
     return (
-        f"{what} of {feasible_count} feasible: {p.replicas} replica(s) x {best.tensor_parallel} {best.gpu} at "
+        f"{what} of {feasible_count} feasible: {p.replicas} replica(s) x {_replica_shape(best)} at "
         f"${p.cost_usd_per_hour:.2f}/h, each up to {p.rate_per_replica_max:.2f} req/s within the SLO, "
         f"batch limit {p.max_batch}, limited by {p.limited_by}"
     )

@@ -20,6 +20,8 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
     out: dict[str, Any] = {
         "gpu": c.gpu,
         "tensor_parallel": c.tensor_parallel,
+        "pipeline_parallel": c.pipeline_parallel,
+        "nodes": c.nodes,
         "precision": c.precision,
         "kv_cache_precision": c.kv_cache_precision,
         "verdict": c.verdict,
@@ -29,7 +31,7 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
         p = c.prediction
         out.update(
             replicas=p.replicas,
-            gpus_total=p.replicas * c.tensor_parallel,
+            gpus_total=c.total_gpus,
             max_batch=p.max_batch,
             rate_per_replica_max=round(p.rate_per_replica_max, 4),
             ttft_ms=_ms(p.ttft_p_s),

@@ -46,6 +46,14 @@ class GpuSpec(_Frozen):
         default=None, description="Link between the two GPUs of a bridged pair (tensor parallel 2), if faster"
     )
     gpus_per_node: tuple[int, ...]
+    internode_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Per GPU, per direction: this GPU's share of its node's InfiniBand/RoCE NICs to other nodes "
+        "(pipeline-parallel hand-offs cross it); None: no multi-node fabric known, so no multi-node plans",
+    )
+    internode_latency_s: float = Field(default=5.0e-6, ge=0, description="One message across the inter-node fabric")
+    internode_source: str | None = Field(default=None, description="Where the inter-node figures come from")
     price_usd_per_gpu_hour: float = Field(gt=0)
     node_labels: tuple[str, ...]
     label_key: str = "nvidia.com/gpu.product"
