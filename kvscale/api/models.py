@@ -198,6 +198,13 @@ class ScalingSpec(_Wire):
     replicas: int | None = Field(
         default=None, ge=0, description="Pinned replica count (the scale subresource); overrides the policy."
     )
+    priority: int = Field(
+        default=0,
+        ge=-1000,
+        le=1000,
+        description="Order under a GPUBudget: higher first (after every governed service's minReplicas). "
+        "Without a budget it changes nothing.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ScalingSpec:

@@ -12,11 +12,19 @@ from kvscale.cli.common import fail
 
 
 @app.command()
-def crd() -> None:
-    """The InferenceService CustomResourceDefinition, generated from kvscale/api."""
+def crd(
+    kind: Annotated[
+        str, typer.Option(help="Which CRD: inferenceservice (the default) or gpubudget.")
+    ] = "inferenceservice",
+) -> None:
+    """A CustomResourceDefinition generated from kvscale/api: InferenceService, or GPUBudget."""
+    from kvscale.api.budget_crd import budget_crd_yaml
     from kvscale.api.crd import crd_yaml
 
-    sys.stdout.write(crd_yaml())
+    known = {"inferenceservice": crd_yaml, "gpubudget": budget_crd_yaml}
+    if kind.lower() not in known:
+        fail(f"--kind {kind!r}: choose inferenceservice or gpubudget")
+    sys.stdout.write(known[kind.lower()]())
 
 
 @app.command()

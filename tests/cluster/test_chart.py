@@ -42,6 +42,7 @@ def render(cluster: Cluster, *sets: str) -> list[dict[str, object]]:
 def test_chart_files_match_the_sources() -> None:
     files = CHART / "files"
     assert (files / "crd.yaml").read_text() == (ROOT / "crds" / "inferenceservices.kvscale.io.yaml").read_text()
+    assert (files / "gpubudget-crd.yaml").read_text() == (ROOT / "crds" / "gpubudgets.kvscale.io.yaml").read_text()
     assert json.loads((files / "dashboard.json").read_text()) == json.loads(
         (ROOT / "deploy" / "grafana" / "kvscale.json").read_text()
     )

@@ -86,3 +86,46 @@ def test_invalid_specs_name_the_field(patch: dict[str, object], field: str) -> N
     with pytest.raises(ValidationError) as exc:
         parse_spec({**MINIMAL, **patch})
     assert field in str(exc.value)
+
+
+def test_committed_gpubudget_crd_matches_the_models() -> None:
+    from kvscale.api.budget_crd import budget_crd, budget_crd_yaml
+
+    committed = (ROOT / "crds" / "gpubudgets.kvscale.io.yaml").read_text()
+    assert committed == budget_crd_yaml(), (
+        "crds/ drifted from kvscale/api: run `kvscale crd --kind gpubudget > crds/gpubudgets.kvscale.io.yaml`"
+    )
+    version = budget_crd()["spec"]["versions"][0]
+    assert budget_crd()["spec"]["scope"] == "Cluster"
+    assert _walk(version["schema"]["openAPIV3Schema"]) == []
+
+
+def test_gpubudget_spec_is_strict_and_selects() -> None:
+    from kvscale.api.budget import budget_of, parse_budget_spec
+
+    spec = parse_budget_spec(
+        {
+            "limits": {"H100-SXM": 8, "L40S": 4},
+            "namespaceLimits": {"team-a": {"H100-SXM": 2}},
+            "selector": {"namespaces": ["team-a", "team-b"], "matchLabels": {"tier": "prod"}},
+        }
+    )
+    assert spec.selector.selects("team-a", {"tier": "prod", "x": "y"})
+    assert not spec.selector.selects("team-a", {"tier": "dev"})
+    assert not spec.selector.selects("team-c", {"tier": "prod"})
+    budget = budget_of("prod", spec)
+    assert (budget.limits, budget.namespace_limits) == ({"H100-SXM": 8, "L40S": 4}, {"team-a": {"H100-SXM": 2}})
+    for bad, field in (
+        ({"limits": {}}, "spec.limits"),
+        ({"limits": {"H100-SXM": -1}}, "limits"),
+        ({"limits": {"A": 1}, "x": 1}, "x"),
+    ):
+        with pytest.raises(ValidationError, match=field):
+            parse_budget_spec(bad)
+
+
+def test_priority_defaults_to_zero_and_is_bounded() -> None:
+    assert parse_spec(MINIMAL).scaling.priority == 0
+    assert parse_spec({**MINIMAL, "scaling": {"priority": 100}}).scaling.priority == 100
+    with pytest.raises(ValidationError, match="priority"):
+        parse_spec({**MINIMAL, "scaling": {"priority": 5000}})

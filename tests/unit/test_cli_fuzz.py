@@ -148,6 +148,7 @@ NAME_OPTIONS = [
     (["roofline"], ROOFLINE, "--model"),
     (["simulate"], SIMULATE, "--policy"),
     (["simulate"], SIMULATE, "--gpu"),
+    (["crd"], {}, "--kind"),
 ]
 
 

@@ -1,0 +1,96 @@
+"""The GPUBudget resource (kvscale.io/v1alpha1, cluster-scoped): GPU limits per type (and
+optionally per namespace) over the InferenceServices it selects, and in status what each
+got, what it wanted and why. Without a budget nothing changes: services are sized alone."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError, model_validator
+
+from kvscale.api.models import Condition, _Status, _Wire
+from kvscale.autoscaling.budget import Budget
+
+BUDGET_KIND = "GPUBudget"
+BUDGET_PLURAL = "gpubudgets"
+BUDGET_SINGULAR = "gpubudget"
+BUDGET_SHORT_NAMES = ["gpub"]
+
+GpuCount = Annotated[int, Field(ge=0, le=1_000_000)]
+
+
+class BudgetSelector(_Wire):
+    """Which InferenceServices the budget governs: all of them when empty."""
+
+    namespaces: list[str] = Field(
+        default_factory=list, description="Only InferenceServices in these namespaces; empty: every namespace."
+    )
+    match_labels: dict[str, str] = Field(
+        default_factory=dict, description="Only InferenceServices carrying all these labels; empty: no label needed."
+    )
+
+    def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        if self.namespaces and namespace not in self.namespaces:
+            return False
+        return all(labels.get(k) == v for k, v in self.match_labels.items())
+
+
+class GPUBudgetSpec(_Wire):
+    limits: dict[str, GpuCount] = Field(
+        description="GPUs per GPU type (catalog names, e.g. H100-SXM: 64). Types not listed are not limited; "
+        "list a type with 0 to keep governed services off it."
+    )
+    namespace_limits: dict[str, dict[str, GpuCount]] = Field(
+        default_factory=dict,
+        description="Optional GPUs per type for one namespace (namespace -> type -> GPUs), within the limits above.",
+    )
+    selector: BudgetSelector = Field(
+        default_factory=BudgetSelector, description="Which InferenceServices it governs (namespace and labels)."
+    )
+
+    @model_validator(mode="after")
+    def _some(self) -> GPUBudgetSpec:
+        if not self.limits:
+            raise ValueError("spec.limits must name at least one GPU type, e.g. {H100-SXM: 8}")
+        return self
+
+
+class BudgetServiceStatus(_Status):
+    namespace: str = Field(description="Namespace of the InferenceService.")
+    name: str = Field(description="Name of the InferenceService.")
+    priority: int = Field(description="Its spec.scaling.priority.")
+    gpu_type: str = Field(description="GPU type it was granted.")
+    gpus_per_replica: int = Field(description="GPUs per replica on that type.")
+    replicas: int = Field(description="Replicas granted.")
+    wanted: int = Field(description="Replicas it wanted on that type.")
+    reason: str = Field(description="What it got and why.")
+
+
+class GPUBudgetStatus(_Status):
+    observed_generation: int | None = Field(default=None, description="Spec generation the status describes.")
+    allocated: dict[str, int] = Field(default_factory=dict, description="GPUs granted per type.")
+    wanted: dict[str, int] = Field(
+        default_factory=dict, description="GPUs the governed services want per type (each on its cheapest plan)."
+    )
+    services: list[BudgetServiceStatus] = Field(
+        default_factory=list, description="Each governed service in priority order: what it got, wanted and why."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, and why not.")
+
+
+def parse_budget_spec(spec: Mapping[str, Any]) -> GPUBudgetSpec:
+    return GPUBudgetSpec.model_validate(dict(spec))
+
+
+def budget_spec_error(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(['spec', *(str(p) for p in e['loc'])])}: {e['msg']}" for e in exc.errors())
+
+
+def budget_of(name: str, spec: GPUBudgetSpec) -> Budget:
+    """The allocator's value for this budget."""
+    return Budget(name, dict(spec.limits), {ns: dict(v) for ns, v in spec.namespace_limits.items()})
+
+
+def service_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"

@@ -1,0 +1,402 @@
+"""Many services, one GPU budget: one allocation per tick over every governed service.
+
+Pure: the operator and `kvscale simulate --fleet` call the same function. Each service
+brings what it wants (the policy's replica count, converted to each GPU type it accepts:
+its options, cheapest feasible first), its floor (minReplicas) and its priority. The
+allocator answers, per service, which option it runs on, how many replicas it got and why.
+
+Order of the decision:
+
+1. Floors first: every service's minReplicas, in priority order, on the option it runs on
+   now when that has room, else on the first option that does; a floor the budget cannot
+   hold gets what is left and says so.
+2. Then what each wants, in priority order (higher first), and within one priority by SLO
+   gap (observed over target; the service missing its target most goes first). A service
+   takes its whole want on the first option that holds it; when none does, the option that
+   gives it the largest share of its want. Floors of lower priorities are moved to another
+   GPU type they accept (their next-cheapest feasible plan) when that makes room for a
+   higher priority, rather than left in its way.
+3. Never above a limit: per GPU type, and per namespace and type where the budget says.
+   GPU types the budget does not list are not limited by it.
+
+Hysteresis, so allocations do not flap from tick to tick:
+- a service stays on the GPU type it runs on while that type holds its want (a move is a
+  redeploy and a cold start); it returns to a preferred (cheaper) option only when that
+  option holds its want with `return_margin` to spare;
+- SLO gaps reorder services of one priority only when they differ by more than
+  `gap_margin`; within that, last tick's order holds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to run a service: a GPU type, GPUs per replica, and the replicas the service
+    wants on it (the policy's count converted by per-replica capacity)."""
+
+    gpu_type: str
+    gpus_per_replica: int
+    wanted: int
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_replica < 1:
+            raise ValueError(f"gpus_per_replica must be >= 1, got {self.gpus_per_replica}")
+        if self.wanted < 0:
+            raise ValueError(f"wanted must be >= 0, got {self.wanted}")
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one governed service asks of the budget this tick."""
+
+    name: str  # unique within the budget, e.g. namespace/name
+    options: tuple[Option, ...]  # preferred first: the plan, then the next-cheapest feasible
+    priority: int = 0  # higher first
+    min_replicas: int = 0  # the floor, honoured before any want
+    namespace: str = ""
+    slo_gap: float = 0.0  # observed over target minus 1 (> 0: missing its SLO); 0 when unknown
+    current_gpu_type: str | None = None  # what it runs on now (hysteresis)
+
+    def __post_init__(self) -> None:
+        if not self.options:
+            raise ValueError(f"{self.name}: a demand needs at least one option")
+        if self.min_replicas < 0:
+            raise ValueError(f"{self.name}: min_replicas must be >= 0, got {self.min_replicas}")
+        types = [o.gpu_type for o in self.options]
+        if len(set(types)) != len(types):
+            raise ValueError(f"{self.name}: one option per GPU type, got {types}")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """GPU limits per type, and optionally per namespace and type (within the global ones)."""
+
+    name: str
+    limits: Mapping[str, int]
+    namespace_limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for gpu, n in self.limits.items():
+            if n < 0:
+                raise ValueError(f"budget {self.name}: the {gpu} limit must be >= 0, got {n}")
+        for ns, per_type in self.namespace_limits.items():
+            for gpu, n in per_type.items():
+                if n < 0:
+                    raise ValueError(f"budget {self.name}: the {gpu} limit of namespace {ns} must be >= 0, got {n}")
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    gap_margin: float = 0.25  # SLO gaps closer than this count as equal within a priority
+    return_margin: float = 0.25  # spare share of its want a preferred option needs before a move back
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one service got, and why."""
+
+    name: str
+    priority: int
+    gpu_type: str
+    gpus_per_replica: int
+    replicas: int
+    wanted: int  # on the granted option
+    min_replicas: int
+    rank: int  # its place in this tick's order (0 first)
+    moved: bool  # not on its first (cheapest) option
+    reason: str
+
+    @property
+    def held(self) -> bool:
+        """Got fewer replicas than it wanted."""
+        return self.replicas < self.wanted
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+
+@dataclass(frozen=True)
+class Allocation:
+    budget: str
+    grants: tuple[Grant, ...]  # in rank order
+    used: Mapping[str, int]  # GPUs granted per type (limited types and others)
+    wanted: Mapping[str, int]  # GPUs each service wanted on its first option, summed per type
+
+    def grant(self, name: str) -> Grant:
+        for g in self.grants:
+            if g.name == name:
+                return g
+        raise KeyError(name)
+
+    @property
+    def by_name(self) -> dict[str, Grant]:
+        return {g.name: g for g in self.grants}
+
+
+class _Ledger:
+    """Free GPUs per type, globally and per namespace."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.used: dict[str, int] = {}
+        self.ns_used: dict[tuple[str, str], int] = {}
+
+    def free(self, namespace: str, gpu: str) -> float:
+        room: float = math.inf
+        if gpu in self.budget.limits:
+            room = self.budget.limits[gpu] - self.used.get(gpu, 0)
+        ns_limits = self.budget.namespace_limits.get(namespace, {})
+        if gpu in ns_limits:
+            room = min(room, ns_limits[gpu] - self.ns_used.get((namespace, gpu), 0))
+        return room
+
+    def fits(self, namespace: str, option: Option, replicas: int) -> int:
+        """How many of `replicas` fit on this option now."""
+        room = self.free(namespace, option.gpu_type)
+        return replicas if math.isinf(room) else max(0, min(replicas, int(room // option.gpus_per_replica)))
+
+    def take(self, namespace: str, option: Option, replicas: int) -> None:
+        gpus = replicas * option.gpus_per_replica
+        self.used[option.gpu_type] = self.used.get(option.gpu_type, 0) + gpus
+        self.ns_used[(namespace, option.gpu_type)] = self.ns_used.get((namespace, option.gpu_type), 0) + gpus
+
+    def give(self, namespace: str, option: Option, replicas: int) -> None:
+        self.take(namespace, option, -replicas)
+
+
+def _ranked(demands: Sequence[Demand], previous: Mapping[str, Grant], config: AllocatorConfig) -> list[Demand]:
+    """Priority first; within a priority, SLO gap in steps of `gap_margin`, then last tick's
+    rank (incumbency), then the name."""
+
+    def key(d: Demand) -> tuple[float, float, float, str]:
+        step = math.floor(max(d.slo_gap, 0.0) / config.gap_margin) if config.gap_margin > 0 else d.slo_gap
+        prev = previous.get(d.name)
+        return (-d.priority, -step, prev.rank if prev is not None else math.inf, d.name)
+
+    return sorted(demands, key=key)
+
+
+def _index(d: Demand, gpu_type: str | None) -> int | None:
+    for i, o in enumerate(d.options):
+        if o.gpu_type == gpu_type:
+            return i
+    return None
+
+
+def allocate(
+    budget: Budget,
+    demands: Sequence[Demand],
+    previous: Mapping[str, Grant] | None = None,
+    config: AllocatorConfig | None = None,
+) -> Allocation:
+    """One decision over every governed service (see the module's docstring)."""
+    previous = previous or {}
+    config = config or AllocatorConfig()
+    names = [d.name for d in demands]
+    if len(set(names)) != len(names):
+        raise ValueError(f"budget {budget.name}: service names must be unique, got {sorted(names)}")
+    order = _ranked(demands, previous, config)
+    rank = {d.name: i for i, d in enumerate(order)}
+    ledger = _Ledger(budget)
+    at: dict[str, int] = {}  # option index each service holds
+    held: dict[str, int] = {}  # replicas it holds there
+    floor_short: dict[str, int] = {}
+
+    # 1. Floors, in order.
+    for d in order:
+        floor = d.min_replicas
+        here = _index(d, d.current_gpu_type)
+        tries = ([here] if here is not None else []) + [i for i in range(len(d.options)) if i != here]
+        choice = next((i for i in tries if ledger.fits(d.namespace, d.options[i], floor) >= floor), None)
+        if choice is None:  # floors placed before it that can go elsewhere make room
+            placed = [x for x in order if x.name in at]
+            for i in tries:
+                _make_room(ledger, d, d.options[i], floor * d.options[i].gpus_per_replica, placed, at, held)
+                if ledger.fits(d.namespace, d.options[i], floor) >= floor:
+                    choice = i
+                    break
+        if choice is None:  # no option holds the whole floor: the most that fits
+            choice = max(tries, key=lambda i: (ledger.fits(d.namespace, d.options[i], floor), -tries.index(i)))
+        got = ledger.fits(d.namespace, d.options[choice], floor)
+        ledger.take(d.namespace, d.options[choice], got)
+        at[d.name], held[d.name] = choice, got
+        if got < floor:
+            floor_short[d.name] = floor - got
+
+    # 2. Wants, in order; lower priorities' floors may move out of the way.
+    for n, d in enumerate(order):
+        ledger.give(d.namespace, d.options[at[d.name]], held[d.name])
+        floor_got, floor_at = held[d.name], at[d.name]
+        lower = [x for x in order[n + 1 :] if x.priority < d.priority]
+        room = {i: _room(ledger, d, i, lower, at, held) for i in range(len(d.options))}
+        choice = _choose(d, room, floor_got, config)
+        opt = d.options[choice]
+        want = max(opt.wanted, d.min_replicas)
+        _make_room(ledger, d, opt, want * opt.gpus_per_replica, lower, at, held)
+        got = ledger.fits(d.namespace, opt, want)
+        if got < floor_got and choice != floor_at:  # never below the floor it already had
+            choice, opt = floor_at, d.options[floor_at]
+            got = ledger.fits(d.namespace, opt, max(opt.wanted, d.min_replicas))
+        ledger.take(d.namespace, opt, got)
+        at[d.name], held[d.name] = choice, got
+        # What this turn freed elsewhere (a floor that moved) goes first to those before it.
+        for e in order[:n]:
+            eo = e.options[at[e.name]]
+            short = max(eo.wanted, e.min_replicas) - held[e.name]
+            if short > 0:
+                more = ledger.fits(e.namespace, eo, short)
+                ledger.take(e.namespace, eo, more)
+                held[e.name] += more
+
+    # 3. Reasons, once every grant is known.
+    grants: list[Grant] = []
+    for d in order:
+        opt = d.options[at[d.name]]
+        got = held[d.name]
+        want = max(opt.wanted, d.min_replicas)
+        reason = _reason(budget, d, at[d.name], got, want, floor_short.get(d.name, 0), order, at, held, ledger)
+        grants.append(
+            Grant(
+                d.name,
+                d.priority,
+                opt.gpu_type,
+                opt.gpus_per_replica,
+                got,
+                want,
+                d.min_replicas,
+                rank[d.name],
+                at[d.name] != 0,
+                reason,
+            )
+        )
+    wanted: dict[str, int] = {}
+    for d in demands:
+        first = d.options[0]
+        wanted[first.gpu_type] = (
+            wanted.get(first.gpu_type, 0) + max(first.wanted, d.min_replicas) * first.gpus_per_replica
+        )
+    used = {gpu: n for gpu, n in ledger.used.items() if n > 0}
+    return Allocation(budget.name, tuple(grants), used, wanted)
+
+
+def _room(ledger: _Ledger, d: Demand, i: int, lower: list[Demand], at: dict[str, int], held: dict[str, int]) -> int:
+    """Replicas of `d` option `i` could hold: what is free, plus what lower priorities' floors
+    would free by moving to another option of theirs with room."""
+    opt = d.options[i]
+    free = ledger.free(d.namespace, opt.gpu_type)
+    if math.isinf(free):
+        return max(opt.wanted, d.min_replicas)
+    movable = 0
+    for x in lower:
+        xo = x.options[at[x.name]]
+        if xo.gpu_type != opt.gpu_type or held[x.name] == 0:
+            continue
+        if any(
+            j != at[x.name] and ledger.fits(x.namespace, x.options[j], held[x.name]) >= held[x.name]
+            for j in range(len(x.options))
+        ):
+            movable += held[x.name] * xo.gpus_per_replica
+    return max(0, int((free + movable) // opt.gpus_per_replica))
+
+
+def _choose(d: Demand, room: Mapping[int, int], floor_got: int, config: AllocatorConfig) -> int:
+    """The option for `d`: where it runs now while that holds its want; else the first that
+    holds its want (a preferred one only with `return_margin` to spare when leaving where it
+    runs); else the largest share of its want (never less than the floor it already has)."""
+    here = _index(d, d.current_gpu_type)
+    full = [i for i, o in enumerate(d.options) if room[i] >= max(o.wanted, d.min_replicas)]
+    if here is not None and here in full:
+        better = [
+            i
+            for i in full
+            if i < here and room[i] >= math.ceil(max(d.options[i].wanted, 1) * (1 + config.return_margin))
+        ]
+        return better[0] if better else here
+    if full:
+        return full[0]
+    eligible = [
+        i for i in range(len(d.options)) if min(room[i], max(d.options[i].wanted, d.min_replicas)) >= floor_got
+    ] or list(range(len(d.options)))
+
+    def share(i: int) -> tuple[float, int, int]:
+        o = d.options[i]
+        got = min(room[i], max(o.wanted, d.min_replicas))
+        return (got / max(o.wanted, 1), 1 if i == here else 0, -i)
+
+    return max(eligible, key=share)
+
+
+def _make_room(
+    ledger: _Ledger,
+    d: Demand,
+    opt: Option,
+    needed_gpus: int,
+    movable: list[Demand],
+    at: dict[str, int],
+    held: dict[str, int],
+) -> None:
+    """Moves the floors of `movable` (lower priorities, or floors placed earlier) off `opt`'s
+    GPU type, last first, until `needed_gpus` are free or none can move."""
+    for x in reversed(movable):
+        if ledger.free(d.namespace, opt.gpu_type) >= needed_gpus:
+            return
+        xo = x.options[at[x.name]]
+        if xo.gpu_type != opt.gpu_type or held[x.name] == 0:
+            continue
+        for j, alt in enumerate(x.options):
+            if j != at[x.name] and ledger.fits(x.namespace, alt, held[x.name]) >= held[x.name]:
+                ledger.give(x.namespace, xo, held[x.name])
+                ledger.take(x.namespace, alt, held[x.name])
+                at[x.name] = j
+                break
+
+
+def _reason(
+    budget: Budget,
+    d: Demand,
+    i: int,
+    got: int,
+    want: int,
+    floor_short: int,
+    order: list[Demand],
+    at: dict[str, int],
+    held: dict[str, int],
+    ledger: _Ledger,
+) -> str:
+    opt = d.options[i]
+    where = f"{opt.gpu_type} x{opt.gpus_per_replica}"
+    moved = ""
+    if i != 0:
+        first = d.options[0]
+        moved = f" (its next-cheapest feasible plan: {first.gpu_type} has no room for it)"
+    if got >= want:
+        return f"wanted {want}, got {got} on {where}{moved}"
+    limit = budget.limits.get(opt.gpu_type)
+    ns_limit = budget.namespace_limits.get(d.namespace, {}).get(opt.gpu_type)
+    holders = [
+        f"{x.name} (priority {x.priority}) {held[x.name] * x.options[at[x.name]].gpus_per_replica}"
+        for x in order
+        if x.name != d.name and x.options[at[x.name]].gpu_type == opt.gpu_type and held[x.name] > 0
+    ]
+    global_free = math.inf if limit is None else limit - ledger.used.get(opt.gpu_type, 0)
+    ns_free = math.inf if ns_limit is None else ns_limit - ledger.ns_used.get((d.namespace, opt.gpu_type), 0)
+    if ns_free < global_free:
+        cap = f"namespace {d.namespace}'s {opt.gpu_type} limit of {ns_limit} GPUs"
+    else:
+        cap = f"the {opt.gpu_type} limit of {limit} GPUs"
+    why = f"wanted {want}, got {got} on {where}: budget {budget.name} holds {cap}"
+    if holders:
+        why += (
+            "; in priority order: "
+            + ", ".join(holders[:5])
+            + (f" and {len(holders) - 5} more" if len(holders) > 5 else "")
+        )
+    if floor_short:
+        why += f"; minReplicas {d.min_replicas} does not fit ({floor_short} short)"
+    return why + moved

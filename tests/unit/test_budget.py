@@ -1,0 +1,258 @@
+"""The GPU budget allocator: hand-built cases and properties (never above a limit, equal to
+independent decisions without contention, priority order, floors first, no flapping)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvscale.autoscaling.budget import Allocation, Budget, Demand, Grant, Option, allocate
+
+H100, L40S, A100 = "H100-SXM", "L40S", "A100-80GB"
+
+
+def d(name: str, *options: tuple[str, int, int], **kw: object) -> Demand:
+    return Demand(name, tuple(Option(*o) for o in options), **kw)  # type: ignore[arg-type]
+
+
+def test_without_contention_everyone_gets_its_want_on_its_first_option() -> None:
+    a = allocate(
+        Budget("b", {H100: 16, L40S: 8}),
+        [d("chat", (H100, 1, 6), priority=10), d("rag", (H100, 2, 3), (L40S, 1, 8)), d("x", (L40S, 1, 2))],
+    )
+    assert [(g.name, g.gpu_type, g.replicas, g.held, g.moved) for g in a.grants] == [
+        ("chat", H100, 6, False, False),
+        ("rag", H100, 3, False, False),
+        ("x", L40S, 2, False, False),
+    ]
+    assert a.used == {H100: 12, L40S: 2}
+    assert a.grant("chat").reason == "wanted 6, got 6 on H100-SXM x1"
+
+
+def test_the_top_priority_keeps_its_replicas_and_the_others_say_why() -> None:
+    a = allocate(
+        Budget("prod", {H100: 8}),
+        [
+            d("batch", (H100, 1, 5), priority=1, min_replicas=1),
+            d("chat", (H100, 1, 6), priority=100, min_replicas=1),
+            d("rag", (H100, 1, 4), priority=50, min_replicas=1),
+        ],
+    )
+    assert [g.name for g in a.grants] == ["chat", "rag", "batch"]
+    assert [g.replicas for g in a.grants] == [6, 1, 1]  # rag and batch keep their floors
+    assert a.used == {H100: 8}
+    rag = a.grant("rag")
+    assert rag.held and rag.wanted == 4
+    assert rag.reason == (
+        "wanted 4, got 1 on H100-SXM x1: budget prod holds the H100-SXM limit of 8 GPUs; in priority order: "
+        "chat (priority 100) 6, batch (priority 1) 1"
+    )
+
+
+def test_floors_come_before_any_want() -> None:
+    a = allocate(
+        Budget("b", {H100: 4}),
+        [d("top", (H100, 1, 10), priority=9, min_replicas=1), d("low", (H100, 1, 3), priority=0, min_replicas=2)],
+    )
+    assert (a.grant("top").replicas, a.grant("low").replicas) == (2, 2)
+
+
+def test_a_floor_the_budget_cannot_hold_gets_what_is_left_and_says_so() -> None:
+    a = allocate(
+        Budget("b", {H100: 3}),
+        [d("top", (H100, 1, 2), priority=9, min_replicas=2), d("low", (H100, 1, 3), min_replicas=3)],
+    )
+    assert (a.grant("top").replicas, a.grant("low").replicas) == (2, 1)
+    assert "minReplicas 3 does not fit (2 short)" in a.grant("low").reason
+
+
+def test_a_lower_priority_moves_to_its_next_cheapest_plan_rather_than_starving() -> None:
+    a = allocate(
+        Budget("b", {H100: 8, L40S: 8}),
+        [d("chat", (H100, 1, 7), priority=10, min_replicas=1), d("batch", (H100, 1, 3), (L40S, 2, 4), min_replicas=1)],
+    )
+    batch = a.grant("batch")
+    assert (batch.gpu_type, batch.replicas, batch.moved, batch.held) == (L40S, 4, True, False)
+    assert "next-cheapest feasible plan" in batch.reason
+    assert a.grant("chat").replicas == 7
+
+
+def test_a_lower_floor_moves_out_of_a_higher_prioritys_way() -> None:
+    # batch's floor sits on the only H100s chat accepts; it moves to its L40S plan.
+    a = allocate(
+        Budget("b", {H100: 4, L40S: 4}),
+        [d("chat", (H100, 1, 4), priority=10), d("batch", (H100, 2, 1), (L40S, 2, 1), min_replicas=1)],
+    )
+    assert (a.grant("chat").replicas, a.grant("batch").gpu_type, a.grant("batch").replicas) == (4, L40S, 1)
+
+
+def test_types_the_budget_does_not_list_are_not_limited() -> None:
+    a = allocate(Budget("b", {H100: 1}), [d("x", (A100, 4, 50))])
+    assert (a.grant("x").replicas, a.used) == (50, {A100: 200})
+
+
+def test_namespace_limits_hold_within_the_global_ones() -> None:
+    budget = Budget("b", {H100: 10}, namespace_limits={"team-a": {H100: 3}})
+    a = allocate(
+        budget,
+        [
+            d("team-a/x", (H100, 1, 5), namespace="team-a", priority=5),
+            d("team-b/y", (H100, 1, 5), namespace="team-b"),
+        ],
+    )
+    assert (a.grant("team-a/x").replicas, a.grant("team-b/y").replicas) == (3, 5)
+    assert "namespace team-a's H100-SXM limit of 3 GPUs" in a.grant("team-a/x").reason
+
+
+def test_slo_gap_orders_one_priority_and_small_differences_keep_last_ticks_order() -> None:
+    budget = Budget("b", {H100: 4})
+    a = allocate(budget, [d("a", (H100, 1, 4), slo_gap=0.0), d("b", (H100, 1, 4), slo_gap=0.6)])
+    assert (a.grant("b").replicas, a.grant("a").replicas) == (4, 0)
+    # Next tick "a" misses a little more than "b" now does: within the margin, b keeps its place.
+    again = allocate(
+        budget,
+        [d("a", (H100, 1, 4), slo_gap=0.1, current_gpu_type=H100), d("b", (H100, 1, 4), slo_gap=0.0)],
+        previous=a.by_name,
+    )
+    assert again.grant("b").replicas == 4
+
+
+def test_the_move_back_needs_the_margin() -> None:
+    moved = d("x", (H100, 1, 4), (L40S, 1, 6), current_gpu_type=L40S)
+    assert allocate(Budget("b", {H100: 4, L40S: 8}), [moved]).grant("x").gpu_type == L40S
+    assert allocate(Budget("b", {H100: 5, L40S: 8}), [moved]).grant("x").gpu_type == H100
+
+
+def test_bad_input_is_refused_with_the_field() -> None:
+    with pytest.raises(ValueError, match="at least one option"):
+        Demand("x", ())
+    with pytest.raises(ValueError, match="H100-SXM limit must be >= 0"):
+        Budget("b", {H100: -1})
+    with pytest.raises(ValueError, match="unique"):
+        allocate(Budget("b", {}), [d("x", (H100, 1, 1)), d("x", (H100, 1, 1))])
+
+
+# -- properties ---------------------------------------------------------------------------
+
+TYPES = (H100, L40S, A100)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[Budget, list[Demand]]:
+    limits = {t: draw(st.integers(0, 24)) for t in draw(st.lists(st.sampled_from(TYPES), min_size=1, unique=True))}
+    demands = []
+    for i in range(draw(st.integers(1, 7))):
+        types = draw(st.lists(st.sampled_from(TYPES), min_size=1, max_size=3, unique=True))
+        base = draw(st.integers(0, 12))  # the policy's count; other types need more or fewer replicas
+        options = tuple(
+            Option(t, draw(st.sampled_from((1, 2, 4))), draw(st.integers(max(1, base // 2), 2 * base)) if base else 0)
+            for t in types
+        )
+        demands.append(
+            Demand(
+                f"s{i}",
+                options,
+                priority=draw(st.integers(0, 3)),
+                min_replicas=draw(st.integers(0, 2)),
+                slo_gap=draw(st.floats(-1, 3)),
+                current_gpu_type=draw(st.sampled_from((None, *types))),
+            )
+        )
+    return Budget("b", limits), demands
+
+
+def _used(a: Allocation) -> dict[str, int]:
+    used: dict[str, int] = {}
+    for g in a.grants:
+        if g.gpus:
+            used[g.gpu_type] = used.get(g.gpu_type, 0) + g.gpus
+    return used
+
+
+@settings(max_examples=150)
+@given(scenarios())
+def test_never_above_a_limit(case: tuple[Budget, list[Demand]]) -> None:
+    budget, demands = case
+    a = allocate(budget, demands)
+    assert _used(a) == a.used
+    for gpu, limit in budget.limits.items():
+        assert a.used.get(gpu, 0) <= limit
+    for g in a.grants:
+        assert 0 <= g.replicas <= g.wanted
+
+
+@settings(max_examples=150)
+@given(scenarios())
+def test_without_contention_the_allocation_is_the_independent_decisions(case: tuple[Budget, list[Demand]]) -> None:
+    _, demands = case
+    fresh = [Demand(x.name, x.options, x.priority, x.min_replicas, slo_gap=x.slo_gap) for x in demands]
+    need: dict[str, int] = {}
+    for x in fresh:
+        o = x.options[0]
+        need[o.gpu_type] = need.get(o.gpu_type, 0) + max(o.wanted, x.min_replicas) * o.gpus_per_replica
+    a = allocate(Budget("roomy", need), fresh)
+    for x in fresh:
+        g = a.grant(x.name)
+        assert (g.gpu_type, g.replicas, g.held) == (
+            x.options[0].gpu_type,
+            max(x.options[0].wanted, x.min_replicas),
+            False,
+        )
+
+
+@settings(max_examples=150)
+@given(scenarios())
+def test_priority_order(case: tuple[Budget, list[Demand]]) -> None:
+    """A service held on a GPU type leaves lower priorities at most their floors there (up to
+    less than one of its replicas, which it cannot use)."""
+    budget, demands = case
+    a = allocate(budget, demands)
+    for high in a.grants:
+        if not high.held:
+            continue
+        above_floor = sum(
+            (g.replicas - min(g.replicas, g.min_replicas)) * g.gpus_per_replica
+            for g in a.grants
+            if g.priority < high.priority and g.gpu_type == high.gpu_type
+        )
+        assert above_floor < high.gpus_per_replica
+
+
+@settings(max_examples=150)
+@given(scenarios())
+def test_floors_first(case: tuple[Budget, list[Demand]]) -> None:
+    """A service short of its floor means the floors alone fill what it could use."""
+    budget, demands = case
+    a = allocate(budget, demands)
+    for g in a.grants:
+        if g.replicas < g.min_replicas:
+            assert "does not fit" in g.reason
+
+
+@settings(max_examples=150)
+@given(scenarios())
+def test_the_same_inputs_give_the_same_allocation_next_tick(case: tuple[Budget, list[Demand]]) -> None:
+    """No flapping: feeding a tick's result back (where each runs, its rank) changes nothing."""
+    budget, demands = case
+    first = allocate(budget, demands)
+    settled = [
+        Demand(x.name, x.options, x.priority, x.min_replicas, x.namespace, x.slo_gap, first.grant(x.name).gpu_type)
+        for x in demands
+    ]
+    second = allocate(budget, settled, previous=first.by_name)
+    third = allocate(
+        budget,
+        [
+            Demand(x.name, x.options, x.priority, x.min_replicas, x.namespace, x.slo_gap, second.grant(x.name).gpu_type)
+            for x in demands
+        ],
+        previous=second.by_name,
+    )
+    assert [(g.name, g.gpu_type, g.replicas) for g in third.grants] == [
+        (g.name, g.gpu_type, g.replicas) for g in second.grants
+    ]
+
+
+def test_grant_is_typed() -> None:
+    a = allocate(Budget("b", {}), [d("x", (H100, 2, 3))])
+    g: Grant = a.grant("x")
+    assert (g.gpus, g.held) == (6, False)
