@@ -328,8 +328,8 @@ class PlanStatus(_Status):
     throughput_tokens_per_second: float = Field(description="Generated tokens/s one replica sustains within the SLO.")
     rate_per_replica: float = Field(description="Requests/s one replica sustains within the SLO.")
     limited_by: str = Field(
-        description="What bounds a replica: prefill-compute, decode-bandwidth, decode-compute, kv-capacity, "
-        "batch-slots, communication or overhead."
+        description="The SLO term that bounds a replica's load: ttft-tail, tpot-tail, kv-capacity, batch-slots "
+        "or prefill-compute."
     )
     mbu: float = Field(description="Model bandwidth utilization of the decode step.")
     mfu: float = Field(description="Model FLOPs utilization of the decode step.")

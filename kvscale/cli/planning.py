@@ -216,6 +216,8 @@ def _render_plan(result: Plan, args: list[str] | None, show: int, launch: Planne
             f"  predicted p{r.slo.percentile:g} TTFT {p.ttft_p_s * 1e3:.0f} ms, TPOT {p.tpot_p_s * 1e3:.1f} ms at this load; "
             f"{p.rate_per_replica_max:.2f} req/s per replica max; limited by {p.limited_by}; MBU {p.mbu:.0%}, MFU {p.mfu:.0%}"
         )
+        if p.limited_why:
+            console.print(f"  binds: {p.limited_why}")
         console.print(f"  why: {c.reason}")
         if launch is not None:
             console.print(

@@ -21,6 +21,7 @@ the running batch), KV capacity or batch slots (every slot busy).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -28,14 +29,17 @@ from kvscale.sizing.config import ServingConfig, default_chunk_budget_tokens
 from kvscale.sizing.memory import max_batch_for_context
 from kvscale.sizing.queueing import mmc_wait_percentile_s
 from kvscale.sizing.roofline import StepTime, decode_step, mixed_step
-from kvscale.sizing.workload import Slo, Workload
+from kvscale.sizing.workload import Burstiness, Slo, Workload
 
 _BISECTION_STEPS = 10  # 2^-10 (0.1%) of the capacity rate: far finer than the model is accurate
 _FIXED_POINT_STEPS = 3
+_PERCENTILE_BISECTION_STEPS = 20  # 2^-20 of the range: about a microsecond for a 1 s step
+_NEWTON_STEPS = 30
 _CHUNK_GRAIN_TOKENS = 64  # packed chunks are costed in whole 64-token units (cache sharing)
 CHUNK_BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)  # --max-num-batched-tokens the planner considers
+PREFILL_BUSY_SHARE = 0.7  # the TTFT tail is prefill compute once chunk steps fill this much of the time
+MAX_BATCH_SHARE_OF_BUDGET = 0.5  # max-num-seqs <= half the token budget: the other half is room for chunks
 REFERENCE_CHUNK_SHARE = 0.5  # the budget keeps TPOT when half of a request's token gaps carry a full chunk
-PREFILL_BOUND_SHARE = 0.5  # limited by prefill compute when prefill takes more GPU time than decode
 
 
 @dataclass(frozen=True)
@@ -88,27 +92,6 @@ def running_bucket(concurrency: float) -> int:
     return -(-n // grain) * grain
 
 
-def decode_life_percentile_s(decode_s: float, per_prompt_s: float, rate_per_s: float, percentile: float) -> float:
-    """A request's decode life at the percentile: its decode steps plus the extra time of the
-    chunks of every prompt that arrives meanwhile.
-
-    Arrivals are Poisson, and a longer life sees more of them: L = a + d x N(L), N at the
-    percentile lambda L + z sqrt(lambda L) + 1/2 (normal approximation with continuity
-    correction). With A = 1 - d lambda (the GPU time share prefill leaves to decode), this is
-    a quadratic in sqrt(L): A L - d z sqrt(lambda) sqrt(L) - (a + d/2) = 0.
-    """
-    if per_prompt_s <= 0 or rate_per_s <= 0:
-        return decode_s
-    a_coef = 1.0 - per_prompt_s * rate_per_s
-    if a_coef <= 0:
-        return math.inf
-    z = max(NormalDist().inv_cdf(percentile / 100.0), 0.0)
-    b_coef = per_prompt_s * z * math.sqrt(rate_per_s)
-    c_coef = decode_s + 0.5 * per_prompt_s
-    root = (b_coef + math.sqrt(b_coef * b_coef + 4.0 * a_coef * c_coef)) / (2.0 * a_coef)
-    return root * root
-
-
 class ReplicaModel:
     """Latency of one replica of a configuration for one workload, with its steps cached."""
 
@@ -125,6 +108,7 @@ class ReplicaModel:
         self._decodes: dict[int, StepTime] = steps_from._decodes if steps_from else {}
         self._mixeds: dict[tuple[int, int], StepTime] = steps_from._mixeds if steps_from else {}
         self._own_prefills: dict[int, StepTime] = {}
+        self._length_steps: dict[tuple[int, int, int], float] = {}
 
     @property
     def prefill_step(self) -> StepTime:
@@ -172,6 +156,24 @@ class ReplicaModel:
         seconds = full * self._mixed(batch, room).seconds if full else 0.0
         return seconds + (self._mixed(batch, rest).seconds if rest else 0.0)
 
+    def length_prefill_s(self, batch: int, prompt_tokens: int) -> float:
+        """Chunk steps of one prompt of `prompt_tokens` beside `batch` decodes (its attention
+        over its own length: a long prompt of the mix costs more per token than the mean)."""
+        room = self.chunk_room(batch)
+        prompt = running_bucket(prompt_tokens)
+        full, rest = divmod(prompt, room)
+        rest = -(-rest // _CHUNK_GRAIN_TOKENS) * _CHUNK_GRAIN_TOKENS if rest else 0
+
+        def chunk_s(chunk: int) -> float:
+            key = (batch, min(chunk, room), prompt)
+            seconds = self._length_steps.get(key)
+            if seconds is None:
+                seconds = mixed_step(self.cfg, batch, self._context, min(chunk, room), prompt).seconds
+                self._length_steps[key] = seconds
+            return seconds
+
+        return (full * chunk_s(room) if full else 0.0) + (chunk_s(rest) if rest else 0.0)
+
     def own_prefill(self, batch: int) -> StepTime:
         """The chunk steps one prompt needs beside `batch` running decodes, summed."""
         batch = max(0, batch)
@@ -216,8 +218,10 @@ class ReplicaModel:
 
     @property
     def slot_limit(self) -> int:
-        """Most sequences the engine may run: KV, its own limit, and max-num-seqs <= budget (vLLM)."""
-        return min(self.kv_max_batch, self.budget)
+        """Most sequences the engine may run: KV, its own limit, and max-num-seqs at most half
+        the budget (vLLM requires <= budget; a batch limit next to the budget leaves a step no
+        room for prefill, so prompts wait behind full decode steps)."""
+        return min(self.kv_max_batch, max(1, int(self.budget * MAX_BATCH_SHARE_OF_BUDGET)))
 
     @property
     def max_context_fits(self) -> bool:
@@ -297,8 +301,11 @@ class ReplicaModel:
         if rate_per_s <= 0:  # an idle engine: the prompt's own chunks, then decode alone
             dec = self.decode(1)
             own = self.own_prefill(0).seconds
+            ttft_idle = own + dec.seconds
+            if not self.workload.inputs.is_constant:  # the percentile prompt's own chunks
+                ttft_idle = self.length_prefill_s(0, self.workload.inputs.quantile(percentile / 100.0)) + dec.seconds
             return LoadPoint(
-                0.0, max_batch, 0.0, own, dec, dec, own + dec.seconds, dec.seconds, dec.seconds, dec.seconds, 0.0, 0.0
+                0.0, max_batch, 0.0, own, dec, dec, ttft_idle, dec.seconds, dec.seconds, dec.seconds, 0.0, 0.0
             )
         concurrency = min(rate_per_s * (self.prefill_step.seconds + out * self.decode(1).seconds), float(batch_cap))
         gap = self.decode(1).seconds
@@ -330,14 +337,13 @@ class ReplicaModel:
         hold = own + out * gap
         slot_wait = mmc_wait_percentile_s(batch_cap, rate_per_s, hold, percentile)
         prefill_util = share * mix.seconds / gap  # share of time in chunk steps
-        prefill_wait = _md1_wait_percentile_s(prefill_util, own, percentile)
-        ttft = slot_wait + prefill_wait + gap / 2.0 + own  # an arrival lands mid-step on average
-        gaps = max(out - 1, 0)
         chunk = self._chunk(rate_per_s, n)
-        per_prompt_s = self.workload.input_tokens * (mix.seconds - dec.seconds) / chunk
-        tpot_p = (
-            decode_life_percentile_s(gaps * dec.seconds, per_prompt_s, rate_per_s, percentile) / gaps if gaps else 0.0
-        )
+        per_token_s = (mix.seconds - dec.seconds) / chunk  # what a prompt token adds to a step
+        per_prompt_s = self.workload.input_tokens * per_token_s
+        arrivals = self._replica_arrivals(rate_per_s)
+        ttft, prefill_wait = self._ttft_percentile(n, prefill_util, slot_wait + gap / 2.0, arrivals, percentile)
+        gaps = max(out - 1, 0)
+        tpot_p = self._tpot_percentile(rate_per_s, n, dec.seconds, per_token_s, arrivals, percentile)
         itl_p = mix.seconds if share > 1.0 - percentile / 100.0 else dec.seconds
         prefill_time_share = rate_per_s * per_prompt_s
         return LoadPoint(
@@ -357,42 +363,182 @@ class ReplicaModel:
             prefill_wait_p_s=prefill_wait,
         )
 
+    def _replica_arrivals(self, rate_per_s: float) -> Burstiness:
+        """The burstiness one replica sees: routing spreads a burst over the fleet, so of the
+        fleet's excess dispersion D - 1 a replica carrying a share s of the load sees s (D - 1)."""
+        fleet = self.workload.arrivals
+        total = self.workload.requests_per_s
+        share = min(1.0, rate_per_s / total) if total > 0 else 1.0
+        return Burstiness(1.0 + (fleet.index_of_dispersion - 1.0) * share, fleet.window_s)
+
+    def _ttft_percentile(
+        self, batch: int, prefill_util: float, fixed_s: float, arrivals: Burstiness, percentile: float
+    ) -> tuple[float, float]:
+        """TTFT at the percentile over the prompt-length mix, and its wait behind other prompts.
+
+        A request's TTFT is `fixed_s` (slot wait, the step in flight) + its own chunk steps +
+        its wait behind other prompts' chunks: the burst companions that arrived just before
+        it (a request sees D - 1 others of its burst, uniformly placed around it, so up to
+        D - 1 prompts ahead) plus the background queue (M/G/1: waits with probability rho,
+        exponential tail at the Cramer-Lundberg decay rate of the prompts' prefill times).
+        """
+        if prefill_util >= 1.0:
+            return math.inf, math.inf
+        inputs = self.workload.inputs
+        owns = [(self.length_prefill_s(batch, t), w) for t, w in inputs.points]
+        room = self.chunk_room(batch)
+        per_token_full_s = self.mixed(batch, room).seconds / room
+        width = max(0.0, arrivals.index_of_dispersion - 1.0) * inputs.mean * per_token_full_s
+        mean_wait = _mg1_tail_scale_s(owns, prefill_util)
+        tail = 1.0 - percentile / 100.0
+
+        def over(x: float) -> float:
+            return sum(w * _queue_tail(x - fixed_s - own, width, prefill_util, mean_wait) for own, w in owns)
+
+        if len(owns) == 1 and width <= 0.0:  # one prompt length, Poisson: the tail in closed form
+            queued = mean_wait * math.log(prefill_util / tail) if prefill_util > tail and mean_wait > 0 else 0.0
+            return fixed_s + owns[0][0] + queued, queued
+        longest = max(own for own, _ in owns)
+        queue_top = mean_wait * math.log(prefill_util / tail) if prefill_util > tail and mean_wait > 0 else 0.0
+        hi = fixed_s + longest + width + queue_top + 1e-9
+        lo = fixed_s + min(own for own, _ in owns)
+        ttft = _bisect_percentile(over, lo, hi, tail)
+        own_p = (
+            self.length_prefill_s(batch, inputs.quantile(percentile / 100.0)) if not inputs.is_constant else owns[0][0]
+        )
+        return ttft, max(0.0, ttft - fixed_s - own_p)
+
+    def _tpot_percentile(
+        self,
+        rate_per_s: float,
+        batch: int,
+        decode_s: float,
+        per_token_s: float,
+        arrivals: Burstiness,
+        percentile: float,
+    ) -> float:
+        """Per-request TPOT at the percentile over the output-length mix.
+
+        A request with g token gaps waits g decode steps plus the chunks of the prompt tokens
+        computed during its life (g x its TPOT: a slower request sees more arrivals): those
+        arriving meanwhile (compound arrivals: mean rate x life
+        x E[I], variance dispersion x rate x life x E[I^2], normal, a half prompt of continuity)
+        plus its burst companions queued behind it (uniform over 0..D-1 prompts). At most one
+        chunk per gap: its TPOT never exceeds the full mixed step. Short outputs average few
+        gaps, so under bursts they run at the full mixed step.
+        """
+        outputs = self.workload.outputs
+        inputs = self.workload.inputs
+        room = self.chunk_room(batch)
+        full_s = max(self.mixed(batch, room).seconds, decode_s)
+        if per_token_s <= 0 or (rate_per_s <= 0 and arrivals.is_poisson):
+            return decode_s
+        mean_in = inputs.mean
+        square_in = sum(t * t * w for t, w in inputs.points)
+        width = max(0.0, arrivals.index_of_dispersion - 1.0) * mean_in
+        gaps = [(o - 1, w) for o, w in outputs.points if o > 1]
+        if not gaps:
+            return 0.0
+        tail = 1.0 - percentile / 100.0
+        arrivals_rate = rate_per_s * mean_in
+
+        if len(gaps) == 1 and width <= 0.0 and arrivals.is_poisson:
+            # One output length, Poisson: (x - decode) g / per_token = mean(gx) + z sd(gx) is a
+            # quadratic in sqrt(x).
+            g = gaps[0][0]
+            z = NormalDist().inv_cdf(1.0 - tail)
+            a = g / per_token_s - arrivals_rate * g
+            if a <= 0.0:
+                return full_s
+            b = z * math.sqrt(rate_per_s * g * square_in)
+            c = decode_s * g / per_token_s + 0.5 * mean_in
+            root = (b + math.sqrt(b * b + 4.0 * a * c)) / (2.0 * a)
+            return min(max(root * root, decode_s), full_s)
+
+        def over(x: float) -> float:
+            """P(TPOT > x): a request whose TPOT is x lives g x, and the prompt tokens that
+            arrive over that life must add more than (x - decode) g of chunk time."""
+            if x >= full_s:
+                return 0.0
+            total = 0.0
+            for g, w in gaps:
+                life = g * x
+                mean = arrivals_rate * life + 0.5 * mean_in
+                sd = math.sqrt(arrivals.dispersion_at(life) * rate_per_s * life * square_in)
+                total += w * _uniform_plus_normal_tail((x - decode_s) * g / per_token_s, mean, sd, width)
+            return total
+
+        return _bisect_percentile(over, decode_s, full_s, tail)
+
     def zero_load(self, percentile: float) -> LoadPoint:
         return self.at_rate(0.0, 1, percentile)
 
     def limited_by(self, point: LoadPoint, slo: Slo) -> str:
         """What keeps this replica from carrying more than `point` (its highest rate within
-        the SLO): the target that a little more load would break, and what drives it.
+        the SLO): the term that a little more load breaks first.
 
-        TTFT: waiting for a batch slot (kv-capacity when the KV cache sets max-num-seqs,
-        batch-slots otherwise) or behind other prompts' chunks (prefill-compute). TPOT:
-        prefill-compute when prefill takes most of the GPU's time (its chunks stretch the
-        token gaps), else what bounds the decode step (decode-bandwidth / decode-compute,
-        or its fixed overhead / communication).
+        ttft-tail: the TTFT percentile (waiting behind other prompts' chunks, bursts
+        included); tpot-tail: the per-request TPOT percentile (decode steps stretched by
+        chunks); kv-capacity / batch-slots: every slot busy (the KV cache, or max-num-seqs,
+        sets the limit) so arrivals queue for a slot; prefill-compute: the TTFT tail with chunk
+        steps filling most of the time (or prefill alone saturating the GPU). `explain` says why the hardware is not busier.
         """
         above = self.at_rate(point.rate_per_s * 1.02 + 1e-6, point.max_batch, slo.percentile)
-        decode_part = point.decode.limited_by
-        decode_name = {"bandwidth": "decode-bandwidth", "compute": "decode-compute"}.get(decode_part, decode_part)
+        slots = "kv-capacity" if point.max_batch >= self.kv_max_batch else "batch-slots"
         if not above.stable:
-            if above.chunk_share >= 1.0:
-                return "prefill-compute"
-            return "kv-capacity" if point.max_batch >= self.kv_max_batch else "batch-slots"
-        if above.ttft_p_s > slo.ttft_s and above.tpot_p_s <= slo.tpot_s:
+            return "prefill-compute" if above.chunk_share >= 1.0 else slots
+        ttft_excess = above.ttft_p_s / slo.ttft_s
+        tpot_excess = above.tpot_p_s / slo.tpot_s
+        if ttft_excess >= tpot_excess:
             if above.slot_wait_p_s > above.prefill_wait_p_s:
-                return "kv-capacity" if point.max_batch >= self.kv_max_batch else "batch-slots"
-            return "prefill-compute"
-        return "prefill-compute" if above.gpu_prefill_share >= PREFILL_BOUND_SHARE else decode_name
+                return slots
+            prefill_busy = point.chunk_share * point.mixed.seconds / point.tpot_mean_s if point.tpot_mean_s else 0.0
+            return "prefill-compute" if prefill_busy >= PREFILL_BUSY_SHARE else "ttft-tail"
+        return "tpot-tail"
 
-    def max_rate_meeting(self, slo: Slo, max_batch: int) -> float:
-        """Highest arrival rate at which p-TTFT and p-TPOT both meet the SLO (0 when none)."""
+    def explain(self, point: LoadPoint, slo: Slo, limit: str) -> str:
+        """One sentence on what binds at `point` and why MFU/MBU stay where they are."""
+        pct = f"p{slo.percentile:g}"
+        busy = f"MFU {point.mfu:.0%}, MBU {point.mbu:.0%}"
+        if limit == "ttft-tail":
+            return (
+                f"{pct} TTFT {point.ttft_p_s:.2f}s of {slo.ttft_s:.2f}s: own prefill {point.prefill_s:.2f}s + "
+                f"{point.prefill_wait_p_s:.2f}s waiting behind other prompts' chunks (steps carrying chunks "
+                f"{point.chunk_share * point.mixed.seconds / point.tpot_mean_s:.0%} of the time); more load lengthens "
+                f"that queue before the GPU is busy ({busy})"
+            )
+        if limit == "tpot-tail":
+            return (
+                f"{pct} TPOT {point.tpot_p_s * 1e3:.1f}ms of {slo.tpot_s * 1e3:.0f}ms: decode step "
+                f"{point.decode.seconds * 1e3:.1f}ms at {point.concurrency:.0f} running ({point.decode.limited_by}-bound), "
+                f"stretched by prefill chunks in {point.chunk_share:.0%} of steps; a larger batch or more chunks would "
+                f"break TPOT ({busy})"
+            )
+        if limit in ("kv-capacity", "batch-slots"):
+            what = "the KV cache" if limit == "kv-capacity" else "max-num-seqs"
+            return (
+                f"{what} allows {point.max_batch} running requests; at {point.concurrency:.0f} running, arrivals queue "
+                f"for a slot ({busy})"
+            )
+        return f"prefill work fills the GPU: chunk steps in {point.chunk_share:.0%} of steps ({busy})"
+
+    def meets(self, slo: Slo, max_batch: int, rate_per_s: float) -> bool:
+        """Whether p-TTFT and p-TPOT both meet the SLO at this arrival rate."""
+        point = self.at_rate(rate_per_s, max_batch, slo.percentile)
+        return point.ttft_p_s <= slo.ttft_s and point.tpot_p_s <= slo.tpot_s
+
+    def max_rate_meeting(self, slo: Slo, max_batch: int, at_least_per_s: float = 0.0) -> float:
+        """Highest arrival rate at which p-TTFT and p-TPOT both meet the SLO (0 when none).
+
+        `at_least_per_s`: only a rate above this is of interest (another configuration
+        already carries it); when this one misses the SLO there, -1 comes back at once."""
 
         def meets(rate: float) -> bool:
-            point = self.at_rate(rate, max_batch, slo.percentile)
-            return point.ttft_p_s <= slo.ttft_s and point.tpot_p_s <= slo.tpot_s
+            return self.meets(slo, max_batch, rate)
 
-        lo, hi = 0.0, self.capacity_rate_per_s(max_batch)
+        lo, hi = at_least_per_s, self.capacity_rate_per_s(max_batch)
         if not meets(lo):
-            return 0.0
+            return -1.0 if at_least_per_s > 0 else 0.0
         for _ in range(_BISECTION_STEPS):
             mid = (lo + hi) / 2.0
             if meets(mid):
@@ -402,15 +548,89 @@ class ReplicaModel:
         return lo
 
 
-def _md1_wait_percentile_s(utilization: float, service_s: float, percentile: float) -> float:
-    """Waiting time at a percentile for a single server busy `utilization` of the time:
-    P(wait) = rho with an exponential tail of the M/D/1 conditional mean S / (2 (1 - rho))."""
+def _bisect_percentile(over: Callable[[float], float], lo: float, hi: float, tail: float) -> float:
+    """The smallest x in [lo, hi] with over(x) <= tail, for a non-increasing tail function."""
+    if over(lo) <= tail:
+        return lo
+    if over(hi) > tail:
+        return hi
+    for _ in range(_PERCENTILE_BISECTION_STEPS):
+        mid = (lo + hi) / 2.0
+        if over(mid) <= tail:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _mg1_tail_scale_s(services: list[tuple[float, float]], utilization: float) -> float:
+    """1 / theta, where P(wait > t) ~ rho exp(-theta t) in an M/G/1 queue: theta > 0 solves
+    lambda (E[exp(theta S)] - 1) = theta (Cramer-Lundberg). Exact for exponential service;
+    for constant service (M/D/1) it is about 30% below the conditional mean wait that a plain
+    exponential fit would use, which over-states the tail of long, regular prefills."""
+    mean_s = sum(s * w for s, w in services)
+    if utilization <= 0.0 or mean_s <= 0.0:
+        return 0.0
     if utilization >= 1.0:
         return math.inf
-    tail = 1.0 - percentile / 100.0
-    if utilization <= tail:
-        return 0.0
-    return math.log(utilization / tail) * service_s / (2.0 * (1.0 - utilization))
+    rate = utilization / mean_s
+
+    def excess(theta: float) -> float:
+        return rate * (sum(w * math.exp(min(theta * s, 700.0)) for s, w in services) - 1.0) - theta
+
+    # The excess is convex, zero at 0 and negative just above it: Newton from a point where it
+    # is positive descends monotonically onto the root.
+    theta = 2.0 * (1.0 - utilization) / (utilization * mean_s) + 1.0 / mean_s
+    while excess(theta) <= 0.0:
+        theta *= 2.0
+    for _ in range(_NEWTON_STEPS):
+        slope = rate * sum(w * s * math.exp(min(theta * s, 700.0)) for s, w in services) - 1.0
+        step = excess(theta) / slope
+        theta -= step
+        if step < 1e-6 * theta:
+            break
+    hi = theta
+    return 1.0 / hi
+
+
+def _normal_tail(z: float) -> float:
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def _normal_tail_integral(z: float) -> float:
+    """An antiderivative of the normal tail Q: z Q(z) - phi(z)."""
+    return z * _normal_tail(z) - math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+
+
+def _uniform_plus_normal_tail(y: float, mean: float, sd: float, width: float) -> float:
+    """P(U + N > y) for U uniform on [0, width] and N normal(mean, sd)."""
+    if sd <= 0.0:
+        if width <= 0.0:
+            return 1.0 if mean > y else 0.0
+        return min(1.0, max(0.0, (width - (y - mean)) / width))
+    if width <= 0.0:
+        return _normal_tail((y - mean) / sd)
+    z0, z1 = (y - mean) / sd, (y - width - mean) / sd
+    return min(1.0, max(0.0, sd / width * (_normal_tail_integral(z0) - _normal_tail_integral(z1))))
+
+
+def _queue_tail(t: float, width: float, busy: float, mean_wait: float) -> float:
+    """P(U + W > t) for U uniform on [0, width] and a queueing wait W: 0 with probability
+    1 - busy, else exponential with mean `mean_wait`."""
+    if t < 0.0:
+        return 1.0
+
+    def background(x: float) -> float:
+        return 1.0 if x < 0 else (busy * math.exp(-x / mean_wait) if mean_wait > 0 else 0.0)
+
+    if width <= 0.0:
+        return background(t)
+    sure = max(0.0, width - t) / width  # the companions alone exceed t
+    inner = min(t, width)
+    queued = (
+        busy * mean_wait * (math.exp(-(t - inner) / mean_wait) - math.exp(-t / mean_wait)) if mean_wait > 0 else 0.0
+    )
+    return min(1.0, sure + queued / width)
 
 
 def chunk_budget_for(

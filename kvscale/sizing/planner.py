@@ -11,7 +11,7 @@ from typing import Literal
 
 from kvscale.sizing.catalog import Catalog, GpuSpec, ModelArch
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.load import LoadPoint, ReplicaModel, chunk_budget_for
+from kvscale.sizing.load import CHUNK_BUDGETS, LoadPoint, ReplicaModel, chunk_budget_for
 from kvscale.sizing.queueing import replicas_for_rate
 from kvscale.sizing.units import GIB, format_duration
 from kvscale.sizing.workload import Slo, Workload
@@ -20,6 +20,7 @@ Objective = Literal["cost", "latency"]
 Verdict = Literal["chosen", "alternative", "rejected", "outranked"]
 TENSOR_PARALLEL_DEGREES = (1, 2, 4, 8)
 DEFAULT_HEADROOM = 0.10
+BUDGET_RATE_TOLERANCE = 0.02  # chunk budgets carrying within 2% of the best rate count as equal
 FULLY_RANKED = 5  # alternatives evaluated in full, beyond the chosen one
 
 
@@ -39,6 +40,7 @@ class Prediction:
     kv_cache_tokens: int
     weights_bytes_per_gpu: float
     cost_usd_per_hour: float
+    limited_why: str = ""  # the binding term in a sentence, and why the hardware is not busier
 
 
 class _Configured:
@@ -203,6 +205,20 @@ class _Screened:
     max_batch: int
     idle: LoadPoint
     bound: float  # lower bound of the ranking metric: cost at no-queueing capacity, or idle latency
+    # Every chunk budget the candidate may run with (the first is `cfg`'s): the load model
+    # picks the one that carries the most load within the SLO.
+    options: tuple[_Option, ...] = ()
+    budget_free: bool = True  # the planner picks the chunk budget (the request did not pin one)
+
+
+@dataclass(frozen=True)
+class _Option:
+    """One chunk budget of a candidate: its configuration, model and batch limit."""
+
+    cfg: ServingConfig
+    replica: ReplicaModel
+    max_batch: int
+    capacity_per_s: float  # optimistic: no queueing
 
 
 def _physics_key(cfg: ServingConfig) -> tuple[object, ...]:
@@ -236,7 +252,11 @@ def _screen_once(
     if isinstance(twin, Rejected):
         return replace(twin, precision=cfg.precision.name)
     mine = replace(twin.cfg, precision=cfg.precision)
-    return replace(twin, cfg=mine, replica=twin.replica.renamed(mine))
+    options = tuple(
+        replace(o, cfg=(c := replace(o.cfg, precision=cfg.precision)), replica=o.replica.renamed(c))
+        for o in twin.options
+    )
+    return replace(twin, cfg=mine, replica=twin.replica.renamed(mine), options=options)
 
 
 def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
@@ -245,7 +265,8 @@ def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
     if unsupported:
         return _reject(cfg, unsupported)
     steps = ReplicaModel(cfg, request.workload)
-    if cfg.chunk_budget_tokens is None:
+    pinned = cfg.chunk_budget_tokens is not None
+    if not pinned:
         cfg = cfg.with_chunk_budget(chunk_budget_for(cfg, request.workload, request.slo.tpot_s, steps))
     mem = cfg.memory
     if not mem.fits:
@@ -271,27 +292,109 @@ def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
             best_ttft_s=idle.ttft_p_s,
             best_tpot_s=idle.tpot_p_s,
         )
-    if idle.ttft_p_s > slo.ttft_s:
+    options = (
+        [_Option(cfg, replica, max_batch, replica.capacity_rate_per_s(max_batch))]
+        if idle.ttft_p_s <= slo.ttft_s
+        else []
+    )
+    best_idle = idle
+    # The largest budget that fits carries the most with no queueing and has the shortest
+    # idle TTFT (fewest, most efficient chunks): it alone sets the optimistic bound; the
+    # budgets between are built when the candidate is evaluated in full.
+    for budget in () if pinned else sorted(CHUNK_BUDGETS, reverse=True):
+        if budget == cfg.max_num_batched_tokens:
+            break
+        option = _option(cfg.with_chunk_budget(budget), request, replica)
+        if option is None:
+            continue
+        its_idle = option.replica.zero_load(slo.percentile)
+        best_idle = min(best_idle, its_idle, key=lambda p: p.ttft_p_s)
+        if its_idle.ttft_p_s <= slo.ttft_s:
+            options.append(option)
+        break
+    if not options:
         return _reject(
             cfg,
-            f"TTFT {format_duration(idle.ttft_p_s)} with no load exceeds the {format_duration(slo.ttft_s)} target",
-            best_ttft_s=idle.ttft_p_s,
-            best_tpot_s=idle.tpot_p_s,
+            f"TTFT {format_duration(best_idle.ttft_p_s)} with no load exceeds the {format_duration(slo.ttft_s)} target",
+            best_ttft_s=best_idle.ttft_p_s,
+            best_tpot_s=best_idle.tpot_p_s,
         )
+    first = options[0]
     if request.objective == "latency":
-        bound = idle.ttft_p_s + request.workload.output_tokens * idle.tpot_p_s
+        bound = best_idle.ttft_p_s + request.workload.output_tokens * best_idle.tpot_p_s
     else:
-        optimistic = replicas_for_rate(
-            request.workload.requests_per_s, replica.capacity_rate_per_s(max_batch), request.headroom
-        )
-        bound = optimistic * cfg.price_usd_per_hour
-    return _Screened(cfg, replica, max_batch, idle, bound)
+        capacity = max(o.capacity_per_s for o in options)
+        bound = replicas_for_rate(request.workload.requests_per_s, capacity, request.headroom) * cfg.price_usd_per_hour
+    return _Screened(first.cfg, first.replica, first.max_batch, best_idle, bound, tuple(options), not pinned)
+
+
+def _option(cfg: ServingConfig, request: PlanRequest, steps: ReplicaModel) -> _Option | None:
+    """The candidate under one chunk budget, or None when it cannot run with it."""
+    if not cfg.memory.fits:
+        return None
+    model = ReplicaModel(cfg, request.workload, steps_from=steps)
+    batch = model.tpot_batch_limit(request.slo.tpot_s)
+    if batch < 1 or not model.max_context_fits:
+        return None
+    return _Option(cfg, model, batch, model.capacity_rate_per_s(batch))
+
+
+def _budget_options(s: _Screened, request: PlanRequest) -> list[_Option]:
+    """Every chunk budget the candidate can run with and whose idle TTFT meets the target."""
+    known = {o.cfg.max_num_batched_tokens: o for o in s.options}
+    options = []
+    for budget in CHUNK_BUDGETS:
+        option = known.get(budget) or _option(s.cfg.with_chunk_budget(budget), request, s.replica)
+        if option is not None and option.replica.zero_load(request.slo.percentile).ttft_p_s <= request.slo.ttft_s:
+            options.append(option)
+    return options or list(s.options)
+
+
+def _best_option(s: _Screened, request: PlanRequest) -> tuple[_Option, float]:
+    """The chunk budget (and its batch limit) under which one replica carries the most load
+    within the SLO, and that rate.
+
+    Budgets carrying within BUDGET_RATE_TOLERANCE of the best count as equal, and the
+    smallest of them wins (beyond what the load needs, a larger budget only lengthens the
+    steps that pack several prompts). Budgets are tried by optimistic capacity; each after
+    the first is first checked just below and just above the best rate so far, and only
+    one that beats it is bisected in full.
+    """
+    slo = request.slo
+    options = sorted(
+        _budget_options(s, request) if s.budget_free else s.options,
+        key=lambda o: (-o.capacity_per_s, o.cfg.max_num_batched_tokens),
+    )
+    tol = BUDGET_RATE_TOLERANCE
+    best, best_rate = options[0], options[0].replica.max_rate_meeting(slo, options[0].max_batch)
+    near: list[_Option] = []  # met the SLO just below the best rate at the time
+    for option in options[1:]:
+        if option.capacity_per_s <= best_rate * (1.0 - tol) or best_rate <= 0:
+            break
+        if not option.replica.meets(slo, option.max_batch, best_rate * (1.0 - tol)):
+            continue
+        if not option.replica.meets(slo, option.max_batch, best_rate * (1.0 + tol)):
+            near.append(option)
+            continue
+        near.append(best)
+        best, best_rate = option, option.replica.max_rate_meeting(slo, option.max_batch, best_rate * (1.0 + tol))
+    floor = best_rate * (1.0 - tol)
+    smaller = [
+        o
+        for o in near
+        if o.cfg.max_num_batched_tokens < best.cfg.max_num_batched_tokens and o.replica.meets(slo, o.max_batch, floor)
+    ]
+    if not smaller:
+        return best, max(best_rate, 0.0)
+    chosen = min(smaller, key=lambda o: o.cfg.max_num_batched_tokens)
+    return chosen, chosen.replica.max_rate_meeting(slo, chosen.max_batch, floor)
 
 
 def _evaluate(s: _Screened, request: PlanRequest) -> Feasible | Rejected:
     """The load-dependent part: the rate one replica sustains, replicas, predictions."""
-    cfg, replica, slo = s.cfg, s.replica, request.slo
-    rate_max = replica.max_rate_meeting(slo, s.max_batch)
+    slo = request.slo
+    option, rate_max = _best_option(s, request)
+    cfg, replica, max_batch = option.cfg, option.replica, option.max_batch
     if rate_max <= 0:
         return _reject(
             cfg, "meets neither target under any load", best_ttft_s=s.idle.ttft_p_s, best_tpot_s=s.idle.tpot_p_s
@@ -303,17 +406,18 @@ def _evaluate(s: _Screened, request: PlanRequest) -> Feasible | Rejected:
         free = request.gpu_limits.get(cfg.gpu.name, 0)
         if replicas * cfg.gpus > free:
             return _reject(cfg, f"needs {replicas * cfg.gpus} {cfg.gpu.name} GPUs, the cluster has {free} free")
-    at_load = replica.at_rate(request.workload.requests_per_s / replicas, s.max_batch, slo.percentile)
-    at_max = replica.at_rate(rate_max, s.max_batch, slo.percentile)
+    at_load = replica.at_rate(request.workload.requests_per_s / replicas, max_batch, slo.percentile)
+    at_max = replica.at_rate(rate_max, max_batch, slo.percentile)
     mem = cfg.memory
     prediction = Prediction(
-        max_batch=s.max_batch,
+        max_batch=max_batch,
         replicas=replicas,
         rate_per_replica_max=rate_max,
         ttft_p_s=at_load.ttft_p_s,
         tpot_p_s=at_load.tpot_p_s,
         throughput_tokens_per_s=rate_max * request.workload.output_tokens,
-        limited_by=replica.limited_by(at_max, slo),
+        limited_by=(limit := replica.limited_by(at_max, slo)),
+        limited_why=replica.explain(at_max, slo, limit),
         mbu=at_max.mbu,
         mfu=at_max.mfu,
         kv_cache_tokens=mem.kv_capacity_tokens,

@@ -38,6 +38,7 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
             tpot_ms=_ms(p.tpot_p_s),
             throughput_tokens_per_s=round(p.throughput_tokens_per_s, 1),
             limited_by=p.limited_by,
+            limited_why=p.limited_why,
             mbu=round(p.mbu, 4),
             mfu=round(p.mfu, 4),
             kv_cache_tokens=p.kv_cache_tokens,

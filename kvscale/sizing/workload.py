@@ -13,6 +13,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from statistics import NormalDist
 
 # Probability edges of the bins a sample is summarized into: finer in the upper tail, where
@@ -263,16 +264,16 @@ class Workload:
             prefix_cache_hit_share,
         )
 
-    @property
+    @cached_property
     def inputs(self) -> LengthDistribution:
         """The prompt length distribution (constant at the mean when none was given)."""
         return self.input_lengths or LengthDistribution.constant(self.input_tokens)
 
-    @property
+    @cached_property
     def outputs(self) -> LengthDistribution:
         return self.output_lengths or LengthDistribution.constant(self.output_tokens)
 
-    @property
+    @cached_property
     def arrivals(self) -> Burstiness:
         return self.burstiness or Burstiness.poisson()
 
