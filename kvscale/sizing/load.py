@@ -337,8 +337,10 @@ class ReplicaModel:
         hold = own + out * gap
         slot_wait = mmc_wait_percentile_s(batch_cap, rate_per_s, hold, percentile)
         prefill_util = share * mix.seconds / gap  # share of time in chunk steps
-        chunk = self._chunk(rate_per_s, n)
-        per_token_s = (mix.seconds - dec.seconds) / chunk  # what a prompt token adds to a step
+        # What a prompt token adds to a step, costed at one prompt's chunk (packing several
+        # under load costs less per token, but the tail is made of the steps that do not).
+        one = min(self.chunk_room(n), self.workload.input_tokens)
+        per_token_s = (self.mixed(n, one).seconds - dec.seconds) / one
         per_prompt_s = self.workload.input_tokens * per_token_s
         arrivals = self._replica_arrivals(rate_per_s)
         ttft, prefill_wait = self._ttft_percentile(n, prefill_util, slot_wait + gap / 2.0, arrivals, percentile)

@@ -106,7 +106,7 @@ def test_burstier_arrivals_never_carry_more(d1: float, d2: float, budget: int) -
 
 @settings(max_examples=25, deadline=None)
 @given(st.floats(0.05, 0.95), st.floats(1.0, 40.0))
-def test_tails_grow_with_load_under_any_burstiness(share: float, dispersion: float) -> None:
+def test_ttft_grows_with_load_and_tpot_stays_bounded_under_any_burstiness(share: float, dispersion: float) -> None:
     cfg = config()
     w = Workload.of(
         LengthDistribution((256, 1024, 4096), (0.5, 0.4, 0.1)),
@@ -119,7 +119,12 @@ def test_tails_grow_with_load_under_any_burstiness(share: float, dispersion: flo
     lighter = replica.at_rate(top * share * 0.5, 128, 99)
     heavier = replica.at_rate(top * share, 128, 99)
     assert heavier.ttft_p_s >= lighter.ttft_p_s - 1e-9
-    assert heavier.tpot_p_s >= lighter.tpot_p_s - 1e-9
+    # TPOT need not grow (a chunk hides behind a larger, memory-bound decode step), but it
+    # stays between the decode step and one full chunk per gap.
+    for point in (lighter, heavier):
+        n = max(1, math.ceil(point.concurrency))
+        assert point.decode.seconds - 1e-9 <= point.tpot_p_s
+        assert point.tpot_p_s <= max(replica.mixed(n, replica.chunk_room(n)).seconds, point.tpot_mean_s) * 1.07
 
 
 def test_the_issues_rag_example_plans_like_an_engineer() -> None:
