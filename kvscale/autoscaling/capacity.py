@@ -15,10 +15,13 @@ _LENGTH_BUCKET_TOKENS = 16  # observed means are rounded so the cache stays smal
 class SizingCapacity:
     """Per-replica capacity and predicted latency of one serving configuration."""
 
-    def __init__(self, cfg: ServingConfig, slo: Slo, max_batch: int) -> None:
+    def __init__(self, cfg: ServingConfig, slo: Slo, max_batch: int, shape: Workload | None = None) -> None:
+        """`shape`: the workload's length distributions and burstiness (fitted from a trace or
+        observed), scaled to each observed mean; without it, constant lengths and Poisson."""
         self.cfg = cfg
         self.slo = slo
         self.max_batch = max_batch
+        self.shape = shape
         self._replica = lru_cache(maxsize=256)(self._replica_uncached)
         self._rate = lru_cache(maxsize=256)(self._rate_uncached)
 
@@ -27,7 +30,15 @@ class SizingCapacity:
         return max(1, round(tokens / _LENGTH_BUCKET_TOKENS) * _LENGTH_BUCKET_TOKENS)
 
     def _replica_uncached(self, input_tokens: int, output_tokens: int) -> ReplicaModel:
-        return ReplicaModel(self.cfg, Workload(input_tokens, output_tokens, 0.0))
+        shape = self.shape
+        if shape is None or shape.is_mean_value:
+            return ReplicaModel(self.cfg, Workload(input_tokens, output_tokens, 0.0))
+        inputs = shape.inputs.scaled(input_tokens / shape.inputs.mean)
+        outputs = shape.outputs.scaled(output_tokens / shape.outputs.mean)
+        # The fleet rate the burstiness was measured at: a replica carrying a share of it sees
+        # that share of each burst.
+        workload = Workload.of(inputs, outputs, shape.requests_per_s, burstiness=shape.burstiness)
+        return ReplicaModel(self.cfg, workload)
 
     def _rate_uncached(self, input_tokens: int, output_tokens: int) -> float:
         replica = self._replica(input_tokens, output_tokens)

@@ -86,7 +86,13 @@ def simulate(
     ] = None,
     duration: Annotated[str | None, typer.Option(help="Closed loop: how long users keep sending, e.g. 10m.")] = None,
     percentile: Annotated[float, typer.Option(help="SLO percentile.")] = 95.0,
-    policy: Annotated[str, typer.Option(help="kvscale, static, hpa, keda, saturation, oracle, or all.")] = "all",
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="kvscale, static, hpa, keda, saturation, oracle, bound (per-minute fewest warm replicas that "
+            "meet the SLO), peak (cheapest fixed fleet that meets it), or all."
+        ),
+    ] = "all",
     replicas: Annotated[
         int | None, typer.Option(help="Replicas of the static policy (default: peak provisioning).")
     ] = None,
@@ -111,6 +117,7 @@ def simulate(
 ) -> None:
     """Replay a trace (or a closed loop) through a simulated fleet under each autoscaling policy."""
     from kvscale.sim.compare import POLICY_NAMES
+    from kvscale.sim.fit import fit_trace
     from kvscale.sim.fleet import RoutingError, check_routing
     from kvscale.sim.generators import LoadError, generate, parse_load
     from kvscale.sim.session import Load, SimulationError, setup_from_plan
@@ -167,11 +174,8 @@ def simulate(
             fail(str(exc))
         arrivals = Load(trace=requests)
         span = max(duration_s(requests), 1.0)
-        workload = Workload(
-            max(1, round(sum(r.input_tokens for r in requests) / len(requests))),
-            max(1, round(sum(r.output_tokens for r in requests) / len(requests))),
-            len(requests) / span,
-        )
+        # The plan sees the load's length mix and burstiness, at its mean rate.
+        workload = fit_trace(requests).workload.at_rate(len(requests) / span)
     else:
         if concurrency is None or input_tokens is None or output_tokens is None or duration is None:
             fail("a closed loop needs all of --concurrency, --input, --output and --duration")
@@ -192,7 +196,7 @@ def simulate(
     )
     try:
         setup = replace(setup_from_plan(cat, plan(cat, request), cold_start_s, replicas), routing=routing, seed=seed)
-        results, rows = _run_with_progress(setup, arrivals, names, headroom, replicas, max_replicas)
+        results, rows = _run_with_progress(setup, arrivals, names, headroom, replicas, max_replicas, workload)
     except SimulationError as exc:
         fail(str(exc), EXIT_INFEASIBLE)
     title = f"{arch.name} on {setup.cfg.tensor_parallel} x {setup.cfg.gpu.name}"
@@ -241,7 +245,8 @@ def _render(setup: Any, rows: list[dict[str, Any]], slo: Any, percentile: float)
         "TTFT p50/p95 ms",
         "TPOT p50/p95 ms",
         "GPU-h",
-        "vs oracle",
+        "vs bound",
+        "vs peak",
         "cost $",
         "scale events",
     ):
@@ -254,7 +259,8 @@ def _render(setup: Any, rows: list[dict[str, Any]], slo: Any, percentile: float)
             f"{fmt(row['ttft_p50_ms'], 0)} / {fmt(row['ttft_p95_ms'], 0)}",
             f"{fmt(row['tpot_p50_ms'])} / {fmt(row['tpot_p95_ms'])}",
             f"{row['gpu_hours']:.2f}",
-            fmt(row.get("gpu_hours_vs_oracle"), 2),
+            fmt(row.get("gpu_hours_vs_bound"), 2),
+            fmt(row.get("gpu_hours_vs_peak"), 2),
             f"{row['cost_usd']:.2f}",
             str(row["scale_events"]),
         )
@@ -262,7 +268,13 @@ def _render(setup: Any, rows: list[dict[str, Any]], slo: Any, percentile: float)
 
 
 def _run_with_progress(
-    setup: Any, load: Any, names: tuple[str, ...], headroom: float, replicas: int | None, max_replicas: int
+    setup: Any,
+    load: Any,
+    names: tuple[str, ...],
+    headroom: float,
+    replicas: int | None,
+    max_replicas: int,
+    shape: Any = None,
 ) -> tuple[list[Any], list[dict[str, Any]]]:
     """Runs the policies with progress on stderr (a bar on a terminal, a line every
     PROGRESS_EVERY_S otherwise), whatever --json says: stdout stays machine-readable."""
@@ -286,7 +298,7 @@ def _run_with_progress(
                     highlight=False,
                 )
 
-        return run_policies(setup, load, names, headroom, replicas, max_replicas, line)
+        return run_policies(setup, load, names, headroom, replicas, max_replicas, line, shape)
     with Progress(console=err, transient=True) as bar:
         tasks: dict[str, Any] = {}
 
@@ -295,4 +307,4 @@ def _run_with_progress(
                 tasks[name] = bar.add_task(f"simulating {name}", total=total)
             bar.update(tasks[name], completed=min(now_s, total))
 
-        return run_policies(setup, load, names, headroom, replicas, max_replicas, tick)
+        return run_policies(setup, load, names, headroom, replicas, max_replicas, tick, shape)

@@ -30,7 +30,8 @@ from kvscale.sim.report import attainment
 from kvscale.sim.run import SimResult, SimSetup, Source, TimelinePoint, bucket_rates, simulate
 from kvscale.sim.trace import TraceRequest
 
-POLICY_NAMES = ("kvscale", "static", "hpa", "keda", "saturation", "oracle")
+POLICY_NAMES = ("kvscale", "static", "hpa", "keda", "saturation", "oracle", "bound", "peak")
+REFERENCE_NAMES = ("oracle", "bound", "peak")  # need the whole trace in advance
 ORACLE_BUCKET_S = 30.0
 ORACLE_HEADROOMS = (0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
 ATTAINMENT_GOAL = 0.99
@@ -57,9 +58,18 @@ def oracle_schedule(
 ) -> list[tuple[float, int]]:
     """Replicas needed in each bucket, asked for one cold start ahead, released when no
     bucket in the next cold start still needs them."""
-    per_replica = capacity.rate_per_replica(*_lengths(trace))
+    overall = _lengths(trace)
     rates = bucket_rates(trace, bucket_s)
-    needed = [max(1, math.ceil(r * (1 + headroom) / per_replica)) if per_replica > 0 else 1 for r in rates]
+    by_bucket: dict[int, list[TraceRequest]] = {}
+    for r in trace:
+        by_bucket.setdefault(int(r.arrival_s // bucket_s), []).append(r)
+    needed = []
+    for i, rate in enumerate(rates):
+        # The bucket's own lengths: a minute of long prompts needs more replicas than a minute
+        # of short ones at the same request rate (few requests: the trace's means).
+        bucket = by_bucket.get(i, [])
+        per_replica = capacity.rate_per_replica(*(_lengths(bucket) if len(bucket) >= 10 else overall))
+        needed.append(max(1, math.ceil(rate * (1 + headroom) / per_replica)) if per_replica > 0 else 1)
     lead = math.ceil(cold_start_s / bucket_s) + 1
     return [(i * bucket_s, max(needed[i : i + lead + 1])) for i in range(len(needed))]
 
@@ -96,7 +106,7 @@ def make_policies(
         "keda": lambda: KedaWaitingPolicy(max_replicas=max_replicas),
         "saturation": lambda: SaturationPolicy(setup.max_batch, max_replicas=max_replicas),
     }
-    return [built[n]() for n in names if n != "oracle"]
+    return [built[n]() for n in names if n not in REFERENCE_NAMES]
 
 
 def run_oracle(setup: SimSetup, trace: list[TraceRequest], capacity: SizingCapacity) -> SimResult:
@@ -111,6 +121,35 @@ def run_oracle(setup: SimSetup, trace: list[TraceRequest], capacity: SizingCapac
             break
     assert best is not None
     return best
+
+
+def run_peak(
+    setup: SimSetup, trace: list[TraceRequest], max_replicas: int = 1000, goal: float = ATTAINMENT_GOAL
+) -> SimResult:
+    """The cheapest fixed fleet that meets the SLO goal on the whole trace (what not
+    autoscaling costs): n warm replicas from the start, behind the setup's routing, n the
+    smallest count reaching `goal` (found by doubling, then bisection); where no count up
+    to `max_replicas` does, the smallest that does as well as `max_replicas`."""
+    runs: dict[int, SimResult] = {}
+
+    def run(n: int) -> SimResult:
+        if n not in runs:
+            runs[n] = simulate(replace(setup, initial_replicas=n), Source(trace), StaticPolicy(n))
+        return runs[n]
+
+    wanted = goal
+    lo, hi = 0, 1
+    while attainment(run(hi), setup.slo) < wanted and hi < max_replicas:
+        lo, hi = hi, min(max_replicas, hi * 2)
+    if attainment(run(hi), setup.slo) < wanted:
+        wanted = attainment(run(hi), setup.slo)
+    while hi - lo > 1:  # run(hi) meets `wanted`, lo does not (or is 0)
+        mid = (lo + hi) // 2
+        if attainment(run(mid), setup.slo) >= wanted - 1e-12:
+            hi = mid
+        else:
+            lo = mid
+    return replace(run(hi), policy="peak")
 
 
 def _better(candidate: SimResult, incumbent: SimResult, setup: SimSetup) -> bool:

@@ -53,7 +53,14 @@ def gap_quantile(gaps: Counter[float], q: float) -> float:
     return max(gaps)
 
 
-def summary(result: SimResult, slo: Slo, oracle_gpu_hours: float | None = None) -> dict[str, Any]:
+def summary(
+    result: SimResult,
+    slo: Slo,
+    oracle_gpu_hours: float | None = None,
+    references: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """One row per policy; `references` (bound, peak, oracle GPU-hours) add a
+    gpu_hours_vs_<name> column each."""
     done = [r for r in result.requests if r.done]
     ttft = [r.ttft_s * 1e3 for r in done]
     tpot = [r.tpot_s * 1e3 for r in done if r.output_tokens > 1]
@@ -80,4 +87,7 @@ def summary(result: SimResult, slo: Slo, oracle_gpu_hours: float | None = None) 
     }
     if oracle_gpu_hours:
         row["gpu_hours_vs_oracle"] = round(result.gpu_hours / oracle_gpu_hours, 3)
+    for name, hours in (references or {}).items():
+        if hours > 0:
+            row[f"gpu_hours_vs_{name}"] = round(result.gpu_hours / hours, 3)
     return row

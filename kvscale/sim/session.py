@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscale.autoscaling.capacity import SizingCapacity
-from kvscale.sim.compare import make_policies, run_oracle
+from kvscale.sim.compare import REFERENCE_NAMES, make_policies, run_bound, run_oracle, run_peak
 from kvscale.sim.report import summary
 from kvscale.sim.run import SimResult, SimSetup, Source, simulate
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.planner import Plan
+from kvscale.sizing.workload import Workload
 
 
 class SimulationError(ValueError):
@@ -54,21 +55,32 @@ def run_policies(
     replicas: int | None,
     max_replicas: int,
     progress: Callable[[str, float], None] | None = None,
+    shape: Workload | None = None,
 ) -> tuple[list[SimResult], list[dict[str, Any]]]:
-    capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch)
-    if "oracle" in names and load.trace is None:
+    """Every named policy on the load; `shape` (lengths and burstiness the plan was made
+    for) is what the capacity model of kvscale and the oracle assumes."""
+    capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch, shape)
+    references = [n for n in names if n in REFERENCE_NAMES]
+    if references and load.trace is None:
         raise SimulationError(
-            "the oracle needs a trace (it knows every arrival in advance); use --trace or leave oracle out"
+            f"{', '.join(references)} need(s) a trace (every arrival known in advance); use --trace or --load, "
+            "or leave them out"
         )
     results: list[SimResult] = []
     for policy in make_policies(names, setup, capacity, load.trace, headroom, replicas, max_replicas):
         tick = (lambda t, name=policy.name: progress(name, t)) if progress else None
         results.append(simulate(setup, load.source(), policy, tick))
-    oracle_hours = None
-    if "oracle" in names and load.trace is not None:
-        oracle = run_oracle(setup, load.trace, capacity)
-        oracle_hours = oracle.gpu_hours
-        results.append(oracle)
+    hours: dict[str, float] = {}
+    if load.trace is not None:
+        runners = {
+            "oracle": lambda trace: run_oracle(setup, trace, capacity),
+            "bound": lambda trace: run_bound(setup, trace, max_replicas),
+            "peak": lambda trace: run_peak(setup, trace, max_replicas),
+        }
+        for name in references:
+            result = runners[name](load.trace)
+            hours[name] = result.gpu_hours
+            results.append(result)
     order = {name: i for i, name in enumerate(names)}
     results.sort(key=lambda r: order.get(r.policy, len(order)))
-    return results, [summary(r, setup.slo, oracle_hours) for r in results]
+    return results, [summary(r, setup.slo, hours.get("oracle"), hours) for r in results]

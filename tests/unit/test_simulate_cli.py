@@ -32,3 +32,18 @@ def test_bad_load_and_routing_exit_2_with_the_fix() -> None:
     assert result.exit_code == 2 and "service, round-robin, gateway" in result.stderr
     result = runner.invoke(app, [*BASE, "--load", LOAD, "--trace", "x.csv"])
     assert result.exit_code == 2 and "give one of --trace" in " ".join(result.stderr.split())
+
+
+def test_all_includes_bound_and_peak_and_rows_compare_against_them() -> None:
+    result = runner.invoke(app, [*BASE, "--load", LOAD, "--policy", "static,bound,peak", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["policy"]: r for r in json.loads(result.stdout)}
+    assert set(rows) == {"static", "bound", "peak"}
+    assert rows["bound"]["gpu_hours_vs_bound"] == 1.0 and rows["peak"]["gpu_hours_vs_peak"] == 1.0
+    assert rows["static"]["gpu_hours_vs_peak"] > 0 and rows["peak"]["gpu_hours_vs_bound"] >= 1.0
+    # bound and peak need every arrival in advance: refused on a closed loop, saying so
+    closed = runner.invoke(
+        app,
+        [*BASE, "--concurrency", "4", "--input", "100", "--output", "20", "--duration", "1m", "--policy", "peak"],
+    )
+    assert closed.exit_code != 0 and "need(s) a trace" in closed.output + closed.stderr
