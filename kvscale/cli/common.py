@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch, load_catalog
+from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch, load_catalog, load_yaml
 from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES
 from kvscale.sizing.units import UnitError, parse_duration_s
 from kvscale.sizing.workload import Slo
@@ -112,7 +112,7 @@ def model(cat: Catalog, name: str) -> ModelArch:
         if not path.is_file():
             fail(f"--model: file {name} does not exist")
         try:
-            fields: Any = yaml.safe_load(path.read_text())
+            fields: Any = load_yaml(path.read_text())
             if not isinstance(fields, dict):
                 fail(f"--model {name}: expected a mapping of architecture fields (layers, hidden_size, heads, ...)")
             model_name = str(fields.pop("name", path.stem))

@@ -14,7 +14,7 @@ import yaml
 from kvscale.api.crd import DNS_LABEL_1035, MAX_NAME_LENGTH
 from kvscale.cli.app import app
 from kvscale.cli.common import EXIT_BAD_INPUT, EXIT_INFEASIBLE, CatalogOpt, fail, load, split
-from kvscale.sizing.catalog import Catalog, CatalogError
+from kvscale.sizing.catalog import Catalog, CatalogError, load_yaml_all
 
 MAX_GPUS_PER_TYPE = 1_000_000
 
@@ -57,7 +57,7 @@ def gpu_pools(catalog: Catalog, text: str | None, max_replicas: int) -> dict[str
 
 def _documents(path: Path) -> list[dict[str, Any]]:
     try:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        docs = [d for d in load_yaml_all(path.read_text()) if d is not None]
     except (OSError, UnicodeDecodeError) as exc:
         fail(f"-f {path}: cannot read it: {exc}")
     except yaml.YAMLError as exc:

@@ -12,6 +12,8 @@ from kvscale.sizing.catalog.loader import (
     QuantizedSource,
     default_catalog,
     load_catalog,
+    load_yaml,
+    load_yaml_all,
 )
 
 __all__ = [
@@ -26,4 +28,6 @@ __all__ = [
     "QuantizedSource",
     "default_catalog",
     "load_catalog",
+    "load_yaml",
+    "load_yaml_all",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -12,6 +13,35 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kvscale.sizing.units import GIB
+
+
+class NumberLoader(yaml.SafeLoader):
+    """YAML as people write numbers: `8.03e9` and `1e9` are floats (YAML 1.2 and JSON), not the
+    strings YAML 1.1 makes of an exponent without a sign or of a mantissa without a dot."""
+
+
+NumberLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """One YAML document with `NumberLoader`'s numbers."""
+    return yaml.load(text, Loader=NumberLoader)
+
+
+def load_yaml_all(text: str) -> list[Any]:
+    """Every document of a multi-document YAML stream, with `NumberLoader`'s numbers."""
+    return list(yaml.load_all(text, Loader=NumberLoader))
 
 
 class CatalogError(ValueError):
@@ -96,6 +126,9 @@ class QuantizedSource(_Frozen):
     method: QuantizationMethod
 
 
+DEFAULT_MAX_CONTEXT_TOKENS = 4096  # a custom architecture's context limit when it gives none
+
+
 class ModelArch(_Frozen):
     name: str
     layers: int = Field(gt=0)
@@ -111,7 +144,10 @@ class ModelArch(_Frozen):
     active_experts: int = Field(default=1, ge=1)
     ffn_activation: Literal["swiglu", "gelu"] = "swiglu"
     tied_embeddings: bool = False
-    max_context_tokens: int = Field(default=4096, gt=0)
+    max_context_tokens: int = Field(default=DEFAULT_MAX_CONTEXT_TOKENS, gt=0)
+    # True when max_context_tokens is the default, not the model's own (a custom architecture
+    # that did not give it): what the plan says about its context limit.
+    max_context_assumed: bool = False
     aliases: tuple[str, ...] = ()
     # Checkpoints published already quantized (int4/int8 need one; fp8 can also quantize online).
     quantized_sources: tuple[QuantizedSource, ...] = ()
@@ -172,6 +208,9 @@ class ModelArch(_Frozen):
             raise ValueError(f"architecture {name!r} lacks {', '.join(missing)}; give all of {', '.join(required)}")
         if "params" not in fields or fields["params"] is None:
             fields["params"] = estimate_params(**fields)
+        if fields.get("max_context_tokens") is None:
+            fields.pop("max_context_tokens", None)
+            fields["max_context_assumed"] = True
         return cls(name=name, **fields)
 
 
@@ -330,7 +369,7 @@ def _named(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise CatalogError(f"cannot read catalog file {path}: {exc}") from exc
     if data is None:
