@@ -121,6 +121,9 @@ class Rejected:
     verdict: Literal["rejected"] = "rejected"
     pipeline_parallel: int = 1
     nodes: int = 1
+    # Met the SLO per replica but needed more replicas than a limit allows: how many, by which limit.
+    replicas_needed: int | None = None
+    limit: Literal["max_replicas", "free_gpus"] | None = None
 
     @property
     def label(self) -> str:
@@ -401,11 +404,19 @@ def _evaluate(s: _Screened, request: PlanRequest) -> Feasible | Rejected:
         )
     replicas = replicas_for_rate(request.workload.requests_per_s, rate_max, request.headroom)
     if request.max_replicas is not None and replicas > request.max_replicas:
-        return _reject(cfg, f"needs {replicas} replicas, more than maxReplicas {request.max_replicas}")
+        return replace(
+            _reject(cfg, f"needs {replicas} replicas, more than maxReplicas {request.max_replicas}"),
+            replicas_needed=replicas,
+            limit="max_replicas",
+        )
     if request.gpu_limits is not None:
         free = request.gpu_limits.get(cfg.gpu.name, 0)
         if replicas * cfg.gpus > free:
-            return _reject(cfg, f"needs {replicas * cfg.gpus} {cfg.gpu.name} GPUs, the cluster has {free} free")
+            return replace(
+                _reject(cfg, f"needs {replicas * cfg.gpus} {cfg.gpu.name} GPUs, the cluster has {free} free"),
+                replicas_needed=replicas,
+                limit="free_gpus",
+            )
     at_load = replica.at_rate(request.workload.requests_per_s / replicas, max_batch, slo.percentile)
     at_max = replica.at_rate(rate_max, max_batch, slo.percentile)
     mem = cfg.memory
@@ -486,11 +497,41 @@ def _suggestions(request: PlanRequest, rejected: Iterable[Rejected]) -> tuple[st
             f"{c.label}: best TTFT {format_duration(c.best_ttft_s)}, TPOT {format_duration(c.best_tpot_s)}; "
             f"feasible with {' '.join(needs)} (or a larger tensor-parallel degree / faster GPU)"
         )
+    lines = _limit_suggestions(request, rejected) + lines
     if not lines:
         lines.append(
             "no candidate fits in memory: allow larger GPUs, a higher tensor-parallel degree, or a smaller precision (e.g. --precision bf16,fp8,int4)"
         )
     return tuple(lines)
+
+
+def _limit_suggestions(request: PlanRequest, rejected: Iterable[Rejected]) -> list[str]:
+    """Candidates that meet the SLO but need more replicas (or GPUs) than a limit allows: the
+    limit binds, not memory or latency. Names the limit and the smallest fleet that would do."""
+    lines = []
+    rps = f"{request.workload.requests_per_s:g} req/s"
+    for limit in ("max_replicas", "free_gpus"):
+        capped = [c for c in rejected if c.limit == limit and c.replicas_needed is not None]
+        if not capped:
+            continue
+        if limit == "max_replicas":  # the smallest limit that would let one through
+            best = min(capped, key=lambda c: (c.replicas_needed or 0, (c.replicas_needed or 0) * c.tensor_parallel * c.pipeline_parallel))
+        else:  # the fewest GPUs that would do
+            best = min(capped, key=lambda c: ((c.replicas_needed or 0) * c.tensor_parallel * c.pipeline_parallel, c.replicas_needed or 0))
+        n = best.replicas_needed or 0
+        if limit == "max_replicas":
+            lines.append(
+                f"--max-replicas {request.max_replicas} binds: {len(capped)} candidate(s) meet the SLO per replica but "
+                f"need more replicas for {rps}; the fewest is {n} replicas of {best.label}: raise --max-replicas to "
+                f"{n}, or lower --rps"
+            )
+        else:
+            lines.append(
+                f"the cluster's free GPUs bind: {len(capped)} candidate(s) meet the SLO per replica but need more GPUs "
+                f"than are free for {rps}; the fewest is {n} replicas of {best.label} ({n * best.tensor_parallel * best.pipeline_parallel} "
+                f"{best.gpu} GPUs): free or add GPUs, or lower --rps"
+            )
+    return lines
 
 
 def _ceil_ms(seconds: float) -> str:
