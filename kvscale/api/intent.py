@@ -128,6 +128,7 @@ def resolve_model(intent: Intent, catalog: Catalog) -> ModelArch:
                 params=a.params,
                 experts=a.experts or 1,
                 active_experts=a.active_experts or 1,
+                max_context_tokens=a.max_context_tokens,
             )
         except ValueError as exc:
             raise SpecError("InvalidArchitecture", f"spec.model.architecture: {exc}") from exc

@@ -135,10 +135,15 @@ def plan_cmd(
         engine=engine,
     )
     result = plan(cat, request)
-    launch = _launch(result, served, source)
+    # A custom architecture names no checkpoint: the engine line needs --source (without it the
+    # engine would be told to load the file's name).
+    needs_source = is_architecture_file(model) and source is None
+    launch = None if needs_source else _launch(result, served, source)
     command, args = engine_command(launch.launch) if launch else ([], None)
     if as_json:
         out = plan_to_dict(result, args)
+        if needs_source and out["chosen"] is not None:
+            out["chosen"].update(engine_args=None, engine_args_missing=NEEDS_SOURCE)
         if launch and out["chosen"] is not None:
             out["chosen"].update(
                 engine=engine,
@@ -150,8 +155,20 @@ def plan_cmd(
         print_json(out)
     else:
         _render_plan(result, [*command, *args] if args else None, show, launch)
+        if needs_source and result.chosen is not None:
+            console.print(f"  engine: {NEEDS_SOURCE}", highlight=False, soft_wrap=True)
     if not result.feasible:
         raise typer.Exit(EXIT_INFEASIBLE)
+
+
+NEEDS_SOURCE = (
+    "no engine command: a custom architecture names no checkpoint; add --source hf://org/name "
+    "(what the engine loads) to get the engine arguments, context limit and cold start"
+)
+
+
+def is_architecture_file(model: str) -> bool:
+    return model.endswith((".yaml", ".yml"))
 
 
 def served_id(model: str) -> str | None:

@@ -87,11 +87,19 @@ def context_limit(
     block = max(block_tokens, 1)
     holds = max(math.floor(kv_capacity_tokens * KV_CAPACITY_MARGIN / block) * block, typical_tokens)
     if holds >= limit:
+        if model.max_context_assumed:
+            return ContextLimit(
+                limit,
+                limit,
+                None,
+                f"a default of {limit} tokens: {model.name}'s architecture gives no max_context_tokens "
+                f"(set it to the model's max_position_embeddings, or set {field})",
+            )
         return ContextLimit(limit, limit, None, f"{model.name}'s context limit")
     return ContextLimit(
         holds,
         limit,
         None,
-        f"lowered from {model.name}'s limit {limit}: one sequence fits in {holds} of the "
+        f"lowered from {model.name}'s {'default ' if model.max_context_assumed else ''}limit {limit}: one sequence fits in {holds} of the "
         f"{kv_capacity_tokens} KV-cache tokens planned per replica",
     )
