@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,3 +32,60 @@ def test_plan_serves_the_id_the_user_typed(typed: str, precision: str) -> None:
     chosen = plan_json("-m", typed, *SLO, "--precision", precision, "--gpu", "H100-SXM")["chosen"]
     assert chosen["checkpoint"] == typed
     assert chosen["engine_args"][0] == typed or typed in chosen["engine_args"]
+
+
+ARCH = """name: acme/in-house-8b
+layers: 32
+hidden_size: 4096
+heads: 32
+kv_heads: 8
+head_dim: 128
+intermediate_size: 14336
+vocab_size: 128256
+params: {params}
+max_context_tokens: 8192
+"""
+
+
+@pytest.mark.parametrize("params", ["8.03e9", "8e9", "8.03e+9", "8030000000"])
+def test_architecture_file_takes_numbers_as_people_write_them(tmp_path: Path, params: str) -> None:
+    # YAML 1.1 reads 8.03e9 (no sign in the exponent) as a string; the error message itself
+    # suggested writing it so.
+    arch = tmp_path / "in-house.yaml"
+    arch.write_text(ARCH.format(params=params))
+    chosen = plan_json("-m", str(arch), *SLO, "--source", "hf://acme/in-house-8b")["chosen"]
+    assert chosen is not None
+
+
+def test_catalog_overlay_takes_exponent_numbers(tmp_path: Path) -> None:
+    overlay = tmp_path / "prices.yaml"
+    overlay.write_text("gpus:\n  H100-SXM:\n    price_usd_per_gpu_hour: 2e0\n")
+    result = runner.invoke(app, ["gpus", "--catalog", str(overlay), "--json"])
+    assert result.exit_code == 0, result.output
+    h100 = next(g for g in json.loads(result.stdout) if g["name"] == "H100-SXM")
+    assert h100["price_usd_per_gpu_hour"] == 2.0
+
+
+def test_max_replicas_is_named_when_it_binds() -> None:
+    args = ["-m", "llama-3.1-8b", "--ttft", "500ms", "--tpot", "50ms", "--rps", "1000", "--input", "512"]
+    data = plan_json(*args, "--output", "256", "--max-replicas", "2", code=1)
+    assert data["chosen"] is None
+    first = data["suggestions"][0]
+    assert first.startswith("--max-replicas 2 binds") and "raise --max-replicas to" in first, data["suggestions"]
+    assert not any("fits in memory" in s for s in data["suggestions"])
+    needed = int(first.split("raise --max-replicas to ")[1].split(",")[0])
+    assert plan_json(*args, "--output", "256", "--max-replicas", str(needed))["chosen"]["replicas"] <= needed
+
+
+def test_custom_architecture_needs_a_source_for_the_engine_line(tmp_path: Path) -> None:
+    arch = tmp_path / "in-house.yaml"
+    arch.write_text(ARCH.format(params="8.03e9").replace("max_context_tokens: 8192\n", ""))
+    chosen = plan_json("-m", str(arch), *SLO)["chosen"]
+    assert chosen["engine_args"] is None and "--source" in chosen["engine_args_missing"]
+    human = runner.invoke(app, ["plan", "-m", str(arch), *SLO])
+    assert human.exit_code == 0 and "vllm serve" not in human.stdout and "add --source" in human.stdout
+    sourced = plan_json("-m", str(arch), *SLO, "--source", "hf://acme/in-house-8b")["chosen"]
+    assert sourced["engine_args"][:2] == ["vllm", "serve"] or "acme/in-house-8b" in sourced["engine_args"]
+    # The file gives no max_context_tokens: the limit is a default, and the plan says so.
+    assert "default of 4096 tokens" in sourced["max_context_reason"]
+    assert "max_context_tokens" in sourced["max_context_reason"]
