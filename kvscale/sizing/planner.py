@@ -515,9 +515,21 @@ def _limit_suggestions(request: PlanRequest, rejected: Iterable[Rejected]) -> li
         if not capped:
             continue
         if limit == "max_replicas":  # the smallest limit that would let one through
-            best = min(capped, key=lambda c: (c.replicas_needed or 0, (c.replicas_needed or 0) * c.tensor_parallel * c.pipeline_parallel))
+            best = min(
+                capped,
+                key=lambda c: (
+                    c.replicas_needed or 0,
+                    (c.replicas_needed or 0) * c.tensor_parallel * c.pipeline_parallel,
+                ),
+            )
         else:  # the fewest GPUs that would do
-            best = min(capped, key=lambda c: ((c.replicas_needed or 0) * c.tensor_parallel * c.pipeline_parallel, c.replicas_needed or 0))
+            best = min(
+                capped,
+                key=lambda c: (
+                    (c.replicas_needed or 0) * c.tensor_parallel * c.pipeline_parallel,
+                    c.replicas_needed or 0,
+                ),
+            )
         n = best.replicas_needed or 0
         if limit == "max_replicas":
             lines.append(
