@@ -126,6 +126,28 @@ def model(cat: Catalog, name: str) -> ModelArch:
         fail(f"--model: {exc}")
 
 
+MAX_GPUS_PER_TYPE = 1_000_000
+
+
+def gpu_counts(cat: Catalog, text: str) -> dict[str, int]:
+    """--gpus TYPE=COUNT,...: the cluster's free GPUs per catalog type (plan and manifests)."""
+    counts: dict[str, int] = {}
+    for item in split(text):
+        kind, sep, count = item.partition("=")
+        if not sep or not count.strip().isdigit() or not 0 < int(count) <= MAX_GPUS_PER_TYPE:
+            fail(f"--gpus {item!r}: write TYPE=COUNT with a positive count, e.g. --gpus H100-SXM=16,L4=4")
+        try:
+            name = cat.gpu(kind.strip()).name
+        except CatalogError as exc:
+            fail(f"--gpus: {exc}")
+        if name in counts:
+            fail(f"--gpus names {name} twice")
+        counts[name] = int(count)
+    if not counts:
+        fail("--gpus: give at least one TYPE=COUNT, e.g. --gpus H100-SXM=16")
+    return counts
+
+
 def split(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
 

@@ -13,10 +13,8 @@ import yaml
 
 from kvscale.api.crd import DNS_LABEL_1035, MAX_NAME_LENGTH
 from kvscale.cli.app import app
-from kvscale.cli.common import EXIT_BAD_INPUT, EXIT_INFEASIBLE, CatalogOpt, fail, load, split
-from kvscale.sizing.catalog import Catalog, CatalogError, load_yaml_all
-
-MAX_GPUS_PER_TYPE = 1_000_000
+from kvscale.cli.common import EXIT_BAD_INPUT, EXIT_INFEASIBLE, CatalogOpt, fail, gpu_counts, load
+from kvscale.sizing.catalog import Catalog, load_yaml_all
 
 
 def gpu_pools(catalog: Catalog, text: str | None, max_replicas: int) -> dict[str, Any]:
@@ -38,21 +36,17 @@ def gpu_pools(catalog: Catalog, text: str | None, max_replicas: int) -> dict[str
 
     if text is None:
         return {g.name: pool(g.name, g.max_gpus_per_node * max_replicas) for g in catalog.gpus.values()}
-    pools: dict[str, GpuPool] = {}
-    for item in split(text):
-        kind, sep, count = item.partition("=")
-        if not sep or not count.strip().isdigit() or not 0 < int(count) <= MAX_GPUS_PER_TYPE:
-            fail(f"--gpus {item!r}: write TYPE=COUNT with a positive count, e.g. --gpus H100-SXM=16,L4=4")
-        try:
-            made = pool(kind.strip(), int(count))
-        except CatalogError as exc:
-            fail(f"--gpus: {exc}")
-        if made.gpu_type in pools:
-            fail(f"--gpus names {made.gpu_type} twice")
-        pools[made.gpu_type] = made
-    if not pools:
-        fail("--gpus: give at least one TYPE=COUNT, e.g. --gpus H100-SXM=16")
-    return pools
+    return {name: pool(name, count) for name, count in gpu_counts(catalog, text).items()}
+
+
+def assumed_inventory(gpus: str | None) -> str:
+    """What the plan assumed about the cluster, for the output's first line."""
+    if gpus is None:
+        return (
+            "inventory assumed: any catalog GPU type, as many as maxReplicas needs (no --gpus); the operator "
+            "plans on the cluster's nodes, so give --gpus TYPE=COUNT (e.g. --gpus H100-SXM=16) to match it"
+        )
+    return f"inventory assumed: {gpus.replace(' ', '')} free (--gpus)"
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
@@ -163,5 +157,5 @@ def manifests(
         children, summary = objects_for(doc, cat, gpus, port)
         out.extend(children)
         summaries.append(summary)
-    header = "".join(f"# {line}\n" for line in summaries)
+    header = "".join(f"# {line}\n" for line in [*summaries, assumed_inventory(gpus)])
     sys.stdout.write(header + (yaml.safe_dump_all(out, sort_keys=False) if out else ""))

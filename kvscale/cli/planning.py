@@ -19,6 +19,7 @@ from kvscale.cli.common import (
     console,
     fail,
     fmt,
+    gpu_counts,
     image_path,
     load,
     number,
@@ -66,6 +67,14 @@ def plan_cmd(
         int | None, typer.Option("--max-context", help="Longest context the engine must accept (--max-model-len).")
     ] = None,
     gpu: Annotated[str | None, typer.Option(help="Allowed GPU types, comma-separated (default: all).")] = None,
+    free_gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            help="The cluster's free GPUs, TYPE=COUNT,... (e.g. H100-SXM=16,L4=4), as `kvscale manifests --gpus`: "
+            "plan only on those types, within those counts.",
+        ),
+    ] = None,
     tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree (1, 2, 4, 8).")] = None,
     precision: Annotated[
         str, typer.Option(help="Allowed weight precisions, comma-separated: bf16, fp16, fp8, int8, int4.")
@@ -102,7 +111,10 @@ def plan_cmd(
     precisions = split(precision)
     if not precisions:
         fail("--precision: give at least one of bf16, fp16, fp8, int8, int4")
-    gpus = check_names(cat, split(gpu), precisions, kv_cache_precision)
+    limits = gpu_counts(cat, free_gpus) if free_gpus is not None else None
+    if limits is not None and gpu:
+        fail("--gpu and --gpus both name GPU types: use --gpus TYPE=COUNT alone (it also limits the types)")
+    gpus = check_names(cat, tuple(limits) if limits else split(gpu), precisions, kv_cache_precision)
     context = tokens(max_context, "--max-context") if max_context is not None else None
     try:
         check_requested_context(
@@ -132,6 +144,7 @@ def plan_cmd(
         objective=objective,  # type: ignore[arg-type]
         headroom=headroom,
         max_replicas=max_replicas,
+        gpu_limits=limits,
         engine=engine,
     )
     result = plan(cat, request)
