@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SAMPLE_PLAN := --model llama-3.1-8b --ttft 500ms --tpot 50ms --rps 10 --input 512 --output 256
 
-.PHONY: venv plan test test-unit lint bench cluster-bins cluster-up cluster-down demo conformance clean
+.PHONY: venv plan test test-unit lint bench cluster-bins cluster-up cluster-down demo conformance image image-push clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,17 @@ conformance: venv
 	ls $(WHEELS)/vllm-0.11.0-*.whl >/dev/null 2>&1 || $(BIN)/pip download -q --no-deps vllm==0.11.0 -d $(WHEELS)
 	ls $(WHEELS)/sglang-0.5.23-*.whl >/dev/null 2>&1 || $(BIN)/pip download -q --no-deps sglang==0.5.23 -d $(WHEELS)
 	$(BIN)/python hack/engine_conformance.py $$(ls $(WHEELS)/vllm-0.11.0-*.whl) $$(ls $(WHEELS)/sglang-0.5.23-*.whl)
+
+## image / image-push: build (push) the operator image from the Dockerfile with docker, podman or
+## buildah, whichever is on PATH; IMAGE names it (set the chart's image.repository and image.tag to match)
+IMAGE ?= ghcr.io/kvscale/kvscale:0.1.0
+BUILDER = $$(command -v docker || command -v podman || command -v buildah || \
+	{ echo "make image: needs docker, podman or buildah on PATH (none found)" >&2; echo false; })
+image:
+	$(BUILDER) build -t $(IMAGE) .
+
+image-push: image
+	$(BUILDER) push $(IMAGE)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

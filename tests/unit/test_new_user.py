@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,28 @@ def test_plan_serves_the_id_the_user_typed(typed: str, precision: str) -> None:
     chosen = plan_json("-m", typed, *SLO, "--precision", precision, "--gpu", "H100-SXM")["chosen"]
     assert chosen["checkpoint"] == typed
     assert chosen["engine_args"][0] == typed or typed in chosen["engine_args"]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _make(target: str, path: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": path}
+    return subprocess.run(["make", "-s", target, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def test_make_image_builds_the_dockerfile_with_the_builder_on_path(tmp_path: Path) -> None:
+    # No container engine runs here: a stand-in `podman` records what make asks of it.
+    make_dir = Path(shutil.which("make") or "/usr/bin/make").parent
+    calls = tmp_path / "calls"
+    builder = tmp_path / "podman"
+    builder.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    builder.chmod(0o755)
+    out = _make("image-push", f"{tmp_path}:{make_dir}:/bin", "IMAGE=reg.example/me/kvscale:1")
+    assert out.returncode == 0, out.stderr
+    assert calls.read_text().splitlines() == ["build -t reg.example/me/kvscale:1 .", "push reg.example/me/kvscale:1"]
+    none = _make("image", f"{make_dir}:/bin" if make_dir != Path("/usr/bin") else "/usr/bin")
+    assert none.returncode != 0 and "needs docker, podman or buildah" in none.stderr
 
 
 ARCH = """name: acme/in-house-8b
@@ -89,3 +114,27 @@ def test_custom_architecture_needs_a_source_for_the_engine_line(tmp_path: Path) 
     # The file gives no max_context_tokens: the limit is a default, and the plan says so.
     assert "default of 4096 tokens" in sourced["max_context_reason"]
     assert "max_context_tokens" in sourced["max_context_reason"]
+
+
+SAMPLES = ROOT / "deploy" / "samples"
+
+
+def test_manifests_says_what_inventory_it_assumed() -> None:
+    assumed = runner.invoke(app, ["manifests", "-f", str(SAMPLES / "llama-3.1-70b-rag.yaml")])
+    assert assumed.exit_code == 0, assumed.output
+    assert "# inventory assumed: any catalog GPU type" in assumed.stdout and "--gpus TYPE=COUNT" in assumed.stdout
+    given = runner.invoke(app, ["manifests", "-f", str(SAMPLES / "llama-3.1-70b-rag.yaml"), "--gpus", "H100-SXM=16"])
+    assert given.exit_code == 0, given.output
+    assert "# inventory assumed: H100-SXM=16 free (--gpus)" in given.stdout and " H100-SXM (" in given.stdout
+
+
+def test_plan_takes_the_clusters_gpus() -> None:
+    chosen = plan_json("-m", "llama-3.1-70b", *SLO, "--gpus", "H100-SXM=16,L4=4")["chosen"]
+    assert chosen["gpu"] == "H100-SXM"
+    assert chosen["replicas"] * chosen["tensor_parallel"] <= 16
+    few = plan_json("-m", "llama-3.1-8b", *SLO[:5], "200", *SLO[6:], "--gpus", "L4=2", code=1)
+    assert few["suggestions"][0].startswith("the cluster's free GPUs bind"), few["suggestions"]
+    bad = runner.invoke(app, ["plan", "-m", "llama-3.1-8b", *SLO, "--gpus", "L4"])
+    assert bad.exit_code == 2 and "TYPE=COUNT" in bad.output
+    both = runner.invoke(app, ["plan", "-m", "llama-3.1-8b", *SLO, "--gpus", "L4=4", "--gpu", "L4"])
+    assert both.exit_code == 2 and "--gpus TYPE=COUNT alone" in both.output
