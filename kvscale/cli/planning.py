@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -59,9 +60,18 @@ def plan_cmd(
     model: ModelOpt,
     ttft: Annotated[str, typer.Option(help="Time-to-first-token target at the percentile, e.g. 500ms.")],
     tpot: Annotated[str, typer.Option(help="Time-per-output-token target at the percentile, e.g. 50ms.")],
-    rps: Annotated[float, typer.Option(help="Expected requests per second.")],
-    input_tokens: Annotated[int, typer.Option("--input", help="Typical prompt tokens.")],
-    output_tokens: Annotated[int, typer.Option("--output", help="Typical generated tokens.")],
+    rps: Annotated[
+        float | None, typer.Option(help="Expected requests per second (with --trace: overrides the fitted rate).")
+    ] = None,
+    input_tokens: Annotated[int | None, typer.Option("--input", help="Typical prompt tokens.")] = None,
+    output_tokens: Annotated[int | None, typer.Option("--output", help="Typical generated tokens.")] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Azure CSV or Mooncake JSONL trace: plan for its fitted lengths, busy-minute rate and "
+            "burstiness, then replay its busiest stretch on the plan (instead of --input/--output)."
+        ),
+    ] = None,
     percentile: Annotated[float, typer.Option(help="SLO percentile, in [50, 100).")] = 95.0,
     max_context: Annotated[
         int | None, typer.Option("--max-context", help="Longest context the engine must accept (--max-model-len).")
@@ -103,7 +113,13 @@ def plan_cmd(
     if objective not in ("cost", "latency"):
         fail(f"--objective must be cost or latency, got {objective!r}")
     number(headroom, "--headroom", low=0, high=10, what="spare capacity as a fraction, e.g. 0.2")
-    number(rps, "--rps", low=0, high=MAX_RPS, what="requests per second", high_inclusive=True)
+    if trace is None and (rps is None or input_tokens is None or output_tokens is None):
+        fail("give --rps, --input and --output, or --trace FILE to fit them from a trace")
+    if trace is not None and (input_tokens is not None or output_tokens is not None):
+        fail("--trace fits the lengths from the trace: leave out --input/--output (or drop --trace)")
+    if rps is not None:
+        number(rps, "--rps", low=0, high=MAX_RPS, what="requests per second", high_inclusive=True)
+    fitted = _fit(trace) if trace is not None else None
     if max_replicas is not None:
         positive(max_replicas, "--max-replicas", MAX_REPLICAS)
     if show < 0:
@@ -117,19 +133,27 @@ def plan_cmd(
     gpus = check_names(cat, tuple(limits) if limits else split(gpu), precisions, kv_cache_precision)
     context = tokens(max_context, "--max-context") if max_context is not None else None
     try:
-        check_requested_context(
-            arch,
-            context,
-            "--max-context",
-            tokens(input_tokens, "--input") + tokens(output_tokens, "--output"),
-            "--input + --output",
+        longest = (
+            # a trace's longest requests beyond the model's limit are not planned for (the
+            # engine answers them 400); the typical one must fit
+            fitted.workload.input_tokens + fitted.workload.output_tokens
+            if fitted is not None
+            else tokens(input_tokens or 0, "--input") + tokens(output_tokens or 0, "--output")
         )
+        if fitted is not None and context is None:
+            context = min(fitted.workload.inputs.max + fitted.workload.outputs.max, arch.max_context_tokens)
+        check_requested_context(arch, context, "--max-context", longest, "--input + --output")
     except ContextLimitError as exc:
         fail(str(exc))
     served = served_id(model)
     precisions = _with_checkpoints(cat, arch, precisions, served, source)
     try:
-        workload = Workload(tokens(input_tokens, "--input"), tokens(output_tokens, "--output"), rps, context)
+        if fitted is not None:
+            base = fitted.workload if rps is None else fitted.workload.at_rate(rps)
+            workload = replace(base, max_context_tokens=context)
+        else:
+            assert rps is not None and input_tokens is not None and output_tokens is not None
+            workload = Workload(tokens(input_tokens, "--input"), tokens(output_tokens, "--output"), rps, context)
         slo = make_slo(ttft, tpot, percentile)
     except ValueError as exc:
         fail(str(exc))
@@ -152,6 +176,11 @@ def plan_cmd(
     # engine would be told to load the file's name).
     needs_source = is_architecture_file(model) and source is None
     launch = None if needs_source else _launch(result, served, source)
+    check = None
+    if fitted is not None and result.chosen is not None:
+        from kvscale.sim.check import check_plan, sample
+
+        check = check_plan(result.chosen, slo, sample(fitted.trace, workload.requests_per_s))
     command, args = engine_command(launch.launch) if launch else ([], None)
     if as_json:
         out = plan_to_dict(result, args)
@@ -165,11 +194,29 @@ def plan_cmd(
                 checkpoint=launch.checkpoint.source,
                 cold_start_s=round(launch.cold_start.total_s, 1),
             )
+        if fitted is not None:
+            out["workload"]["fitted"] = fitted.fit.describe()
+        if check is not None:
+            out["check"] = {
+                "requests": check.requests,
+                "rate_per_s": round(check.rate_per_s, 4),
+                "planned_replicas": check.planned_replicas,
+                "planned_attainment": round(check.planned_attainment, 5),
+                "replicas": check.replicas,
+                "attainment": round(check.attainment, 5),
+                "met": check.met,
+            }
         print_json(out)
     else:
+        if fitted is not None:
+            console.print("[bold]Workload fitted from the trace[/]")
+            for line in fitted.fit.describe():
+                console.print(f"  {line}")
         _render_plan(result, [*command, *args] if args else None, show, launch)
         if needs_source and result.chosen is not None:
             console.print(f"  engine: {NEEDS_SOURCE}", highlight=False, soft_wrap=True)
+        if check is not None:
+            console.print(f"  {check.describe(slo)}")
     if not result.feasible:
         raise typer.Exit(EXIT_INFEASIBLE)
 
@@ -182,6 +229,30 @@ NEEDS_SOURCE = (
 
 def is_architecture_file(model: str) -> bool:
     return model.endswith((".yaml", ".yml"))
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    trace: list[Any]
+    fit: Any  # kvscale.sim.fit.FittedWorkload
+
+    @property
+    def workload(self) -> Workload:
+        w: Workload = self.fit.workload
+        return w
+
+
+def _fit(path: Path) -> _Fitted:
+    from kvscale.sim.fit import fit_trace
+    from kvscale.sim.trace import TraceError, read_trace
+
+    try:
+        requests = read_trace(path)
+    except TraceError as exc:
+        fail(str(exc))
+    if not requests:
+        fail(f"--trace {path}: no requests to fit a workload from")
+    return _Fitted(requests, fit_trace(requests))
 
 
 def served_id(model: str) -> str | None:

@@ -63,8 +63,8 @@ def run_policies(
     references = [n for n in names if n in REFERENCE_NAMES]
     if references and load.trace is None:
         raise SimulationError(
-            f"{', '.join(references)} need(s) a trace (every arrival known in advance); use --trace or --load, "
-            "or leave them out"
+            f"{' and '.join(references)} {'needs' if len(references) == 1 else 'need'} a trace (every arrival "
+            "known in advance); use --trace or --load, or leave them out"
         )
     results: list[SimResult] = []
     for policy in make_policies(names, setup, capacity, load.trace, headroom, replicas, max_replicas):

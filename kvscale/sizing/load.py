@@ -156,6 +156,16 @@ class ReplicaModel:
         seconds = full * self._mixed(batch, room).seconds if full else 0.0
         return seconds + (self._mixed(batch, rest).seconds if rest else 0.0)
 
+    def length_chunk_s(self, batch: int, chunk: int, prompt_tokens: int) -> float:
+        """One step of `batch` decodes and a chunk of a prompt of `prompt_tokens` (bucketed)."""
+        room = self.chunk_room(batch)
+        key = (batch, min(chunk, room), running_bucket(prompt_tokens))
+        seconds = self._length_steps.get(key)
+        if seconds is None:
+            seconds = mixed_step(self.cfg, batch, self._context, key[1], key[2]).seconds
+            self._length_steps[key] = seconds
+        return seconds
+
     def length_prefill_s(self, batch: int, prompt_tokens: int) -> float:
         """Chunk steps of one prompt of `prompt_tokens` beside `batch` decodes (its attention
         over its own length: a long prompt of the mix costs more per token than the mean)."""
@@ -163,16 +173,9 @@ class ReplicaModel:
         prompt = running_bucket(prompt_tokens)
         full, rest = divmod(prompt, room)
         rest = -(-rest // _CHUNK_GRAIN_TOKENS) * _CHUNK_GRAIN_TOKENS if rest else 0
-
-        def chunk_s(chunk: int) -> float:
-            key = (batch, min(chunk, room), prompt)
-            seconds = self._length_steps.get(key)
-            if seconds is None:
-                seconds = mixed_step(self.cfg, batch, self._context, min(chunk, room), prompt).seconds
-                self._length_steps[key] = seconds
-            return seconds
-
-        return (full * chunk_s(room) if full else 0.0) + (chunk_s(rest) if rest else 0.0)
+        return (full * self.length_chunk_s(batch, room, prompt) if full else 0.0) + (
+            self.length_chunk_s(batch, rest, prompt) if rest else 0.0
+        )
 
     def own_prefill(self, batch: int) -> StepTime:
         """The chunk steps one prompt needs beside `batch` running decodes, summed."""
@@ -423,8 +426,8 @@ class ReplicaModel:
 
         A request with g token gaps waits g decode steps plus the chunks of the prompt tokens
         computed during its life (g x its TPOT: a slower request sees more arrivals): those
-        arriving meanwhile (compound arrivals: mean rate x life
-        x E[I], variance dispersion x rate x life x E[I^2], normal, a half prompt of continuity)
+        arriving meanwhile (a Poisson count, negative binomial when over-dispersed, each
+        arrival's tokens normal around the mean prompt; normal in total for many arrivals)
         plus its burst companions queued behind it (uniform over 0..D-1 prompts). At most one
         chunk per gap: its TPOT never exceeds the full mixed step. Short outputs average few
         gaps, so under bursts they run at the full mixed step.
@@ -457,17 +460,25 @@ class ReplicaModel:
             root = (b + math.sqrt(b * b + 4.0 * a * c)) / (2.0 * a)
             return min(max(root * root, decode_s), full_s)
 
+        # Each arrival adds its chunk steps' time beyond the decode steps they replace; a long
+        # prompt's chunks attend over more context, so the cost is per prompt length.
+        extras = [(self.length_prefill_s(batch, t) - math.ceil(t / room) * decode_s, w) for t, w in inputs.points]
+        mean_x = sum(x * w for x, w in extras)
+        var_x = max(0.0, sum(x * x * w for x, w in extras) - mean_x * mean_x)
+        full_s = max(full_s, max(self.length_chunk_s(batch, room, t) for t in inputs.tokens))
+        width_s = max(0.0, arrivals.index_of_dispersion - 1.0) * mean_x
+
         def over(x: float) -> float:
-            """P(TPOT > x): a request whose TPOT is x lives g x, and the prompt tokens that
-            arrive over that life must add more than (x - decode) g of chunk time."""
+            """P(TPOT > x): a request whose TPOT is x lives g x, and the prompts that arrive
+            over that life must add more than (x - decode) g of chunk time."""
             if x >= full_s:
                 return 0.0
             total = 0.0
             for g, w in gaps:
                 life = g * x
-                mean = arrivals_rate * life + 0.5 * mean_in
-                sd = math.sqrt(arrivals.dispersion_at(life) * rate_per_s * life * square_in)
-                total += w * _uniform_plus_normal_tail((x - decode_s) * g / per_token_s, mean, sd, width)
+                total += w * _arrival_tokens_tail(
+                    (x - decode_s) * g, rate_per_s * life, arrivals.dispersion_at(life), mean_x, var_x, width_s
+                )
             return total
 
         return _bisect_percentile(over, decode_s, full_s, tail)
@@ -551,7 +562,9 @@ class ReplicaModel:
 
 
 def _bisect_percentile(over: Callable[[float], float], lo: float, hi: float, tail: float) -> float:
-    """The smallest x in [lo, hi] with over(x) <= tail, for a non-increasing tail function."""
+    """The smallest x in [lo, hi] with over(x) <= tail, for a non-increasing tail function
+    (a mass exactly at the tail, as at a bin edge, counts as within it)."""
+    tail += 1e-9
     if over(lo) <= tail:
         return lo
     if over(hi) > tail:
@@ -593,6 +606,35 @@ def _mg1_tail_scale_s(services: list[tuple[float, float]], utilization: float) -
             break
     hi = theta
     return 1.0 / hi
+
+
+_COUNT_SUM_LIMIT = 30.0  # arrivals expected in a life above which their count is taken as normal
+
+
+def _arrival_tokens_tail(
+    y: float, mean_count: float, dispersion: float, mean_in: float, var_in: float, width: float
+) -> float:
+    """P(companions + S_N > y): N arrivals over a life (mean `mean_count`, variance dispersion
+    x mean: Poisson or negative binomial), S_N the sum of N prompt lengths (mean `mean_in`,
+    variance `var_in`, normal given N), companions uniform on [0, width] tokens."""
+    if mean_count <= 0.0:
+        return _uniform_plus_normal_tail(y, 0.0, 0.0, width)
+    if mean_count > _COUNT_SUM_LIMIT:
+        sd = math.sqrt(mean_count * var_in + dispersion * mean_count * mean_in * mean_in)
+        return _uniform_plus_normal_tail(y, mean_count * mean_in, sd, width)
+    if dispersion > 1.0 + 1e-9:  # negative binomial: r = m / (D - 1), success probability 1 / D
+        r, q = mean_count / (dispersion - 1.0), 1.0 / dispersion
+        p = math.exp(r * math.log(q))
+        grow = 1.0 - q
+    else:
+        r, p, grow = 0.0, math.exp(-mean_count), 0.0
+    total, seen, n = 0.0, 0.0, 0
+    while seen < 1.0 - 1e-7 and n < 400:
+        total += p * _uniform_plus_normal_tail(y, n * mean_in, math.sqrt(n * var_in), width)
+        seen += p
+        p *= ((n + r) * grow if grow else mean_count) / (n + 1)
+        n += 1
+    return min(1.0, total + max(0.0, 1.0 - seen))
 
 
 def _normal_tail(z: float) -> float:

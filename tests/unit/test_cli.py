@@ -394,9 +394,19 @@ def test_simulate_all_policies_json(tmp_path: Path) -> None:
         "--png",
         str(png),
     )
-    assert [row["policy"] for row in data] == ["kvscale", "static", "hpa", "keda", "saturation", "oracle"]
+    assert [row["policy"] for row in data] == [
+        "kvscale",
+        "static",
+        "hpa",
+        "keda",
+        "saturation",
+        "oracle",
+        "bound",
+        "peak",
+    ]
     for row in data:
         assert set(SIM_KEYS) <= set(row)
+        assert row["gpu_hours_vs_bound"] > 0 and row["gpu_hours_vs_peak"] > 0
         assert row["requests"] == 1200
     assert png.read_bytes()[:4] == b"\x89PNG"
 
