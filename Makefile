@@ -19,10 +19,11 @@ venv: $(STAMP)
 plan: venv
 	$(BIN)/kvscale plan $(SAMPLE_PLAN)
 
-## cluster-bins: build etcd, kube-*, kwok, helm from the Go module proxy; install prometheus; fetch the InferencePool CRD (cached)
+## cluster-bins: build etcd, kube-*, kwok, helm from the Go module proxy; install prometheus; fetch the InferencePool and LeaderWorkerSet CRDs (cached)
 cluster-bins:
 	bash hack/build-cluster-bins.sh
 	bash hack/fetch-inference-crd.sh
+	bash hack/fetch-lws-crd.sh
 
 ## test: every test, the real-cluster ones included
 test: venv cluster-bins

@@ -82,6 +82,111 @@ def _probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period_s, "failureThreshold": failures}
 
 
+def engine_container(
+    spec: InferenceServiceSpec,
+    cfg: ServingConfig,
+    planned: PlannedLaunch,
+    pool: GpuPool,
+    gpus: int,
+    port: int,
+    command: list[str],
+    args: list[str],
+    serves: bool = True,
+) -> dict[str, Any]:
+    """The engine container holding `gpus` GPUs. `serves`: it answers HTTP on the port (ports and
+    probes); a multi-node worker that only joins the leader's engine does not."""
+    engine = cfg.engine
+    env: list[dict[str, Any]] = [
+        {"name": engine.cache_env, "value": engine.cache_dir},
+        *({"name": e.name, "value": e.value} for e in spec.engine.env),
+    ]
+    resource = pool.resource_name
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": engine_image(spec, engine, cfg.gpu),
+        "command": command,
+        "args": args,
+    }
+    if serves:
+        container["ports"] = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    container |= {
+        "env": env,
+        "resources": {"limits": {resource: str(gpus)}, "requests": {resource: str(gpus)}},
+        "volumeMounts": [
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": CACHE_VOLUME, "mountPath": engine.cache_dir},
+        ],
+    }
+    if serves:
+        startup_failures = math.ceil(planned.startup_probe_budget_s / STARTUP_PROBE_PERIOD_S)
+        container |= {
+            # The port answers only once weights are loaded: the startup probe allows twice the
+            # modelled first start (download into an empty cache + load + engine start).
+            "startupProbe": _probe(engine.health_path, STARTUP_PROBE_PERIOD_S, startup_failures),
+            # Readiness gates traffic and rollouts on the engine's health (503 once the engine died).
+            "readinessProbe": _probe(engine.health_path, 5, 3),
+            "livenessProbe": _probe(engine.health_path, 15, 4),
+        }
+    if spec.model.credentials_secret:
+        container["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
+    return container
+
+
+def scrape_annotations(cfg: ServingConfig, planned: PlannedLaunch, port: int) -> dict[str, str]:
+    """Prometheus scrapes the engine's metrics on its port; the engine and checkpoint for people."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": "/metrics",
+        "kvscale.io/engine": cfg.engine.name,
+        "kvscale.io/checkpoint": planned.checkpoint.source,
+    }
+
+
+def pod_template(
+    spec: InferenceServiceSpec,
+    cfg: ServingConfig,
+    pool: GpuPool,
+    container: dict[str, Any],
+    gpus: int,
+    template_labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    extra_tolerations: tuple[dict[str, str], ...] = (),
+) -> dict[str, Any]:
+    """A pod template for engine pods holding `gpus` GPUs each, on nodes of the planned GPU product."""
+    metadata: dict[str, Any] = {"labels": dict(template_labels)}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    return {
+        "metadata": metadata,
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": pool.label_key, "operator": "In", "values": [pool.product_label]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+            "tolerations": [
+                {"key": pool.resource_name, "operator": "Exists", "effect": "NoSchedule"},
+                *extra_tolerations,
+            ],
+            "containers": [container],
+            "volumes": [
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(SHM_BYTES_PER_TP * gpus)}},
+                _cache_volume(spec),
+            ],
+            "terminationGracePeriodSeconds": 60,
+        },
+    }
+
+
 def deployment(
     name: str,
     owner_uid: str,
@@ -98,37 +203,12 @@ def deployment(
     """`pool_labels`: a foreign InferencePool's selector labels, so the pods join it."""
     planned = planned_launch(spec, cfg, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, port)
     command, engine_args = planned.command
-    engine = cfg.engine
-    env: list[dict[str, Any]] = [
-        {"name": engine.cache_env, "value": engine.cache_dir},
-        *({"name": e.name, "value": e.value} for e in spec.engine.env),
-    ]
-    startup_failures = math.ceil(planned.startup_probe_budget_s / STARTUP_PROBE_PERIOD_S)
-    container: dict[str, Any] = {
-        "name": "engine",
-        "image": engine_image(spec, engine, cfg.gpu),
-        "command": command,
-        "args": [*engine_args, *spec.engine.args],
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-        "env": env,
-        "resources": {
-            "limits": {pool.resource_name: str(cfg.tensor_parallel)},
-            "requests": {pool.resource_name: str(cfg.tensor_parallel)},
-        },
-        "volumeMounts": [
-            {"name": "shm", "mountPath": "/dev/shm"},
-            {"name": CACHE_VOLUME, "mountPath": engine.cache_dir},
-        ],
-        # The port answers only once weights are loaded: the startup probe allows twice the
-        # modelled first start (download into an empty cache + load + engine start).
-        "startupProbe": _probe(engine.health_path, STARTUP_PROBE_PERIOD_S, startup_failures),
-        # Readiness gates traffic and rollouts on the engine's health (503 once the engine died).
-        "readinessProbe": _probe(engine.health_path, 5, 3),
-        "livenessProbe": _probe(engine.health_path, 15, 4),
-    }
-    if spec.model.credentials_secret:
-        container["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
+    gpus = cfg.gpus  # tensor x pipeline parallel, all on one node
+    container = engine_container(spec, cfg, planned, pool, gpus, port, command, [*engine_args, *spec.engine.args])
     template_labels = {**pod_labels(name, owner_uid, cfg), **(pool_labels or {})}
+    template = pod_template(
+        spec, cfg, pool, container, gpus, template_labels, scrape_annotations(cfg, planned, port), extra_tolerations
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -140,57 +220,20 @@ def deployment(
             # service keeps serving through a spec change (for one model load's time, one
             # extra replica's GPUs are needed).
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {
-                "metadata": {
-                    "labels": template_labels,
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(port),
-                        "prometheus.io/path": "/metrics",
-                        "kvscale.io/engine": engine.name,
-                        "kvscale.io/checkpoint": planned.checkpoint.source,
-                    },
-                },
-                "spec": {
-                    "affinity": {
-                        "nodeAffinity": {
-                            "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [
-                                    {
-                                        "matchExpressions": [
-                                            {"key": pool.label_key, "operator": "In", "values": [pool.product_label]}
-                                        ]
-                                    }
-                                ]
-                            }
-                        }
-                    },
-                    "tolerations": [
-                        {"key": pool.resource_name, "operator": "Exists", "effect": "NoSchedule"},
-                        *extra_tolerations,
-                    ],
-                    "containers": [container],
-                    "volumes": [
-                        {
-                            "name": "shm",
-                            "emptyDir": {"medium": "Memory", "sizeLimit": str(SHM_BYTES_PER_TP * cfg.tensor_parallel)},
-                        },
-                        _cache_volume(spec),
-                    ],
-                    "terminationGracePeriodSeconds": 60,
-                },
-            },
+            "template": template,
         },
     }
 
 
-def service(name: str, port: int) -> dict[str, Any]:
+def service(name: str, port: int, pod_selector: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`pod_selector`: the pods behind it (default: every engine pod of the service; a multi-node
+    plan's leaders only, the pods that serve HTTP)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name, "labels": labels(name)},
         "spec": {
-            "selector": labels(name),
+            "selector": dict(pod_selector) if pod_selector is not None else labels(name),
             "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
         },
     }

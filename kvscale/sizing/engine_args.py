@@ -2,10 +2,11 @@
 
 Flag names checked against the engines' source:
 - vLLM 0.11.0 (`vllm serve MODEL`, vllm/engine/arg_utils.py): --tensor-parallel-size,
-  --max-num-seqs, --max-model-len, --max-num-batched-tokens, --gpu-memory-utilization,
+  --pipeline-parallel-size, --max-num-seqs, --max-model-len, --max-num-batched-tokens, --gpu-memory-utilization,
   --dtype, --quantization, --kv-cache-dtype, --port.
 - SGLang 0.5.23 (`python -m sglang.launch_server`, sglang/srt/arg_groups/fields/*.py, flags
   are the field names with dashes): --model-path, --tp-size (alias --tensor-parallel-size),
+  --pp-size (alias --pipeline-parallel-size),
   --host, --port (default 30000), --enable-metrics (metrics are off without it),
   --max-running-requests, --context-length, --chunked-prefill-size, --mem-fraction-static,
   --dtype, --quantization, --kv-cache-dtype (fp8_e4m3 | fp8_e5m2 | auto ...).
@@ -50,6 +51,7 @@ class EngineLaunch:
     quantization: str | None
     kv_cache_fp8: bool
     port: int
+    pipeline_parallel: int = 1  # stages (vLLM --pipeline-parallel-size, SGLang --pp-size)
 
 
 def launch_for(
@@ -74,6 +76,7 @@ def launch_for(
         quantization=quantization_flag(engine, checkpoint, cfg.gpu),
         kv_cache_fp8=cfg.kv.name == "fp8",
         port=port,
+        pipeline_parallel=cfg.pipeline_parallel,
     )
 
 
@@ -89,6 +92,7 @@ def vllm_args(launch: EngineLaunch) -> list[str]:
     args = [
         "--tensor-parallel-size",
         str(launch.tensor_parallel),
+        *(["--pipeline-parallel-size", str(launch.pipeline_parallel)] if launch.pipeline_parallel > 1 else []),
         "--max-num-seqs",
         str(launch.max_batch),
         "--max-model-len",
@@ -114,6 +118,7 @@ def sglang_args(launch: EngineLaunch) -> list[str]:
         launch.source,
         "--tp-size",
         str(launch.tensor_parallel),
+        *(["--pp-size", str(launch.pipeline_parallel)] if launch.pipeline_parallel > 1 else []),
         "--host",
         "0.0.0.0",
         "--port",

@@ -92,22 +92,31 @@ def find_bins() -> Path:
     return path
 
 
-def find_inference_crd() -> Path:
-    """The InferencePool CRD of the Gateway API inference extension: $KVSCALE_INFERENCE_CRD, else
-    fetched (or reused from the cache) by hack/fetch-inference-crd.sh from the extension's Go module."""
-    configured = os.environ.get("KVSCALE_INFERENCE_CRD")
+def _fetched_crd(env: str, script: str, what: str) -> Path:
+    """A CRD file: $`env`, else fetched (or reused from the cache) by hack/`script`."""
+    configured = os.environ.get(env)
     if configured:
         path = Path(configured)
     else:
-        out = subprocess.run(
-            ["bash", str(REPO / "hack" / "fetch-inference-crd.sh")], capture_output=True, text=True, check=False
-        )
+        out = subprocess.run(["bash", str(REPO / "hack" / script)], capture_output=True, text=True, check=False)
         if out.returncode != 0:
-            raise ClusterError(f"fetching the InferencePool CRD failed:\n{out.stderr[-4000:]}")
+            raise ClusterError(f"fetching the {what} CRD failed:\n{out.stderr[-4000:]}")
         path = Path(out.stdout.strip().splitlines()[-1])
     if not path.is_file():
-        raise ClusterError(f"{path} is not a file; run `bash hack/fetch-inference-crd.sh`")
+        raise ClusterError(f"{path} is not a file; run `bash hack/{script}`")
     return path
+
+
+def find_inference_crd() -> Path:
+    """The InferencePool CRD of the Gateway API inference extension: $KVSCALE_INFERENCE_CRD, else
+    fetched (or reused from the cache) by hack/fetch-inference-crd.sh from the extension's Go module."""
+    return _fetched_crd("KVSCALE_INFERENCE_CRD", "fetch-inference-crd.sh", "InferencePool")
+
+
+def find_lws_crd() -> Path:
+    """The LeaderWorkerSet CRD: $KVSCALE_LWS_CRD, else fetched (or reused from the cache) by
+    hack/fetch-lws-crd.sh from the Go module sigs.k8s.io/lws."""
+    return _fetched_crd("KVSCALE_LWS_CRD", "fetch-lws-crd.sh", "LeaderWorkerSet")
 
 
 @dataclass
