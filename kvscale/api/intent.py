@@ -139,8 +139,8 @@ def resolve_model(intent: Intent, catalog: Catalog) -> ModelArch:
 
 
 def serving_config(intent: Intent, plan: PlanStatus, catalog: Catalog) -> ServingConfig:
-    """The configuration a plan in status describes (gpuType, tensorParallel, precision,
-    chunk budget; a status written before the budget was recorded gets the engine's default)."""
+    """The configuration a plan in status describes (gpuType, tensorParallel, pipelineParallel,
+    precision, chunk budget; a status written before the budget was recorded gets the engine's default)."""
     return ServingConfig.build(
         catalog,
         resolve_model(intent, catalog),
@@ -150,6 +150,7 @@ def serving_config(intent: Intent, plan: PlanStatus, catalog: Catalog) -> Servin
         intent.kv_cache_precision,
         intent.engine,
         plan.max_num_batched_tokens,
+        pipeline_parallel=plan.pipeline_parallel,
     )
 
 

@@ -24,6 +24,8 @@ def gpu_pools(catalog: Catalog, text: str | None, max_replicas: int) -> dict[str
 
     def pool(name: str, count: int) -> GpuPool:
         gpu = catalog.gpu(name)
+        per_node = min(count, gpu.max_gpus_per_node)
+        whole, rest = divmod(count, per_node)
         return GpuPool(
             gpu_type=gpu.name,
             product_label=gpu.node_labels[0],
@@ -31,7 +33,9 @@ def gpu_pools(catalog: Catalog, text: str | None, max_replicas: int) -> dict[str
             resource_name=gpu.resource_name,
             allocatable=count,
             requested=0,
-            max_per_node=min(count, gpu.max_gpus_per_node),
+            max_per_node=per_node,
+            # COUNT GPUs as full nodes of the catalog's size (and one partial node).
+            free_by_node=(per_node,) * whole + ((rest,) if rest else ()),
         )
 
     if text is None:

@@ -67,7 +67,7 @@ def apply(
         for child in children:
             kube.apply(child)
         if result.scale_to is not None:
-            kube.scale(res.namespace, res.name, result.scale_to)
+            kube.scale(res.namespace, res.name, result.scale_to, result.scale_kind)
         if result.prune_pools:
             kube.prune_pools(res.namespace, selector(res.name), res.uid, result.keep_pool)
     except Refused as exc:

@@ -46,6 +46,7 @@ from kvscale.operator.reconcile import (
     PoolView,
     Resource,
     Result,
+    multi_node,
     pool_api_missing,
     reconcile,
     refresh,
@@ -97,12 +98,14 @@ def observed(res: Resource, memo: Any, inventory: Inventory | None, pool: PoolVi
         return Observed(pools={}, applied=memo.get("applied"), pool=pool)
     key = (res.namespace, res.name)
     deployments = inventory.deployments.get(key)
+    sets = inventory.leader_worker_sets.get(key)
     return Observed(
         pools=pools(inventory.nodes.values(), inventory.gpu_pods.values(), exclude_owner_uid=res.uid),
         deployment=deployments[0] if deployments else None,
         pods=tuple(inventory.engine_pods.get(key)),
         applied=memo.get("applied"),
         pool=pool,
+        leader_worker_set=sets[0] if sets else None,
     )
 
 
@@ -252,7 +255,7 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
     started = time.monotonic()
     try:
         intent = parse_intent(call.spec)
-        start = fleet(intent, call.before, call.observed().deployment, call.res.generation)
+        start = fleet(intent, call.before, call.observed().workload(multi_node(call.before)), call.res.generation)
         if isinstance(start, Fleet):
             obs, missing = await _observe(rt, call.res, intent.engine, intent.slo.percentile, start)
             memory = call.memo.get("scaler", ScalerMemory())

@@ -9,6 +9,7 @@ quadratic in their count: 5,000 pods took minutes), relisting when the watch exp
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -20,7 +21,8 @@ from typing import Any, Generic, TypeVar
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from kvscale.api import LABEL_MANAGED_BY, MANAGED_BY
+from kvscale.api import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
+from kvscale.operator import leader_worker_set as lws
 from kvscale.operator.inventory import EnginePod, NodeGpus, PodGpus, engine_pod, node_entry, pod_entry
 from kvscale.operator.reconcile import DeploymentView
 from kvscale.sizing.catalog import Catalog
@@ -29,15 +31,22 @@ V = TypeVar("V")
 log = logging.getLogger("kvscale.operator")
 WATCH_TIMEOUT_S = 240  # the server ends each watch after this; the informer resumes from its version
 RETRY_S = 2.0
-INFORMERS = ("nodes", "gpu-pods", "engine-pods", "deployments")
+OPTIONAL_RETRY_S = 30.0  # how often an informer of an optional kind looks for its API again
+INFORMERS = ("nodes", "gpu-pods", "engine-pods", "deployments", "leaderworkersets")
 Entry = Callable[[Mapping[str, Any]], "tuple[Hashable, V] | None"]
 
 
 class Informer(Generic[V]):
     """One kind of object, selected server-side, as {object uid: (key, entry)}."""
 
-    def __init__(self, name: str, list_fn: Callable[..., Any], entry: Entry[V], **selectors: str) -> None:
+    def __init__(
+        self, name: str, list_fn: Callable[..., Any], entry: Entry[V], optional: bool = False, **selectors: str
+    ) -> None:
+        """`optional`: a kind whose API may not be served (a CRD not installed, or not readable):
+        the informer then counts as synced and empty, and looks again every OPTIONAL_RETRY_S."""
         self.name, self.list_fn, self.entry, self.selectors = name, list_fn, entry, selectors
+        self.optional = optional
+        self.served = True  # False while an optional kind's API answers 404 (or 403)
         self._items: dict[str, tuple[Hashable, V]] = {}
         self._lock = threading.Lock()
         self._synced = threading.Event()
@@ -81,6 +90,7 @@ class Informer(Generic[V]):
             self._put(obj, items)
         with self._lock:
             self._items = items
+        self.served = True
         self.lists += 1
         self._synced.set()
         return str((body.get("metadata") or {}).get("resourceVersion", ""))
@@ -92,6 +102,22 @@ class Informer(Generic[V]):
         yield from watch.Watch().stream(
             unannotated, resource_version=version, timeout_seconds=WATCH_TIMEOUT_S, **self.selectors
         )
+
+    def _unserved(self, status: int) -> None:
+        """An optional kind's API is not served (404) or not readable (403): synced and empty."""
+        if self.served:
+            why = "not installed" if status == 404 else "forbidden"
+            log.info(
+                "Informer %s: the API is %s (HTTP %d); looking again every %.0fs",
+                self.name,
+                why,
+                status,
+                OPTIONAL_RETRY_S,
+            )
+        with self._lock:
+            self._items = {}
+        self.served = False
+        self._synced.set()
 
     def _apply(self, event: dict[str, Any]) -> None:
         obj = event.get("raw_object") or event.get("object") or {}
@@ -115,6 +141,10 @@ class Informer(Generic[V]):
                     if self._stop.is_set():
                         return
             except ApiException as exc:
+                if self.optional and exc.status in (403, 404) and not version:
+                    self._unserved(int(exc.status))
+                    self._stop.wait(OPTIONAL_RETRY_S)
+                    continue
                 if exc.status != 410:
                     log.warning("Informer %s: %s; retrying in %.0fs", self.name, exc.reason, RETRY_S)
                     time.sleep(RETRY_S)  # back off before listing again
@@ -132,10 +162,11 @@ class Inventory:
     gpu_pods: Informer[PodGpus]
     engine_pods: Informer[EnginePod]
     deployments: Informer[DeploymentView]
+    leader_worker_sets: Informer[DeploymentView]  # optional: empty where the LWS CRD is not installed
 
     @property
     def all(self) -> tuple[Informer[Any], ...]:
-        return (self.nodes, self.gpu_pods, self.engine_pods, self.deployments)
+        return (self.nodes, self.gpu_pods, self.engine_pods, self.deployments, self.leader_worker_sets)
 
     def start(self, timeout_s: float) -> list[str]:
         """Starts every informer; the names of those not synced within `timeout_s`."""
@@ -164,8 +195,17 @@ def _deployment(obj: Mapping[str, Any]) -> tuple[Hashable, DeploymentView]:
     return (meta.get("namespace", ""), meta.get("name", "")), DeploymentView.of(obj)
 
 
+def _leader_worker_set(obj: Mapping[str, Any]) -> tuple[Hashable, DeploymentView] | None:
+    """Keyed by the InferenceService (its instance label): the set itself is named <service>-lws."""
+    meta = obj.get("metadata") or {}
+    instance = (meta.get("labels") or {}).get(LABEL_INSTANCE)
+    if not instance:
+        return None
+    return (meta.get("namespace", ""), instance), DeploymentView.of(obj)
+
+
 def inventory(api: client.ApiClient, catalog: Catalog) -> Inventory:
-    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     resources = {g.resource_name for g in catalog.gpus.values()}
     managed = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
     bound = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
@@ -180,5 +220,12 @@ def inventory(api: client.ApiClient, catalog: Catalog) -> Inventory:
         engine_pods=Informer("engine-pods", core.list_pod_for_all_namespaces, engine_pod, label_selector=managed),
         deployments=Informer(
             "deployments", apps.list_deployment_for_all_namespaces, _deployment, label_selector=managed
+        ),
+        leader_worker_sets=Informer(
+            "leaderworkersets",
+            functools.partial(custom.list_cluster_custom_object, lws.GROUP, lws.VERSION, lws.PLURAL),
+            _leader_worker_set,
+            optional=True,
+            label_selector=managed,
         ),
     )

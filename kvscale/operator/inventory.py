@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvscale.api import LABEL_GPU_TYPE, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_OWNER_UID, MANAGED_BY
@@ -28,10 +28,18 @@ class GpuPool:
     allocatable: int
     requested: int
     max_per_node: int
+    free_by_node: tuple[int, ...] = ()  # free GPUs on each node, largest first
 
     @property
     def free(self) -> int:
         return max(0, self.allocatable - self.requested)
+
+    def pods_fitting(self, gpus_per_pod: int) -> int:
+        """How many pods of `gpus_per_pod` GPUs the free GPUs hold, node by node: a plan larger
+        than a node needs whole nodes, which a sum of free GPUs over nodes overstates."""
+        if gpus_per_pod <= 0:
+            return 0
+        return sum(free // gpus_per_pod for free in self.free_by_node)
 
 
 @dataclass(frozen=True)
@@ -154,8 +162,10 @@ def pools(
             continue
         requested[node.name] = requested.get(node.name, 0) + pod.count(node.resource_name)
     out: dict[str, GpuPool] = {}
+    free_by_node: dict[str, list[int]] = {}
     for name, node in sorted(by_node.items()):
         old = out.get(node.gpu_type)
+        free_by_node.setdefault(node.gpu_type, []).append(max(0, node.allocatable - requested.get(name, 0)))
         out[node.gpu_type] = GpuPool(
             gpu_type=node.gpu_type,
             product_label=old.product_label if old else node.product_label,
@@ -165,7 +175,7 @@ def pools(
             requested=(old.requested if old else 0) + requested.get(name, 0),
             max_per_node=max(old.max_per_node if old else 0, node.allocatable),
         )
-    return out
+    return {t: replace(p, free_by_node=tuple(sorted(free_by_node[t], reverse=True))) for t, p in out.items()}
 
 
 def gpu_inventory(

@@ -20,6 +20,7 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
 from kvscale.operator import inference_pool
+from kvscale.operator import leader_worker_set as lws
 from kvscale.operator.reconcile import PoolView
 
 FIELD_MANAGER = "kvscale-operator"
@@ -102,6 +103,17 @@ class Kube:
         if obj["kind"] == inference_pool.KIND:
             self._apply_pool(obj)
             return
+        if obj["kind"] == lws.KIND:
+            with self.errors(f"{lws.KIND} {meta['namespace']}/{meta['name']}"):
+                self.custom.patch_namespaced_custom_object(
+                    *self._set_args(meta["namespace"]),
+                    meta["name"],
+                    obj,
+                    field_manager=FIELD_MANAGER,
+                    force=True,
+                    _content_type=_APPLY_PATCH,
+                )
+            return
         patch, _ = self._writer(obj["kind"])
         with self.errors(f"{obj['kind']} {meta['namespace']}/{meta['name']}"):
             patch(
@@ -114,7 +126,16 @@ class Kube:
             )
 
     def delete_if_present(self, kind: str, namespace: str, name: str) -> bool:
-        _, delete = self._writer(kind)
+        """Deletes the InferenceService `name`'s child of `kind` (a LeaderWorkerSet is <name>-lws);
+        False when there was none, or the kind's API is not served (its CRD is not installed)."""
+        if kind == lws.KIND:
+            name = lws.set_name(name)
+
+            def delete(n: str, ns: str) -> Any:
+                return self.custom.delete_namespaced_custom_object(*self._set_args(ns), n)
+
+        else:
+            _, delete = self._writer(kind)
         with self.errors(f"deleting {kind} {namespace}/{name}"):
             try:
                 delete(name, namespace)
@@ -124,10 +145,19 @@ class Kube:
                 raise
         return True
 
-    def scale(self, namespace: str, name: str, replicas: int) -> None:
-        """Through the scale subresource, so only the replica count changes."""
+    def scale(self, namespace: str, name: str, replicas: int, kind: str = "Deployment") -> None:
+        """Through the scale subresource, so only the replica count changes (a LeaderWorkerSet's
+        counts groups: its spec.replicas)."""
+        body = {"spec": {"replicas": replicas}}
+        if kind == lws.KIND:
+            with self.errors(f"scaling {lws.KIND} {namespace}/{lws.set_name(name)}"):
+                self.custom.patch_namespaced_custom_object_scale(*self._set_args(namespace), lws.set_name(name), body)
+            return
         with self.errors(f"scaling Deployment {namespace}/{name}"):
-            self.apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
+            self.apps.patch_namespaced_deployment_scale(name, namespace, body)
+
+    def _set_args(self, namespace: str) -> tuple[str, str, str, str]:
+        return lws.GROUP, lws.VERSION, namespace, lws.PLURAL
 
     # -- InferencePool (Gateway API inference extension) ---------------------------------
 

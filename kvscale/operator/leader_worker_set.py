@@ -193,14 +193,3 @@ def leader_worker_set(
             },
         },
     }
-
-
-def leader_container(body: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The engine container of a LeaderWorkerSet's leader template."""
-    template = ((body.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("leaderTemplate") or {}
-    return ((template.get("spec") or {}).get("containers") or [{}])[0]  # type: ignore[no-any-return]
-
-
-def leader_template_labels(body: Mapping[str, Any]) -> Mapping[str, str]:
-    template = ((body.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("leaderTemplate") or {}
-    return (template.get("metadata") or {}).get("labels") or {}  # type: ignore[no-any-return]

@@ -93,8 +93,12 @@ def _no_capacity(best: Plan, pools: Mapping[str, GpuPool], excluded: tuple[str, 
     fits = ""
     if best.chosen is not None:
         c = best.chosen
-        need = c.prediction.replicas * c.tensor_parallel
-        fits = f"; it would fit on {need} x {c.gpu} ({c.prediction.replicas} replica(s) x TP{c.tensor_parallel})"
+        need = c.prediction.replicas * c.config.gpus
+        shape = (
+            f"TP{c.tensor_parallel}" if c.pipeline_parallel == 1 else f"TP{c.tensor_parallel} x PP{c.pipeline_parallel}"
+        )
+        nodes = f", {c.nodes} whole nodes each" if c.nodes > 1 else ""
+        fits = f"; it would fit on {need} x {c.gpu} ({c.prediction.replicas} replica(s) x {shape}{nodes})"
     return Unplanned(
         "InsufficientGPUs",
         f"no plan fits the cluster's free GPUs ({have}){gone}{fits}: add such nodes or widen spec.hardware.gpuTypes",
@@ -144,7 +148,20 @@ def plan_service(
     if not present:
         return _no_capacity(everywhere, pools, excluded)
     limits = {name: pools[name].free for name in present}
-    in_cluster = plan(_as_sized_in_cluster(catalog, pools), plan_request(intent, model, present, limits))
+    sized = _as_sized_in_cluster(catalog, pools)
+    in_cluster = plan(sized, plan_request(intent, model, present, limits))
+    # A replica across nodes needs whole nodes of free GPUs, which free GPUs summed over nodes
+    # overstate: count the pods that fit node by node, and plan again within them if short.
+    for _ in present:
+        chosen = in_cluster.chosen
+        if chosen is None or chosen.nodes == 1:
+            break
+        per_node = chosen.config.gpus_per_node
+        fitting = pools[chosen.gpu].pods_fitting(per_node)
+        if fitting >= chosen.prediction.replicas * chosen.nodes:
+            break
+        limits[chosen.gpu] = min(limits[chosen.gpu], fitting * per_node)
+        in_cluster = plan(sized, plan_request(intent, model, present, limits))
     if in_cluster.chosen is None:
         return _no_capacity(everywhere, pools, excluded)
     return Planned(in_cluster, in_cluster.chosen, model, pools[in_cluster.chosen.gpu])

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from kvscale.api import LABEL_GPU_TYPE, selector
 from kvscale.api.intent import Intent, SpecError, child_name_problems, parse_intent
 from kvscale.api.models import InferenceServiceStatus
+from kvscale.operator import leader_worker_set as lws
 from kvscale.operator.inference_pool import CONDITION as POOL_CONDITION
 from kvscale.operator.inference_pool import PoolPlan, plan_pool
 from kvscale.operator.inventory import EnginePod, GpuPool
@@ -34,8 +35,10 @@ from kvscale.operator.status import condition, get_condition, plan_status, with_
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.checkpoints import CheckpointError
 from kvscale.sizing.context_limit import ContextLimitError
+from kvscale.sizing.engine_args import PlannedLaunch
 
 CHILD_KINDS = ("Service", "PodDisruptionBudget", "Deployment")  # the Deployment last: never without its Service
+DEPLOYMENT = "Deployment"
 POOL_FORBIDDEN = (
     "the operator may not read or manage inferencepools (inference.networking.k8s.io): "
     "install the chart with inferencePool.enabled=true; the engines are deployed without a pool"
@@ -52,20 +55,31 @@ class Resource:
     generation: int | None
 
 
+def engine_template(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod template of the engine workload's spec: a Deployment's, or a LeaderWorkerSet's
+    leader template (the pod that serves)."""
+    if "leaderWorkerTemplate" in spec:
+        return (spec.get("leaderWorkerTemplate") or {}).get("leaderTemplate") or {}
+    return spec.get("template") or {}
+
+
 @dataclass(frozen=True)
 class DeploymentView:
-    """The engine Deployment as the watch last saw it."""
+    """The engine workload as the watch last saw it: a Deployment, or a LeaderWorkerSet whose
+    replicas and ready replicas count groups (status.readyReplicas: groups whose pods are all
+    ready) and whose image and args are its leader's."""
 
     replicas: int
     ready_replicas: int
     gpu_type: str | None
     image: str | None = None
     args: tuple[str, ...] = ()
+    kind: str = DEPLOYMENT
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> DeploymentView:
         spec, st = body.get("spec") or {}, body.get("status") or {}
-        template = spec.get("template") or {}
+        template = engine_template(spec)
         container = ((template.get("spec") or {}).get("containers") or [{}])[0]
         return cls(
             replicas=int(spec.get("replicas") or 0),
@@ -73,6 +87,7 @@ class DeploymentView:
             gpu_type=((template.get("metadata") or {}).get("labels") or {}).get(LABEL_GPU_TYPE),
             image=container.get("image"),
             args=tuple(container.get("args") or ()),
+            kind=lws.KIND if "leaderWorkerTemplate" in spec else DEPLOYMENT,
         )
 
 
@@ -97,6 +112,20 @@ class Observed:
     pods: tuple[EnginePod, ...] = ()
     applied: Mapping[str, Any] | None = None
     pool: PoolView | None = None
+    leader_worker_set: DeploymentView | None = None
+
+    def workload(self, multi_node: bool) -> DeploymentView | None:
+        """The engine workload of the planned kind: a LeaderWorkerSet for a plan across nodes."""
+        return self.leader_worker_set if multi_node else self.deployment
+
+
+def multi_node(status: InferenceServiceStatus) -> bool:
+    """Whether the recorded plan spans nodes (deployed as a LeaderWorkerSet, scaled in groups)."""
+    return status.plan is not None and status.plan.nodes > 1
+
+
+def workload_kind(status: InferenceServiceStatus) -> str:
+    return lws.KIND if multi_node(status) else DEPLOYMENT
 
 
 @dataclass(frozen=True)
@@ -119,7 +148,8 @@ class Result:
     status: InferenceServiceStatus
     apply: tuple[dict[str, Any], ...] = ()  # server-side applied in order
     delete: tuple[str, ...] = ()  # child kinds to delete
-    scale_to: int | None = None  # the Deployment's replicas, through its scale subresource
+    scale_to: int | None = None  # the workload's replicas (groups of a LeaderWorkerSet), through its scale subresource
+    scale_kind: str = DEPLOYMENT  # Deployment or LeaderWorkerSet
     events: tuple[Event, ...] = ()
     retry: Retry | None = None
     applied_deployment: dict[str, Any] | None = field(default=None)  # for drift detection
@@ -165,10 +195,15 @@ def _summary(planned: Planned, replicas: int) -> str:
     c, p = planned.chosen, planned.prediction
     per_replica = p.cost_usd_per_hour / max(p.replicas, 1)
     planned_note = "" if replicas == p.replicas else f" (the plan needs {p.replicas} at spec.workload's rate)"
-    return (
-        f"{replicas} x {c.tensor_parallel} {c.gpu} ({c.precision}), max batch {p.max_batch}, "
-        f"${replicas * per_replica:.2f}/h{planned_note}"
-    )
+    if c.nodes > 1:
+        cfg = c.config
+        shape = (
+            f"{replicas} group(s) of {cfg.nodes} nodes x {cfg.gpus_per_node} {c.gpu} "
+            f"(TP{c.tensor_parallel} x PP{c.pipeline_parallel}, {c.precision})"
+        )
+    else:
+        shape = f"{replicas} x {c.config.gpus} {c.gpu} ({c.precision})"
+    return f"{shape}, max batch {p.max_batch}, ${replicas * per_replica:.2f}/h{planned_note}"
 
 
 def reconcile(
@@ -226,30 +261,82 @@ def reconcile(
         new = with_conditions(without_condition(base, POOL_CONDITION), planned, not_ready, phase="Recommended")
         summary = _summary(outcome, outcome.prediction.replicas)
         event = Event("Normal", "Recommended", f"Recommend {summary}")
-        return Result(new, delete=CHILD_KINDS, events=(event,), prune_pools=_had_pool(status))
-    replicas = _replicas(intent, outcome, status, observed.deployment)
+        gone = CHILD_KINDS + ((lws.KIND,) if _had_set(status, observed) else ())
+        return Result(new, delete=gone, events=(event,), prune_pools=_had_pool(status))
+    multi = outcome.config.nodes > 1
+    too_long = lws.name_problem(res.name) if multi else None
+    if too_long is not None:
+        return _failed(status, res, "InvalidName", too_long, now=now)
+    replicas = _replicas(intent, outcome, status, observed.workload(multi))
     routing = _routing(intent, res, observed.pool, outcome, settings)
     try:
-        dep = deployment(
-            res.name,
-            res.uid,
-            intent.spec,
-            outcome.model,
-            outcome.config,
-            outcome.chosen,
-            outcome.pool,
-            replicas,
-            settings.engine_port,
-            settings.extra_tolerations,
-            pool_labels=routing.join_labels if routing is not None and routing.action == "join" else None,
-        )
+        workload = _workload(intent, res, outcome, launch, replicas, routing, settings)
     except EngineImageError as exc:
         return _failed(status, res, "NoEngineImage", str(exc), now=now)
-    children = (service(res.name, settings.engine_port), pod_disruption_budget(res.name), dep)
+    except lws.MultiNodeUnsupported as exc:
+        return _failed(status, res, "EngineUnsupported", str(exc), now=now)
+    serving = service(res.name, settings.engine_port, lws.leader_labels(res.name) if multi else None)
+    children = (serving, pod_disruption_budget(res.name), workload)
+    # A plan that moved between one node and several changes the workload's kind: the old goes.
+    if multi:
+        stale: tuple[str, ...] = (DEPLOYMENT,) if observed.deployment is not None else ()
+    else:
+        stale = (lws.KIND,) if _had_set(status, observed) else ()
     new = with_conditions(base, planned, phase="Deploying", replicas=replicas, desired_replicas=replicas)
     message = f"Deployed {_summary(outcome, replicas)}: {outcome.chosen.reason}"
-    result = Result(new, apply=children, events=(Event("Normal", "Planned", message[:1000]),), applied_deployment=dep)
+    result = Result(
+        new,
+        apply=children,
+        delete=stale,
+        events=(Event("Normal", "Planned", message[:1000]),),
+        applied_deployment=workload,
+    )
     return _with_routing(result, status, res, routing, now)
+
+
+def _had_set(status: InferenceServiceStatus, observed: Observed) -> bool:
+    """Whether this resource may have a LeaderWorkerSet (only then does removal ask the API)."""
+    return observed.leader_worker_set is not None or multi_node(status)
+
+
+def _workload(
+    intent: Intent,
+    res: Resource,
+    planned: Planned,
+    launch: PlannedLaunch,
+    replicas: int,
+    routing: PoolPlan | None,
+    settings: Settings,
+) -> dict[str, Any]:
+    """The engine workload: a Deployment of `replicas` pods, or for a plan across nodes a
+    LeaderWorkerSet of `replicas` groups (EngineImageError, MultiNodeUnsupported)."""
+    joined = routing.join_labels if routing is not None and routing.action == "join" else None
+    if planned.config.nodes > 1:
+        template_labels = {**pod_labels(res.name, res.uid, planned.config), **(joined or {})}
+        return lws.leader_worker_set(
+            res.name,
+            intent.spec,
+            planned.config,
+            launch,
+            planned.pool,
+            replicas,
+            settings.engine_port,
+            template_labels,
+            settings.extra_tolerations,
+        )
+    return deployment(
+        res.name,
+        res.uid,
+        intent.spec,
+        planned.model,
+        planned.config,
+        planned.chosen,
+        planned.pool,
+        replicas,
+        settings.engine_port,
+        settings.extra_tolerations,
+        pool_labels=joined,
+    )
 
 
 def _had_pool(status: InferenceServiceStatus) -> bool:
@@ -271,9 +358,9 @@ def _routing(
     engine_labels = pod_labels(res.name, res.uid, planned.config)
     installed = seen is not None and seen.api_installed
     existing = seen.existing if seen is not None else None
-    return plan_pool(
-        res.name, res.uid, wanted, labels(res.name), engine_labels, settings.engine_port, installed, existing
-    )
+    # Across nodes only the leaders serve: the pool selects them, as the Service does.
+    selects = lws.leader_labels(res.name) if planned.config.nodes > 1 else labels(res.name)
+    return plan_pool(res.name, res.uid, wanted, selects, engine_labels, settings.engine_port, installed, existing)
 
 
 def _with_routing(
@@ -309,11 +396,11 @@ def replans(status: InferenceServiceStatus, observed: Observed, settings: Settin
 
 
 def drift(applied: Mapping[str, Any] | None, seen: DeploymentView | None) -> list[str]:
-    """How the Deployment differs from what kvscale applied: replicas, image, args."""
-    if applied is None or seen is None:
+    """How the workload differs from what kvscale applied: replicas, image, args."""
+    if applied is None or seen is None or applied.get("kind", DEPLOYMENT) != seen.kind:
         return []
     spec = applied.get("spec") or {}
-    container = (((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}])[0]
+    container = ((engine_template(spec).get("spec") or {}).get("containers") or [{}])[0]
     out = []
     if int(spec.get("replicas") or 0) != seen.replicas:
         out.append(f"replicas {seen.replicas} -> {spec.get('replicas')}")
@@ -350,7 +437,7 @@ def refresh(
         return replace(replanned, events=(Event("Warning", "GPUTypeUnschedulable", message), *replanned.events))
     if pool_api_missing(status) and observed.pool is not None and observed.pool.api_installed:
         return reconcile(spec, res, status, observed, catalog, settings, now=now)  # the CRD arrived
-    seen = observed.deployment
+    seen = observed.workload(multi_node(status))
     if seen is None:
         return None
     return _readiness(status, res, observed, seen, now)
@@ -372,10 +459,12 @@ def _readiness(
     waiting = sum(1 for p in observed.pods if p.gpu_type == gpu and p.unschedulable_since is not None)
     events: list[Event] = []
     fields: dict[str, Any] = {"replicas": wanted, "ready_replicas": ready}
+    # Across nodes a replica is a LeaderWorkerSet group: ready when all of its pods are.
+    unit = f"groups of {status.plan.nodes} nodes" if status.plan and multi_node(status) else "replicas"
+    readiness = f"{ready}/{wanted} {unit} ready"
     if is_ready != (status.phase == "Ready"):
         fields["phase"] = "Ready" if is_ready else "Deploying"
-        events.append(Event("Normal", "Ready" if is_ready else "NotReady", f"{ready}/{wanted} replicas ready"))
-    readiness = f"{ready}/{wanted} replicas ready"
+        events.append(Event("Normal", "Ready" if is_ready else "NotReady", readiness))
     new = with_conditions(
         status,
         condition(

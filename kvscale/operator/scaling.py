@@ -17,7 +17,7 @@ from kvscale.api.models import InferenceServiceStatus, PlanStatus
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.autoscaling.policy import PolicyState, decide
-from kvscale.operator.reconcile import DeploymentView, Event, Resource, Result
+from kvscale.operator.reconcile import DeploymentView, Event, Resource, Result, workload_kind
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import condition, now_rfc3339, observed_status, with_conditions
 from kvscale.sizing.catalog import Catalog
@@ -104,7 +104,15 @@ def capacity(
 ) -> tuple[SizingCapacity, ScalerMemory]:
     """A capacity model for this plan and SLO, and the memory holding it (with a fresh policy
     state when the plan or the SLO changed)."""
-    key = (plan.gpu_type, plan.tensor_parallel, plan.precision, plan.max_batch, intent.spec.model, intent.slo)
+    key = (
+        plan.gpu_type,
+        plan.tensor_parallel,
+        plan.pipeline_parallel,
+        plan.precision,
+        plan.max_batch,
+        intent.spec.model,
+        intent.slo,
+    )
     if memory.key == key and memory.capacity is not None:
         return memory.capacity, memory
     cfg = serving_config(intent, plan, catalog)
@@ -225,4 +233,5 @@ def tick(
         update={"replicas": target, "last_scale_time": now_rfc3339(now), "last_scale_reason": decision.reason[:500]}
     )
     event = Event("Normal", "Scaled", f"Scaled {current} -> {target}: {decision.reason}"[:1000])
-    return Tick(Result(scaled, scale_to=target, events=(event,)), memory, decision, gauges)
+    result = Result(scaled, scale_to=target, scale_kind=workload_kind(status), events=(event,))
+    return Tick(result, memory, decision, gauges)

@@ -121,7 +121,7 @@ def test_tgi_and_missing_images_are_refused_naming_the_field() -> None:
     intent = parse_intent(SPEC)
     cfg, planned = launch()
     no_image = replace(cfg, engine=cfg.engine.model_copy(update={"image": None}))
-    with pytest.raises(EngineImageError, match="spec.engine.image"):
+    with pytest.raises(EngineImageError, match=r"spec\.engine\.image"):
         lws.leader_worker_set("big", intent.spec, no_image, planned, POOL, 1, 8000, {})
 
 
