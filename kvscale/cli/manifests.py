@@ -86,6 +86,7 @@ def objects_for(doc: dict[str, Any], catalog: Catalog, gpus: str | None, port: i
     """The children the operator would apply for one InferenceService document, and a one-line
     summary; exits 2 naming the field for specs the operator would refuse."""
     from kvscale.api.intent import SpecError, parse_intent
+    from kvscale.operator import leader_worker_set as lws
     from kvscale.operator.inference_pool import inference_pool
     from kvscale.operator.planning import Unplanned, plan_service
     from kvscale.operator.resources import (
@@ -94,6 +95,7 @@ def objects_for(doc: dict[str, Any], catalog: Catalog, gpus: str | None, port: i
         labels,
         planned_launch,
         pod_disruption_budget,
+        pod_labels,
         service,
     )
 
@@ -109,27 +111,41 @@ def objects_for(doc: dict[str, Any], catalog: Catalog, gpus: str | None, port: i
     if isinstance(result, Unplanned):
         fail(f"{name}: {result.message}", EXIT_INFEASIBLE if result.retry else EXIT_BAD_INPUT)
     chosen = result.chosen
-    launch = planned_launch(spec, chosen.config, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, port)
+    cfg = chosen.config
+    launch = planned_launch(spec, cfg, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, port)
+    multi = cfg.nodes > 1
+    shape = (
+        f"{chosen.prediction.replicas} group(s) of {cfg.nodes} nodes x {cfg.gpus_per_node} {chosen.gpu} "
+        f"(TP{cfg.tensor_parallel} x PP{cfg.pipeline_parallel}, {chosen.precision}, a LeaderWorkerSet)"
+        if multi
+        else f"{chosen.prediction.replicas} x {cfg.gpus} {chosen.gpu} ({chosen.precision})"
+    )
     summary = (
-        f"{name}: {chosen.prediction.replicas} x {chosen.tensor_parallel} {chosen.gpu} ({chosen.precision}), "
-        f"max batch {chosen.prediction.max_batch}, requests up to {launch.context.max_model_len_tokens} tokens, "
-        f"${chosen.prediction.cost_usd_per_hour:.2f}/h"
+        f"{name}: {shape}, max batch {chosen.prediction.max_batch}, requests up to "
+        f"{launch.context.max_model_len_tokens} tokens, ${chosen.prediction.cost_usd_per_hour:.2f}/h"
     )
     if spec.scaling.mode == "recommend":
         return [], summary + " (mode recommend: the operator creates nothing)"
     pinned = intent.scaling.pinned_replicas
     replicas = pinned if pinned is not None else intent.scaling.bounded(chosen.prediction.replicas)
+    too_long = lws.name_problem(name) if multi else None
+    if too_long is not None:
+        fail(f"{name}: {too_long}")
+    # Across nodes only the leaders serve: the Service and the pool select them.
+    serving = lws.leader_labels(name) if multi else labels(name)
+    pool = pools[chosen.gpu]
     try:
-        children = [
-            deployment(name, "", spec, result.model, chosen.config, chosen, pools[chosen.gpu], replicas, port),
-            service(name, port),
-            pod_disruption_budget(name),
-        ]
-    except EngineImageError as exc:
+        workload = (
+            lws.leader_worker_set(name, spec, cfg, launch, pool, replicas, port, pod_labels(name, "", cfg))
+            if multi
+            else deployment(name, "", spec, result.model, cfg, chosen, pool, replicas, port)
+        )
+    except (EngineImageError, lws.MultiNodeUnsupported) as exc:
         fail(f"{name}: {exc}")
+    children = [workload, service(name, port, serving if multi else None), pod_disruption_budget(name)]
     routing = spec.routing.inference_pool if spec.routing else None
     if routing is not None:
-        children.append(inference_pool(name, routing, labels(name), port))
+        children.append(inference_pool(name, routing, serving, port))
     namespace = meta.get("namespace")
     for child in children:
         if namespace:
@@ -149,9 +165,10 @@ def manifests(
     port: Annotated[int, typer.Option(help="Engine port (the operator's KVSCALE_ENGINE_PORT).")] = 8000,
     catalog: CatalogOpt = None,
 ) -> None:
-    """The objects the operator would create for an InferenceService (Deployment, Service,
-    PodDisruptionBudget, InferencePool), from the same planner and builders, as YAML. The
-    operator adds owner references and the owner-uid pod label when it applies them."""
+    """The objects the operator would create for an InferenceService (Deployment, or a
+    LeaderWorkerSet for a plan across nodes; Service, PodDisruptionBudget, InferencePool), from
+    the same planner and builders, as YAML. The operator adds owner references and the owner-uid
+    pod label when it applies them."""
     if not 0 < port <= 65535:
         fail(f"--port must be in 1..65535, got {port}")
     cat = load(catalog)

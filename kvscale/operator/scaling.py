@@ -64,6 +64,7 @@ class Gauges:
     cost_usd_per_hour: float | None
     metrics_available: bool
     decision_kind: str
+    nodes_per_replica: int = 1  # > 1: replicas are LeaderWorkerSet groups of this many nodes
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ def _gauges(intent: Intent, plan: PlanStatus, fleet_: Fleet, obs: Observation, d
         cost_usd_per_hour=fleet_.current * plan.cost_per_hour / max(plan.replicas, 1) if running else None,
         metrics_available=ok,
         decision_kind=decision_kind(decision),
+        nodes_per_replica=plan.nodes,
     )
 
 

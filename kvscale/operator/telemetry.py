@@ -18,6 +18,12 @@ LABELS = ("namespace", "inferenceservice")
 DESIRED = Gauge("kvscale_desired_replicas", "Replicas the policy asked for", LABELS, registry=REGISTRY)
 CURRENT = Gauge("kvscale_current_replicas", "Replicas of the engine Deployment", LABELS, registry=REGISTRY)
 READY = Gauge("kvscale_ready_replicas", "Engine replicas ready", LABELS, registry=REGISTRY)
+NODES = Gauge(
+    "kvscale_nodes_per_replica",
+    "Nodes one replica spans: a LeaderWorkerSet group's size (replicas then count groups); 1 on one node",
+    LABELS,
+    registry=REGISTRY,
+)
 TTFT_TARGET = Gauge("kvscale_ttft_target_seconds", "TTFT target at the SLO percentile", LABELS, registry=REGISTRY)
 TPOT_TARGET = Gauge("kvscale_tpot_target_seconds", "TPOT target at the SLO percentile", LABELS, registry=REGISTRY)
 TTFT_OBSERVED = Gauge("kvscale_observed_ttft_seconds", "Observed TTFT at the SLO percentile", LABELS, registry=REGISTRY)
@@ -37,6 +43,7 @@ _PER_RESOURCE = (
     DESIRED,
     CURRENT,
     READY,
+    NODES,
     TTFT_TARGET,
     TPOT_TARGET,
     TTFT_OBSERVED,
@@ -93,6 +100,7 @@ def export(namespace: str, name: str, g: Gauges) -> None:
     _set(DESIRED, labels, g.desired)
     _set(CURRENT, labels, g.current)
     _set(READY, labels, g.ready)
+    _set(NODES, labels, g.nodes_per_replica)
     _set(TTFT_TARGET, labels, g.ttft_target_s)
     _set(TPOT_TARGET, labels, g.tpot_target_s)
     _set(TTFT_PREDICTED, labels, g.ttft_predicted_s)

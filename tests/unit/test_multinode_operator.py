@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kvscale.api import labels
 from kvscale.api.intent import parse_intent
@@ -44,7 +46,7 @@ SPEC: dict[str, Any] = {
 
 
 @pytest.fixture
-def two_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+def two_nodes(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
     """The planner's choice, made to span two nodes: TP 8 x PP 2 on H100 (8 GPUs a node)."""
     real = planning.plan_service
 
@@ -56,6 +58,7 @@ def two_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
         return replace(out, chosen=replace(out.chosen, config=cfg))
 
     monkeypatch.setattr(reconcile_module, "plan_service", planned)
+    return planned
 
 
 def deployed(body: dict[str, Any] | None = None, observed: Observed | None = None, res: Resource = RES) -> Result:
@@ -181,3 +184,30 @@ def test_inventory_counts_whole_free_nodes() -> None:
     assert h100.free_by_node == (8, 4)
     assert h100.pods_fitting(8) == 1  # 12 GPUs free, one whole node
     assert h100.pods_fitting(4) == 3
+
+
+def test_manifests_render_the_leader_worker_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_nodes: Callable[..., Any]
+) -> None:
+    from typer.testing import CliRunner
+
+    from kvscale.cli import app
+
+    monkeypatch.setattr(planning, "plan_service", two_nodes)
+    body = {"apiVersion": "kvscale.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "big"}}
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump({**body, "spec": SPEC}))
+    result = CliRunner().invoke(app, ["manifests", "-f", str(path), "--gpus", "H100-SXM=32"])
+    assert result.exit_code == 0, result.output
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert [d["kind"] for d in docs] == ["LeaderWorkerSet", "Service", "PodDisruptionBudget"]
+    assert "group(s) of 2 nodes x 8 H100-SXM (TP8 x PP2" in result.output.splitlines()[0]
+    group, svc, _ = docs
+    assert group["spec"]["leaderWorkerTemplate"]["size"] == 2 and svc["spec"]["selector"] == lws.leader_labels("big")
+    # The operator's own reconcile builds the same set.
+    same = deployed()
+    assert same.applied_deployment is not None
+    assert (
+        group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"]
+        == (same.applied_deployment["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"])
+    )
