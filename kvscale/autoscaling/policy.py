@@ -201,6 +201,23 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+def work_lengths(obs: Observation, config: PolicyConfig) -> tuple[float, float]:
+    """Prompt and output tokens per request the capacity is looked up for: the work that
+    arrives (prefill tokens/s after prefix-cache hits, decode tokens/s) over the request rate
+    when the engines export it, so a minute of long prompts asks for more replicas than one
+    of short prompts at the same rate; else the observed means; else the spec's lengths.
+    A missing work metric falls back, never to less than the spec's lengths' worth of work."""
+    inp = obs.input_tokens_mean or config.default_input_tokens
+    out = obs.output_tokens_mean or config.default_output_tokens
+    rate = obs.arrival_rate_per_s
+    if rate is not None and rate > 0:
+        if obs.prefill_tokens_per_s is not None and obs.prefill_tokens_per_s > 0:
+            inp = obs.prefill_tokens_per_s / rate
+        if obs.decode_tokens_per_s is not None and obs.decode_tokens_per_s > 0:
+            out = obs.decode_tokens_per_s / rate
+    return max(inp, 1.0), max(out, 1.0)
+
+
 def _clamp(value: int, config: PolicyConfig) -> int:
     return max(config.min_replicas, min(config.max_replicas, value))
 
@@ -335,10 +352,7 @@ def decide(
         return decision, state.remember(obs.time_s, None, replicas)
 
     assert obs.arrival_rate_per_s is not None and obs.running is not None and obs.waiting is not None
-    lengths = (
-        obs.input_tokens_mean or config.default_input_tokens,
-        obs.output_tokens_mean or config.default_output_tokens,
-    )
+    lengths = work_lengths(obs, config)
     calibration = _calibrate(obs, state, capacity, config, lengths)
     slo_factor, miss_at_raise = _slo_feedback(obs, state, config, missed)
     raised = slo_factor > state.slo_factor

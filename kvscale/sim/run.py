@@ -235,6 +235,9 @@ def _observe(
         arrival_rate_per_s=len(arrivals.values(now)) / elapsed if elapsed > 0 else 0.0,
         input_tokens_mean=sum(ins) / len(ins) if ins else None,
         output_tokens_mean=sum(outs) / len(outs) if outs else None,
+        # work arriving (the engine's counters count it as computed; the same over a window)
+        prefill_tokens_per_s=sum(ins) / elapsed if ins and elapsed > 0 else None,
+        decode_tokens_per_s=sum(outs) / elapsed if outs and elapsed > 0 else None,
         ttft_p_s=_percentile(ttfts.values(now), setup.slo.percentile),
         tpot_p_s=_percentile(tpots.values(now), setup.slo.percentile),
         running=float(sum(len(r.running) for r in serving)),

@@ -317,3 +317,30 @@ def test_slo_feedback_stops_when_a_raise_does_not_help() -> None:
     # Met again: the next miss starts afresh.
     _, state = decide(obs(15 * 31, 7.0, ready, ttft_p_s=0.5), state, FixedCapacity(), CONFIG)
     assert state.slo_miss_at_raise is None
+
+
+class PromptBoundCapacity(FixedCapacity):
+    """A replica carries 2000 prompt tokens/s: its request rate falls as prompts grow."""
+
+    def rate_per_replica(self, input_tokens: float, output_tokens: float) -> float:
+        return 2000.0 / input_tokens
+
+
+def test_work_units_ask_for_more_replicas_for_longer_prompts_at_the_same_rate() -> None:
+    from kvscale.autoscaling.policy import work_lengths
+
+    short = [obs(15 * i, 4.0, 2, prefill_tokens_per_s=4.0 * 500, decode_tokens_per_s=400.0) for i in range(1, 4)]
+    long = [obs(15 * i, 4.0, 2, prefill_tokens_per_s=4.0 * 2000, decode_tokens_per_s=400.0) for i in range(1, 4)]
+    assert work_lengths(long[0], CONFIG) == (2000.0, 100.0)
+    assert run(long, PromptBoundCapacity())[-1] > run(short, PromptBoundCapacity())[-1]
+
+
+def test_missing_work_metrics_fall_back_to_the_means_and_never_scale_down() -> None:
+    from kvscale.autoscaling.policy import work_lengths
+
+    o = obs(15, 4.0, 2, input_tokens_mean=900.0, output_tokens_mean=80.0)
+    assert work_lengths(o, CONFIG) == (900.0, 80.0)
+    assert work_lengths(obs(15, 4.0, 2), CONFIG) == (512, 128)  # the spec's lengths
+    # the arrival rate missing: held, whatever the token counters say
+    decisions = run([obs(15 * i, None, 5, prefill_tokens_per_s=10.0) for i in range(1, 20)])
+    assert min(decisions) == 5
