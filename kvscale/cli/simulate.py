@@ -66,8 +66,10 @@ def simulate(
         str | None,
         typer.Option(
             "--load",
-            help="Generated open-loop load, KIND:key=value,...: poisson, bursty, diurnal, step or flash, "
-            "e.g. bursty:base=0.5,peak=90,on=1m,off=4m,input=2000,output=100,lengths=heavy,duration=30m.",
+            help="Generated open-loop load, KIND:key=value,...: poisson, bursty, diurnal, step, flash, batches "
+            "(batch submissions) or drift (the mean prompt moving at a constant rate), "
+            "e.g. bursty:base=0.5,peak=90,on=1m,off=4m,input=2000,output=100,lengths=heavy,duration=30m or "
+            "batches:base=1,every=2m,size=200,spread=3s,output=20,output_lengths=heavy.",
         ),
     ] = None,
     routing: Annotated[

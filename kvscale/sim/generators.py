@@ -13,11 +13,19 @@ or plain seconds). Kinds and their keys (defaults in brackets):
 - `step`: `before` [2], `after` [10], `at` [5m]: the rate jumps once.
 - `flash`: `base` [2], `peak` [30], `at` [5m], `rise` [30s], `decay` [5m]: a flash crowd,
   a linear rise to `peak`, then an exponential decay (time constant `decay`) back to `base`.
+- `batches`: `base` [1], `every` [2m], `size` [200], `spread` [3s]: batch submissions over a
+  Poisson base load: at random times (exponential gaps of mean `every`) `size` requests
+  arrive within `spread` (an index of dispersion of about `size` over a few seconds).
+- `drift`: `rate` [5], `swing` [2.5], `every` [1m]: a constant request rate whose mean
+  prompt moves between minutes: each `every`, the mean is `input` x swing^(u - 1/2), u
+  uniform, so it changes up to `swing`-fold from one period to the next.
 
 Every kind also takes `duration` [30m], and the lengths: `input` [512] and `output` [256]
 (mean tokens), `lengths` [spread]: `fixed` (every request the mean), `spread` (lognormal,
 sigma 0.5), or `heavy` (Pareto with shape 1.5, the long tail of real prompt and output
-lengths), capped at `max_input` [32768] and `max_output` [4096] tokens.
+lengths), capped at `max_input` [32768] and `max_output` [4096] tokens; `output_lengths`
+[as `lengths`] sets the outputs' shape alone (short heavy-tailed outputs: `output=20,
+output_lengths=heavy`).
 """
 
 from __future__ import annotations
@@ -49,8 +57,11 @@ KINDS: dict[str, dict[str, str]] = {
     "diurnal": {"low": "1", "high": "10", "period": "30m"},
     "step": {"before": "2", "after": "10", "at": "5m"},
     "flash": {"base": "2", "peak": "30", "at": "5m", "rise": "30s", "decay": "5m"},
+    "batches": {"base": "1", "every": "2m", "size": "200", "spread": "3s"},
+    "drift": {"rate": "5", "swing": "2.5", "every": "1m"},
 }
-_TIMES = {"duration", "on", "off", "rise", "period", "at", "decay"}
+_TIMES = {"duration", "on", "off", "rise", "period", "at", "decay", "every", "spread"}
+_COUNTS = {"size", "swing"}  # numbers that are neither rates nor times
 _TOKENS = {"input", "output", "max_input", "max_output"}
 
 
@@ -66,6 +77,7 @@ class LoadSpec:
     values: dict[str, float]
     lengths: str
     text: str
+    output_lengths: str | None = None  # None: as `lengths`
 
     @property
     def duration_s(self) -> float:
@@ -81,7 +93,7 @@ def parse_load(text: str) -> LoadSpec:
     kind, _, rest = text.strip().partition(":")
     if kind not in KINDS:
         raise LoadError(f"--load {text!r}: unknown kind {kind!r}; {usage()}")
-    raw = {**_COMMON, **KINDS[kind]}
+    raw = {**_COMMON, "output_lengths": "", **KINDS[kind]}
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
         key = key.strip()
@@ -92,13 +104,15 @@ def parse_load(text: str) -> LoadSpec:
             raise LoadError(f"--load {text!r}: {kind} has no key {key!r}; its keys are {known}")
         raw[key] = value.strip()
     lengths = raw.pop("lengths")
-    if lengths not in LENGTHS:
-        raise LoadError(f"--load {text!r}: lengths={lengths!r}; choose one of {', '.join(LENGTHS)}")
+    output_lengths = raw.pop("output_lengths") or None
+    for key, shape in (("lengths", lengths), ("output_lengths", output_lengths or lengths)):
+        if shape not in LENGTHS:
+            raise LoadError(f"--load {text!r}: {key}={shape!r}; choose one of {', '.join(LENGTHS)}")
     values: dict[str, float] = {}
     for key, value in raw.items():
         values[key] = _number(text, key, value)
     _check(text, kind, values)
-    return LoadSpec(kind, values, lengths, text)
+    return LoadSpec(kind, values, lengths, text, output_lengths)
 
 
 def _number(text: str, key: str, value: str) -> float:
@@ -125,7 +139,11 @@ def _check(text: str, kind: str, v: dict[str, float]) -> None:
         lo, hi = pairs[kind]
         if v[lo] > v[hi]:
             raise LoadError(f"--load {text!r}: {lo} ({v[lo]:g}) must not exceed {hi} ({v[hi]:g})")
-    rates = [v[k] for k in KINDS[kind] if k not in _TIMES]
+    if kind == "batches" and v["size"] < 1:
+        raise LoadError(f"--load {text!r}: size={v['size']:g} must be at least 1 request")
+    if kind == "drift" and v["swing"] < 1:
+        raise LoadError(f"--load {text!r}: swing={v['swing']:g} must be at least 1 (1: no drift)")
+    rates = [v[k] for k in KINDS[kind] if k not in _TIMES and k not in _COUNTS]
     if not any(r > 0 for r in rates):
         raise LoadError(f"--load {text!r}: every rate is 0, so no request would arrive")
     if v["input"] > v["max_input"] or v["output"] > v["max_output"]:
@@ -136,8 +154,10 @@ def rate_function(spec: LoadSpec, rng: random.Random) -> tuple[Callable[[float],
     """The arrival rate against time, and its maximum (for thinning). Random choices (the
     bursty periods) come from `rng`, so a seed fixes them."""
     v = spec.values
-    if spec.kind == "poisson":
+    if spec.kind in ("poisson", "drift"):
         return (lambda t: v["rate"]), v["rate"]
+    if spec.kind == "batches":
+        return (lambda t: v["base"]), v["base"]
     if spec.kind == "step":
         return (lambda t: v["before"] if t < v["at"] else v["after"]), max(v["before"], v["after"])
     if spec.kind == "diurnal":
@@ -193,6 +213,16 @@ def generate(spec: LoadSpec, seed: int = 0) -> list[TraceRequest]:
     rng = random.Random(seed)
     rate_at, peak = rate_function(spec, rng)
     v = spec.values
+    out_shape = spec.output_lengths or spec.lengths
+    prompt_mean = _prompt_mean(spec, rng)
+
+    def request(t: float) -> TraceRequest:
+        return TraceRequest(
+            t,
+            _length(rng, prompt_mean(t), v["max_input"], spec.lengths),
+            _length(rng, v["output"], v["max_output"], out_shape),
+        )
+
     out: list[TraceRequest] = []
     t = 0.0
     while peak > 0:
@@ -200,13 +230,24 @@ def generate(spec: LoadSpec, seed: int = 0) -> list[TraceRequest]:
         if t >= spec.duration_s:
             break
         if rng.random() * peak <= rate_at(t):
-            out.append(
-                TraceRequest(
-                    t,
-                    _length(rng, v["input"], v["max_input"], spec.lengths),
-                    _length(rng, v["output"], v["max_output"], spec.lengths),
-                )
-            )
+            out.append(request(t))
+    if spec.kind == "batches" and v["every"] > 0:
+        start = rng.expovariate(1 / v["every"])
+        while start < spec.duration_s:
+            times = sorted(start + rng.uniform(0, v["spread"]) for _ in range(round(v["size"])))
+            out.extend(request(x) for x in times if x < spec.duration_s)
+            start += rng.expovariate(1 / v["every"])
+        out.sort(key=lambda r: r.arrival_s)
     if not out:
         raise LoadError(f"--load {spec.text!r}: no request arrives within the duration; raise a rate or the duration")
     return out
+
+
+def _prompt_mean(spec: LoadSpec, rng: random.Random) -> Callable[[float], float]:
+    """The mean prompt against time: `input`, or for `drift` a new level every period."""
+    v = spec.values
+    if spec.kind != "drift" or v["every"] <= 0:
+        return lambda t: v["input"]
+    periods = math.ceil(spec.duration_s / v["every"]) + 1
+    levels = [min(v["max_input"], v["input"] * v["swing"] ** (rng.random() - 0.5)) for _ in range(periods)]
+    return lambda t: levels[min(len(levels) - 1, int(t // v["every"]))]

@@ -1,5 +1,6 @@
 """Seeded load generators: shapes, determinism, lengths, and clear errors."""
 
+import re
 import statistics
 
 import pytest
@@ -76,3 +77,45 @@ def test_bad_loads_name_the_key_and_the_fix(text: str, words: str) -> None:
     with pytest.raises(LoadError) as info:
         parse_load(text)
     assert words in str(info.value)
+
+
+def test_batch_submissions_are_bursts_over_a_base_load() -> None:
+    from kvscale.sim.fit import fit_trace
+
+    spec = parse_load("batches:base=1,every=2m,size=100,spread=2s,duration=30m")
+    trace = generate(spec, seed=3)
+    fit = fit_trace(trace)
+    assert fit.workload.arrivals.index_of_dispersion > 20  # Poisson is 1
+    assert len(trace) > 1800 + 100 * 10  # the base load plus ~15 batches of 100
+    assert [r.arrival_s for r in trace] == sorted(r.arrival_s for r in trace)
+    assert generate(spec, seed=3) == trace
+
+
+def test_length_drift_moves_the_mean_prompt_at_a_constant_rate() -> None:
+    from kvscale.sim.fit import fit_trace
+
+    trace = generate(parse_load("drift:rate=6,swing=3,input=2000,lengths=fixed,duration=30m"), seed=1)
+    fit = fit_trace(trace)
+    assert fit.prompt_mean_swing > 2.0
+    assert fit.minute_rate_cv < 0.2
+    assert all(2000 / 3**0.5 - 1 <= r.input_tokens <= 2000 * 3**0.5 + 1 for r in trace)
+
+
+def test_short_heavy_tailed_outputs() -> None:
+    trace = generate(parse_load("poisson:rate=20,output=20,output_lengths=heavy,lengths=fixed,duration=10m"), seed=2)
+    outputs = sorted(r.output_tokens for r in trace)
+    assert outputs[len(outputs) // 2] < 20 < outputs[int(0.99 * len(outputs))] / 5  # median short, tail long
+    assert {r.input_tokens for r in trace} == {512}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("batches:size=0", "size=0 must be at least 1"),
+        ("drift:swing=0.5", "must be at least 1"),
+        ("poisson:output_lengths=wide", "output_lengths='wide'"),
+    ],
+)
+def test_new_kinds_refuse_bad_values(text: str, message: str) -> None:
+    with pytest.raises(LoadError, match=re.escape(message)):
+        parse_load(text)
