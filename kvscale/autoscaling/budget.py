@@ -22,7 +22,8 @@ Order of the decision:
 Hysteresis, so allocations do not flap from tick to tick:
 - a service stays on the GPU type it runs on while that type holds its want (a move is a
   redeploy and a cold start); it returns to a preferred (cheaper) option only when that
-  option holds its want with `return_margin` to spare;
+  option holds its want with `return_margin` to spare; held everywhere, it moves only for
+  `move_margin` more of its want;
 - SLO gaps reorder services of one priority only when they differ by more than
   `gap_margin`; within that, last tick's order holds.
 """
@@ -94,6 +95,7 @@ class Budget:
 class AllocatorConfig:
     gap_margin: float = 0.25  # SLO gaps closer than this count as equal within a priority
     return_margin: float = 0.25  # spare share of its want a preferred option needs before a move back
+    move_margin: float = 0.25  # share of its want another option must add before a held service moves there
 
 
 @dataclass(frozen=True)
@@ -324,12 +326,14 @@ def _choose(d: Demand, room: Mapping[int, int], floor_got: int, config: Allocato
         i for i in range(len(d.options)) if min(room[i], max(d.options[i].wanted, d.min_replicas)) >= floor_got
     ] or list(range(len(d.options)))
 
-    def share(i: int) -> tuple[float, int, int]:
+    def share(i: int) -> float:
         o = d.options[i]
-        got = min(room[i], max(o.wanted, d.min_replicas))
-        return (got / max(o.wanted, 1), 1 if i == here else 0, -i)
+        return min(room[i], max(o.wanted, d.min_replicas)) / max(o.wanted, d.min_replicas, 1)
 
-    return max(eligible, key=share)
+    best = max(eligible, key=lambda i: (share(i), i == here, -i))
+    if here is not None and here in eligible and share(best) < share(here) + config.move_margin:
+        return here  # a move is a redeploy: only for a clearly larger share
+    return best
 
 
 def _make_room(

@@ -15,7 +15,6 @@ from kvscale.cli.common import (
     EXIT_INFEASIBLE,
     CatalogOpt,
     JsonOpt,
-    ModelOpt,
     check_names,
     console,
     err,
@@ -58,9 +57,24 @@ PROGRESS_EVERY_S = 10.0
 
 @app.command()
 def simulate(
-    model: ModelOpt,
-    ttft: Annotated[str, typer.Option(help="Time-to-first-token target, e.g. 1s.")],
-    tpot: Annotated[str, typer.Option(help="Time-per-output-token target, e.g. 50ms.")],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Catalog name, alias (e.g. a Hugging Face id) or a YAML file with a custom architecture.",
+        ),
+    ] = None,
+    ttft: Annotated[str | None, typer.Option(help="Time-to-first-token target, e.g. 1s.")] = None,
+    tpot: Annotated[str | None, typer.Option(help="Time-per-output-token target, e.g. 50ms.")] = None,
+    fleet: Annotated[
+        Path | None,
+        typer.Option(
+            "--fleet",
+            help="Several services under one GPU budget (YAML: budget, services with model, priority, gpus, slo, "
+            "load or trace); see kvscale/cli/simulate_fleet.py.",
+        ),
+    ] = None,
     trace: Annotated[Path | None, typer.Option(help="Azure CSV or Mooncake JSONL trace to replay (open loop).")] = None,
     load: Annotated[
         str | None,
@@ -130,6 +144,15 @@ def simulate(
     # Every option is checked before the trace is read or anything runs.
     image_path(png)
     cat = load_catalog(catalog)
+    if fleet is not None:
+        from kvscale.cli.simulate_fleet import run_fleet
+
+        if model is not None or trace is not None or load is not None or concurrency is not None:
+            fail("--fleet FILE names each service's model and load: leave out --model, --trace, --load, --concurrency")
+        run_fleet(fleet, cat, as_json, png)
+        return
+    if model is None or ttft is None or tpot is None:
+        fail("give --model, --ttft and --tpot (or --fleet FILE for several services under one budget)")
     arch = resolve_model(cat, model)
     names = POLICY_NAMES if policy == "all" else split(policy)
     unknown = [n for n in names if n not in POLICY_NAMES]

@@ -1,4 +1,5 @@
-"""Load, replicas and latency against time for each policy (matplotlib, only when asked for)."""
+"""Load, replicas and latency against time for each policy; GPUs held under a budget per service
+(matplotlib, only when asked for)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from kvscale.sim.budget_run import FleetResult
 from kvscale.sim.run import SimResult
 from kvscale.sizing.workload import Slo
 
@@ -33,6 +35,46 @@ def draw_timeline(results: list[SimResult], slo: Slo, path: Path, title: str) ->
     ttft.legend(fontsize=8, ncol=3)
     for ax in (load, replicas, ttft):
         ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw_fleet(result: FleetResult, path: Path, title: str) -> None:
+    """GPUs each service holds per budget GPU type (stacked) against the limit, and each
+    service's granted and wanted replicas."""
+    limited = list(result.budget.limits)
+    used_types = sorted({gpu for r in result.services for p in r.timeline for gpu, _ in p.held} - set(limited))
+    types = limited + used_types
+    fig, axes = plt.subplots(len(types) + 1, 1, figsize=(11, 3.2 * (len(types) + 1)), sharex=True, squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, gpu in zip(axes[:-1, 0], types, strict=True):
+        stacks, labels = [], []
+        minutes: list[float] = []
+        for r in sorted(result.services, key=lambda r: -r.service.priority):
+            minutes = [p.time_s / 60 for p in r.timeline]
+            stacks.append([dict(p.held).get(gpu, 0) for p in r.timeline])
+            labels.append(f"{r.service.name} (priority {r.service.priority})")
+        if minutes:
+            ax.stackplot(minutes, *stacks, labels=labels, step="post", colors=colors[: len(stacks)], alpha=0.8)
+        if gpu in result.budget.limits:
+            ax.axhline(
+                result.budget.limits[gpu], color="red", linestyle="--", label=f"budget {result.budget.limits[gpu]}"
+            )
+        ax.set_ylabel(f"{gpu} GPUs held")
+        ax.legend(fontsize=8, loc="upper left", ncol=2)
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].set_title(title)
+    ax = axes[-1, 0]
+    for i, r in enumerate(sorted(result.services, key=lambda r: -r.service.priority)):
+        minutes = [p.time_s / 60 for p in r.timeline]
+        color = colors[i % len(colors)]
+        ax.step(minutes, [p.wanted for p in r.timeline], where="post", color=color, linestyle=":", linewidth=1)
+        ax.step(minutes, [p.granted for p in r.timeline], where="post", color=color, label=f"{r.service.name} granted")
+    ax.set_ylabel("replicas (dotted: wanted)")
+    ax.set_xlabel("minutes")
+    ax.legend(fontsize=8, ncol=3)
+    ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -256,3 +256,17 @@ def test_grant_is_typed() -> None:
     a = allocate(Budget("b", {}), [d("x", (H100, 2, 3))])
     g: Grant = a.grant("x")
     assert (g.gpus, g.held) == (6, False)
+
+
+def test_idle_window_releases_the_last_replica_and_a_wait_brings_it_back() -> None:
+    from kvscale.autoscaling.idle import idle_replicas
+
+    assert idle_replicas(1, 1, 9999.0, 300.0, 0.0) == (1, None)  # a floor above zero: untouched
+    assert idle_replicas(1, 0, 299.0, 300.0, 0.0) == (1, None)
+    replicas, why = idle_replicas(1, 0, 300.0, 300.0, 0.0)
+    assert replicas == 0 and why is not None and "idle window 300s" in why
+    assert idle_replicas(0, 0, 100.0, 300.0, 0.0)[0] == 1  # the policy's 0 waits for the window
+    replicas, why = idle_replicas(0, 0, 9999.0, 300.0, 3.0)
+    assert replicas == 1 and why is not None and "3 requests wait" in why
+    assert idle_replicas(0, 0, None, 300.0, None)[0] == 1  # unknown never releases
+    assert idle_replicas(2, 0, 9999.0, 300.0, None) == (2, None)

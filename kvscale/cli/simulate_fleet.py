@@ -1,0 +1,281 @@
+"""`kvscale simulate --fleet FILE`: several services under one GPU budget, through the
+allocator the operator runs (kvscale.autoscaling.budget).
+
+FILE (YAML):
+
+    budget: {H100-SXM: 8, L40S: 8}          # GPUs per type; types not listed are not limited
+    routing: gateway                          # optional: service (default), round-robin, gateway
+    services:
+      - name: chat
+        model: llama-3.1-8b
+        priority: 100
+        gpus: [H100-SXM, L40S]                # accepted types; default: the budget's
+        slo: {ttft: 500ms, tpot: 50ms, percentile: 95}
+        load: bursty:base=2,peak=20,duration=30m   # or trace: FILE (relative to FILE)
+        rate_scale: 1.0                       # optional
+        min_replicas: 1                       # optional (0 with idle_window: scale to zero)
+        max_replicas: 20                      # optional
+        idle_window: 5m                       # optional, with min_replicas 0
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rich.table import Table
+
+from kvscale.cli.common import EXIT_INFEASIBLE, console, fail, print_json
+from kvscale.sizing.catalog import Catalog, CatalogError
+
+MAX_SERVICES = 50
+
+
+class _SloIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ttft: str
+    tpot: str
+    percentile: float = Field(default=95.0, ge=50, lt=100)
+
+
+class _ServiceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=63)
+    model: str = Field(min_length=1)
+    priority: int = 0
+    gpus: list[str] = Field(default_factory=list)
+    slo: _SloIn
+    load: str | None = None
+    trace: str | None = None
+    rate_scale: float = Field(default=1.0, gt=0, le=1000)
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    max_replicas: int = Field(default=100, ge=1, le=1000)
+    idle_window: str = "5m"
+
+
+class _FleetIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    budget: dict[str, int] = Field(min_length=1)
+    routing: str = "service"
+    seed: int = 0
+    services: list[_ServiceIn] = Field(min_length=1, max_length=MAX_SERVICES)
+
+
+def _read(path: Path) -> _FleetIn:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        fail(f"--fleet {path}: cannot read it ({exc.strerror or exc})")
+    except yaml.YAMLError as exc:
+        fail(f"--fleet {path}: not YAML ({str(exc).splitlines()[0]})")
+    if not isinstance(raw, dict):
+        fail(f"--fleet {path}: expected a mapping with budget: and services:, got {type(raw).__name__}")
+    try:
+        fleet = _FleetIn.model_validate(raw)
+    except ValidationError as exc:
+        where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+        fail(f"--fleet {path}: {where}")
+    names = [s.name for s in fleet.services]
+    if len(set(names)) != len(names):
+        fail(f"--fleet {path}: service names must be unique, got {names}")
+    for gpu, n in fleet.budget.items():
+        if n < 0:
+            fail(f"--fleet {path}: budget.{gpu} must be >= 0 GPUs, got {n}")
+    for s in fleet.services:
+        if (s.load is None) == (s.trace is None):
+            fail(f"--fleet {path}: service {s.name}: give one of load: KIND:key=value,... or trace: FILE")
+        if s.min_replicas > s.max_replicas:
+            fail(f"--fleet {path}: service {s.name}: min_replicas must be <= max_replicas")
+    return fleet
+
+
+def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None:
+    from kvscale.autoscaling.budget import Budget
+    from kvscale.cli.common import duration, model, write_picture
+    from kvscale.sim import budget_run
+    from kvscale.sim.budget_run import FleetService
+    from kvscale.sim.fleet import RoutingError, check_routing
+
+    spec = _read(path)
+    try:
+        check_routing(spec.routing)
+    except RoutingError as exc:
+        fail(f"--fleet {path}: routing: {str(exc).removeprefix('--routing ')}")
+    limits: dict[str, int] = {}
+    for gpu, n in spec.budget.items():
+        try:
+            limits[cat.gpu(gpu).name] = n
+        except CatalogError as exc:
+            fail(f"--fleet {path}: budget: {exc}")
+    budget = Budget(path.stem, limits)
+    services: list[FleetService] = []
+    for s in spec.services:
+        arch = model(cat, s.model)
+        slo = _slo(s, duration)
+        trace = _arrivals(path, s, spec.seed)
+        gpus = tuple(s.gpus) or tuple(limits)
+        try:
+            gpus = tuple(cat.gpu(g).name for g in gpus)
+        except CatalogError as exc:
+            fail(f"--fleet {path}: service {s.name}: gpus: {exc}")
+        options = _options(cat, arch, slo, trace, gpus, s, spec.routing, spec.seed)
+        if not options:
+            fail(f"--fleet {path}: service {s.name}: no plan on {', '.join(gpus)} meets its SLO", EXIT_INFEASIBLE)
+        services.append(
+            FleetService(
+                s.name,
+                options,
+                trace,
+                s.priority,
+                s.min_replicas,
+                s.max_replicas,
+                idle_window_s=duration(s.idle_window, f"services[{s.name}].idle_window"),
+            )
+        )
+    result = budget_run.simulate_fleet(budget, services)
+    rows = [_row(r) for r in result.services]
+    out = {
+        "budget": dict(limits),
+        "routing": spec.routing,
+        "duration_s": round(result.duration_s, 1),
+        "max_gpus_used": result.max_gpus_used,
+        "services": rows,
+    }
+    if as_json:
+        print_json(out)
+    else:
+        _render(out)
+    if png is not None:
+        from kvscale.cli.simulate_plot import draw_fleet
+
+        write_picture(png, lambda: draw_fleet(result, png, f"{len(services)} services under budget {budget.name}"))
+        if not as_json:
+            console.print(f"wrote {png}")
+
+
+def _slo(s: _ServiceIn, duration: Any) -> Any:
+    from kvscale.sizing.workload import Slo
+
+    return Slo(
+        duration(s.slo.ttft, f"services[{s.name}].slo.ttft"),
+        duration(s.slo.tpot, f"services[{s.name}].slo.tpot"),
+        s.slo.percentile,
+    )
+
+
+def _arrivals(path: Path, s: _ServiceIn, seed: int) -> list[Any]:
+    from kvscale.cli.simulate import _check_load_size
+    from kvscale.sim.generators import LoadError, generate, parse_load
+    from kvscale.sim.trace import TraceError, rate_scale, read_trace
+
+    try:
+        if s.load is not None:
+            spec = parse_load(s.load)
+            _check_load_size(spec, seed)
+            requests = generate(spec, seed)
+        else:
+            assert s.trace is not None
+            requests = read_trace((path.parent / s.trace) if not Path(s.trace).is_absolute() else Path(s.trace))
+        requests = rate_scale(requests, s.rate_scale, seed)
+    except (TraceError, LoadError) as exc:
+        fail(f"--fleet {path}: service {s.name}: {exc}")
+    if not requests:
+        fail(f"--fleet {path}: service {s.name}: its load has no requests")
+    return requests
+
+
+def _options(
+    cat: Catalog, arch: Any, slo: Any, trace: list[Any], gpus: tuple[str, ...], s: _ServiceIn, routing: str, seed: int
+) -> tuple[Any, ...]:
+    """The cheapest feasible plan on each accepted GPU type, cheapest first."""
+    from dataclasses import replace
+
+    from kvscale.sim.budget_run import ServiceOption
+    from kvscale.sim.session import setup_from_plan
+    from kvscale.sim.trace import duration_s
+    from kvscale.sizing.planner import PlanRequest, plan
+    from kvscale.sizing.workload import Workload
+
+    span = max(duration_s(trace), 1.0)
+    workload = Workload(
+        max(1, round(sum(r.input_tokens for r in trace) / len(trace))),
+        max(1, round(sum(r.output_tokens for r in trace) / len(trace))),
+        len(trace) / span,
+    )
+    result = plan(cat, PlanRequest(model=arch, workload=workload, slo=slo, gpus=gpus))
+    options = []
+    seen: set[str] = set()
+    for c in (result.chosen, *result.alternatives) if result.chosen else ():
+        if c.gpu in seen:
+            continue
+        seen.add(c.gpu)
+        setup = replace(setup_from_plan(cat, _only(result, c), None, None), routing=routing, seed=seed)
+        options.append(ServiceOption(setup, c.prediction.rate_per_replica_max))
+    return tuple(options)
+
+
+def _only(result: Any, candidate: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(result, chosen=candidate)
+
+
+def _row(r: Any) -> dict[str, Any]:
+    from kvscale.sim.report import attainment
+    from kvscale.sim.run import SimResult
+
+    svc = r.service
+    slo = svc.options[0].setup.slo
+    as_sim = SimResult(svc.name, r.requests, r.gpu_hours, r.cost_usd, 0, 0, 0.0)
+    ttfts = [x for x in r.first_request_ttfts_s if not math.isnan(x)]
+    return {
+        "name": svc.name,
+        "priority": svc.priority,
+        "requests": len(r.requests),
+        "slo_attainment": round(attainment(as_sim, slo), 5),
+        "gpu_hours": round(r.gpu_hours, 4),
+        "cost_usd": round(r.cost_usd, 4),
+        "gpu_types": [o.gpu_type for o in svc.options],
+        "held_ticks": r.held_ticks,
+        "ticks": len(r.timeline),
+        "moves": r.moves,
+        "max_gpus": max((p.gpus for p in r.timeline), default=0),
+        "scale_from_zero": r.cold_starts_from_zero,
+        "first_request_ttft_ms": [round(x * 1e3, 1) for x in ttfts],
+        "last_reason": r.reasons[-1][1] if r.reasons else "",
+    }
+
+
+def _render(out: dict[str, Any]) -> None:
+    budget = ", ".join(f"{g} {n}" for g, n in out["budget"].items())
+    used = ", ".join(f"{g} {n}" for g, n in out["max_gpus_used"].items())
+    console.print(f"Budget {budget}; at most {used} GPUs in use; routing {out['routing']}")
+    table = Table(title="Services under one budget, in priority order")
+    for col in (
+        "service",
+        "priority",
+        "requests",
+        "SLO met",
+        "GPU-h",
+        "held ticks",
+        "moves",
+        "max GPUs",
+        "last reason",
+    ):
+        table.add_column(col)
+    for row in sorted(out["services"], key=lambda r: -r["priority"]):
+        table.add_row(
+            row["name"],
+            str(row["priority"]),
+            str(row["requests"]),
+            f"{row['slo_attainment']:.2%}",
+            f"{row['gpu_hours']:.2f}",
+            f"{row['held_ticks']}/{row['ticks']}",
+            str(row["moves"]),
+            str(row["max_gpus"]),
+            row["last_reason"],
+        )
+    console.print(table)

@@ -1,0 +1,167 @@
+"""Several services under one budget in the simulator: the allocator the operator runs,
+never above a limit, equal to independent autoscaling without contention, priorities kept,
+and scale to zero and back with the gateway holding the first requests."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvscale.autoscaling.budget import Budget
+from kvscale.autoscaling.capacity import SizingCapacity
+from kvscale.autoscaling.policy import PolicyConfig
+from kvscale.cli import app
+from kvscale.sim.budget_run import FleetService, ServiceOption, simulate_fleet
+from kvscale.sim.policies import KvscalePolicy
+from kvscale.sim.report import attainment
+from kvscale.sim.run import SimSetup, Source, simulate
+from kvscale.sim.trace import TraceRequest
+from kvscale.sizing.catalog import default_catalog
+from kvscale.sizing.planner import PlanRequest, plan
+from kvscale.sizing.workload import Slo, Workload
+
+CAT = default_catalog()
+SLO = Slo(1.0, 0.06, 95)
+
+
+def poisson(rate: float, duration_s: float, seed: int, start_s: float = 0.0) -> list[TraceRequest]:
+    rng, t = random.Random(seed), start_s
+    out: list[TraceRequest] = []
+    while True:
+        t += rng.expovariate(rate)
+        if t >= start_s + duration_s:
+            return out
+        out.append(TraceRequest(t, 400, 60))
+
+
+def option(gpu: str, rate: float, routing: str = "service") -> ServiceOption:
+    p = plan(CAT, PlanRequest(model=CAT.model("llama-3.1-8b"), workload=Workload(400, 60, rate), slo=SLO, gpus=(gpu,)))
+    assert p.chosen is not None
+    c = p.chosen
+    setup = SimSetup(c.config, SLO, c.prediction.max_batch, 60.0, c.prediction.replicas, routing=routing)
+    return ServiceOption(setup, c.prediction.rate_per_replica_max)
+
+
+def alone(opt: ServiceOption, trace: list[TraceRequest]) -> list[float]:
+    setup = opt.setup
+    capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch)
+    config = PolicyConfig(
+        ttft_target_s=SLO.ttft_s,
+        tpot_target_s=SLO.tpot_s,
+        default_input_tokens=400,
+        default_output_tokens=60,
+        cold_start_s=setup.cold_start_s,
+        tick_s=setup.tick_s,
+    )
+    result = simulate(setup, Source(trace), KvscalePolicy(capacity, config))
+    return [r.ttft_s for r in result.requests]
+
+
+def test_without_contention_each_service_runs_as_it_would_alone() -> None:
+    a, b = poisson(3.0, 240, 1), poisson(6.0, 240, 2)
+    opt_a, opt_b = option("L4", 3.0), option("L4", 6.0)
+    services = [FleetService("a", (opt_a,), a, priority=5), FleetService("b", (opt_b,), b)]
+    result = simulate_fleet(Budget("roomy", {"L4": 1000}), services)
+    by_name = {r.service.name: r for r in result.services}
+    # Equal up to float rounding: the other service's arrivals split the replicas' time steps.
+    assert [r.ttft_s for r in by_name["a"].requests] == pytest.approx(alone(opt_a, a), rel=1e-9)
+    assert [r.ttft_s for r in by_name["b"].requests] == pytest.approx(alone(opt_b, b), rel=1e-9)
+    assert by_name["a"].held_ticks == by_name["b"].held_ticks == 0
+
+
+def test_under_contention_the_budget_holds_and_priorities_keep_their_order() -> None:
+    load = [poisson(25.0, 300, seed) for seed in (1, 2, 3)]
+    services = [
+        FleetService(name, (option("L40S", 25.0),), trace, priority=prio)  # one GPU a replica, ~24 req/s
+        for name, trace, prio in zip(("top", "mid", "low"), load, (100, 50, 1), strict=True)
+    ]
+    result = simulate_fleet(Budget("tight", {"L40S": 4}), services)  # each wants 2
+    assert result.max_gpus_used["L40S"] <= 4
+    for _, used in result.usage:
+        assert used.get("L40S", 0) <= 4
+    by_name = {r.service.name: r for r in result.services}
+    # Whenever the top one is held, the others hold nothing beyond their floors (minReplicas 1).
+    for top, mid, low in zip(*(by_name[n].timeline for n in ("top", "mid", "low")), strict=True):
+        if top.granted < top.wanted:
+            assert (mid.granted, low.granted) == (1, 1)
+        if mid.granted < mid.wanted:
+            assert low.granted == 1
+    assert by_name["low"].held_ticks > by_name["top"].held_ticks
+    met = {name: attainment_of(r) for name, r in by_name.items()}
+    assert met["top"] > 0.9 and met["top"] > max(met["mid"], met["low"])
+
+
+def attainment_of(r: object) -> float:
+    from kvscale.sim.run import SimResult
+
+    res = r  # a ServiceResult
+    return attainment(SimResult("x", res.requests, 0, 0, 0, 0, 0), SLO)  # type: ignore[attr-defined]
+
+
+def test_a_lower_priority_moves_to_another_gpu_type_rather_than_starve() -> None:
+    top = FleetService("top", (option("L40S", 6.0),), poisson(30.0, 300, 1), priority=10)
+    low = FleetService("low", (option("L40S", 6.0), option("A100-80GB", 6.0)), poisson(30.0, 300, 2))
+    result = simulate_fleet(Budget("b", {"L40S": 2, "A100-80GB": 4}), [top, low])
+    low_result = next(r for r in result.services if r.service.name == "low")
+    assert {p.gpu_type for p in low_result.timeline} == {"A100-80GB"}  # moved at the start: L40S is top's
+    assert low_result.held_ticks == 0 and low_result.timeline[0].granted >= 2
+    assert result.max_gpus_used["L40S"] <= 2 and result.max_gpus_used["A100-80GB"] <= 4
+
+
+def test_scale_to_zero_after_the_idle_window_and_back_when_requests_wait() -> None:
+    opt = option("L40S", 2.0, routing="gateway")
+    trace = poisson(2.0, 60, 1) + poisson(2.0, 60, 2, start_s=900.0)
+    svc = FleetService("idle", (opt,), trace, min_replicas=0, idle_window_s=180.0)
+    result = simulate_fleet(Budget("b", {"L40S": 4}), [svc]).services[0]
+    quiet = [p for p in result.timeline if 400 <= p.time_s <= 880]
+    assert quiet and all(p.gpus == 0 for p in quiet)  # the last replica released
+    assert result.cold_starts_from_zero == 1
+    (first_ttft,) = result.first_request_ttfts_s
+    assert first_ttft >= opt.setup.cold_start_s  # held at the gateway through the cold start
+    assert all(r.done for r in result.requests)
+
+
+def test_simulate_fleet_cli_json_and_png(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        """
+budget: {L40S: 3}
+services:
+  - name: chat
+    model: llama-3.1-8b
+    priority: 10
+    slo: {ttft: 1s, tpot: 60ms}
+    load: poisson:rate=6,duration=3m,input=400,output=60
+  - name: batch
+    model: llama-3.1-8b
+    slo: {ttft: 1s, tpot: 60ms}
+    load: poisson:rate=6,duration=3m,input=400,output=60
+"""
+    )
+    png = tmp_path / "fleet.png"
+    result = CliRunner().invoke(app, ["simulate", "--fleet", str(fleet), "--json", "--png", str(png)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["max_gpus_used"]["L40S"] <= 3
+    assert [s["name"] for s in data["services"]] == ["chat", "batch"]
+    for s in data["services"]:
+        assert {"slo_attainment", "gpu_hours", "held_ticks", "moves", "last_reason"} <= set(s)
+    assert png.stat().st_size > 10_000
+
+
+def test_simulate_fleet_bad_files_name_the_field(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    cases = {
+        "budget: {L4: 3}\n": "services",
+        "budget: {L4: 3}\nservices: [{name: a, model: llama-3.1-8b, slo: {ttft: 1s, tpot: 60ms}}]\n": "give one of load",
+        "budget: {NOPE: 3}\nservices: [{name: a, model: llama-3.1-8b, slo: {ttft: 1s, tpot: 60ms}, load: 'poisson'}]\n": "budget",
+        "[1, 2]\n": "expected a mapping",
+    }
+    for text, needle in cases.items():
+        fleet.write_text(text)
+        result = CliRunner().invoke(app, ["simulate", "--fleet", str(fleet)])
+        assert result.exit_code == 2 and needle in result.stderr, (text, result.stderr)
+    result = CliRunner().invoke(app, ["simulate", "--fleet", str(fleet), "--model", "llama-3.1-8b"])
+    assert result.exit_code == 2 and "leave out --model" in result.stderr
