@@ -1,10 +1,12 @@
 """The autoscaling trace suite: every policy, both routings, on the bundled traces at several
 rate scales and on the seeded load generators, for several model/GPU pairs, at a p99 SLO.
 
-Per case it prints a table (SLO attainment, GPU-hours, GPU-hours over the oracle and over the
-bound, for every policy behind a plain Service and behind a gateway) and whether kvscale met
-the aim: >= 99% attainment at <= 1.3x the oracle's GPU-hours, and fewer GPU-hours than every
-baseline that also reaches 99%. `--png-dir` draws one picture per case.
+Per case it prints a table (SLO attainment, GPU-hours, GPU-hours over the bound and over
+peak, for every policy behind a plain Service and behind a gateway) and whether kvscale met
+the aim (issue 17): >= 99% attainment, or within 1 point of the bound where the bound itself
+falls short; <= 0.75x the GPU-hours of peak (the cheapest fixed fleet meeting the SLO) and
+<= 2x the bound's; fewer GPU-hours than every baseline that also reaches the target.
+`--png-dir` draws one picture per case.
 
 Run: .venv/bin/python benchmarks/autoscaling.py [--cases NAME,...] [--jobs N] [--png-dir DIR] [--json FILE]
 """
@@ -25,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kvscale.autoscaling.capacity import SizingCapacity, default_cold_start_s
-from kvscale.sim.compare import make_policies, run_bound, run_oracle
+from kvscale.sim.compare import make_policies, run_bound, run_oracle, run_peak
+from kvscale.sim.fit import fit_trace
 from kvscale.sim.generators import generate, parse_load
 from kvscale.sim.policies import KvscalePolicy
 from kvscale.sim.report import attainment_from, gpu_hours_from, summary
@@ -34,7 +37,7 @@ from kvscale.sim.session import setup_from_plan
 from kvscale.sim.trace import TraceRequest, rate_scale, read_trace
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.planner import PlanRequest, plan
-from kvscale.sizing.workload import Slo, Workload
+from kvscale.sizing.workload import Slo
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
 POLICIES = ("kvscale", "static", "hpa", "keda", "saturation")
@@ -42,7 +45,7 @@ ROUTINGS = ("service", "gateway")
 HEADROOM = 0.10
 MAX_REPLICAS = 64  # maxReplicas for every policy (and the bound's search)
 COLD_START_JITTER = 0.2  # each replica's start takes the default x U(0.8, 1.2)
-AIM_ATTAINMENT, AIM_VS_ORACLE = 0.99, 1.3
+AIM_ATTAINMENT, AIM_VS_PEAK, AIM_VS_BOUND = 0.99, 0.75, 2.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,29 @@ CASES = (
         "diurnal:low=2,high=30,period=40m,input=800,output=200,duration=1h",
     ),
     Case("step", "mistral-7b", "L4", 1, 1.5, 0.08, "step:before=1,after=6,at=15m,input=600,output=150,duration=40m"),
+    # The issue's shape of production traffic (not a file we have): batch submissions of ~60
+    # requests within seconds over a base load, heavy-tailed prompts, outputs of ~13 tokens at
+    # the median; and the mean prompt moving 2-3x between minutes at a constant rate.
+    Case(
+        "batches-short",
+        "llama-3.1-8b",
+        "H100-SXM",
+        1,
+        2.0,
+        0.06,
+        "batches:base=2,every=40s,size=60,spread=3s,input=1500,output=25,lengths=heavy,duration=40m",
+        warmup_s=600.0,
+    ),
+    Case(
+        "drift",
+        "llama-3.1-8b",
+        "L40S",
+        1,
+        2.0,
+        0.06,
+        "drift:rate=4,swing=2.5,input=1500,output=150,duration=40m",
+        warmup_s=600.0,
+    ),
     Case(
         "flash-heavy",
         "llama-3.1-8b",
@@ -119,11 +145,7 @@ CASES = (
 def build_setup(case: Case, trace: list[TraceRequest], routing: str) -> SimSetup:
     catalog = default_catalog()
     span = max(trace[-1].arrival_s, 1.0)
-    workload = Workload(
-        max(1, round(sum(r.input_tokens for r in trace) / len(trace))),
-        max(1, round(sum(r.output_tokens for r in trace) / len(trace))),
-        len(trace) / span,
-    )
+    workload = fit_trace(trace).workload.at_rate(len(trace) / span)  # lengths and burstiness, mean rate
     request = PlanRequest(
         model=catalog.model(case.model),
         workload=workload,
@@ -149,12 +171,16 @@ def run_unit(case: Case, routing: str, name: str) -> tuple[str, str, str, dict[s
     started = time.perf_counter()
     trace = case.trace()
     setup = build_setup(case, trace, routing)
-    capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch)
+    span = max(trace[-1].arrival_s, 1.0)
+    shape = fit_trace(trace).workload.at_rate(len(trace) / span)
+    capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch, shape)
     policy: object = None
     if name == "oracle":
         result = run_oracle(setup, trace, capacity)
     elif name == "bound":
         result = run_bound(setup, trace, MAX_REPLICAS)
+    elif name == "peak":
+        result = run_peak(setup, trace, MAX_REPLICAS)
     else:
         (policy,) = make_policies((name,), setup, capacity, trace, HEADROOM, None, MAX_REPLICAS)
         result = simulate(setup, Source(trace), policy)
@@ -189,14 +215,20 @@ def describe(case: Case, trace: list[TraceRequest], setup: SimSetup) -> str:
     )
 
 
-def verdict(rows: dict[tuple[str, str], dict[str, Any]], routing: str) -> list[tuple[str, bool]]:
-    ours = rows[(routing, "kvscale")]
-    oracle = rows[(routing, "oracle")]
-    rivals = [rows[(routing, p)] for p in POLICIES if p != "kvscale" and rows[(routing, p)]["slo_attainment"] >= 0.99]
+def verdict(rows: dict[tuple[str, str], dict[str, Any]], routing: str, name: str = "kvscale") -> list[tuple[str, bool]]:
+    ours = rows[(routing, name)]
+    bound = rows[("gateway", "bound")]
+    peak = rows[(routing, "peak")]
+    target = min(AIM_ATTAINMENT, bound["slo_attainment"] - 0.01)
+    rivals = [rows[(routing, p)] for p in POLICIES if p != name and rows[(routing, p)]["slo_attainment"] >= target]
     return [
-        (f">= {AIM_ATTAINMENT:.0%} SLO attainment", ours["slo_attainment"] >= AIM_ATTAINMENT),
-        (f"<= {AIM_VS_ORACLE}x the oracle's GPU-hours", ours["gpu_hours"] <= AIM_VS_ORACLE * oracle["gpu_hours"]),
-        ("fewer GPU-hours than every baseline at >= 99%", all(ours["gpu_hours"] < r["gpu_hours"] for r in rivals)),
+        (
+            f">= {AIM_ATTAINMENT:.0%} attainment (or within 1 pt of the bound's {bound['slo_attainment']:.2%})",
+            ours["slo_attainment"] >= target,
+        ),
+        (f"<= {AIM_VS_PEAK}x peak's GPU-hours", ours["gpu_hours"] <= AIM_VS_PEAK * peak["gpu_hours"]),
+        (f"<= {AIM_VS_BOUND:g}x the bound's GPU-hours", ours["gpu_hours"] <= AIM_VS_BOUND * bound["gpu_hours"]),
+        ("fewer GPU-hours than every baseline at the target", all(ours["gpu_hours"] < r["gpu_hours"] for r in rivals)),
     ]
 
 
@@ -212,11 +244,11 @@ def draw(case: Case, results: dict[tuple[str, str], SimResult], slo: Slo, path: 
     load_ax.set_ylabel("req/s (60 s)")
     load_ax.set_title(title, fontsize=9)
     for ax, routing in ((svc_ax, "service"), (gw_ax, "gateway")):
-        for name in ("bound", "oracle", *POLICIES):
+        for name in ("bound", "peak", "oracle", *POLICIES):
             result = results.get((routing, name)) or results.get(("gateway", name))
             if result is None:
                 continue
-            style = {"bound": ":", "oracle": "--"}.get(name, "-")
+            style = {"bound": ":", "oracle": "--", "peak": "-."}.get(name, "-")
             width = 1.8 if name == "kvscale" else 0.9
             ax.step(
                 [p.time_s / 60 for p in result.timeline],
@@ -248,10 +280,10 @@ def main() -> None:
         parser.error(f"--cases: choose from {', '.join(c.name for c in CASES)} or all")
     console = Console(width=200)
     started = time.perf_counter()
-    units = [(c, r, p) for c in cases for r in ROUTINGS for p in (*POLICIES, "oracle")] + [
+    units = [(c, r, p) for c in cases for r in ROUTINGS for p in (*POLICIES, "oracle", "peak")] + [
         (c, "gateway", "bound") for c in cases
     ]
-    units.sort(key=lambda u: (u[2] != "bound", u[2] != "oracle"))  # the slow ones first
+    units.sort(key=lambda u: (u[2] != "bound", u[2] != "peak", u[2] != "oracle"))  # the slow ones first
     done: dict[str, dict[tuple[str, str], tuple[dict[str, Any], SimResult, float]]] = {c.name: {} for c in cases}
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = [pool.submit(run_unit, *u) for u in units]
@@ -271,16 +303,16 @@ def main() -> None:
         rows = {k: v[0] for k, v in done[case.name].items()}
         bound = rows[("gateway", "bound")]
         table = Table(title=f"{case.name}: bound {bound['gpu_hours']:.2f} GPU-h at {bound['slo_attainment']:.2%}")
-        columns = ["policy", "routing", "SLO met", "TTFT p99 ms", "GPU-h", "vs oracle", "vs bound", "scale events"]
+        columns = ["policy", "routing", "SLO met", "TTFT p99 ms", "GPU-h", "vs bound", "vs peak", "scale events"]
         if case.warmup_s:
             columns += ["whole: SLO met", "whole: GPU-h"]
         for col in (*columns, "wall s"):
             table.add_column(col)
         for routing in ROUTINGS:
-            oracle = rows[(routing, "oracle")]
-            for policy in (*POLICIES, "oracle"):
+            peak = rows[(routing, "peak")]
+            for policy in (*POLICIES, "oracle", "peak"):
                 row = rows[(routing, policy)]
-                row["gpu_hours_vs_oracle"] = round(row["gpu_hours"] / oracle["gpu_hours"], 3)
+                row["gpu_hours_vs_peak"] = round(row["gpu_hours"] / peak["gpu_hours"], 3)
                 row["gpu_hours_vs_bound"] = round(row["gpu_hours"] / bound["gpu_hours"], 3)
                 row["case"] = case.name
                 everything.append(row)
@@ -290,8 +322,8 @@ def main() -> None:
                     f"{row['slo_attainment']:.2%}",
                     f"{row['ttft_p99_ms']:.0f}" if row["ttft_p99_ms"] is not None else "-",
                     f"{row['gpu_hours']:.2f}",
-                    f"{row['gpu_hours_vs_oracle']:.2f}",
                     f"{row['gpu_hours_vs_bound']:.2f}",
+                    f"{row['gpu_hours_vs_peak']:.2f}",
                     str(row["scale_events"]),
                     *((f"{row['slo_attainment_whole']:.2%}", f"{row['gpu_hours_whole']:.2f}") if case.warmup_s else ()),
                     f"{done[case.name][(routing, policy)][2]:.0f}",
@@ -303,11 +335,12 @@ def main() -> None:
             kinds = rows[(routing, "kvscale")].get("decision_kinds", {})
             console.print(f"  kvscale decisions behind a {routing}: " + ", ".join(f"{k} {n}" for k, n in kinds.items()))
         for routing in ROUTINGS:
-            goals = verdict(rows, routing)
-            console.print(
-                f"  kvscale behind a {routing}: "
-                + "; ".join(f"{'met' if ok else 'MISSED'} {goal}" for goal, ok in goals)
-            )
+            for name in ("kvscale", "oracle"):
+                goals = verdict(rows, routing, name)
+                console.print(
+                    f"  {name} behind a {routing}: "
+                    + "; ".join(f"{'met' if ok else 'MISSED'} {goal}" for goal, ok in goals)
+                )
         if args.png_dir is not None:
             args.png_dir.mkdir(parents=True, exist_ok=True)
             draw(
