@@ -35,6 +35,7 @@ _BISECTION_STEPS = 10  # 2^-10 (0.1%) of the capacity rate: far finer than the m
 _FIXED_POINT_STEPS = 3
 _PERCENTILE_BISECTION_STEPS = 20  # 2^-20 of the range: about a microsecond for a 1 s step
 _NEWTON_STEPS = 30
+_MD1_DECAY: dict[float, float] = {}  # rho -> theta x S of M/D/1, cached (it depends on rho alone)
 _CHUNK_GRAIN_TOKENS = 64  # packed chunks are costed in whole 64-token units (cache sharing)
 CHUNK_BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)  # --max-num-batched-tokens the planner considers
 PREFILL_BUSY_SHARE = 0.7  # the TTFT tail is prefill compute once chunk steps fill this much of the time
@@ -540,19 +541,26 @@ class ReplicaModel:
         point = self.at_rate(rate_per_s, max_batch, slo.percentile)
         return point.ttft_p_s <= slo.ttft_s and point.tpot_p_s <= slo.tpot_s
 
-    def max_rate_meeting(self, slo: Slo, max_batch: int, at_least_per_s: float = 0.0) -> float:
-        """Highest arrival rate at which p-TTFT and p-TPOT both meet the SLO (0 when none).
+    def max_rate_meeting(
+        self, slo: Slo, max_batch: int, at_least_per_s: float = 0.0, below_per_s: float | None = None
+    ) -> float:
+        """Highest arrival rate at which p-TTFT and p-TPOT both meet the SLO (0 when none),
+        to 2^-10 of the replica's capacity.
 
         `at_least_per_s`: only a rate above this is of interest (another configuration
-        already carries it); when this one misses the SLO there, -1 comes back at once."""
+        already carries it); when this one misses the SLO there, -1 comes back at once.
+        `below_per_s`: a rate known to miss, which narrows the search."""
 
         def meets(rate: float) -> bool:
             return self.meets(slo, max_batch, rate)
 
-        lo, hi = at_least_per_s, self.capacity_rate_per_s(max_batch)
+        top = self.capacity_rate_per_s(max_batch)
+        lo, hi = at_least_per_s, min(top, below_per_s) if below_per_s is not None else top
         if not meets(lo):
             return -1.0 if at_least_per_s > 0 else 0.0
-        for _ in range(_BISECTION_STEPS):
+        grain = top / (1 << _BISECTION_STEPS)
+        steps = max(1, math.ceil(math.log2(max(hi - lo, grain) / grain)))
+        for _ in range(min(steps, _BISECTION_STEPS)):
             mid = (lo + hi) / 2.0
             if meets(mid):
                 lo = mid
@@ -588,6 +596,12 @@ def _mg1_tail_scale_s(services: list[tuple[float, float]], utilization: float) -
         return 0.0
     if utilization >= 1.0:
         return math.inf
+    if len(services) == 1:  # one service time: theta S depends on rho alone
+        key = round(utilization, 5)
+        known = _MD1_DECAY.get(key)
+        if known is None:
+            known = _MD1_DECAY[key] = 1.0 / _mg1_tail_scale_s([(1.0, 1.0), (1.0, 0.0)], key)
+        return mean_s / known
     rate = utilization / mean_s
 
     def excess(theta: float) -> float:

@@ -371,6 +371,7 @@ def _best_option(s: _Screened, request: PlanRequest) -> tuple[_Option, float]:
     tol = BUDGET_RATE_TOLERANCE
     best, best_rate = options[0], options[0].replica.max_rate_meeting(slo, options[0].max_batch)
     near: list[_Option] = []  # met the SLO just below the best rate at the time
+    near_missed: dict[_Option, float] = {}  # ... and missed it at this rate
     for option in options[1:]:
         if option.capacity_per_s <= best_rate * (1.0 - tol) or best_rate <= 0:
             break
@@ -378,6 +379,7 @@ def _best_option(s: _Screened, request: PlanRequest) -> tuple[_Option, float]:
             continue
         if not option.replica.meets(slo, option.max_batch, best_rate * (1.0 + tol)):
             near.append(option)
+            near_missed[option] = best_rate * (1.0 + tol)
             continue
         near.append(best)
         best, best_rate = option, option.replica.max_rate_meeting(slo, option.max_batch, best_rate * (1.0 + tol))
@@ -390,6 +392,8 @@ def _best_option(s: _Screened, request: PlanRequest) -> tuple[_Option, float]:
     if not smaller:
         return best, max(best_rate, 0.0)
     chosen = min(smaller, key=lambda o: o.cfg.max_num_batched_tokens)
+    if chosen in near_missed:  # known to miss just above the best: the search is narrow
+        return chosen, chosen.replica.max_rate_meeting(slo, chosen.max_batch, floor, near_missed[chosen])
     return chosen, chosen.replica.max_rate_meeting(slo, chosen.max_batch, floor)
 
 
