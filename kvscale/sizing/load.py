@@ -514,7 +514,7 @@ class ReplicaModel:
         """One sentence on what binds at `point` and why MFU/MBU stay where they are."""
         pct = f"p{slo.percentile:g}"
         busy = f"MFU {point.mfu:.0%}, MBU {point.mbu:.0%}"
-        if limit == "ttft-tail":
+        if limit == "ttft-tail" or (limit == "prefill-compute" and point.stable and point.chunk_share < 1.0):
             return (
                 f"{pct} TTFT {point.ttft_p_s:.2f}s of {slo.ttft_s:.2f}s: own prefill {point.prefill_s:.2f}s + "
                 f"{point.prefill_wait_p_s:.2f}s waiting behind other prompts' chunks (steps carrying chunks "
