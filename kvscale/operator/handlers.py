@@ -38,6 +38,8 @@ from kvscale.autoscaling.observation import Observation
 from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.metrics.observe import observe_async
 from kvscale.operator import effects, telemetry
+from kvscale.operator.budget import BudgetBook, govern
+from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
 from kvscale.operator.informers import Inventory
 from kvscale.operator.inventory import pools
 from kvscale.operator.k8s import Kube
@@ -76,6 +78,7 @@ class Runtime:
     inventory: Inventory | None = None  # made with the runtime (run.runtime), started at startup
     prometheus: AsyncPrometheusClient | None = None
     stopping: bool = False  # set at cleanup: a tick still in flight then writes nothing
+    budgets: BudgetBook = field(default_factory=BudgetBook)  # GPUBudgets and their services' wants
 
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in the Kubernetes workers, with kopf's context (its Events need it)."""
@@ -113,6 +116,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     """Every handler of the operator, bound to the runtime objects."""
     _lifecycle(registry, rt)
     _timers(registry, rt)
+    budget_handlers(registry, rt.budgets, rt.settings.scale_interval_s)
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,7 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="forget", optional=True, registry=registry)
     async def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
         memo["deleted"] = True  # a tick in flight exports nothing after this
+        rt.budgets.forget(namespace or "", name)
         telemetry.forget(namespace or "", name)
 
 
@@ -261,6 +266,8 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
             memory = call.memo.get("scaler", ScalerMemory())
             now = dt.datetime.now(dt.UTC)
             done = tick(intent, call.res, call.before, start, obs, missing, memory, rt.catalog, rt.settings, now)
+            labels = (call.body.get("metadata") or {}).get("labels") or {}
+            done = govern(rt.budgets, call.res, labels, intent, call.before, start, obs, done, now, budget_ttl_s(rt))
     except Exception as exc:  # counted and shown in status; the timer runs again
         if not rt.stopping:  # at shutdown the closed clients fail a tick in flight: not news
             effects.timer_failed("autoscale", call.body, call.patch, call.before, call.res, exc)

@@ -1,0 +1,222 @@
+"""GPU budgets in the operator: the GPUBudgets it watches, each governed service's latest
+want, and one allocation (kvscale.autoscaling.budget, the simulator's allocator) over all of
+a budget's services whenever one of them ticks.
+
+Each service's autoscale tick records what its policy wants (with its floor, priority and
+SLO gap) and the GPUs its workload holds, then takes its own grant from the allocation over
+the latest wants of every service the budget governs. A scale-up goes only into GPUs the
+budget has free now (what the other governed services' workloads hold counts, draining or
+not), so a limit is not exceeded while another service has yet to scale down at its own
+tick. The service's status says what it got and why (condition HeldByBudget), with one Event
+per change; the budget's own status (allocated, wanted, each service's grant) is written by
+its timer.
+
+Without a GPUBudget selecting a service nothing here changes its tick. The operator holds a
+service on its planned GPU type: the allocator's moves to another type are the simulator's
+(`kvscale simulate --fleet`) for now.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kvscale.api.budget import BudgetServiceStatus, GPUBudgetSpec, GPUBudgetStatus, budget_of, service_key
+from kvscale.api.intent import Intent
+from kvscale.api.models import InferenceServiceStatus
+from kvscale.autoscaling.budget import Allocation, Demand, Grant, Option, allocate
+from kvscale.autoscaling.observation import DecisionKind, Observation
+from kvscale.operator.reconcile import Event, Resource
+from kvscale.operator.scaling import Fleet, Tick
+from kvscale.operator.status import condition, now_rfc3339, with_conditions, without_condition
+
+CONDITION = "HeldByBudget"
+
+
+@dataclass(frozen=True)
+class Entry:
+    budget: str
+    demand: Demand
+    namespace: str
+    name: str
+    held_gpus: int  # GPUs its workload holds now
+    gpu_type: str
+    seen_s: float
+
+
+@dataclass
+class BudgetBook:
+    """The operator's view of every GPUBudget and of the services they govern (in memory;
+    after a restart it fills again within one scale interval)."""
+
+    specs: dict[str, GPUBudgetSpec] = field(default_factory=dict)
+    entries: dict[str, Entry] = field(default_factory=dict)  # by namespace/name
+    previous: dict[str, dict[str, Grant]] = field(default_factory=dict)  # by budget, last grants
+
+    def set_budget(self, name: str, spec: GPUBudgetSpec | None) -> None:
+        if spec is None:
+            self.specs.pop(name, None)
+            self.previous.pop(name, None)
+        else:
+            self.specs[name] = spec
+
+    def governing(self, namespace: str, labels: Mapping[str, str]) -> str | None:
+        """The budget that governs a service: the first by name whose selector matches."""
+        return next((n for n in sorted(self.specs) if self.specs[n].selector.selects(namespace, labels)), None)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.entries.pop(service_key(namespace, name), None)
+
+    def members(self, budget: str, now_s: float, ttl_s: float) -> list[Entry]:
+        """The budget's services with a want recorded within `ttl_s` (older ones are dropped:
+        a service deleted or no longer ticking)."""
+        for key, e in list(self.entries.items()):
+            if now_s - e.seen_s > ttl_s:
+                del self.entries[key]
+        return [e for e in self.entries.values() if e.budget == budget]
+
+    def allocation(self, budget: str, now_s: float, ttl_s: float) -> Allocation:
+        demands = [e.demand for e in self.members(budget, now_s, ttl_s)]
+        result = allocate(budget_of(budget, self.specs[budget]), demands, self.previous.get(budget))
+        self.previous[budget] = result.by_name
+        return result
+
+
+def slo_gap(obs: Observation, intent: Intent) -> float:
+    gaps = [0.0]
+    if obs.ttft_p_s is not None:
+        gaps.append(obs.ttft_p_s / intent.slo.ttft_s - 1)
+    if obs.tpot_p_s is not None:
+        gaps.append(obs.tpot_p_s / intent.slo.tpot_s - 1)
+    return max(gaps)
+
+
+def govern(
+    book: BudgetBook,
+    res: Resource,
+    labels: Mapping[str, str],
+    intent: Intent,
+    before: InferenceServiceStatus,
+    fleet_: Fleet,
+    obs: Observation,
+    done: Tick,
+    now: dt.datetime,
+    ttl_s: float,
+) -> Tick:
+    """The tick under the budget that governs the service (unchanged without one): its want
+    recorded, its grant taken, the scale capped, the HeldByBudget condition and Event."""
+    budget = book.governing(res.namespace, labels)
+    status = done.result.status
+    if budget is None or intent.scaling.mode != "auto":
+        if any(c.type == CONDITION for c in status.conditions):
+            return replace(done, result=replace(done.result, status=without_condition(status, CONDITION)))
+        return done
+    plan = fleet_.plan
+    gpr = plan.tensor_parallel * max(plan.nodes, 1)
+    wanted = done.decision.replicas
+    key = service_key(res.namespace, res.name)
+    before_entry = book.entries.get(key)
+    if done.decision.kind == DecisionKind.MISSING_METRICS and before_entry is not None:
+        # Holding on missing metrics means "what it had": its want, not the budget's cut.
+        wanted = max(wanted, before_entry.demand.options[0].wanted)
+    now_s = now.timestamp()
+    demand = Demand(
+        key,
+        (Option(plan.gpu_type, gpr, wanted),),
+        intent.spec.scaling.priority,
+        intent.scaling.min_replicas,
+        res.namespace,
+        slo_gap(obs, intent),
+        plan.gpu_type,
+    )
+    book.entries[key] = Entry(budget, demand, res.namespace, res.name, fleet_.current * gpr, plan.gpu_type, now_s)
+    allocation = book.allocation(budget, now_s, ttl_s)
+    grant = allocation.grant(key)
+    target = grant.replicas
+    if target > fleet_.current:  # only into GPUs free now
+        limit = book.specs[budget].limits.get(plan.gpu_type)
+        if limit is not None:
+            others = sum(
+                e.held_gpus
+                for k, e in book.entries.items()
+                if k != key and e.gpu_type == plan.gpu_type and e.budget == budget
+            )
+            free = limit - others - fleet_.current * gpr
+            target = fleet_.current + max(0, min(target - fleet_.current, math.floor(free / gpr)))
+    held = target < wanted
+    message = (
+        grant.reason
+        if target >= grant.replicas
+        else (f"{grant.reason}; {grant.replicas - target} more once other services release their GPUs")
+    )
+    cond = condition(
+        status,
+        CONDITION,
+        held,
+        "BudgetLimit" if held else "WithinBudget",
+        f"budget {budget}: {message}",
+        res.generation,
+        now,
+    )
+    previous = next((c for c in before.conditions if c.type == CONDITION), None)
+    events = list(done.result.events)
+    new = with_conditions(status, cond)
+    scale_to = done.result.scale_to
+    if target != done.decision.replicas:  # the budget, not the policy, sets the count
+        scale_to = target if target != fleet_.current else None
+        events = [e for e in events if e.reason != "Scaled"]
+        if scale_to is not None:
+            events.append(
+                Event("Normal", "Scaled", f"Scaled {fleet_.current} -> {target}: budget {budget}: {message}"[:1000])
+            )
+            new = new.model_copy(
+                update={
+                    "replicas": target,
+                    "last_scale_time": now_rfc3339(now),
+                    "last_scale_reason": f"budget {budget}: {message}"[:500],
+                }
+            )
+        else:  # the policy's scale, undone: the status keeps what runs
+            new = new.model_copy(
+                update={
+                    "replicas": before.replicas,
+                    "last_scale_time": before.last_scale_time,
+                    "last_scale_reason": before.last_scale_reason,
+                }
+            )
+    was_held = previous is not None and previous.status == "True"
+    if held and (not was_held or previous is None or previous.message != cond.message):
+        events.append(Event("Warning", CONDITION, cond.message[:1000]))
+    elif was_held and not held:
+        events.append(Event("Normal", "WithinBudget", cond.message[:1000]))
+    return replace(done, result=replace(done.result, status=new, scale_to=scale_to, events=tuple(events)))
+
+
+def budget_status(book: BudgetBook, name: str, now_s: float, ttl_s: float, generation: int | None) -> dict[str, Any]:
+    """The GPUBudget's status: what is allocated, to whom, and what is wanted."""
+    allocation = book.allocation(name, now_s, ttl_s)
+    services = []
+    for g in allocation.grants:
+        namespace, _, svc = g.name.partition("/")
+        services.append(
+            BudgetServiceStatus(
+                namespace=namespace,
+                name=svc,
+                priority=g.priority,
+                gpu_type=g.gpu_type,
+                gpus_per_replica=g.gpus_per_replica,
+                replicas=g.replicas,
+                wanted=g.wanted,
+                reason=g.reason,
+            )
+        )
+    status = GPUBudgetStatus(
+        observed_generation=generation,
+        allocated={**{gpu: 0 for gpu in book.specs[name].limits}, **allocation.used},
+        wanted=dict(allocation.wanted),
+        services=services,
+    )
+    return status.model_dump(by_alias=True, mode="json", exclude_none=True)

@@ -1,0 +1,128 @@
+"""A GPUBudget on the real cluster: three services of different priorities on a budget
+smaller than their sum; the top one keeps its replicas, the others' status says why, and the
+budget's status says what is allocated, to whom and what is wanted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from kvscale.api import GROUP, PLURAL, VERSION
+from tests.cluster.harness import Cluster, wait_until
+from tests.cluster.processes import Operator
+from tests.cluster.test_operator import condition, create, events, get
+
+ROOT = Path(__file__).resolve().parents[2]
+BUDGET = "a100-reservation"
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    for crd in (PLURAL, "gpubudgets"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.{GROUP}", "--timeout=60s")
+    op = Operator(cluster, tmp_path_factory.mktemp("operator"), {"KVSCALE_SCALE_INTERVAL": "1s"})
+    op.start()
+    yield op
+    op.stop()
+
+
+def service(name: str, priority: int) -> dict[str, Any]:
+    """Three A100 replicas at 30 req/s (one GPU each), minReplicas 1."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "labels": {"tier": "budgeted"}},
+        "spec": {
+            "model": {"name": "llama-3.1-8b"},
+            "workload": {"inputTokens": 512, "outputTokens": 128, "requestsPerSecond": 30},
+            "slo": {"timeToFirstToken": "1s", "timePerOutputToken": "60ms"},
+            "hardware": {"gpuTypes": ["A100-80GB"], "maxTensorParallel": 1},
+            "scaling": {"minReplicas": 1, "maxReplicas": 6, "priority": priority},
+        },
+    }
+
+
+def budget_body(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GPUBudget",
+        "metadata": {"name": BUDGET},
+        "spec": {
+            "limits": {"A100-80GB": 5},
+            "selector": {"namespaces": [namespace], "matchLabels": {"tier": "budgeted"}},
+        },
+    }
+
+
+def deployment_replicas(api: client.ApiClient, namespace: str, name: str) -> int | None:
+    try:
+        return int(client.AppsV1Api(api).read_namespaced_deployment(name, namespace).spec.replicas)
+    except client.ApiException:
+        return None
+
+
+def test_three_priorities_on_a_budget_smaller_than_their_sum(
+    operator: Operator, api: client.ApiClient, namespace: str
+) -> None:
+    objects = client.CustomObjectsApi(api)
+    objects.create_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget_body(namespace))
+    try:
+        for name, priority in (("chat", 100), ("rag", 50), ("batch", 1)):
+            create(api, namespace, service(name, priority))
+        want = {"chat": 3, "rag": 1, "batch": 1}  # floors first (1 each), then chat's 2 more: 5 GPUs
+
+        def settled() -> bool:
+            return all(deployment_replicas(api, namespace, n) == r for n, r in want.items())
+
+        try:
+            wait_until(settled, 90, "replicas within the budget by priority")
+        except TimeoutError as exc:
+            seen = {n: deployment_replicas(api, namespace, n) for n in want}
+            raise AssertionError(f"{exc}: {seen}\n{operator.tail()}") from exc
+        chat, rag, batch = (get(api, namespace, n) for n in ("chat", "rag", "batch"))
+        assert chat["status"]["plan"]["replicas"] == 3
+        top = condition(chat, "HeldByBudget")
+        assert (top["status"], top["reason"]) == ("False", "WithinBudget")
+        assert top["message"] == f"budget {BUDGET}: wanted 3, got 3 on A100-80GB x1"
+        for obj in (rag, batch):
+            held = condition(obj, "HeldByBudget")
+            assert (held["status"], held["reason"]) == ("True", "BudgetLimit")
+            assert held["message"].startswith(f"budget {BUDGET}: wanted 3, got 1 on A100-80GB x1: ")
+            assert "in priority order: " in held["message"] and "chat (priority 100) 3" in held["message"]
+            assert obj["status"]["replicas"] == 1
+        wait_until(
+            lambda: any(r == "HeldByBudget" for r, _ in events(api, namespace, "batch")), 30, "a HeldByBudget Event"
+        )
+
+        def budget_status() -> dict[str, Any]:
+            status: dict[str, Any] = dict(objects.get_cluster_custom_object(GROUP, VERSION, "gpubudgets", BUDGET)).get(
+                "status", {}
+            )
+            return status
+
+        wait_until(lambda: len(budget_status().get("services", [])) == 3, 30, "the budget's status lists 3 services")
+        status = budget_status()
+        assert status["allocated"] == {"A100-80GB": 5}
+        assert status["wanted"] == {"A100-80GB": 9}
+        assert [(s["name"], s["replicas"], s["wanted"]) for s in status["services"]] == [
+            ("chat", 3, 3),
+            ("rag", 1, 3),
+            ("batch", 1, 3),
+        ]
+        # The budget grows: rag gets its replicas, batch keeps its floor.
+        objects.patch_cluster_custom_object(
+            GROUP, VERSION, "gpubudgets", BUDGET, {"spec": {"limits": {"A100-80GB": 7}}}
+        )
+        want = {"chat": 3, "rag": 3, "batch": 1}
+        wait_until(settled, 90, "rag scaled up when the budget grew")
+        wait_until(  # the status is written after the scale
+            lambda: condition(get(api, namespace, "rag"), "HeldByBudget")["status"] == "False", 30, "rag not held"
+        )
+        assert condition(get(api, namespace, "batch"), "HeldByBudget")["status"] == "True"
+    finally:
+        objects.delete_cluster_custom_object(GROUP, VERSION, "gpubudgets", BUDGET)
