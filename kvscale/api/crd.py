@@ -127,6 +127,7 @@ PRINTER_COLUMNS = [
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
     {"name": "GPU", "type": "string", "jsonPath": ".status.plan.gpuType"},
     {"name": "TP", "type": "integer", "jsonPath": ".status.plan.tensorParallel"},
+    {"name": "Nodes", "type": "integer", "jsonPath": ".status.plan.nodes", "priority": 1},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
     {"name": "TTFT", "type": "string", "jsonPath": ".status.observed.ttft"},

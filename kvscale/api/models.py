@@ -369,9 +369,14 @@ class InferenceServiceStatus(_Status):
         default_factory=list, description="Ready, Planned, Scheduled, SLOMet, MetricsAvailable, Synced."
     )
     plan: PlanStatus | None = Field(default=None, description="The chosen plan and its predictions.")
-    replicas: int | None = Field(default=None, description="Replicas of the engine Deployment.")
+    replicas: int | None = Field(
+        default=None,
+        description="Replicas of the engine Deployment; for a plan across nodes, groups of the LeaderWorkerSet.",
+    )
     desired_replicas: int | None = Field(default=None, description="Replicas the autoscaling policy asked for last.")
-    ready_replicas: int | None = Field(default=None, description="Replicas ready to serve.")
+    ready_replicas: int | None = Field(
+        default=None, description="Replicas ready to serve (a group when every one of its pods is ready)."
+    )
     selector: str | None = Field(default=None, description="Label selector of the engine pods (scale subresource).")
     observed: ObservedStatus | None = Field(default=None, description="Live measurements.")
     last_scale_time: str | None = Field(default=None, description="When replicas last changed.")
