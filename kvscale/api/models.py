@@ -309,6 +309,29 @@ class CandidateStatus(_Status):
     cost_per_hour: float | None = Field(default=None, description="USD per hour for those replicas.")
 
 
+class LengthsStatus(_Status):
+    """A token-length distribution, as the planner takes it: lengths and the share of requests at each."""
+
+    tokens: list[int] = Field(default_factory=list, description="Representative lengths in tokens, ascending.")
+    shares: list[float] = Field(default_factory=list, description="Share of requests at each length (sums to 1).")
+
+
+class PlannedWorkloadStatus(_Status):
+    """The workload the plan was made for: spec.workload, or the observed one after a re-plan."""
+
+    source: Literal["spec", "observed"] = Field(
+        default="spec", description="spec: spec.workload; observed: the engines' metrics (a re-plan on drift)."
+    )
+    input_tokens: int = Field(description="Mean prompt length planned for.")
+    output_tokens: int = Field(description="Mean output length planned for.")
+    requests_per_second: float = Field(description="Request rate planned for.")
+    prefix_cache_hit_ratio: float | None = Field(
+        default=None, description="Share of prompt tokens served from the prefix cache, planned for."
+    )
+    input_lengths: LengthsStatus | None = Field(default=None, description="Prompt length distribution planned for.")
+    output_lengths: LengthsStatus | None = Field(default=None, description="Output length distribution planned for.")
+
+
 class PlanStatus(_Status):
     gpu_type: str = Field(description="Chosen GPU type.")
     gpu_product: str = Field(description="Node label value (nvidia.com/gpu.product) the pods are pinned to.")
@@ -338,6 +361,7 @@ class PlanStatus(_Status):
     excluded_gpu_types: list[str] = Field(
         default_factory=list, description="GPU types left out after their pods stayed unschedulable."
     )
+    workload: PlannedWorkloadStatus | None = Field(default=None, description="The workload the plan was made for.")
     alternatives: list[CandidateStatus] = Field(default_factory=list, description="Runners-up, best first.")
     rejected: list[CandidateStatus] = Field(
         default_factory=list, description="Candidates that cannot meet the SLO or fit, with reasons."
@@ -360,6 +384,54 @@ class ObservedStatus(_Status):
     )
 
 
+class TokenLengthsStatus(_Status):
+    """Observed token lengths per request: the mean (exact) and quantiles (from the engine's
+    length histogram, as coarse as its buckets)."""
+
+    mean: float | None = Field(default=None, description="Mean tokens per request.")
+    p50: float | None = Field(default=None, description="Median tokens per request.")
+    p90: float | None = Field(default=None, description="90th percentile.")
+    p99: float | None = Field(default=None, description="99th percentile.")
+
+
+class ObservedWorkloadStatus(_Status):
+    """The work arriving, from the engines' token counters and length histograms over a
+    window of minutes, and how far it is from the workload the plan was made for."""
+
+    observed_at: str | None = Field(default=None, description="When it was read (RFC 3339).")
+    window: str | None = Field(default=None, description="The window rates, means and quantiles cover.")
+    requests_per_second: float | None = Field(default=None, description="Requests finished per second.")
+    input_tokens: TokenLengthsStatus | None = Field(default=None, description="Prompt lengths.")
+    output_tokens: TokenLengthsStatus | None = Field(default=None, description="Output lengths.")
+    prefill_tokens_per_second: float | None = Field(
+        default=None, description="Prompt tokens computed per second: after prefix-cache hits."
+    )
+    decode_tokens_per_second: float | None = Field(default=None, description="Tokens generated per second.")
+    prefix_cache_hit_ratio: float | None = Field(
+        default=None, description="Share of the prompt tokens looked up that the prefix cache held."
+    )
+    peak_window: str | None = Field(default=None, description="The short window of the peak rates.")
+    peak_requests_per_second_last_hour: float | None = Field(
+        default=None, description="Highest short-window request rate over the last hour."
+    )
+    peak_requests_per_second_last_day: float | None = Field(
+        default=None, description="Highest short-window request rate over the last day."
+    )
+    peak_prefill_tokens_per_second_last_hour: float | None = Field(
+        default=None, description="Highest short-window prefill token rate over the last hour (the window's hit ratio)."
+    )
+    peak_prefill_tokens_per_second_last_day: float | None = Field(
+        default=None, description="Highest short-window prefill token rate over the last day (the window's hit ratio)."
+    )
+    drift: str | None = Field(
+        default=None, description="How the observed workload differs from the one planned for; unset: within bounds."
+    )
+    drifting_since: str | None = Field(
+        default=None, description="Since when it has drifted (RFC 3339): a re-plan follows once it lasts long enough."
+    )
+    message: str | None = Field(default=None, description="Why parts are missing, if they are.")
+
+
 class InferenceServiceStatus(_Status):
     observed_generation: int | None = Field(default=None, description="Spec generation the status describes.")
     phase: Literal["Pending", "Planned", "Deploying", "Ready", "Recommended", "Failed"] | None = Field(
@@ -379,6 +451,9 @@ class InferenceServiceStatus(_Status):
     )
     selector: str | None = Field(default=None, description="Label selector of the engine pods (scale subresource).")
     observed: ObservedStatus | None = Field(default=None, description="Live measurements.")
+    observed_workload: ObservedWorkloadStatus | None = Field(
+        default=None, description="The workload the engines saw over the last minutes, and its drift from the plan's."
+    )
     last_scale_time: str | None = Field(default=None, description="When replicas last changed.")
     last_scale_reason: str | None = Field(default=None, description="Why replicas last changed.")
 

@@ -36,7 +36,7 @@ from kvscale.api.intent import parse_intent
 from kvscale.api.models import InferenceServiceStatus, parse_status
 from kvscale.autoscaling.observation import Observation
 from kvscale.metrics.client import AsyncPrometheusClient
-from kvscale.metrics.observe import observe_async
+from kvscale.metrics.observe import observe_async, observe_workload_async
 from kvscale.operator import effects, telemetry
 from kvscale.operator.budget import BudgetBook, govern
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
@@ -57,6 +57,7 @@ from kvscale.operator.reconcile import (
 from kvscale.operator.scaling import Fleet, ScalerMemory, fleet, planned, tick
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import mark_synced
+from kvscale.operator.workload import workload_tick
 from kvscale.sizing.catalog import Catalog
 
 INVENTORY_SYNC_S = 300.0
@@ -213,6 +214,12 @@ def _timers(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     async def autoscale_timer(**kwargs: Any) -> None:
         await scale_tick(rt, Call.of(rt, kwargs))
 
+    work_s = rt.settings.workload_interval_s
+
+    @kopf.timer(GROUP, VERSION, PLURAL, id="workload", interval=work_s, initial_delay=spread(work_s), registry=registry)
+    async def workload_timer(**kwargs: Any) -> None:
+        await observe_workload(rt, Call.of(rt, kwargs))
+
 
 def spread(interval_s: float) -> Callable[..., float]:
     """A first delay of one to two intervals, fixed per object (from its uid): the ticks of
@@ -285,6 +292,35 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
         rt, replace(done.result, status=mark_synced("autoscale", done.result.status, call.res.generation))
     )
     telemetry.TICK_SECONDS.observe(time.monotonic() - started)
+
+
+async def observe_workload(rt: Runtime, call: Call) -> None:
+    """The observed workload into status, and a re-plan when it drifted long enough (the
+    planner and the API reads in the workers)."""
+    if not planned(call.before) or rt.prometheus is None:
+        return
+    try:
+        intent = parse_intent(call.spec)
+        s = rt.settings
+        workload, missing = await observe_workload_async(
+            rt.prometheus,
+            intent.engine,
+            call.res.namespace,
+            call.res.name,
+            time.time(),
+            s.workload_window,
+            s.metrics_window,
+            deadline_s=rt.observation_deadline_s(),
+        )
+        now = dt.datetime.now(dt.UTC)
+        args = (call.spec, call.res, call.before, lambda: call.observed(rt), workload, missing, rt.catalog, s, now)
+        result = await rt.io(workload_tick, *args)
+    except Exception as exc:  # counted and shown in status; the timer runs again
+        if not rt.stopping:
+            effects.timer_failed("workload", call.body, call.patch, call.before, call.res, exc)
+        return
+    if result is not None:
+        await call.apply_async(rt, replace(result, status=mark_synced("workload", result.status, call.res.generation)))
 
 
 async def _observe(

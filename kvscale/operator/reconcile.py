@@ -31,11 +31,20 @@ from kvscale.operator.resources import (
     service,
 )
 from kvscale.operator.settings import Settings
-from kvscale.operator.status import condition, get_condition, plan_status, with_conditions, without_condition
+from kvscale.operator.status import (
+    condition,
+    get_condition,
+    plan_status,
+    planned_workload,
+    planned_workload_status,
+    with_conditions,
+    without_condition,
+)
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.checkpoints import CheckpointError
 from kvscale.sizing.context_limit import ContextLimitError
 from kvscale.sizing.engine_args import PlannedLaunch
+from kvscale.sizing.workload import Workload
 
 CHILD_KINDS = ("Service", "PodDisruptionBudget", "Deployment")  # the Deployment last: never without its Service
 DEPLOYMENT = "Deployment"
@@ -215,8 +224,10 @@ def reconcile(
     settings: Settings,
     excluded: tuple[str, ...] | None = None,
     now: dt.datetime | None = None,
+    traffic: Workload | None = None,
 ) -> Result:
-    """Plan, then build the children (mode auto) or only record the plan (mode recommend)."""
+    """Plan, then build the children (mode auto) or only record the plan (mode recommend).
+    `traffic` (the observed workload, on drift) replaces spec.workload for the planner."""
     try:
         intent = parse_intent(spec)
     except SpecError as exc:
@@ -224,6 +235,10 @@ def reconcile(
     problems = child_name_problems(res.name, intent.spec)
     if problems:
         return _failed(status, res, "InvalidName", "; ".join(problems), now=now)
+    traffic = traffic or kept_workload(status, res, intent.workload.max_context_tokens)
+    if traffic is not None:
+        intent = replace(intent, workload=traffic)
+    planned_for = planned_workload_status(intent.workload, "spec" if traffic is None else "observed")
     excluded = tuple(status.plan.excluded_gpu_types) if excluded is None and status.plan else excluded or ()
     outcome = plan_service(intent, catalog, observed.pools, excluded)
     if isinstance(outcome, Unplanned):
@@ -248,7 +263,7 @@ def reconcile(
         return _failed(status, res, "Undeployable", str(exc), now=now)
     base = status.model_copy(
         update={
-            "plan": plan_status(outcome, launch.context.max_model_len_tokens, excluded),
+            "plan": plan_status(outcome, launch.context.max_model_len_tokens, excluded, planned_for),
             "observed_generation": res.generation,
             "selector": selector(res.name),
         }
@@ -337,6 +352,15 @@ def _workload(
         settings.extra_tolerations,
         pool_labels=joined,
     )
+
+
+def kept_workload(status: InferenceServiceStatus, res: Resource, max_context_tokens: int | None) -> Workload | None:
+    """The observed workload a re-plan chose, kept while the spec is the one it was re-planned
+    under (an operator restart, a GPU-type fallback); a spec change plans from spec.workload."""
+    recorded = status.plan.workload if status.plan is not None else None
+    if recorded is None or recorded.source != "observed" or status.observed_generation != res.generation:
+        return None
+    return planned_workload(recorded, max_context_tokens)
 
 
 def _had_pool(status: InferenceServiceStatus) -> bool:

@@ -45,6 +45,19 @@ def _window(name: str, text: str) -> str:
     return text
 
 
+def _factor(name: str, text: str) -> float | None:
+    """A factor above 1, or `off`."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 1 and value < float("inf")):
+        raise SettingsError(f"{name} must be a factor above 1 (such as 1.5) or off, got {text!r}")
+    return value
+
+
 def _names(_: str, text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
 
@@ -131,6 +144,24 @@ class Settings:
     metrics_window: str = setting("KVSCALE_METRICS_WINDOW", "1m", "PromQL range for rates and quantiles.", _window)
     metrics_stale_after_s: float = setting(
         "KVSCALE_METRICS_STALE_AFTER", "120s", "Engine samples older than this count as missing.", _duration
+    )
+    workload_interval_s: float = setting(
+        "KVSCALE_WORKLOAD_INTERVAL",
+        "60s",
+        "How often each InferenceService's observed workload (lengths, token rates, peaks) is read and checked for drift.",
+        _duration,
+    )
+    workload_window: str = setting(
+        "KVSCALE_WORKLOAD_WINDOW", "10m", "PromQL range of the observed workload's rates and length quantiles.", _window
+    )
+    replan_drift: float | None = setting(
+        "KVSCALE_REPLAN_DRIFT",
+        "1.5",
+        "Re-plan when a mean length (or the prompt p90) stays this factor away from the planned one; off disables.",
+        _factor,
+    )
+    replan_after_s: float = setting(
+        "KVSCALE_REPLAN_AFTER", "10m", "How long the workload must stay drifted before a re-plan.", _duration
     )
     metrics_port: int = setting(
         "KVSCALE_METRICS_PORT", "9090", "Port of the operator's own /metrics (0 disables).", _port

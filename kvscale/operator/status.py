@@ -5,11 +5,20 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from kvscale.api.models import CandidateStatus, Condition, InferenceServiceStatus, ObservedStatus, PlanStatus
+from kvscale.api.models import (
+    CandidateStatus,
+    Condition,
+    InferenceServiceStatus,
+    LengthsStatus,
+    ObservedStatus,
+    PlannedWorkloadStatus,
+    PlanStatus,
+)
 from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.operator.planning import Planned
 from kvscale.sizing.planner import Candidate, Feasible
 from kvscale.sizing.units import format_duration
+from kvscale.sizing.workload import LengthDistribution, Workload
 
 TOP_ALTERNATIVES = 5
 MAX_REJECTED = 20
@@ -70,7 +79,61 @@ def candidate_status(c: Candidate) -> CandidateStatus:
     )
 
 
-def plan_status(planned: Planned, max_context: int, excluded: tuple[str, ...]) -> PlanStatus:
+def _lengths(dist: LengthDistribution | None) -> LengthsStatus | None:
+    if dist is None or dist.is_constant:
+        return None
+    return LengthsStatus(tokens=list(dist.tokens), shares=[round(w, 5) for w in dist.weights])
+
+
+def planned_workload_status(workload: Workload, source: Literal["spec", "observed"]) -> PlannedWorkloadStatus:
+    """The workload a plan was made for, as status records it."""
+    return PlannedWorkloadStatus(
+        source=source,
+        input_tokens=workload.input_tokens,
+        output_tokens=workload.output_tokens,
+        requests_per_second=round(workload.requests_per_s, 4),
+        prefix_cache_hit_ratio=round(workload.prefix_cache_hit_share, 4) if workload.prefix_cache_hit_share else None,
+        input_lengths=_lengths(workload.input_lengths),
+        output_lengths=_lengths(workload.output_lengths),
+    )
+
+
+def _distribution(lengths: LengthsStatus | None) -> LengthDistribution | None:
+    if lengths is None or not lengths.tokens:
+        return None
+    try:
+        return LengthDistribution(tuple(lengths.tokens), tuple(lengths.shares))
+    except ValueError:
+        return None
+
+
+def planned_workload(recorded: PlannedWorkloadStatus, max_context_tokens: int | None) -> Workload | None:
+    """The workload status says a plan was made for; None when it cannot be read back."""
+    inputs, outputs = _distribution(recorded.input_lengths), _distribution(recorded.output_lengths)
+    hits = min(0.99, max(0.0, recorded.prefix_cache_hit_ratio or 0.0))
+    try:
+        if inputs is None and outputs is None:
+            return Workload(
+                recorded.input_tokens,
+                recorded.output_tokens,
+                recorded.requests_per_second,
+                max_context_tokens,
+                prefix_cache_hit_share=hits,
+            )
+        return Workload.of(
+            inputs or LengthDistribution.constant(recorded.input_tokens),
+            outputs or LengthDistribution.constant(recorded.output_tokens),
+            recorded.requests_per_second,
+            max_context_tokens,
+            prefix_cache_hit_share=hits,
+        )
+    except ValueError:
+        return None
+
+
+def plan_status(
+    planned: Planned, max_context: int, excluded: tuple[str, ...], workload: PlannedWorkloadStatus | None = None
+) -> PlanStatus:
     chosen, p, plan = planned.chosen, planned.prediction, planned.plan
     return PlanStatus(
         gpu_type=chosen.gpu,
@@ -93,6 +156,7 @@ def plan_status(planned: Planned, max_context: int, excluded: tuple[str, ...]) -
         cost_per_hour=round(p.cost_usd_per_hour, 4),
         reason=chosen.reason[:500],
         excluded_gpu_types=list(excluded),
+        workload=workload,
         alternatives=[candidate_status(c) for c in plan.alternatives[:TOP_ALTERNATIVES]],
         rejected=[candidate_status(c) for c in plan.rejected[:MAX_REJECTED]],
     )

@@ -1,0 +1,221 @@
+"""The observed workload in status, and a re-plan when it drifts from the planned one (pure).
+
+Every workload tick (KVSCALE_WORKLOAD_INTERVAL) the handler reads what the engines saw over
+KVSCALE_WORKLOAD_WINDOW (kvscale.metrics.observe.observe_workload_async); `workload_tick`
+shows it in status.observedWorkload and compares it with the workload the plan was made for
+(status.plan.workload: spec.workload at first). When the mean prompt or output length, or
+the prompt's p90 where the plan had a distribution, stays KVSCALE_REPLAN_DRIFT times away
+from the planned value (either way) for KVSCALE_REPLAN_AFTER, the service is re-planned
+for the observed workload (GPU type, tensor parallelism, chunk budget, batch limit) with an
+Event that says why. Hysteresis: drift starts at the factor and ends only once every
+measure is back within its square root, and a window with fewer than MIN_REQUESTS
+finished requests judges nothing. The request rate alone is no reason to re-plan: the
+autoscaler follows it with replicas. spec.workload stays the starting point: a spec change
+plans from it again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvscale.api.intent import SpecError, parse_intent
+from kvscale.api.models import InferenceServiceStatus, ObservedWorkloadStatus, TokenLengthsStatus
+from kvscale.autoscaling.observation import LengthHistogram, ObservedWorkload
+from kvscale.operator.reconcile import Event, Observed, Resource, Result, reconcile
+from kvscale.operator.settings import Settings
+from kvscale.operator.status import now_rfc3339, planned_workload
+from kvscale.sizing.catalog import Catalog
+from kvscale.sizing.workload import LengthDistribution, Workload
+
+MIN_REQUESTS = 30.0  # finished requests in the window before its lengths say anything
+TAIL = 0.9  # the prompt quantile compared besides the means
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    """`digits` significant digits: status moves only when a value does, not its noise."""
+    if value is None or not math.isfinite(value) or value == 0:
+        return value
+    return round(value, max(0, digits - 1 - math.floor(math.log10(abs(value)))))
+
+
+def _lengths(mean: float | None, hist: LengthHistogram | None) -> TokenLengthsStatus | None:
+    if mean is None and hist is None:
+        return None
+
+    def q(p: float) -> float | None:
+        return _round(hist.quantile(p)) if hist is not None else None
+
+    return TokenLengthsStatus(mean=_round(mean), p50=q(0.5), p90=q(0.9), p99=q(0.99))
+
+
+def _window(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return f"{seconds / 60:g}m" if seconds % 60 == 0 else f"{seconds:g}s"
+
+
+def observed_status(
+    w: ObservedWorkload, drift: str | None, since: dt.datetime | None, message: str | None
+) -> ObservedWorkloadStatus:
+    return ObservedWorkloadStatus(
+        observed_at=now_rfc3339(dt.datetime.fromtimestamp(w.time_s, dt.UTC)),
+        window=_window(w.window_s),
+        requests_per_second=_round(w.requests_per_s),
+        input_tokens=_lengths(w.input_tokens_mean, w.prompt_lengths),
+        output_tokens=_lengths(w.output_tokens_mean, w.output_lengths),
+        prefill_tokens_per_second=_round(w.prefill_tokens_per_s),
+        decode_tokens_per_second=_round(w.decode_tokens_per_s),
+        prefix_cache_hit_ratio=_round(w.prefix_cache_hit_ratio),
+        peak_window=_window(w.peak_window_s),
+        peak_requests_per_second_last_hour=_round(w.peak_requests_per_s_1h),
+        peak_requests_per_second_last_day=_round(w.peak_requests_per_s_1d),
+        peak_prefill_tokens_per_second_last_hour=_round(w.peak_prefill_tokens_per_s_1h),
+        peak_prefill_tokens_per_second_last_day=_round(w.peak_prefill_tokens_per_s_1d),
+        drift=drift,
+        drifting_since=now_rfc3339(since) if since is not None else None,
+        message=message,
+    )
+
+
+def _distribution(hist: LengthHistogram | None, mean: float) -> LengthDistribution:
+    """Lengths from the histogram's buckets, rescaled so the mean is the exact one (the
+    histogram places each request at its bucket's middle); constant at the mean without one."""
+    if hist is None:
+        return LengthDistribution.constant(max(1, round(mean)))
+    try:
+        dist = LengthDistribution.from_histogram(hist.upper_bounds, hist.counts)
+    except ValueError:
+        return LengthDistribution.constant(max(1, round(mean)))
+    return dist.scaled(mean / dist.mean)
+
+
+def as_workload(w: ObservedWorkload, base: Workload) -> Workload | None:
+    """The observed workload as the planner takes it (lengths as distributions, the request
+    rate, the prefix-cache hit share), within the spec's context limit; None without the
+    means and the rate."""
+    if w.requests_per_s is None or w.input_tokens_mean is None or w.output_tokens_mean is None:
+        return None
+    hits = min(0.99, max(0.0, w.prefix_cache_hit_ratio or 0.0))
+    try:
+        return Workload.of(
+            _distribution(w.prompt_lengths, w.input_tokens_mean),
+            _distribution(w.output_lengths, w.output_tokens_mean),
+            w.requests_per_s,
+            base.max_context_tokens,
+            prefix_cache_hit_share=hits,
+        )
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class DriftCheck:
+    drift: str | None  # the measures away from the plan's, said; None: within bounds
+    since: dt.datetime | None  # since when (None: not drifting)
+    replan: bool  # drifted long enough: re-plan now
+
+
+def _measures(planned: Workload, w: ObservedWorkload) -> list[tuple[str, float, float]]:
+    out = []
+    if w.input_tokens_mean is not None:
+        out.append(("mean prompt", w.input_tokens_mean, float(planned.input_tokens)))
+    if w.output_tokens_mean is not None:
+        out.append(("mean output", w.output_tokens_mean, float(planned.output_tokens)))
+    if w.prompt_lengths is not None and not planned.inputs.is_constant:
+        out.append((f"prompt p{TAIL * 100:.0f}", w.prompt_lengths.quantile(TAIL), float(planned.inputs.quantile(TAIL))))
+    return out
+
+
+def check_drift(
+    planned: Workload, w: ObservedWorkload, since: dt.datetime | None, now: dt.datetime, factor: float, hold_s: float
+) -> DriftCheck:
+    """Whether the observed workload has drifted from the planned one, since when, and whether
+    long enough to re-plan (hysteresis: starts at `factor`, ends within its square root)."""
+    if (w.requests_per_s or 0.0) * w.window_s < MIN_REQUESTS:
+        return DriftCheck(None, None, False)
+    ratios = [(name, seen, want, max(seen, 1.0) / max(want, 1.0)) for name, seen, want in _measures(planned, w)]
+    off = [m for m in ratios if max(m[3], 1 / m[3]) >= (factor if since is None else math.sqrt(factor))]
+    if not off:
+        return DriftCheck(None, None, False)
+    since = since or now
+    said = "; ".join(f"{name} {seen:.0f} tokens vs {want:.0f} planned ({r:.2g}x)" for name, seen, want, r in off)
+    return DriftCheck(said, since, (now - since).total_seconds() >= hold_s)
+
+
+def _since(status: InferenceServiceStatus) -> dt.datetime | None:
+    text = status.observed_workload.drifting_since if status.observed_workload is not None else None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
+
+
+def workload_tick(
+    spec: Mapping[str, Any],
+    res: Resource,
+    status: InferenceServiceStatus,
+    cluster: Callable[[], Observed],
+    w: ObservedWorkload | None,
+    missing: str | None,
+    catalog: Catalog,
+    settings: Settings,
+    now: dt.datetime,
+) -> Result | None:
+    """status.observedWorkload, and a re-plan when the workload drifted long enough; None
+    before a plan or with a spec that cannot be read (spec handling says why). `cluster` is
+    asked only for a re-plan (it may read the API server)."""
+    if status.plan is None or status.phase in (None, "Failed", "Pending"):
+        return None
+    try:
+        intent = parse_intent(spec)
+    except SpecError:
+        return None
+    if w is None:  # unread: keep what was observed, say why; the drift clock does not move
+        kept = status.observed_workload or ObservedWorkloadStatus()
+        return Result(status.model_copy(update={"observed_workload": kept.model_copy(update={"message": missing})}))
+    recorded = status.plan.workload
+    planned = planned_workload(recorded, intent.workload.max_context_tokens) if recorded else None
+    planned = planned or intent.workload
+    factor = settings.replan_drift
+    check = (
+        check_drift(planned, w, _since(status), now, factor, settings.replan_after_s)
+        if factor is not None
+        else DriftCheck(None, None, False)
+    )
+    shown = status.model_copy(update={"observed_workload": observed_status(w, check.drift, check.since, missing)})
+    if not check.replan:
+        return Result(shown)
+    workload = as_workload(w, intent.workload)
+    if workload is None:
+        return Result(shown)
+    held = f"{settings.replan_after_s:.0f}s"
+    settled = shown.model_copy(update={"observed_workload": observed_status(w, None, None, missing)})
+    result = reconcile(spec, res, settled, cluster(), catalog, settings, now=now, traffic=workload)
+    if result.retry is not None:
+        # No plan for the observed workload: the current plan stays; try again after another hold.
+        why = result.retry.message
+        again = shown.model_copy(update={"observed_workload": observed_status(w, check.drift, now, missing)})
+        message = f"the workload drifted for {held} ({check.drift}) but re-planning for it failed: {why}"
+        return Result(again, events=(Event("Warning", "ReplanFailed", message[:1000]),))
+    before, after = status.plan, result.status.plan
+    if after is None:  # reconcile records a plan whenever it succeeds
+        return result
+    change = (
+        f"{before.gpu_type} TP{before.tensor_parallel} batch {before.max_batch} budget {before.max_num_batched_tokens}"
+        f" -> {after.gpu_type} TP{after.tensor_parallel} batch {after.max_batch} budget {after.max_num_batched_tokens}"
+    )
+    same = (before.gpu_type, before.tensor_parallel, before.max_batch, before.max_num_batched_tokens) == (
+        after.gpu_type,
+        after.tensor_parallel,
+        after.max_batch,
+        after.max_num_batched_tokens,
+    )
+    message = f"Re-planned for the observed workload (drifted for {held}: {check.drift}): " + (
+        f"configuration unchanged ({change.split(' -> ')[0]})" if same else change
+    )
+    events = (Event("Normal", "Replanned", message[:1000]), *(e for e in result.events if e.reason != "Planned"))
+    return replace(result, events=events)
