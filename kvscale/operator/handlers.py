@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import kopf
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from kvscale.api.intent import parse_intent
+from kvscale.api.intent import Intent, parse_intent
 from kvscale.api.models import InferenceServiceStatus, parse_status
 from kvscale.autoscaling.observation import Observation
 from kvscale.metrics.client import AsyncPrometheusClient
@@ -54,7 +54,7 @@ from kvscale.operator.reconcile import (
     refresh,
     replans,
 )
-from kvscale.operator.scaling import Fleet, ScalerMemory, fleet, planned, tick
+from kvscale.operator.scaling import Fleet, ScalerMemory, cold_start_key, fleet, newly_ready, planned, tick
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import mark_synced
 from kvscale.operator.workload import workload_tick
@@ -62,7 +62,8 @@ from kvscale.sizing.catalog import Catalog
 
 INVENTORY_SYNC_S = 300.0
 T = TypeVar("T")
-KUBE_WORKERS = 8  # threads for Kubernetes calls; the client's connection pool has as many
+KUBE_WORKERS = 8
+COLD_START_SAMPLES = 8  # start-to-ready times kept per model and GPU type  # threads for Kubernetes calls; the client's connection pool has as many
 
 
 @dataclass
@@ -80,6 +81,9 @@ class Runtime:
     prometheus: AsyncPrometheusClient | None = None
     stopping: bool = False  # set at cleanup: a tick still in flight then writes nothing
     budgets: BudgetBook = field(default_factory=BudgetBook)  # GPUBudgets and their services' wants
+    # Observed start-to-ready seconds by (model, GPU type, TP, precision), newest last: a new
+    # service (or a re-plan) starts its policy with the cold starts other replicas showed.
+    cold_starts: dict[tuple[str, str, int, str], tuple[float, ...]] = field(default_factory=dict)
 
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in the Kubernetes workers, with kopf's context (its Events need it)."""
@@ -270,9 +274,12 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
         start = fleet(intent, call.before, call.observed().workload(multi_node(call.before)), call.res.generation)
         if isinstance(start, Fleet):
             obs, missing = await _observe(rt, call.res, intent.engine, intent.slo.percentile, start)
+            obs, learned = cold_starts(rt, call, intent, start, obs)
             memory = call.memo.get("scaler", ScalerMemory())
             now = dt.datetime.now(dt.UTC)
-            done = tick(intent, call.res, call.before, start, obs, missing, memory, rt.catalog, rt.settings, now)
+            done = tick(
+                intent, call.res, call.before, start, obs, missing, memory, rt.catalog, rt.settings, now, learned
+            )
             labels = (call.body.get("metadata") or {}).get("labels") or {}
             done = govern(rt.budgets, call.res, labels, intent, call.before, start, obs, done, now, budget_ttl_s(rt))
     except Exception as exc:  # counted and shown in status; the timer runs again
@@ -292,6 +299,20 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
         rt, replace(done.result, status=mark_synced("autoscale", done.result.status, call.res.generation))
     )
     telemetry.TICK_SECONDS.observe(time.monotonic() - started)
+
+
+def cold_starts(
+    rt: Runtime, call: Call, intent: Intent, start: Fleet, obs: Observation
+) -> tuple[Observation, tuple[float, ...]]:
+    """The observation with the start-to-ready times of pods newly ready (each counted once),
+    and what replicas of this model on this GPU type showed so far, recorded for the others."""
+    fresh, counted = newly_ready(call.observed().pods, start.plan, call.memo.get("ready_pods", frozenset()))
+    call.memo["ready_pods"] = counted
+    key = cold_start_key(intent, start.plan)
+    learned = rt.cold_starts.get(key, ())
+    if fresh:
+        rt.cold_starts[key] = (*learned, *fresh)[-COLD_START_SAMPLES:]
+    return replace(obs, started_to_ready_s=fresh), learned
 
 
 async def observe_workload(rt: Runtime, call: Call) -> None:

@@ -76,6 +76,8 @@ class EnginePod:
     phase: str | None
     unschedulable_since: dt.datetime | None
     deleting: bool
+    # Pod creation to its Ready condition, once Ready: what a scale-up waits for.
+    started_to_ready_s: float | None = None
 
 
 def _quantity(value: Any) -> int:
@@ -132,6 +134,24 @@ def _unschedulable_since(pod: Mapping[str, Any]) -> dt.datetime | None:
     return None
 
 
+def _stamp(text: Any) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
+
+
+def _started_to_ready_s(pod: Mapping[str, Any]) -> float | None:
+    created = _stamp((pod.get("metadata") or {}).get("creationTimestamp"))
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready" and c.get("status") == "True":
+            ready = _stamp(c.get("lastTransitionTime"))
+            if created is None or ready is None or ready < created:
+                return None
+            return (ready - created).total_seconds()
+    return None
+
+
 def engine_pod(pod: Mapping[str, Any]) -> tuple[tuple[str, str], EnginePod] | None:
     """((namespace, instance), entry) for a pod kvscale manages, else None."""
     meta = pod.get("metadata") or {}
@@ -145,6 +165,7 @@ def engine_pod(pod: Mapping[str, Any]) -> tuple[tuple[str, str], EnginePod] | No
         phase=(pod.get("status") or {}).get("phase"),
         unschedulable_since=_unschedulable_since(pod),
         deleting=bool(meta.get("deletionTimestamp")),
+        started_to_ready_s=_started_to_ready_s(pod),
     )
     return (meta.get("namespace", ""), labels[LABEL_INSTANCE]), entry
 

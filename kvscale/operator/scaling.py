@@ -17,6 +17,7 @@ from kvscale.api.models import InferenceServiceStatus, PlanStatus
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.autoscaling.policy import PolicyState, decide
+from kvscale.operator.inventory import EnginePod
 from kvscale.operator.reconcile import DeploymentView, Event, Resource, Result, workload_kind
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import condition, now_rfc3339, observed_status, with_conditions
@@ -101,10 +102,11 @@ def fleet(
 
 
 def capacity(
-    memory: ScalerMemory, intent: Intent, plan: PlanStatus, catalog: Catalog
+    memory: ScalerMemory, intent: Intent, plan: PlanStatus, catalog: Catalog, learned: tuple[float, ...] = ()
 ) -> tuple[SizingCapacity, ScalerMemory]:
     """A capacity model for this plan and SLO, and the memory holding it (with a fresh policy
-    state when the plan or the SLO changed)."""
+    state when the plan or the SLO changed, starting from the start-to-ready times `learned`
+    from other replicas of this model on this GPU type)."""
     key = (
         plan.gpu_type,
         plan.tensor_parallel,
@@ -118,7 +120,28 @@ def capacity(
         return memory.capacity, memory
     cfg = serving_config(intent, plan, catalog)
     model = SizingCapacity(cfg, intent.slo, plan.max_batch)
-    return model, ScalerMemory(key, model, default_cold_start_s(intent, cfg), PolicyState())
+    return model, ScalerMemory(key, model, default_cold_start_s(intent, cfg), PolicyState(cold_start_samples=learned))
+
+
+def cold_start_key(intent: Intent, plan: PlanStatus) -> tuple[str, str, int, str]:
+    """Replicas that start alike: one model (name or shapes), GPU type, tensor parallelism and precision."""
+    m = intent.spec.model
+    model = m.name or (m.architecture.model_dump_json() if m.architecture else "")
+    return (model, plan.gpu_type, plan.tensor_parallel, plan.precision)
+
+
+def newly_ready(
+    pods: tuple[EnginePod, ...], plan: PlanStatus, counted: frozenset[str]
+) -> tuple[tuple[float, ...], frozenset[str]]:
+    """Start-to-ready seconds of the planned GPU type's pods not counted before, and the pods
+    counted now (pods gone are forgotten)."""
+    ready = {p.name: p.started_to_ready_s for p in pods if p.started_to_ready_s is not None and not p.deleting}
+    fresh = tuple(s for name, s in sorted(ready.items()) if name not in counted and _on(pods, name, plan.gpu_type))
+    return fresh, frozenset(ready)
+
+
+def _on(pods: tuple[EnginePod, ...], name: str, gpu_type: str) -> bool:
+    return any(p.name == name and p.gpu_type == gpu_type for p in pods)
 
 
 def default_cold_start_s(intent: Intent, cfg: ServingConfig) -> float:
@@ -214,10 +237,12 @@ def tick(
     catalog: Catalog,
     settings: Settings,
     now: dt.datetime,
+    learned: tuple[float, ...] = (),
 ) -> Tick:
-    """Ask the policy; scale (mode auto) or only say what it would do (mode recommend)."""
+    """Ask the policy; scale (mode auto) or only say what it would do (mode recommend).
+    `learned`: start-to-ready times seen for this model and GPU type, for a fresh policy state."""
     plan = fleet_.plan
-    model, memory = capacity(memory, intent, plan, catalog)
+    model, memory = capacity(memory, intent, plan, catalog, learned)
     config = policy_config(intent, memory.cold_start_s, settings.scale_interval_s, settings.metrics_window_s)
     decision, state = decide(obs, memory.state, model, config)
     memory = ScalerMemory(memory.key, model, memory.cold_start_s, state)
