@@ -161,7 +161,10 @@ class Settings:
         _factor,
     )
     replan_after_s: float = setting(
-        "KVSCALE_REPLAN_AFTER", "10m", "How long the workload must stay drifted before a re-plan.", _duration
+        "KVSCALE_REPLAN_AFTER",
+        "10m",
+        "How long the workload must stay drifted before a re-plan (at least KVSCALE_WORKLOAD_WINDOW).",
+        _duration,
     )
     metrics_port: int = setting(
         "KVSCALE_METRICS_PORT", "9090", "Port of the operator's own /metrics (0 disables).", _port

@@ -9,7 +9,8 @@ from the planned value (either way) for KVSCALE_REPLAN_AFTER, the service is re-
 for the observed workload (GPU type, tensor parallelism, chunk budget, batch limit) with an
 Event that says why. Hysteresis: drift starts at the factor and ends only once every
 measure is back within its square root, and a window with fewer than MIN_REQUESTS
-finished requests judges nothing. The request rate alone is no reason to re-plan: the
+finished requests judges nothing. The hold lasts at least one window, so a re-plan reads
+a window of the new traffic only. The request rate alone is no reason to re-plan: the
 autoscaler follows it with replicas. spec.workload stays the starting point: a spec change
 plans from it again.
 """
@@ -181,8 +182,11 @@ def workload_tick(
     planned = planned_workload(recorded, intent.workload.max_context_tokens) if recorded else None
     planned = planned or intent.workload
     factor = settings.replan_drift
+    # The hold covers at least one window: a re-plan reads a window of the new traffic only,
+    # not one mixed with the old (which would drift again once the window fills).
+    hold_s = max(settings.replan_after_s, w.window_s)
     check = (
-        check_drift(planned, w, _since(status), now, factor, settings.replan_after_s)
+        check_drift(planned, w, _since(status), now, factor, hold_s)
         if factor is not None
         else DriftCheck(None, None, False)
     )
@@ -192,7 +196,7 @@ def workload_tick(
     workload = as_workload(w, intent.workload)
     if workload is None:
         return Result(shown)
-    held = f"{settings.replan_after_s:.0f}s"
+    held = f"{hold_s:.0f}s"
     settled = shown.model_copy(update={"observed_workload": observed_status(w, None, None, missing)})
     result = reconcile(spec, res, settled, cluster(), catalog, settings, now=now, traffic=workload)
     if result.retry is not None:
