@@ -475,10 +475,20 @@ def status_dict(status: InferenceServiceStatus) -> dict[str, Any]:
     return status.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
-def status_patch(before: InferenceServiceStatus, after: InferenceServiceStatus) -> dict[str, Any]:
-    """The merge patch from `before` to `after`, top-level keys only; empty when nothing changed
-    (so an unchanged status is never written)."""
-    old, new = status_dict(before), status_dict(after)
-    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+def _merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        if old.get(key) == value:
+            continue
+        was = old.get(key)
+        # A JSON merge patch merges objects key by key: a field gone from a nested object
+        # (a drift that ended) must be sent as null, or the server keeps it.
+        patch[key] = _merge_patch(was, value) if isinstance(was, dict) and isinstance(value, dict) else value
     patch.update({k: None for k in old if k not in new})
     return patch
+
+
+def status_patch(before: InferenceServiceStatus, after: InferenceServiceStatus) -> dict[str, Any]:
+    """The merge patch from `before` to `after`: changed keys, with null for fields gone at any
+    depth; empty when nothing changed (so an unchanged status is never written)."""
+    return _merge_patch(status_dict(before), status_dict(after))

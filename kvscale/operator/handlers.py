@@ -57,7 +57,7 @@ from kvscale.operator.reconcile import (
 from kvscale.operator.scaling import Fleet, ScalerMemory, cold_start_key, fleet, newly_ready, planned, tick
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import mark_synced
-from kvscale.operator.workload import workload_tick
+from kvscale.operator.workload import predates, workload_tick
 from kvscale.sizing.catalog import Catalog
 
 INVENTORY_SYNC_S = 300.0
@@ -79,6 +79,8 @@ class Runtime:
     )
     inventory: Inventory | None = None  # made with the runtime (run.runtime), started at startup
     prometheus: AsyncPrometheusClient | None = None
+    # The workload's queries (a day of rates in a subquery) get a longer deadline of their own.
+    workload_prometheus: AsyncPrometheusClient | None = None
     stopping: bool = False  # set at cleanup: a tick still in flight then writes nothing
     budgets: BudgetBook = field(default_factory=BudgetBook)  # GPUBudgets and their services' wants
     # Observed start-to-ready seconds by (model, GPU type, TP, precision), newest last: a new
@@ -94,6 +96,11 @@ class Runtime:
     def observation_deadline_s(self) -> float:
         """Each tick's observation ends within this: a third of the tick, at most 2 s."""
         return min(2.0, self.settings.scale_interval_s / 3)
+
+    def workload_deadline_s(self) -> float:
+        """Each workload read ends within this: half its interval, at least 2 s, at most 10 s
+        (the timer waits for its previous run)."""
+        return min(10.0, max(2.0, self.settings.workload_interval_s / 2))
 
 
 def resource(meta: Mapping[str, Any], namespace: str | None, name: str) -> Resource:
@@ -173,9 +180,7 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
         if rt.settings.prometheus_url:
-            deadline = rt.observation_deadline_s()
-            rt.prometheus = AsyncPrometheusClient(rt.settings.prometheus_url, timeout_s=deadline, retries=1)
-            telemetry.count_prometheus_errors(rt.prometheus.errors)
+            prometheus_clients(rt, rt.settings.prometheus_url)
         if rt.settings.metrics_port:
             telemetry.serve(rt.settings.metrics_port)
         if rt.inventory is not None:
@@ -188,8 +193,9 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         rt.stopping = True
         if rt.inventory is not None:
             rt.inventory.stop()
-        if rt.prometheus is not None:
-            await rt.prometheus.aclose()
+        for prometheus in (rt.prometheus, rt.workload_prometheus):
+            if prometheus is not None:
+                await prometheus.aclose()
         rt.workers.shutdown(wait=False, cancel_futures=True)
 
     @kopf.on.create(GROUP, VERSION, PLURAL, id="on_spec", registry=registry)
@@ -203,6 +209,14 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         memo["deleted"] = True  # a tick in flight exports nothing after this
         rt.budgets.forget(namespace or "", name)
         telemetry.forget(namespace or "", name)
+
+
+def prometheus_clients(rt: Runtime, url: str) -> None:
+    """The ticks' client and the workload reads' (a longer deadline), one count of errors."""
+    rt.prometheus = AsyncPrometheusClient(url, timeout_s=rt.observation_deadline_s(), retries=1)
+    telemetry.count_prometheus_errors(rt.prometheus.errors)
+    rt.workload_prometheus = AsyncPrometheusClient(url, timeout_s=rt.workload_deadline_s(), retries=1)
+    rt.workload_prometheus.errors = rt.prometheus.errors
 
 
 def _timers(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
@@ -318,20 +332,22 @@ def cold_starts(
 async def observe_workload(rt: Runtime, call: Call) -> None:
     """The observed workload into status, and a re-plan when it drifted long enough (the
     planner and the API reads in the workers)."""
-    if not planned(call.before) or rt.prometheus is None:
+    if not planned(call.before) or rt.workload_prometheus is None:
         return
+    if predates(call.memo.get("replanned"), call.before, call.res.generation):
+        return  # the status handed in is older than this operator's own re-plan: wait for the watch
     try:
         intent = parse_intent(call.spec)
         s = rt.settings
         workload, missing = await observe_workload_async(
-            rt.prometheus,
+            rt.workload_prometheus,
             intent.engine,
             call.res.namespace,
             call.res.name,
             time.time(),
             s.workload_window,
             s.metrics_window,
-            deadline_s=rt.observation_deadline_s(),
+            deadline_s=rt.workload_deadline_s(),
         )
         now = dt.datetime.now(dt.UTC)
         args = (call.spec, call.res, call.before, lambda: call.observed(rt), workload, missing, rt.catalog, s, now)
@@ -341,6 +357,8 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
             effects.timer_failed("workload", call.body, call.patch, call.before, call.res, exc)
         return
     if result is not None:
+        if any(e.reason == "Replanned" for e in result.events) and result.status.plan is not None:
+            call.memo["replanned"] = (call.res.generation, result.status.plan.workload)
         await call.apply_async(rt, replace(result, status=mark_synced("workload", result.status, call.res.generation)))
 
 

@@ -24,7 +24,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvscale.api.intent import SpecError, parse_intent
-from kvscale.api.models import InferenceServiceStatus, ObservedWorkloadStatus, TokenLengthsStatus
+from kvscale.api.models import (
+    InferenceServiceStatus,
+    ObservedWorkloadStatus,
+    PlannedWorkloadStatus,
+    TokenLengthsStatus,
+)
 from kvscale.autoscaling.observation import LengthHistogram, ObservedWorkload
 from kvscale.operator.reconcile import Event, Observed, Resource, Result, reconcile
 from kvscale.operator.settings import Settings
@@ -126,8 +131,11 @@ def _measures(planned: Workload, w: ObservedWorkload) -> list[tuple[str, float, 
         out.append(("mean prompt", w.input_tokens_mean, float(planned.input_tokens)))
     if w.output_tokens_mean is not None:
         out.append(("mean output", w.output_tokens_mean, float(planned.output_tokens)))
-    if w.prompt_lengths is not None and not planned.inputs.is_constant:
-        out.append((f"prompt p{TAIL * 100:.0f}", w.prompt_lengths.quantile(TAIL), float(planned.inputs.quantile(TAIL))))
+    if w.prompt_lengths is not None and w.input_tokens_mean is not None and not planned.inputs.is_constant:
+        # The tail as the planner would take it (the same estimate on both sides: the
+        # histogram's interpolated quantile reads far from a distribution placed at mid-buckets).
+        seen = _distribution(w.prompt_lengths, w.input_tokens_mean).quantile(TAIL)
+        out.append((f"prompt p{TAIL * 100:.0f}", float(seen), float(planned.inputs.quantile(TAIL))))
     return out
 
 
@@ -153,6 +161,20 @@ def _since(status: InferenceServiceStatus) -> dt.datetime | None:
         return dt.datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
     except ValueError:
         return None
+
+
+def predates(
+    replanned: tuple[int | None, PlannedWorkloadStatus | None] | None,
+    status: InferenceServiceStatus,
+    generation: int | None,
+) -> bool:
+    """Whether `status` is older than the re-plan this operator last wrote for the same spec
+    generation (`replanned`: that generation and the planned-for workload it recorded): a
+    timer may be handed the object before the watch delivers its own write, and must neither
+    re-plan again nor write back the drift the re-plan settled."""
+    if replanned is None or replanned[0] != generation:
+        return False
+    return (status.plan.workload if status.plan is not None else None) != replanned[1]
 
 
 def workload_tick(

@@ -33,7 +33,9 @@ def replanned_events(api: client.ApiClient, namespace: str, name: str) -> list[A
 @pytest.fixture
 def drifting(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.kvscale.io", "--timeout=60s")
+    established = ("wait", "--for=condition=Established", "crd/inferenceservices.kvscale.io", "--timeout=10s")
+    # Right after the apply the CRD may have no conditions yet, which kubectl wait refuses.
+    wait_until(lambda: cluster.kubectl_ok(*established), 60, "the CRD established")
     body = copy.deepcopy(SAMPLES["custom-architecture"])
     body["metadata"]["name"] = "drifting"
     body["spec"]["workload"] = {"inputTokens": 256, "outputTokens": 128, "requestsPerSecond": 4}
@@ -48,7 +50,7 @@ def drifting(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: 
             "KVSCALE_SCALE_INTERVAL": "2s",
             "KVSCALE_METRICS_WINDOW": "15s",
             "KVSCALE_METRICS_STALE_AFTER": "10s",
-            "KVSCALE_WORKLOAD_INTERVAL": "2s",
+            "KVSCALE_WORKLOAD_INTERVAL": "3s",
             "KVSCALE_WORKLOAD_WINDOW": "15s",
             "KVSCALE_REPLAN_DRIFT": "1.5",
             "KVSCALE_REPLAN_AFTER": f"{HOLD_S:.0f}s",
@@ -77,20 +79,22 @@ def test_the_operator_replans_when_the_length_mix_changes(drifting: dict[str, An
     def mean_prompt() -> float:
         return float((_workload(api, ns).get("inputTokens") or {}).get("mean") or 0.0)
 
+    def steady(prompt: float) -> bool:  # a full window of the load: the mean prompt and the rate
+        return near(mean_prompt(), prompt, 0.05) and near(_workload(api, ns).get("requestsPerSecond") or 0, 4, 0.25)
+
     def near(value: float, target: float, within: float) -> bool:
         return abs(value - target) <= within * target
 
     # Before the switch: the workload in status is the spec's, nothing drifts.
     try:
-        wait_until(lambda: near(mean_prompt(), 256, 0.05), SWITCH_S - 5, "the observed prompts at 256 tokens")
+        wait_until(lambda: steady(256), SWITCH_S - 5, "the observed prompts at 256 tokens, 4 req/s")
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\nstatus: {_workload(api, ns)}\noperator log:\n{op.tail()}") from exc
     shown = _workload(api, ns)
     assert shown["window"] == "15s" and shown["outputTokens"]["mean"] == 128
-    assert 3.0 <= shown["requestsPerSecond"] <= 5.0, shown
     assert shown["decodeTokensPerSecond"] > 0 and shown["prefillTokensPerSecond"] > 0
     assert shown["prefixCacheHitRatio"] == 0  # the stand-in's engines have no prefix cache
-    assert shown["inputTokens"]["p50"] <= 256 and "drift" not in shown
+    assert 200 <= shown["inputTokens"]["p50"] <= 500 and "drift" not in shown  # vLLM's bucket (200, 500]
     before = get(api, ns, "drifting")["status"]["plan"]
     assert before["workload"]["source"] == "spec" and before["workload"]["inputTokens"] == 256
     assert replanned_events(api, ns, "drifting") == []
@@ -109,12 +113,15 @@ def test_the_operator_replans_when_the_length_mix_changes(drifting: dict[str, An
     assert planned_for["source"] == "observed" and planned_for["inputTokens"] > 1.5 * 256, planned_for
     assert status["phase"] in ("Ready", "Deploying")
     # Settled: the workload planned for is the one observed; no second re-plan follows.
-    wait_until(lambda: near(mean_prompt(), 2048, 0.05), 40, "the observed prompts at 2048 tokens")
-    wait_until(lambda: "drift" not in _workload(api, ns), 40, "no drift from the new plan")
+    try:
+        wait_until(lambda: steady(2048), 40, "the observed prompts at 2048 tokens, 4 req/s")
+        wait_until(lambda: "drift" not in _workload(api, ns), 40, "no drift from the new plan")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\nstatus: {get(api, ns, 'drifting')['status']}\nlog:\n{op.tail()}") from exc
     assert len(replanned_events(api, ns, "drifting")) == 1
-    # The peaks: 15s request and prompt-token rates, the highest over the hour (a subquery
-    # every 30s, so it needs a minute of history): at least the rate now, at the new prompts.
-    wait_until(lambda: "peakPrefillTokensPerSecondLastHour" in _workload(api, ns), 60, "the hour's peaks")
-    shown = _workload(api, ns)
-    assert shown["peakRequestsPerSecondLastHour"] >= 0.5 * shown["requestsPerSecond"], shown
-    assert shown["peakPrefillTokensPerSecondLastHour"] >= 0.5 * shown["prefillTokensPerSecond"], shown
+    # The peaks: 15s request and prompt-token rates, the highest over the hour, sampled every
+    # 30s (aligned to the clock, so a minute of history holds few samples, some taken while the
+    # re-plan rolled the pods): of the order of the rate, and above the short prompts' work.
+    now = _workload(api, ns)
+    assert now["peakRequestsPerSecondLastHour"] >= 0.5 * now["requestsPerSecond"], now
+    assert now["peakPrefillTokensPerSecondLastHour"] >= 1.2 * shown["prefillTokensPerSecond"], (now, shown)

@@ -10,7 +10,7 @@ from kvscale.api.models import InferenceServiceStatus
 from kvscale.autoscaling.observation import LengthHistogram, ObservedWorkload
 from kvscale.operator.reconcile import Observed, Resource, Result, reconcile
 from kvscale.operator.settings import Settings
-from kvscale.operator.workload import MIN_REQUESTS, as_workload, check_drift, workload_tick
+from kvscale.operator.workload import MIN_REQUESTS, as_workload, check_drift, predates, workload_tick
 from kvscale.sizing.workload import LengthDistribution, Workload
 from tests.unit.test_reconcile import CAT, NOW, POOLS, RES, SPEC, deployed
 
@@ -157,3 +157,25 @@ def test_drift_replanning_can_be_turned_off() -> None:
         assert result is not None and result.apply == () and result.status.observed_workload is not None
         start = result.status
     assert start.observed_workload is not None and start.observed_workload.drift is None
+
+
+def test_a_status_older_than_the_operators_own_replan_is_recognized() -> None:
+    start = deployed().status
+    replanned = tick(tick(start, observed(4096), 0).status, observed(4096), 10).status
+    assert replanned.plan is not None
+    written = (RES.generation, replanned.plan.workload)
+    assert predates(written, start, RES.generation)  # the watch has not delivered the re-plan yet
+    assert not predates(written, replanned, RES.generation)
+    assert not predates(written, start, 2)  # a spec change since: the spec's plan is the news
+    assert not predates(None, start, RES.generation)
+
+
+def test_a_drift_that_ended_is_removed_from_the_server_status() -> None:
+    from kvscale.api.models import status_patch
+
+    first = tick(deployed().status, observed(4096), 0)
+    replanned = tick(first.status, observed(4096), 10)
+    patch = status_patch(first.status, replanned.status)
+    # A JSON merge patch merges nested objects: the ended drift is sent as null, not left out.
+    assert patch["observedWorkload"]["drift"] is None and patch["observedWorkload"]["driftingSince"] is None
+    assert "window" not in patch["observedWorkload"]  # unchanged fields are not sent
