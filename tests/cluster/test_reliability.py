@@ -153,6 +153,7 @@ def test_kubectl_scale_on_a_spec_without_a_scaling_block(
         "maxReplicas": 3,
         "minReplicas": 1,
         "mode": "auto",
+        "priority": 0,
         "replicas": 3,
         "scaleDownStabilization": "120s",
     }
