@@ -16,6 +16,11 @@ LABEL_OWNER_UID = "kvscale.io/owner-uid"  # on engine pods: the InferenceService
 LABEL_GPU_TYPE = "kvscale.io/gpu-type"  # on engine pods: the planned catalog GPU type
 LABEL_MODEL = "kvscale.io/model"  # on engine pods: the catalog model
 LABEL_VARIANT = "kvscale.io/variant"  # on engine pods: GPU type, tensor parallelism, precision
+# The llm-d conventions (also on engine pods), so an llm-d router or the workload-variant
+# autoscaler sees them: serving pods, their model and their variant (same values as kvscale's).
+LLMD_INFERENCE_SERVING = "llm-d.ai/inference-serving"
+LLMD_MODEL = "llm-d.ai/model"
+LLMD_VARIANT = "llm-d.ai/variant"
 
 
 def labels(name: str) -> dict[str, str]:

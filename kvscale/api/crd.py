@@ -108,6 +108,7 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             ),
         },
         _positive("scaleDownStabilization", "spec.scaling.scaleDownStabilization"),
+        _positive("idleWindow", "spec.scaling.idleWindow"),
     ],
 }
 
@@ -121,6 +122,7 @@ BOUNDS: dict[tuple[str, ...], dict[str, int]] = {
     ("slo", "timeToFirstToken"): {"maxLength": 32},
     ("slo", "timePerOutputToken"): {"maxLength": 32},
     ("scaling", "scaleDownStabilization"): {"maxLength": 32},
+    ("scaling", "idleWindow"): {"maxLength": 32},
 }
 
 PRINTER_COLUMNS = [

@@ -41,6 +41,7 @@ class ScalingIntent:
     mode: Mode
     scale_down_stabilization_s: float
     pinned_replicas: int | None  # spec.scaling.replicas (the scale subresource)
+    idle_window_s: float = 300.0  # with minReplicas 0: no requests this long releases the last replica
 
     def bounded(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
@@ -106,7 +107,14 @@ def parse_intent(raw: Mapping[str, Any] | InferenceServiceSpec) -> Intent:
         kv_cache_precision=spec.model.kv_cache_precision,
         objective=h.objective,
         engine=spec.engine.type,
-        scaling=ScalingIntent(sc.min_replicas, sc.max_replicas, sc.mode, stabilization_s, sc.replicas),
+        scaling=ScalingIntent(
+            sc.min_replicas,
+            sc.max_replicas,
+            sc.mode,
+            stabilization_s,
+            sc.replicas,
+            _seconds(sc.idle_window, "spec.scaling.idleWindow"),
+        ),
     )
 
 

@@ -198,6 +198,12 @@ class ScalingSpec(_Wire):
     replicas: int | None = Field(
         default=None, ge=0, description="Pinned replica count (the scale subresource); overrides the policy."
     )
+    idle_window: Duration = Field(
+        default="5m",
+        description="With minReplicas 0: how long without requests before the last replica is released. The next "
+        "request then waits at the gateway for a cold start (status.conditions ScaleToZero says how long). Needs "
+        "spec.routing.inferencePool: its endpoint picker's queue is the signal to scale back.",
+    )
     priority: int = Field(
         default=0,
         ge=-1000,

@@ -15,7 +15,8 @@ from kvscale.api.budget import BUDGET_PLURAL, budget_spec_error, parse_budget_sp
 from kvscale.operator.budget import BudgetBook, budget_status
 
 log = logging.getLogger("kvscale.operator")
-TTL_TICKS = 3  # a service's want older than this many scale intervals no longer counts
+TTL_TICKS = 3  # a service's want older than this many scale intervals (and a minute) no longer counts
+TTL_MIN_S = 60.0
 
 
 class _HasSettings(Protocol):
@@ -24,7 +25,7 @@ class _HasSettings(Protocol):
 
 
 def budget_ttl_s(rt: _HasSettings) -> float:
-    return TTL_TICKS * float(rt.settings.scale_interval_s)
+    return max(TTL_MIN_S, TTL_TICKS * float(rt.settings.scale_interval_s))
 
 
 def budget_handlers(registry: kopf.OperatorRegistry, book: BudgetBook, interval_s: float) -> None:
@@ -52,7 +53,7 @@ def budget_handlers(registry: kopf.OperatorRegistry, book: BudgetBook, interval_
             return
         if name not in book.specs:
             return
-        new = budget_status(book, name, time.time(), TTL_TICKS * interval_s, generation)
+        new = budget_status(book, name, time.time(), max(TTL_MIN_S, TTL_TICKS * interval_s), generation)
         new["conditions"] = [
             {"type": "Ready", "status": "True", "reason": "Allocating", "message": "allocating every scale interval"}
         ]

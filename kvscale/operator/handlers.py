@@ -54,7 +54,8 @@ from kvscale.operator.reconcile import (
     refresh,
     replans,
 )
-from kvscale.operator.scaling import Fleet, ScalerMemory, cold_start_key, fleet, newly_ready, planned, tick
+from kvscale.operator.scale_zero import pool_name, queue_promql, scale_zero, wants_zero
+from kvscale.operator.scaling import Fleet, ScalerMemory, Tick, cold_start_key, fleet, newly_ready, planned, tick
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import mark_synced
 from kvscale.operator.workload import predates, workload_tick
@@ -294,8 +295,7 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
             done = tick(
                 intent, call.res, call.before, start, obs, missing, memory, rt.catalog, rt.settings, now, learned
             )
-            labels = (call.body.get("metadata") or {}).get("labels") or {}
-            done = govern(rt.budgets, call.res, labels, intent, call.before, start, obs, done, now, budget_ttl_s(rt))
+            done = await _zero_and_budget(rt, call, intent, start, obs, done, now)
     except Exception as exc:  # counted and shown in status; the timer runs again
         if not rt.stopping:  # at shutdown the closed clients fail a tick in flight: not news
             effects.timer_failed("autoscale", call.body, call.patch, call.before, call.res, exc)
@@ -360,6 +360,22 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
         if any(e.reason == "Replanned" for e in result.events) and result.status.plan is not None:
             call.memo["replanned"] = (call.res.generation, result.status.plan.workload)
         await call.apply_async(rt, replace(result, status=mark_synced("workload", result.status, call.res.generation)))
+
+
+async def _zero_and_budget(
+    rt: Runtime, call: Call, intent: Intent, start: Fleet, obs: Observation, done: Tick, now: dt.datetime
+) -> Tick:
+    """The tick under scale to zero (the gateway's queue read when minReplicas is 0) and under
+    the GPUBudget that governs the service, if any."""
+    queue: float | None = None
+    pool = pool_name(intent, call.res)
+    if wants_zero(intent) and pool is not None and rt.prometheus is not None:
+        reading = await rt.prometheus.scalar(queue_promql(pool), timeout_s=rt.observation_deadline_s())
+        queue = reading if isinstance(reading, float) else None
+    cold_start_s = done.decision.cold_start_s or done.memory.cold_start_s
+    done = scale_zero(intent, call.res, call.before, start, obs, queue, done, call.memo, cold_start_s, now)
+    labels = (call.body.get("metadata") or {}).get("labels") or {}
+    return govern(rt.budgets, call.res, labels, intent, call.before, start, obs, done, now, budget_ttl_s(rt))
 
 
 async def _observe(

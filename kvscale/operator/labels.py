@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from kvscale.api import LABEL_GPU_TYPE, LABEL_MODEL, LABEL_VARIANT
+from kvscale.api import LABEL_GPU_TYPE, LABEL_MODEL, LABEL_VARIANT, LLMD_INFERENCE_SERVING, LLMD_MODEL, LLMD_VARIANT
 
 MODEL_LABEL = LABEL_MODEL
 GPU_LABEL = LABEL_GPU_TYPE
@@ -30,9 +30,15 @@ def label_value(text: str) -> str:
 
 def serving_labels(model: str, gpu_type: str, tensor_parallel: int, precision: str) -> dict[str, str]:
     """Model (catalog name), GPU type and variant (GPU type, tensor parallelism, precision): two
-    services of one model on different hardware share the model label and differ in variant."""
+    services of one model on different hardware share the model label and differ in variant.
+    The llm-d.ai/* labels carry the same values for an llm-d router or WVA."""
+    model_value = label_value(model)
+    variant = label_value(f"{gpu_type}-tp{tensor_parallel}-{precision}".lower())
     return {
-        MODEL_LABEL: label_value(model),
+        MODEL_LABEL: model_value,
         GPU_LABEL: label_value(gpu_type),
-        VARIANT_LABEL: label_value(f"{gpu_type}-tp{tensor_parallel}-{precision}".lower()),
+        VARIANT_LABEL: variant,
+        LLMD_INFERENCE_SERVING: "true",
+        LLMD_MODEL: model_value,
+        LLMD_VARIANT: variant,
     }

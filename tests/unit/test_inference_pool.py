@@ -150,6 +150,11 @@ def test_serving_labels_tell_variants_apart() -> None:
     assert a["kvscale.io/model"] == b["kvscale.io/model"] == "llama-3.1-8b"
     assert a["kvscale.io/gpu-type"] == "H100-SXM" and a["kvscale.io/variant"] == "h100-sxm-tp1-bf16"
     assert b["kvscale.io/variant"] == "a100-80gb-tp2-fp8"
+    assert (a["llm-d.ai/inference-serving"], a["llm-d.ai/model"], a["llm-d.ai/variant"]) == (
+        "true",
+        "llama-3.1-8b",
+        "h100-sxm-tp1-bf16",
+    )
 
 
 def test_engine_pods_carry_identity_and_pool_labels() -> None:

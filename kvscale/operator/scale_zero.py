@@ -1,0 +1,122 @@
+"""Scale to zero and back, on a tick: with minReplicas 0 the last replica goes after
+spec.scaling.idleWindow without requests, and comes back when requests wait at the gateway.
+
+The signal that exists while no replica runs is the endpoint picker's flow-control queue of
+the service's InferencePool: `inference_extension_flow_control_queue_size` (a gauge, labels
+fairness_id, priority, inference_pool, model_name, target_model_name), defined in
+sigs.k8s.io/gateway-api-inference-extension v1.3.0, pkg/epp/metrics/metrics.go
+(flowControlQueueSize, Subsystem "inference_extension"). The llm-d router re-exports the
+picker's metrics under its own prefix (llm_d_epp_*); that name was not checked against its
+source (the Go module proxy refused the llm-d module here), so it is not read.
+
+Behind a plain Service nothing holds a request while no replica runs: minReplicas 0 there is
+refused with a condition (ScaleToZero False, NoQueueSignal) and one replica is kept.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import replace
+from typing import Any
+
+from kvscale.api.intent import Intent
+from kvscale.api.models import InferenceServiceStatus
+from kvscale.autoscaling.idle import idle_replicas
+from kvscale.autoscaling.observation import Observation
+from kvscale.operator.reconcile import Event, Resource
+from kvscale.operator.scaling import Fleet, Tick
+from kvscale.operator.status import condition, now_rfc3339, with_conditions, without_condition
+
+CONDITION = "ScaleToZero"
+QUEUE_METRIC = "inference_extension_flow_control_queue_size"
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.0f}s"
+
+
+def pool_name(intent: Intent, res: Resource) -> str | None:
+    pool = intent.spec.routing.inference_pool
+    return None if pool is None else (pool.name or res.name)
+
+
+def queue_promql(pool: str) -> str:
+    """Requests the pool's endpoint picker holds now (all priorities and fairness groups)."""
+    return f'sum({QUEUE_METRIC}{{inference_pool="{pool}"}})'
+
+
+def wants_zero(intent: Intent) -> bool:
+    return intent.scaling.min_replicas == 0 and intent.scaling.mode == "auto" and intent.scaling.pinned_replicas is None
+
+
+def scale_zero(
+    intent: Intent,
+    res: Resource,
+    before: InferenceServiceStatus,
+    fleet_: Fleet,
+    obs: Observation,
+    queue: float | None,
+    done: Tick,
+    memo: Any,
+    cold_start_s: float,
+    now: dt.datetime,
+) -> Tick:
+    """The tick with the idle rule applied (unchanged unless minReplicas is 0)."""
+    status = done.result.status
+    if not wants_zero(intent):
+        if any(c.type == CONDITION for c in status.conditions):
+            return replace(done, result=replace(done.result, status=without_condition(status, CONDITION)))
+        return done
+    current, decided = fleet_.current, done.decision.replicas
+    pool = pool_name(intent, res)
+    if pool is None:
+        message = (
+            "minReplicas 0 needs a signal of waiting requests while no replica runs, and behind a plain Service the "
+            "first request would fail: route through spec.routing.inferencePool (its endpoint picker holds requests "
+            f"and reports {QUEUE_METRIC}); keeping at least one replica"
+        )
+        cond = condition(status, CONDITION, False, "NoQueueSignal", message, res.generation, now)
+        target, why = max(decided, 1), "minReplicas 0 refused (no gateway queue): keeping one replica"
+    else:
+        now_s = now.timestamp()
+        # Unknown traffic is never idle: a missing metric never releases the last replica.
+        rate = obs.arrival_rate_per_s
+        active = queue is None or queue > 0 or (current > 0 and (rate is None or rate > 0))
+        if active or memo.get("last_active_s") is None:
+            memo["last_active_s"] = now_s
+        idle_s = now_s - float(memo["last_active_s"])
+        target, why_idle = idle_replicas(decided, 0, idle_s, intent.scaling.idle_window_s, queue)
+        why = why_idle or done.decision.reason
+        state = "at zero" if current == 0 else f"idle {_s(idle_s)}"
+        message = (
+            f"releases the last replica after {_s(intent.scaling.idle_window_s)} without requests; the "
+            f"next request then waits at the gateway about {_s(cold_start_s)} (the cold start); "
+            f"{state}; gateway queue {'unknown' if queue is None else f'{queue:.0f}'}"
+        )
+        cond = condition(status, CONDITION, True, "Enabled", message, res.generation, now)
+    new = with_conditions(status, cond)
+    if target == decided:
+        return replace(done, result=replace(done.result, status=new))
+    done = replace(done, decision=replace(done.decision, replicas=target, reason=why))
+    events = [e for e in done.result.events if e.reason != "Scaled"]
+    scale_to = target if target != current else None
+    if scale_to is None:
+        new = new.model_copy(
+            update={
+                "replicas": before.replicas,
+                "last_scale_time": before.last_scale_time,
+                "last_scale_reason": before.last_scale_reason,
+                "desired_replicas": target,
+            }
+        )
+    else:
+        events.append(Event("Normal", "Scaled", f"Scaled {current} -> {target}: {why}"[:1000]))
+        new = new.model_copy(
+            update={
+                "replicas": target,
+                "desired_replicas": target,
+                "last_scale_time": now_rfc3339(now),
+                "last_scale_reason": why[:500],
+            }
+        )
+    return replace(done, result=replace(done.result, status=new, scale_to=scale_to, events=tuple(events)))

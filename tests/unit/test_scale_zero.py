@@ -1,0 +1,89 @@
+"""Scale to zero on a tick: refused behind a plain Service (condition, one replica kept);
+behind an InferencePool the last replica goes after the idle window and comes back when the
+endpoint picker's queue holds requests; unknown figures never release it."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from kvscale.api.intent import parse_intent
+from kvscale.autoscaling.observation import Observation
+from kvscale.operator.reconcile import DeploymentView
+from kvscale.operator.scale_zero import CONDITION, QUEUE_METRIC, queue_promql, scale_zero
+from kvscale.operator.scaling import Fleet, ScalerMemory, Tick, fleet, tick
+from kvscale.operator.status import get_condition
+from tests.unit.test_reconcile import CAT, NOW, RES, SETTINGS, deployed, spec
+
+ZERO = spec(scaling={"minReplicas": 0, "idleWindow": "2m"})
+POOLED = spec(scaling={"minReplicas": 0, "idleWindow": "2m"}, routing={"inferencePool": {}})
+
+
+def run(
+    body: dict[str, Any],
+    current: int,
+    rate: float | None,
+    queue: float | None,
+    memo: dict[str, Any],
+    at: dt.datetime = NOW,
+) -> Tick:
+    first = deployed(body)
+    intent = parse_intent(body)
+    gpu = first.status.plan.gpu_type if first.status.plan else None
+    start = fleet(intent, first.status, DeploymentView(current, current, gpu))
+    assert isinstance(start, Fleet) and start.current == current
+    obs = Observation(
+        time_s=at.timestamp(),
+        ready_replicas=current,
+        starting_replicas=0,
+        arrival_rate_per_s=rate,
+        running=0.0 if rate is not None else None,
+        waiting=0.0 if rate is not None else None,
+        ttft_p_s=None,
+        tpot_p_s=None,
+    )
+    done = tick(intent, RES, first.status, start, obs, None, ScalerMemory(), CAT, SETTINGS, at)
+    return scale_zero(intent, RES, first.status, start, obs, queue, done, memo, 95.0, at)
+
+
+def test_the_queue_query_reads_the_pickers_gauge() -> None:
+    assert queue_promql("chat") == 'sum(inference_extension_flow_control_queue_size{inference_pool="chat"})'
+    assert QUEUE_METRIC == "inference_extension_flow_control_queue_size"
+
+
+def test_refused_behind_a_plain_service_with_one_replica_kept() -> None:
+    done = run(ZERO, 1, 0.0, None, {})
+    c = get_condition(done.result.status, CONDITION)
+    assert c is not None and (c.status, c.reason) == ("False", "NoQueueSignal")
+    assert "spec.routing.inferencePool" in c.message
+    assert done.result.scale_to is None and done.decision.replicas >= 1
+
+
+def test_idle_window_releases_the_last_replica_behind_a_pool() -> None:
+    memo: dict[str, Any] = {}
+    first = run(POOLED, 1, 0.0, 0.0, memo)
+    assert first.result.scale_to is None  # idle for 0 s
+    c = get_condition(first.result.status, CONDITION)
+    assert c is not None and c.status == "True" and "about 95s" in c.message and "after 120s" in c.message
+    later = run(POOLED, 1, 0.0, 0.0, memo, NOW + dt.timedelta(minutes=3))
+    assert later.result.scale_to == 0 and later.result.status.replicas == 0
+    assert any(e.reason == "Scaled" and "releasing every replica" in e.message for e in later.result.events)
+
+
+def test_unknown_traffic_or_queue_never_releases() -> None:
+    memo: dict[str, Any] = {}
+    run(POOLED, 1, None, 0.0, memo)
+    assert run(POOLED, 1, None, 0.0, memo, NOW + dt.timedelta(minutes=10)).result.scale_to is None
+    memo = {}
+    run(POOLED, 1, 0.0, None, memo)
+    assert run(POOLED, 1, 0.0, None, memo, NOW + dt.timedelta(minutes=10)).result.scale_to is None
+
+
+def test_requests_waiting_at_the_gateway_bring_it_back() -> None:
+    memo: dict[str, Any] = {"last_active_s": (NOW - dt.timedelta(hours=1)).timestamp()}
+    assert run(POOLED, 0, None, 0.0, memo).result.scale_to is None  # at zero, nothing waits: stays
+    back = run(POOLED, 0, None, 3.0, memo)
+    assert back.result.scale_to == 1 and back.decision.replicas == 1
+    assert any("3 requests wait for a replica" in e.message for e in back.result.events)
+    c = get_condition(back.result.status, CONDITION)
+    assert c is not None and "at zero" in c.message and "gateway queue 3" in c.message
