@@ -318,22 +318,24 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
 def cold_starts(
     rt: Runtime, call: Call, intent: Intent, start: Fleet, obs: Observation
 ) -> tuple[Observation, tuple[float, ...]]:
-    """The observation with the start-to-ready times of pods newly ready (each counted once),
-    and what replicas of this model on this GPU type showed so far, recorded for the others."""
+    """The observation with the start-to-ready times of pods newly ready (each counted once)
+    and the last observed workload, and what replicas of this model on this GPU type showed
+    so far, recorded for the others."""
     fresh, counted = newly_ready(call.observed().pods, start.plan, call.memo.get("ready_pods", frozenset()))
     call.memo["ready_pods"] = counted
     key = cold_start_key(intent, start.plan)
     learned = rt.cold_starts.get(key, ())
     if fresh:
         rt.cold_starts[key] = (*learned, *fresh)[-COLD_START_SAMPLES:]
-    return replace(obs, started_to_ready_s=fresh), learned
+    # The slower view (length distributions, hour and day peaks) as the workload timer last read it.
+    return replace(obs, started_to_ready_s=fresh, workload=call.memo.get("workload")), learned
 
 
 async def observe_workload(rt: Runtime, call: Call) -> None:
     """The observed workload into status, and a re-plan when it drifted long enough (the
     planner and the API reads in the workers)."""
-    if not planned(call.before) or rt.workload_prometheus is None:
-        return
+    if not planned(call.before) or call.before.phase == "Recommended" or rt.workload_prometheus is None:
+        return  # nothing runs in recommend mode: no engine to read
     if predates(call.memo.get("replanned"), call.before, call.res.generation):
         return  # the status handed in is older than this operator's own re-plan: wait for the watch
     try:
@@ -349,6 +351,8 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
             s.metrics_window,
             deadline_s=rt.workload_deadline_s(),
         )
+        if workload is not None:
+            call.memo["workload"] = workload
         now = dt.datetime.now(dt.UTC)
         args = (call.spec, call.res, call.before, lambda: call.observed(rt), workload, missing, rt.catalog, s, now)
         result = await rt.io(workload_tick, *args)
