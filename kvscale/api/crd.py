@@ -172,6 +172,9 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         node["type"] = "object"
         node["properties"] = {k: _structural(v, defs) for k, v in node["properties"].items()}
         node.pop("additionalProperties", None)
+    elif node.get("type") == "object" and node.get("additionalProperties") is True:
+        node.pop("additionalProperties")  # a free-form object (a config.json): kept as written
+        node["x-kubernetes-preserve-unknown-fields"] = True
     if "items" in node:
         node["items"] = _structural(node["items"], defs)
     if "type" not in node and "enum" not in node:

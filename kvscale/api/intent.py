@@ -17,6 +17,7 @@ from kvscale.autoscaling.policy import PolicyConfig
 from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch
 from kvscale.sizing.checkpoints import EngineType
 from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.hf_config import arch_from_hf_config
 from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES, Objective, PlanRequest
 from kvscale.sizing.units import UnitError, parse_duration_s
 from kvscale.sizing.workload import Slo, Workload
@@ -123,6 +124,15 @@ def resolve_model(intent: Intent, catalog: Catalog) -> ModelArch:
     m = intent.spec.model
     if m.architecture is not None:
         a = m.architecture
+        if a.hugging_face_config is not None:
+            try:
+                return arch_from_hf_config(
+                    a.hugging_face_config, m.name or "custom", "spec.model.architecture.huggingFaceConfig"
+                )
+            except ValueError as exc:
+                raise SpecError(
+                    "InvalidArchitecture", f"spec.model.architecture.huggingFaceConfig: {' '.join(str(exc).split())}"
+                ) from exc
         try:
             return ModelArch.from_architecture(
                 m.name or "custom",

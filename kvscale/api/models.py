@@ -26,7 +26,7 @@ Duration = Annotated[
     AfterValidator(_duration),
 ]
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-Precision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+Precision = Literal["bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4"]
 
 
 class _Wire(BaseModel):
@@ -41,15 +41,21 @@ class _Status(BaseModel):
 
 
 class ModelArchitecture(_Wire):
-    """The shapes of a model that is not in kvscale's catalog."""
+    """The shapes of a model that is not in kvscale's catalog: its Hugging Face config.json
+    (huggingFaceConfig), or the shape fields below."""
 
-    layers: int = Field(ge=1, description="Transformer layers.")
-    hidden_size: int = Field(ge=1, description="Model (residual) width.")
-    heads: int = Field(ge=1, description="Attention heads.")
-    kv_heads: int = Field(ge=1, description="Key/value heads (GQA/MQA); equal to heads for MHA.")
-    head_dim: int = Field(ge=1, description="Dimension of each attention head.")
-    intermediate_size: int = Field(ge=1, description="FFN width (per expert for MoE).")
-    vocab_size: int = Field(ge=1, description="Vocabulary size.")
+    hugging_face_config: dict[str, Any] | None = Field(
+        default=None,
+        description="The model's Hugging Face config.json, as is (model_type llama, mistral, qwen2, qwen3, "
+        "qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, gemma3, glm4_moe or mixtral); replaces the shape fields.",
+    )
+    layers: int | None = Field(default=None, ge=1, description="Transformer layers.")
+    hidden_size: int | None = Field(default=None, ge=1, description="Model (residual) width.")
+    heads: int | None = Field(default=None, ge=1, description="Attention heads.")
+    kv_heads: int | None = Field(default=None, ge=1, description="Key/value heads (GQA/MQA); equal to heads for MHA.")
+    head_dim: int | None = Field(default=None, ge=1, description="Dimension of each attention head.")
+    intermediate_size: int | None = Field(default=None, ge=1, description="FFN width (per expert for MoE).")
+    vocab_size: int | None = Field(default=None, ge=1, description="Vocabulary size.")
     params: float | None = Field(
         default=None, gt=0, description="Total parameters; derived from the shapes when absent."
     )
@@ -60,6 +66,21 @@ class ModelArchitecture(_Wire):
         ge=2,
         description="The model's own context limit (max_position_embeddings in config.json); default 4096.",
     )
+
+    @model_validator(mode="after")
+    def _shapes_or_config(self) -> ModelArchitecture:
+        if self.hugging_face_config is not None:
+            return self
+        missing = [to_camel(f) for f in SHAPE_FIELDS if getattr(self, f) is None]
+        if missing:
+            raise ValueError(
+                f"spec.model.architecture needs huggingFaceConfig (the model's config.json) or all of "
+                f"{', '.join(to_camel(f) for f in SHAPE_FIELDS)}; missing {', '.join(missing)}"
+            )
+        return self
+
+
+SHAPE_FIELDS = ("layers", "hidden_size", "heads", "kv_heads", "head_dim", "intermediate_size", "vocab_size")
 
 
 class ModelCache(_Wire):

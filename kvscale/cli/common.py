@@ -18,6 +18,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch, load_catalog, load_yaml
+from kvscale.sizing.engine_command import (
+    CommandConfig,
+    EngineCommand,
+    EngineCommandError,
+    command_config,
+    parse_engine_command,
+    resolve_command_model,
+)
+from kvscale.sizing.hf_config import arch_from_hf_config, is_hf_config
 from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES
 from kvscale.sizing.units import UnitError, parse_duration_s
 from kvscale.sizing.workload import Slo
@@ -41,10 +50,31 @@ CatalogOpt = Annotated[
         "--catalog", help="YAML file laid over the built-in catalog (extra GPUs, models, prices). Repeatable."
     ),
 ]
+OptionalModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Catalog name, alias, Hugging Face config.json or architecture file (default with --engine-command: "
+        "the model the command serves).",
+    ),
+]
+EngineCommandOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--engine-command",
+        help='An engine launch command to evaluate, e.g. "vllm serve Qwen/Qwen3-32B -tp 2 --max-num-seqs 128" or '
+        '"python -m sglang.launch_server --model-path ... --tp-size 4"; flags it leaves out take the engine\'s '
+        "defaults for --gpu.",
+    ),
+]
 ModelOpt = Annotated[
     str,
     typer.Option(
-        "--model", "-m", help="Catalog name, alias (e.g. a Hugging Face id) or a YAML file with a custom architecture."
+        "--model",
+        "-m",
+        help="Catalog name, alias (e.g. a Hugging Face id), a Hugging Face config.json (or a checkpoint directory "
+        "holding one), or a YAML file with a custom architecture.",
     ),
 ]
 
@@ -106,8 +136,28 @@ def _check_architecture(name: str, fields: dict[str, Any]) -> None:
         fail(f"--model {name}: invalid architecture: params must be a positive number (e.g. 8.03e9), got {params!r}")
 
 
+def _hf_model(name: str, path: Path) -> ModelArch:
+    """A Hugging Face config.json (a file, or a checkpoint directory holding one)."""
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        fail(f"--model: file {file} does not exist")
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        fail(f"--model {name}: not a readable config.json: {_one_line(exc)}")
+    if not isinstance(raw, dict):
+        fail(f"--model {name}: a config.json is a JSON object with model_type, num_hidden_layers, ...")
+    label = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
+    try:
+        return arch_from_hf_config(raw, str(raw.get("_name_or_path") or label), f"config.json: {file}")
+    except ValueError as exc:
+        fail(f"--model {name}: {_one_line(exc)}")
+
+
 def model(cat: Catalog, name: str) -> ModelArch:
     path = Path(name)
+    if name.endswith(".json") or (path.is_dir() and (path / "config.json").is_file()):
+        return _hf_model(name, path)
     if name.endswith((".yaml", ".yml")):
         if not path.is_file():
             fail(f"--model: file {name} does not exist")
@@ -115,6 +165,8 @@ def model(cat: Catalog, name: str) -> ModelArch:
             fields: Any = load_yaml(path.read_text())
             if not isinstance(fields, dict):
                 fail(f"--model {name}: expected a mapping of architecture fields (layers, hidden_size, heads, ...)")
+            if is_hf_config(fields):
+                return arch_from_hf_config(fields, str(fields.get("name", path.stem)), f"config fields: {path}")
             model_name = str(fields.pop("name", path.stem))
             _check_architecture(name, fields)
             return ModelArch.from_architecture(model_name, **fields)
@@ -251,3 +303,40 @@ def write_picture(path: Path, draw: Any, option: str = "--png") -> None:
         draw()
     except (OSError, ValueError) as exc:
         fail(f"{option} {path}: could not write the picture: {_one_line(exc)}")
+
+
+def default_precision(precision: str | None, arch: ModelArch) -> str:
+    """--precision as given, else the checkpoint's native precision (fp8, mxfp4, nvfp4), else bf16."""
+    return precision if precision else (arch.native_precision or "bf16")
+
+
+def parse_command(text: str, gpu: str | None, tp: int | None, precision: str | None) -> EngineCommand:
+    """--engine-command parsed; it sets parallelism and precision, so --tp/--precision cannot also be given."""
+    if not gpu or len(split(gpu)) != 1:
+        fail("--engine-command needs --gpu with one GPU type (the engine's defaults depend on it)")
+    if tp is not None or precision is not None:
+        fail("--engine-command sets the parallelism and precision: leave out --tp and --precision")
+    try:
+        return parse_engine_command(text)
+    except EngineCommandError as exc:
+        fail(str(exc))
+
+
+def command_model(cat: Catalog, command: EngineCommand | None) -> ModelArch:
+    """The catalog model an engine command serves (an -FP8 checkpoint name resolves to its base)."""
+    assert command is not None
+    try:
+        return resolve_command_model(cat, command.model)[0]
+    except CatalogError as exc:
+        fail(f"--engine-command: {exc}; or give --model (a catalog name or the model's config.json)")
+
+
+def command_config_or_fail(cat: Catalog, command: EngineCommand, gpu: str, arch: ModelArch) -> CommandConfig:
+    try:
+        cc = command_config(cat, command, cat.gpu(gpu), arch)
+    except (CatalogError, ValueError) as exc:
+        fail(f"--engine-command: {exc}")
+    reason = cc.config.unsupported_reason()
+    if reason:
+        fail(f"--engine-command: {reason}")
+    return cc

@@ -14,16 +14,22 @@ from kvscale.cli.common import (
     EXIT_INFEASIBLE,
     MAX_TOKENS,
     CatalogOpt,
+    EngineCommandOpt,
     JsonOpt,
     ModelOpt,
+    OptionalModelOpt,
     check_names,
+    command_config_or_fail,
+    command_model,
     console,
+    default_precision,
     fail,
     fmt,
     gpu_counts,
     image_path,
     load,
     number,
+    parse_command,
     positive,
     print_json,
     split,
@@ -43,7 +49,7 @@ from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
 from kvscale.sizing.engine_args import ENGINE_TYPES, PlannedLaunch, engine_command, plan_launch, requested_source
-from kvscale.sizing.planner import DEFAULT_HEADROOM, Plan, PlanRequest, plan
+from kvscale.sizing.planner import DEFAULT_HEADROOM, Feasible, Plan, PlanRequest, plan
 from kvscale.sizing.roofline import ideal_batch, ops_per_byte
 from kvscale.sizing.serialize import candidate_to_dict, plan_to_dict, prediction_to_dict
 from kvscale.sizing.units import GIB
@@ -87,8 +93,12 @@ def plan_cmd(
     ] = None,
     tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree (1, 2, 4, 8).")] = None,
     precision: Annotated[
-        str, typer.Option(help="Allowed weight precisions, comma-separated: bf16, fp16, fp8, int8, int4.")
-    ] = "bf16",
+        str | None,
+        typer.Option(
+            help="Allowed weight precisions, comma-separated: bf16, fp16, fp8, int8, int4, mxfp4, nvfp4 "
+            "(default: the checkpoint's own, else bf16)."
+        ),
+    ] = None,
     kv_cache_precision: Annotated[str, typer.Option("--kv-cache-precision", help="auto, fp16 or fp8.")] = "auto",
     objective: Annotated[str, typer.Option(help="cost (cheapest meeting the SLO) or latency (fastest).")] = "cost",
     headroom: Annotated[float, typer.Option(help="Spare capacity kept per replica, as a fraction.")] = DEFAULT_HEADROOM,
@@ -124,9 +134,9 @@ def plan_cmd(
         positive(max_replicas, "--max-replicas", MAX_REPLICAS)
     if show < 0:
         fail(f"--show must be zero or more, got {show}")
-    precisions = split(precision)
+    precisions = split(default_precision(precision, arch))
     if not precisions:
-        fail("--precision: give at least one of bf16, fp16, fp8, int8, int4")
+        fail("--precision: give at least one of bf16, fp16, fp8, int8, int4, mxfp4, nvfp4")
     limits = gpu_counts(cat, free_gpus) if free_gpus is not None else None
     if limits is not None and gpu:
         fail("--gpu and --gpus both name GPU types: use --gpus TYPE=COUNT alone (it also limits the types)")
@@ -310,7 +320,7 @@ def _render_plan(result: Plan, args: list[str] | None, show: int, launch: Planne
     if c is not None:
         p = c.prediction
         console.print(
-            f"\n[bold green]Plan:[/] {p.replicas} x {c.tensor_parallel} {c.gpu} ({c.precision}), max batch {p.max_batch}, "
+            f"\n[bold green]Plan:[/] {p.replicas} x {_shape(c)} ({c.precision}), max batch {p.max_batch}, "
             f"chunk budget {c.max_num_batched_tokens} tokens, ${p.cost_usd_per_hour:.2f}/h"
         )
         console.print(
@@ -359,8 +369,16 @@ def _render_plan(result: Plan, args: list[str] | None, show: int, launch: Planne
         console.print(table)
 
 
-def _config(cat: Catalog, model: str, gpu: str, tp: int, precision: str, kv: str) -> ServingConfig:
+def _shape(c: Feasible) -> str:
+    """One replica's GPUs: "8 H100-SXM", or "16 H100-SXM over 2 nodes (TP 8 x PP 2)"."""
+    if c.nodes > 1:
+        return f"{c.config.gpus} {c.gpu} over {c.nodes} nodes (TP {c.tensor_parallel} x PP {c.pipeline_parallel})"
+    return f"{c.tensor_parallel} {c.gpu}"
+
+
+def _config(cat: Catalog, model: str, gpu: str, tp: int, precision: str | None, kv: str) -> ServingConfig:
     arch = resolve_model(cat, model)
+    precision = default_precision(precision, arch)
     check_names(cat, (gpu,), (precision,), kv)
     tp_values(tp)
     cfg = ServingConfig.build(cat, arch, cat.gpu(gpu), precision, tp, kv)
@@ -372,20 +390,33 @@ def _config(cat: Catalog, model: str, gpu: str, tp: int, precision: str, kv: str
 
 @app.command()
 def predict(
-    model: ModelOpt,
     gpu: Annotated[str, typer.Option(help="GPU type.")],
     batch: Annotated[int, typer.Option(help="Requests in the static batch.")],
     input_tokens: Annotated[int, typer.Option("--input", help="Prompt tokens per request.")],
     output_tokens: Annotated[int, typer.Option("--output", help="Generated tokens per request.")],
-    tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
-    precision: Annotated[str, typer.Option(help="Weight precision.")] = "bf16",
+    model: OptionalModelOpt = None,
+    tp: Annotated[int | None, typer.Option(help="Tensor-parallel degree (default 1).")] = None,
+    precision: Annotated[
+        str | None, typer.Option(help="Weight precision (default: the checkpoint's own, else bf16).")
+    ] = None,
     kv_cache_precision: Annotated[str, typer.Option("--kv-cache-precision")] = "auto",
+    engine_command: EngineCommandOpt = None,
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """One static batch: prefilled together, then decoded together."""
+    """One static batch: prefilled together, then decoded together (with --engine-command: on
+    the parallelism, precision, chunk budget and memory share that command sets on --gpu)."""
     cat = load(catalog)
-    cfg = _config(cat, model, gpu, tp, precision, kv_cache_precision)
+    if engine_command is not None:
+        command = parse_command(engine_command, gpu, tp, precision)
+        arch = resolve_model(cat, model) if model is not None else command_model(cat, command)
+        cfg = command_config_or_fail(cat, command, gpu, arch).config
+        tp = cfg.tensor_parallel
+    elif model is None:
+        fail("give --model (a catalog name, config.json or architecture file) or --engine-command")
+    else:
+        tp = tp or 1
+        cfg = _config(cat, model, gpu, tp, precision, kv_cache_precision)
     positive(batch, "--batch", MAX_TOKENS)
     prediction = predict_batch(cfg, batch, tokens(input_tokens, "--input"), tokens(output_tokens, "--output"))
     data = prediction_to_dict(prediction, cfg.memory.weights_bytes, cfg.max_num_batched_tokens)
@@ -393,7 +424,7 @@ def predict(
         print_json(data)
     else:
         table = Table(
-            title=f"{cfg.model.name} on {tp} x {cfg.gpu.name} ({precision}), batch {batch}, {input_tokens} in / {output_tokens} out"
+            title=f"{cfg.model.name} on {tp} x {cfg.gpu.name} ({cfg.precision.name}), batch {batch}, {input_tokens} in / {output_tokens} out"
         )
         table.add_column("quantity")
         table.add_column("value")
@@ -414,7 +445,9 @@ def roofline(
     model: ModelOpt,
     gpu: Annotated[str, typer.Option(help="GPU type.")],
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
-    precision: Annotated[str, typer.Option(help="Weight precision.")] = "bf16",
+    precision: Annotated[
+        str | None, typer.Option(help="Weight precision (default: the checkpoint's own, else bf16).")
+    ] = None,
     input_tokens: Annotated[int, typer.Option("--input")] = 512,
     output_tokens: Annotated[int, typer.Option("--output")] = 256,
     png: Annotated[
@@ -430,7 +463,7 @@ def roofline(
     curve = throughput_latency_curve(cfg, tokens(input_tokens, "--input"), tokens(output_tokens, "--output"))
     if not curve[0].fits:
         fail(
-            f"{cfg.model.name} does not fit on {tp} x {cfg.gpu.name} at {precision}; raise --tp or lower --precision",
+            f"{cfg.model.name} does not fit on {tp} x {cfg.gpu.name} at {cfg.precision.name}; raise --tp or lower --precision",
             EXIT_INFEASIBLE,
         )
     points = [prediction_to_dict(p, cfg.memory.weights_bytes) for p in curve]
@@ -438,7 +471,7 @@ def roofline(
         "model": cfg.model.name,
         "gpu": cfg.gpu.name,
         "tensor_parallel": tp,
-        "precision": precision,
+        "precision": cfg.precision.name,
         "ops_per_byte": round(ops_per_byte(cfg), 2),
         "ideal_batch": round(ideal_batch(cfg), 1),
         "points": points,
@@ -447,7 +480,7 @@ def roofline(
         print_json(data)
     else:
         console.print(
-            f"{cfg.gpu.name} {precision}: ops:byte {data['ops_per_byte']}, B* = {data['ideal_batch']} "
+            f"{cfg.gpu.name} {cfg.precision.name}: ops:byte {data['ops_per_byte']}, B* = {data['ideal_batch']} "
             "(decode is bandwidth-bound below B*, compute-bound above)"
         )
         table = Table(title=f"{cfg.model.name} on {tp} x {cfg.gpu.name}, {input_tokens} in / {output_tokens} out")

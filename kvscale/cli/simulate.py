@@ -14,14 +14,20 @@ from kvscale.cli.app import app
 from kvscale.cli.common import (
     EXIT_INFEASIBLE,
     CatalogOpt,
+    EngineCommandOpt,
     JsonOpt,
+    OptionalModelOpt,
     check_names,
+    command_config_or_fail,
+    command_model,
     console,
+    default_precision,
     err,
     fail,
     fmt,
     image_path,
     number,
+    parse_command,
     positive,
     positive_number,
     print_json,
@@ -57,14 +63,7 @@ PROGRESS_EVERY_S = 10.0
 
 @app.command()
 def simulate(
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            "-m",
-            help="Catalog name, alias (e.g. a Hugging Face id) or a YAML file with a custom architecture.",
-        ),
-    ] = None,
+    model: OptionalModelOpt = None,
     ttft: Annotated[str | None, typer.Option(help="Time-to-first-token target, e.g. 1s.")] = None,
     tpot: Annotated[str | None, typer.Option(help="Time-per-output-token target, e.g. 50ms.")] = None,
     fleet: Annotated[
@@ -122,16 +121,22 @@ def simulate(
     time_scale: Annotated[float, typer.Option("--time-scale", help="Play the trace X times faster.")] = 1.0,
     gpu: Annotated[str | None, typer.Option(help="Allowed GPU types for the plan, comma-separated.")] = None,
     tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree.")] = None,
-    precision: Annotated[str, typer.Option(help="Allowed weight precisions.")] = "bf16",
+    precision: Annotated[
+        str | None, typer.Option(help="Allowed weight precisions (default: the checkpoint's own, else bf16).")
+    ] = None,
     headroom: Annotated[float, typer.Option(help="Spare capacity per replica, as a fraction.")] = DEFAULT_HEADROOM,
     seed: Annotated[int, typer.Option(help="Seed for --rate-scale sampling, --load arrivals and routing.")] = 0,
     png: Annotated[
         Path | None, typer.Option(help="Draw load, replicas and latency against time here (.png, .svg or .pdf).")
     ] = None,
+    engine_command: EngineCommandOpt = None,
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Replay a trace (or a closed loop) through a simulated fleet under each autoscaling policy."""
+    """Replay a trace (or a closed loop) through a simulated fleet under each autoscaling policy.
+
+    With --engine-command the fleet runs that command (one GPU type, --gpu) instead of a plan:
+    "what does the command I run today give me"; --replicas sets the static fleet (default 1)."""
     from kvscale.sim.compare import POLICY_NAMES
     from kvscale.sim.fit import fit_trace
     from kvscale.sim.fleet import RoutingError, check_routing
@@ -147,13 +152,20 @@ def simulate(
     if fleet is not None:
         from kvscale.cli.simulate_fleet import run_fleet
 
-        if model is not None or trace is not None or load is not None or concurrency is not None:
-            fail("--fleet FILE names each service's model and load: leave out --model, --trace, --load, --concurrency")
+        if model is not None or trace is not None or load is not None or concurrency is not None or engine_command:
+            fail(
+                "--fleet FILE names each service's model and load: leave out --model, --trace, --load, "
+                "--concurrency, --engine-command"
+            )
         run_fleet(fleet, cat, as_json, png)
         return
-    if model is None or ttft is None or tpot is None:
-        fail("give --model, --ttft and --tpot (or --fleet FILE for several services under one budget)")
-    arch = resolve_model(cat, model)
+    command = parse_command(engine_command, gpu, tp, precision) if engine_command is not None else None
+    if (model is None and command is None) or ttft is None or tpot is None:
+        fail(
+            "give --model (a catalog name, config.json or architecture file) or --engine-command, with --ttft and "
+            "--tpot (or --fleet FILE for several services under one budget)"
+        )
+    arch = resolve_model(cat, model) if model is not None else command_model(cat, command)
     names = POLICY_NAMES if policy == "all" else split(policy)
     unknown = [n for n in names if n not in POLICY_NAMES]
     if unknown or not names:
@@ -169,9 +181,9 @@ def simulate(
             f"got {time_scale:g}"
         )
     slo = make_slo(ttft, tpot, percentile)
-    precisions = split(precision)
+    precisions = split(default_precision(precision, arch))
     if not precisions:
-        fail("--precision: give at least one of bf16, fp16, fp8, int8, int4")
+        fail("--precision: give at least one of bf16, fp16, fp8, int8, int4, mxfp4, nvfp4")
     gpus = check_names(cat, split(gpu), precisions, "auto")
     tps = tp_values(tp)
     cold_start_s = parse_duration(cold_start, "--cold-start") if cold_start is not None else None
@@ -220,7 +232,14 @@ def simulate(
         headroom=headroom,
     )
     try:
-        setup = replace(setup_from_plan(cat, plan(cat, request), cold_start_s, replicas), routing=routing, seed=seed)
+        if command is not None:
+            setup = replace(
+                command_setup(cat, command, gpus[0], arch, slo, cold_start_s, replicas), routing=routing, seed=seed
+            )
+        else:
+            setup = replace(
+                setup_from_plan(cat, plan(cat, request), cold_start_s, replicas), routing=routing, seed=seed
+            )
         results, rows = _run_with_progress(setup, arrivals, names, headroom, replicas, max_replicas, workload)
     except SimulationError as exc:
         fail(str(exc), EXIT_INFEASIBLE)
@@ -333,3 +352,22 @@ def _run_with_progress(
             bar.update(tasks[name], completed=min(now_s, total))
 
         return run_policies(setup, load, names, headroom, replicas, max_replicas, tick, shape)
+
+
+def command_setup(
+    cat: Any, command: Any, gpu: str, arch: Any, slo: Any, cold_start_s: float | None, replicas: int | None
+) -> Any:
+    """A fleet that runs an engine command as given, instead of a plan."""
+    from kvscale.sim.run import SimSetup
+
+    cc = command_config_or_fail(cat, command, gpu, arch)
+    if not cc.config.memory.fits:
+        fail(
+            f"--engine-command: {arch.name} does not fit on {cc.config.gpus} x {cc.config.gpu.name} at "
+            f"{cc.config.precision.name}",
+            EXIT_INFEASIBLE,
+        )
+    for note in cc.notes:
+        err.print(f"note: {note}", markup=False)
+    cold = cold_start_s if cold_start_s is not None else cc.config.cold_start_s
+    return SimSetup(cfg=cc.config, slo=slo, max_batch=cc.max_batch, cold_start_s=cold, initial_replicas=replicas or 1)

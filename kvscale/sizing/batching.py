@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.memory import max_batch_for_context
 from kvscale.sizing.roofline import StepTime, decode_step, prefill
 
 
@@ -55,7 +54,7 @@ def predict_batch(cfg: ServingConfig, batch: int, input_tokens: int, output_toke
         raise ValueError("batch, input and output tokens must each be at least 1")
     mem = cfg.memory
     context = input_tokens + output_tokens
-    max_batch = max_batch_for_context(mem.kv_capacity_tokens, context, cfg.engine.kv_block_tokens) if mem.fits else 0
+    max_batch = mem.max_batch_for_context(context) if mem.fits else 0
     if not mem.fits:
         return BatchPrediction(batch, input_tokens, output_tokens, False, 0, 0, "memory", None, None)
     pre = prefill(cfg, batch, input_tokens)

@@ -30,6 +30,7 @@ from kvscale.sizing.catalog.loader import QuantizationMethod
 
 SIXTEEN_BIT = ("bf16", "fp16")
 QUANTIZED = ("fp8", "int8", "int4")
+NATIVE_ONLY = ("mxfp4", "nvfp4")  # formats only a checkpoint published in them provides
 CHECKPOINT_16BIT_BYTES_PER_PARAM = 2.0
 SOURCE_FIELD = "spec.model.source"
 EngineType = Literal["vllm", "sglang", "tgi"]
@@ -48,7 +49,9 @@ class Checkpoint:
     """What the engine loads and how its weights are stored."""
 
     source: str  # as the engine takes it (no hf:// scheme)
-    stored: Literal["16bit", "fp8", "int8", "int4"]  # the weights in the checkpoint
+    stored: Literal[
+        "16bit", "fp8", "int8", "int4", "native"
+    ]  # the weights in the checkpoint ("native": its own format)
     method: QuantizationMethod | None  # how it was quantized; None: 16-bit, or read from its config.json
     online_fp8: bool  # fp8 from 16-bit weights, quantized while loading
     origin: Literal["catalog", "catalog-quantized", "spec"]
@@ -56,6 +59,9 @@ class Checkpoint:
 
     def size_bytes(self, model: ModelArch) -> float:
         """What a download moves and a load reads: every parameter as stored."""
+        if self.stored == "native" and model.native_precision == "mxfp4":  # experts only (hf_config.py)
+            routed = model.routed_expert_params
+            return routed * self.bytes_per_param + (model.params - routed) * CHECKPOINT_16BIT_BYTES_PER_PARAM
         return model.params * self.bytes_per_param
 
 
@@ -92,6 +98,22 @@ def resolve_checkpoint(
     """The checkpoint for a weight precision, or a CheckpointError naming the source field."""
     name = precision.name
     quantized_bytes = precision.bytes_per_param
+    native = model.native_precision
+    if source is None and native is not None:
+        if name == native:  # the published checkpoint itself; the engine reads its quantization_config
+            return Checkpoint(model.hf_id, "native", None, False, "catalog", quantized_bytes)
+        if name in SIXTEEN_BIT or name in NATIVE_ONLY:
+            raise CheckpointError(
+                f"{model.name}'s published checkpoint {model.hf_id} is stored in {native}; precision {name} needs "
+                f"a checkpoint stored that way: set {field} to one, or use precision {native}",
+                field,
+            )
+    if source is None and name in NATIVE_ONLY:
+        raise CheckpointError(
+            f"precision {name} is a checkpoint format ({model.name} is not published in it): set {field} to a "
+            f"{name} checkpoint, or use bf16 or fp8",
+            field,
+        )
     if source is None:
         if name in SIXTEEN_BIT:
             return Checkpoint(model.hf_id, "16bit", None, False, "catalog", CHECKPOINT_16BIT_BYTES_PER_PARAM)

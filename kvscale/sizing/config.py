@@ -15,8 +15,15 @@ from kvscale.sizing.catalog import (
     ModelArch,
     PrecisionSpec,
 )
-from kvscale.sizing.memory import MemoryBudget, memory_budget
-from kvscale.sizing.parallel import allreduce_terms_s
+from kvscale.sizing.memory import (
+    MemoryBudget,
+    expert_bytes_per_param,
+    kv_bytes_per_token_per_layer,
+    memory_budget,
+    shared_bytes_per_param,
+    weight_bytes,
+)
+from kvscale.sizing.parallel import allreduce_terms_s, pipeline_terms_s
 
 
 def default_chunk_budget_tokens(engine: EngineProfile, gpu: GpuSpec) -> int:
@@ -60,6 +67,14 @@ class Rates:
     shared_weight_bytes: float  # MoE: what every token reads (attention, embeddings), this GPU
     expert_weight_bytes: float  # MoE: one expert's FFN, this GPU (0 for dense models)
     prefill_overhead_s: float  # per step with a chunk
+    # Sliding-window layers (gpt-oss, Gemma 3): their attention and KV reads stop at the window.
+    attention_window_flops_per_token_per_context: float = 0.0
+    window_tokens: float = 0.0
+    kv_full_bytes_per_token: float = 0.0  # KV read per context token on the full-attention layers
+    kv_window_bytes_per_token: float = 0.0  # ... on the sliding layers, up to window_tokens
+    # Pipeline parallelism: a token crosses pp - 1 stage boundaries per forward pass.
+    pipeline_fixed_s: float = 0.0
+    pipeline_s_per_token: float = 0.0
 
 
 class UnsupportedConfig(ValueError):
@@ -166,13 +181,21 @@ class ServingConfig:
         kv_bandwidth = self.gpu.hbm_bandwidth_bytes_per_s * self.gpu.bandwidth_efficiency
         linear = 2.0 * m.params_per_token / tp
         fixed, per_token = allreduce_terms_s(m.hidden_size, m.layers, tp, self.link, e)
+        # Step times are those of one GPU of a stage summed over the stages (the stages run one
+        # after another for a token), so weights and KV are counted for all layers / tp.
+        per_layer_kv = kv_bytes_per_token_per_layer(m, self.kv, tp)
+        windowed = m.layers - m.full_attention_layers
+        attention = m.attention_flops_per_token_per_context / m.layers / tp
+        shared_bpp = shared_bytes_per_param(m, self.precision)
+        expert_bpp = expert_bytes_per_param(m, self.precision)
+        pp_fixed, pp_per_token = pipeline_terms_s(m.hidden_size, self.pipeline_parallel, self.gpu)
         return Rates(
             matmul_flops_per_s=self.peak_flops_per_s * self.matmul_efficiency,
             weight_bytes_per_s=kv_bandwidth * self.precision.weight_bandwidth_efficiency,
             kv_bytes_per_s=kv_bandwidth,
             linear_flops_per_token=linear,
-            attention_flops_per_token_per_context=4.0 * m.layers * m.heads * m.head_dim / tp,
-            dense_weight_bytes=m.params * self.precision.bytes_per_param / tp,
+            attention_flops_per_token_per_context=attention * m.full_attention_layers,
+            dense_weight_bytes=weight_bytes(m, self.precision) / tp,
             peak_flops_per_s=self.peak_flops_per_s,
             matmul_efficiency=self.matmul_efficiency,
             gemm_half_flops=e.prefill_half_efficiency_flops,
@@ -181,8 +204,14 @@ class ServingConfig:
             allreduce_s_per_token=per_token,
             decode_overhead_s=m.layers * e.decode_layer_overhead_s + e.step_overhead_s,
             prefill_overhead_s=m.layers * e.prefill_layer_overhead_s + e.step_overhead_s,
-            shared_weight_bytes=m.shared_params * self.precision.bytes_per_param / tp,
-            expert_weight_bytes=(m.expert_params * self.precision.bytes_per_param / tp) if m.is_moe else 0.0,
+            shared_weight_bytes=m.shared_params * shared_bpp / tp,
+            expert_weight_bytes=(m.expert_params * expert_bpp / tp) if m.is_moe else 0.0,
+            attention_window_flops_per_token_per_context=attention * windowed,
+            window_tokens=float(m.sliding_window_tokens or 0),
+            kv_full_bytes_per_token=per_layer_kv * m.full_attention_layers,
+            kv_window_bytes_per_token=per_layer_kv * windowed,
+            pipeline_fixed_s=pp_fixed,
+            pipeline_s_per_token=pp_per_token,
         )
 
     @cached_property

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from kvscale.sizing.config import ServingConfig, default_chunk_budget_tokens
-from kvscale.sizing.memory import max_batch_for_context
 from kvscale.sizing.queueing import mmc_wait_percentile_s
 from kvscale.sizing.roofline import StepTime, decode_step, mixed_step
 from kvscale.sizing.workload import Burstiness, Slo, Workload
@@ -215,9 +214,7 @@ class ReplicaModel:
         mem = self.cfg.memory
         if not mem.fits:
             return 0
-        by_kv = max_batch_for_context(
-            mem.kv_capacity_tokens, self.workload.context_tokens, self.cfg.engine.kv_block_tokens
-        )
+        by_kv = mem.max_batch_for_context(self.workload.context_tokens)
         return min(by_kv, self.cfg.engine.max_num_seqs_limit)
 
     @property
@@ -230,7 +227,8 @@ class ReplicaModel:
     @property
     def max_context_fits(self) -> bool:
         """vLLM refuses to start unless one sequence of max-model-len fits in the KV cache."""
-        return self.cfg.memory.kv_capacity_tokens >= self.workload.engine_max_context_tokens
+        mem = self.cfg.memory
+        return mem.kv_capacity_tokens >= mem.sequence_tokens(self.workload.engine_max_context_tokens)
 
     def tpot_batch_limit(self, tpot_target_s: float) -> int:
         """Largest batch (<= KV and budget limits) whose decode step alone meets TPOT.

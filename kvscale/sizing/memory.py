@@ -7,20 +7,84 @@ from dataclasses import dataclass
 
 from kvscale.sizing.catalog import EngineProfile, GpuSpec, KvPrecisionSpec, ModelArch, PrecisionSpec
 
+UNQUANTIZED_BYTES_PER_PARAM = 2.0  # what a precision that covers only the experts leaves in 16 bits
+
+
+def expert_bytes_per_param(model: ModelArch, precision: PrecisionSpec) -> float:
+    """Bytes per parameter of the routed experts."""
+    return precision.bytes_per_param
+
+
+def shared_bytes_per_param(model: ModelArch, precision: PrecisionSpec) -> float:
+    """Bytes per parameter of everything but the routed experts (attention, dense and shared
+    FFNs, embeddings): 16-bit when the precision quantizes only the experts (gpt-oss MXFP4)."""
+    if precision.applies_to == "experts" and model.is_moe:
+        return UNQUANTIZED_BYTES_PER_PARAM
+    return precision.bytes_per_param
+
 
 def weight_bytes(model: ModelArch, precision: PrecisionSpec) -> float:
     """All weights of the model at a precision (the whole tensor-parallel group)."""
-    return model.params * precision.bytes_per_param
+    routed = model.routed_expert_params
+    return routed * expert_bytes_per_param(model, precision) + (model.params - routed) * shared_bytes_per_param(
+        model, precision
+    )
 
 
 def kv_heads_per_gpu(model: ModelArch, tensor_parallel: int) -> int:
-    """KV heads each GPU stores: heads split across the group, replicated once tp > kv_heads."""
+    """KV heads each GPU stores: heads split across the group, replicated once tp > kv_heads.
+    MLA caches one latent "head" that every rank keeps whole (vllm/model_executor/layers/mla.py)."""
+    if model.is_mla:
+        return 1
     return max(math.ceil(model.kv_heads / tensor_parallel), 1)
 
 
+def kv_bytes_per_token_per_layer(model: ModelArch, kv: KvPrecisionSpec, tensor_parallel: int = 1) -> float:
+    """One token, one layer, one GPU, as vLLM 0.11.0 sizes a page (vllm/v1/kv_cache_interface.py):
+    AttentionSpec 2 (K and V) x kv heads x head_dim x bytes; MLAAttentionSpec one latent of
+    kv_lora_rank + qk_rope_head_dim values, no factor 2, the same on every tensor-parallel rank."""
+    if model.kv_lora_rank is not None and model.qk_rope_head_dim is not None:
+        return (model.kv_lora_rank + model.qk_rope_head_dim) * kv.bytes_per_element
+    return 2.0 * kv_heads_per_gpu(model, tensor_parallel) * model.head_dim * kv.bytes_per_element
+
+
 def kv_bytes_per_token(model: ModelArch, kv: KvPrecisionSpec, tensor_parallel: int = 1) -> float:
-    """KV bytes one token occupies on one GPU: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
-    return 2.0 * model.layers * kv_heads_per_gpu(model, tensor_parallel) * model.head_dim * kv.bytes_per_element
+    """KV bytes one token of context occupies on one GPU over every layer (no sliding window)."""
+    return model.layers * kv_bytes_per_token_per_layer(model, kv, tensor_parallel)
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """How vLLM 0.11.0 groups a model's attention layers into KV-cache groups that share one
+    block pool (vllm/v1/core/kv_cache_utils.py, _get_kv_cache_groups_uniform_page_size): a
+    model with full and sliding-window layers gets groups of min(#full, #sliding) layers each;
+    a block of the pool holds `group_layers` layers of `block` tokens. A sequence takes
+    blocks for its whole context in each full group and at most the window in each
+    sliding group (SlidingWindowManager frees blocks that left the window)."""
+
+    group_layers: int
+    full_groups: int
+    window_groups: int
+    window_tokens: int  # tokens a sliding group keeps per sequence, in whole blocks
+
+    def sequence_tokens(self, context_tokens: int, block_tokens: int) -> int:
+        """Pool tokens (block_tokens-sized blocks of group_layers layers) one sequence holds."""
+        whole = tokens_per_sequence(context_tokens, block_tokens)
+        return self.full_groups * whole + self.window_groups * min(whole, self.window_tokens)
+
+
+def kv_layout(model: ModelArch, block_tokens: int) -> KvLayout:
+    window, sliding = model.sliding_window_tokens, model.sliding_window_layers
+    if window is None or sliding == 0:
+        return KvLayout(model.layers, 1, 0, 0)
+    # A sliding layer keeps the last window - 1 tokens plus the new one, and one more block
+    # because the window need not start on a block boundary (SlidingWindowSpec.max_memory_usage_bytes).
+    window_tokens = (math.ceil(window / block_tokens) + 1) * block_tokens
+    full = model.layers - sliding
+    if full == 0:
+        return KvLayout(model.layers, 0, 1, window_tokens)
+    group = min(full, sliding)
+    return KvLayout(group, math.ceil(full / group), math.ceil(sliding / group), window_tokens)
 
 
 def activation_peak_bytes(model: ModelArch, engine: EngineProfile, tensor_parallel: int, tokens: int) -> float:
@@ -44,12 +108,26 @@ class MemoryBudget:
     weights_bytes: float  # this GPU's shard
     reserve_bytes: float  # activations, CUDA graphs, context
     kv_bytes: float  # what is left for the KV cache (negative: does not fit)
-    kv_bytes_per_token: float
-    kv_capacity_tokens: int
+    kv_bytes_per_token: float  # one pool token: a block's bytes / block tokens (all layers without windows)
+    kv_capacity_tokens: int  # pool tokens; one sequence of context C takes layout.sequence_tokens(C)
+    layout: KvLayout | None = None  # None: every layer caches the whole context
+    block_tokens: int = 1
 
     @property
     def fits(self) -> bool:
         return self.kv_capacity_tokens > 0
+
+    def sequence_tokens(self, context_tokens: int) -> int:
+        """Pool tokens one sequence of `context_tokens` holds (whole blocks; windows capped)."""
+        if self.layout is None:
+            return tokens_per_sequence(context_tokens, self.block_tokens)
+        return self.layout.sequence_tokens(context_tokens, self.block_tokens)
+
+    def max_batch_for_context(self, context_tokens: int) -> int:
+        """Sequences of `context_tokens` each that the KV cache holds at once."""
+        if context_tokens <= 0:
+            raise ValueError("context_tokens must be positive")
+        return self.kv_capacity_tokens // self.sequence_tokens(context_tokens)
 
 
 def memory_budget(
@@ -77,7 +155,9 @@ def memory_budget(
     else:  # vLLM: a fraction of the whole GPU, weights and reserve inside it
         usable = total * engine.gpu_memory_utilization
         kv_left = usable - weights - reserve
-    per_token = kv_bytes_per_token(model, kv, tensor_parallel) / pipeline_parallel
+    layout = kv_layout(model, engine.kv_block_tokens)
+    per_layer = kv_bytes_per_token_per_layer(model, kv, tensor_parallel)
+    per_token = layout.group_layers * per_layer / pipeline_parallel
     return MemoryBudget(
         total_bytes=total,
         usable_bytes=usable,
@@ -86,6 +166,8 @@ def memory_budget(
         kv_bytes=kv_left,
         kv_bytes_per_token=per_token,
         kv_capacity_tokens=kv_capacity_tokens(kv_left, per_token, engine.kv_block_tokens),
+        layout=layout if layout.window_groups else None,
+        block_tokens=engine.kv_block_tokens,
     )
 
 

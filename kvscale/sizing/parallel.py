@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvscale.sizing.catalog import EngineProfile, LinkSpec
+from kvscale.sizing.catalog import EngineProfile, GpuSpec, LinkSpec
 
 ALLREDUCES_PER_LAYER = 2  # after attention's output projection and after the MLP
 ACTIVATION_BYTES = 2.0  # all-reduced activations are 16-bit
@@ -42,3 +42,15 @@ def forward_communication_s(
     """All-reduce time of one forward pass over `tokens` tokens."""
     message = tokens * hidden_size * ACTIVATION_BYTES
     return layers * ALLREDUCES_PER_LAYER * allreduce_time_s(message, tensor_parallel, link, engine)
+
+
+def pipeline_terms_s(hidden_size: int, pipeline_parallel: int, gpu: GpuSpec) -> tuple[float, float]:
+    """A forward pass's pipeline hand-offs as fixed + per_token x tokens: each of the pp - 1
+    stage boundaries sends the tokens' 16-bit activations once, over the inter-node fabric
+    (each GPU of a stage sends its share: tensor-parallel ranks send in parallel, so the
+    per-GPU bandwidth carries hidden / tp of each token; taken whole here, conservatively)."""
+    if pipeline_parallel <= 1:
+        return 0.0, 0.0
+    hops = pipeline_parallel - 1
+    bandwidth = gpu.internode_bandwidth_bytes_per_s or gpu.hbm_bandwidth_bytes_per_s
+    return hops * gpu.internode_latency_s, hops * hidden_size * ACTIVATION_BYTES / bandwidth

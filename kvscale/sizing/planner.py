@@ -22,6 +22,7 @@ TENSOR_PARALLEL_DEGREES = (1, 2, 4, 8)
 DEFAULT_HEADROOM = 0.10
 BUDGET_RATE_TOLERANCE = 0.02  # chunk budgets carrying within 2% of the best rate count as equal
 FULLY_RANKED = 5  # alternatives evaluated in full, beyond the chosen one
+MAX_PIPELINE_NODES = 4  # most nodes one replica may span (pipeline stages of a whole node each)
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,9 @@ def _physics_key(cfg: ServingConfig) -> tuple[object, ...]:
     return (
         cfg.gpu.name,
         cfg.tensor_parallel,
+        cfg.pipeline_parallel,
         p.bytes_per_param,
+        p.applies_to,
         p.compute,
         p.weight_bandwidth_efficiency,
         p.matmul_efficiency_factor,
@@ -479,8 +482,13 @@ def _loss_reason(candidate: Feasible, chosen: Feasible, objective: Objective, ou
     return "ties on cost and latency; lost the deterministic tie-break (fewer GPUs, then name)"
 
 
-def _suggestions(request: PlanRequest, rejected: Iterable[Rejected]) -> tuple[str, ...]:
-    """For an infeasible SLO: the closest candidates and what would make them feasible."""
+def _suggestions(
+    request: PlanRequest, rejected: Iterable[Rejected], node_gpus: Mapping[str, int] | None = None
+) -> tuple[str, ...]:
+    """For an infeasible SLO: the closest candidates and what would make them feasible.
+    `node_gpus`: GPUs a node of each type holds (no "larger tensor-parallel degree" past it)."""
+    rejected = list(rejected)
+    node_gpus = node_gpus or {}
     slo = request.slo
     near: list[tuple[float, Rejected]] = []
     for c in rejected:
@@ -499,12 +507,14 @@ def _suggestions(request: PlanRequest, rejected: Iterable[Rejected]) -> tuple[st
             needs.append(f"--tpot {_ceil_ms(c.best_tpot_s * 1.1)}")
         lines.append(
             f"{c.label}: best TTFT {format_duration(c.best_ttft_s)}, TPOT {format_duration(c.best_tpot_s)}; "
-            f"feasible with {' '.join(needs)} (or a larger tensor-parallel degree / faster GPU)"
+            f"feasible with {' '.join(needs)} ({_bigger(c, node_gpus)})"
         )
     lines = _limit_suggestions(request, rejected) + lines
     if not lines:
+        whole_node = all(c.tensor_parallel >= node_gpus.get(c.gpu, 8) for c in rejected if "does not fit" in c.reason)
+        more = "more nodes per replica" if whole_node else "a higher tensor-parallel degree"
         lines.append(
-            "no candidate fits in memory: allow larger GPUs, a higher tensor-parallel degree, or a smaller precision (e.g. --precision bf16,fp8,int4)"
+            f"no candidate fits in memory: allow larger GPUs, {more}, or a smaller precision (e.g. --precision bf16,fp8,int4)"
         )
     return tuple(lines)
 
@@ -550,18 +560,46 @@ def _limit_suggestions(request: PlanRequest, rejected: Iterable[Rejected]) -> li
     return lines
 
 
+def _bigger(c: Rejected, node_gpus: Mapping[str, int]) -> str:
+    """What more hardware would do for a near miss: more TP within the node, else a faster GPU."""
+    if c.tensor_parallel < node_gpus.get(c.gpu, 8):
+        return "or a larger tensor-parallel degree / faster GPU"
+    return f"or a faster GPU: tensor parallel {c.tensor_parallel} is a whole {c.gpu} node"
+
+
 def _ceil_ms(seconds: float) -> str:
     return f"{math.ceil(seconds * 1000)}ms"
 
 
 def configurations(catalog: Catalog, request: PlanRequest) -> list[ServingConfig]:
     gpus: list[GpuSpec] = [catalog.gpu(g) for g in request.gpus] if request.gpus else list(catalog.gpus.values())
-    return [
+    configs = [
         ServingConfig.build(catalog, request.model, gpu, precision, tp, request.kv_cache_precision, request.engine)
         for gpu in gpus
         for tp in request.tensor_parallel
         for precision in request.precisions
     ]
+    return configs + _multi_node(configs)
+
+
+def _multi_node(configs: list[ServingConfig]) -> list[ServingConfig]:
+    """Replicas spanning nodes where a whole node is not enough: for each GPU type and precision
+    whose full-node tensor-parallel configuration runs but does not fit, the fewest pipeline
+    stages (one node each, TP within the node) whose weights fit, up to MAX_PIPELINE_NODES."""
+    extra = []
+    for cfg in configs:
+        if cfg.tensor_parallel != cfg.gpu.max_gpus_per_node or cfg.gpu.internode_bandwidth_bytes_per_s is None:
+            continue
+        if cfg.unsupported_reason() is not None or cfg.memory.fits:
+            continue
+        for stages in range(2, MAX_PIPELINE_NODES + 1):
+            staged = replace(cfg, pipeline_parallel=stages)
+            if staged.unsupported_reason() is not None:
+                break
+            if staged.memory.fits or stages == MAX_PIPELINE_NODES:
+                extra.append(staged)
+                break
+    return extra
 
 
 def plan(catalog: Catalog, request: PlanRequest) -> Plan:
@@ -598,7 +636,8 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
     rejected.sort(key=lambda c: (c.gpu, c.tensor_parallel, c.pipeline_parallel, c.precision))
     feasible.sort(key=lambda c: _rank_key(c, request.objective, out))
     if not feasible:
-        return Plan(request, None, (), tuple(rejected), _suggestions(request, rejected))
+        node_gpus = {g.name: g.max_gpus_per_node for g in catalog.gpus.values()}
+        return Plan(request, None, (), tuple(rejected), _suggestions(request, rejected, node_gpus))
     best = feasible[0]
     chosen = Feasible(
         best.config,

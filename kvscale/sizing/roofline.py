@@ -124,11 +124,16 @@ def step(
     if tokens <= 0:
         raise ValueError("a step carries at least one token")
     r = cfg.rates  # the terms below are those of _flops_per_gpu, gemm_efficiency and parallel.py
-    kv_token = cfg.memory.kv_bytes_per_token
+    kv_token = r.kv_full_bytes_per_token
     attention = r.attention_flops_per_token_per_context
     flops = tokens * r.linear_flops_per_token + attention * (
         decode_seqs * decode_context_tokens + prefill_tokens * prefill_context_tokens
     )
+    window = r.window_tokens
+    if window:  # sliding-window layers attend to (and read) at most the window
+        flops += r.attention_window_flops_per_token_per_context * (
+            decode_seqs * min(decode_context_tokens, window) + prefill_tokens * min(prefill_context_tokens, window)
+        )
     per_layer = (tokens if tokens > GEMM_TILE_TOKENS else GEMM_TILE_TOKENS) * r.linear_flops_per_token_per_layer
     half = r.gemm_half_flops
     efficiency = r.matmul_efficiency * (per_layer / (per_layer + half) if half > 0 else 1.0)
@@ -139,8 +144,14 @@ def step(
     prior = prefill_context_tokens - prefill_tokens / seqs / 2.0
     prior = prior * prefill_seqs if prior > 0 else 0.0
     kv = (decode_seqs * decode_context_tokens + prior + tokens) * kv_token
+    if window:
+        kv += (decode_seqs * min(decode_context_tokens, window) + min(prior, window) + tokens) * (
+            r.kv_window_bytes_per_token
+        )
     memory_s = weights / r.weight_bytes_per_s + kv / r.kv_bytes_per_s
     comm = r.allreduce_fixed_s + r.allreduce_s_per_token * tokens if cfg.tensor_parallel > 1 else 0.0
+    if cfg.pipeline_parallel > 1:
+        comm += r.pipeline_fixed_s + r.pipeline_s_per_token * tokens
     overhead = r.prefill_overhead_s if prefill_tokens > 0 else r.decode_overhead_s
     return StepTime(
         seconds=max(compute_s, memory_s) + comm + overhead,

@@ -70,6 +70,7 @@ class GpuSpec(_Frozen):
     flops_16bit_per_s: float = Field(gt=0)
     flops_fp8_per_s: float | None = Field(default=None, gt=0)
     ops_int8_per_s: float | None = Field(default=None, gt=0)
+    flops_fp4_per_s: float | None = Field(default=None, gt=0, description="Dense FP4 tensor-core peak (Blackwell)")
     bf16_supported: bool = True
     link: str
     pair_link: str | None = Field(
@@ -112,6 +113,8 @@ class GpuSpec(_Frozen):
             return self.flops_fp8_per_s
         if compute == "int8":
             return self.ops_int8_per_s
+        if compute == "fp4":
+            return self.flops_fp4_per_s
         raise CatalogError(f"unknown compute path {compute!r}")
 
 
@@ -151,6 +154,25 @@ class ModelArch(_Frozen):
     aliases: tuple[str, ...] = ()
     # Checkpoints published already quantized (int4/int8 need one; fp8 can also quantize online).
     quantized_sources: tuple[QuantizedSource, ...] = ()
+    # Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): one compressed latent of
+    # kv_lora_rank + qk_rope_head_dim values per token and layer, not K and V per head.
+    kv_lora_rank: int | None = Field(default=None, gt=0, description="MLA latent width (config.json kv_lora_rank)")
+    qk_rope_head_dim: int | None = Field(default=None, gt=0, description="MLA rotary part of each key")
+    v_head_dim: int | None = Field(default=None, gt=0, description="Value head width when it differs from head_dim")
+    # Sliding-window attention on some layers (gpt-oss: every other layer, 128 tokens; Gemma 3: 5 of 6).
+    sliding_window_tokens: int | None = Field(default=None, gt=0, description="Window of the local layers")
+    sliding_window_layers: int = Field(default=0, ge=0, description="Layers that attend only to the window")
+    # MoE beyond Mixtral: routed experts of their own width, always-on shared experts, and
+    # leading layers with a dense FFN (DeepSeek first_k_dense_replace, GLM-4.5).
+    expert_intermediate_size: int | None = Field(
+        default=None, gt=0, description="Width of one routed expert (config.json moe_intermediate_size)"
+    )
+    shared_experts: int = Field(default=0, ge=0, description="Shared experts every token goes through, per MoE layer")
+    dense_layers: int = Field(default=0, ge=0, description="Layers with a dense FFN of intermediate_size")
+    native_precision: str | None = Field(
+        default=None, description="Precision the published checkpoint is stored in (fp8, mxfp4, nvfp4): the default"
+    )
+    model_type: str | None = Field(default=None, description="config.json model_type, when known")
     source: str = "user-supplied architecture"
 
     @model_validator(mode="after")
@@ -163,7 +185,39 @@ class ModelArch(_Frozen):
             raise ValueError("active_experts cannot exceed experts")
         if self.active_params is not None and self.active_params > self.params:
             raise ValueError("active_params cannot exceed params")
+        if (self.kv_lora_rank is None) != (self.qk_rope_head_dim is None):
+            raise ValueError("multi-head latent attention needs both kv_lora_rank and qk_rope_head_dim")
+        if self.sliding_window_layers > self.layers:
+            raise ValueError(f"sliding_window_layers ({self.sliding_window_layers}) exceeds layers ({self.layers})")
+        if self.sliding_window_layers and self.sliding_window_tokens is None:
+            raise ValueError("sliding_window_layers needs sliding_window_tokens")
+        if self.dense_layers > self.layers:
+            raise ValueError(f"dense_layers ({self.dense_layers}) exceeds layers ({self.layers})")
         return self
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def full_attention_layers(self) -> int:
+        """Layers whose KV grows with the whole context."""
+        return self.layers - (self.sliding_window_layers if self.sliding_window_tokens is not None else 0)
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def expert_width(self) -> int:
+        return self.expert_intermediate_size or self.intermediate_size
+
+    @property
+    def attention_flops_per_token_per_context(self) -> float:
+        """QK^T and PV: 2 x heads x (key width + value width) per layer, per query token per
+        context token (MLA prefill attends with qk_nope + qk_rope keys and v_head_dim values)."""
+        value = self.v_head_dim or self.head_dim
+        return 2.0 * self.layers * self.heads * (self.head_dim + value)
 
     @property
     def hf_id(self) -> str:
@@ -180,8 +234,15 @@ class ModelArch(_Frozen):
 
     @property
     def expert_params(self) -> float:
-        """Parameters of one expert's FFN across all layers (the whole FFN for dense models)."""
-        return float(self.ffn_matrices * self.hidden_size * self.intermediate_size * self.layers)
+        """Parameters of one routed expert's FFN across the MoE layers (the whole FFN for dense models)."""
+        if not self.is_moe:
+            return float(self.ffn_matrices * self.hidden_size * self.intermediate_size * self.layers)
+        return float(self.ffn_matrices * self.hidden_size * self.expert_width * self.moe_layers)
+
+    @property
+    def routed_expert_params(self) -> float:
+        """All routed experts of all MoE layers (0 for dense models)."""
+        return self.experts * self.expert_params if self.is_moe else 0.0
 
     @property
     def params_per_token(self) -> float:
@@ -239,7 +300,12 @@ def estimate_params(
 class PrecisionSpec(_Frozen):
     name: str
     bytes_per_param: float = Field(gt=0)
-    compute: Literal["16bit", "fp8", "int8"]
+    compute: Literal["16bit", "fp8", "int8", "fp4"]
+    applies_to: Literal["linear", "experts"] = Field(
+        default="linear",
+        description="Which weights are stored at this precision: every linear layer, or only the routed "
+        "experts of a MoE model (the rest stays 16-bit, as in gpt-oss's MXFP4 checkpoints)",
+    )
     weight_bandwidth_efficiency: Efficiency = Field(gt=0, le=1)
     matmul_efficiency_factor: Efficiency = Field(
         default=1.0, gt=0, le=1, description="GEMM efficiency on this path relative to the GPU's 16-bit efficiency"
