@@ -6,7 +6,10 @@
 3. memory: rows that ran which the model calls "does not fit";
 4. leave-one-GPU-out: each GPU predicted from a fit to the other five (benchmarks/calibrate.py);
 5. the NIM closed-loop sweeps replayed through the simulator with N users (throughput,
-   mean TTFT, mean ITL per point; warm-up requests left out, as genai-perf does).
+   mean TTFT, mean ITL per point; warm-up requests left out, as genai-perf does);
+6. the GPUStack Performance Lab bursts (Qwen3, GLM-4.5-Air/4.6, gpt-oss; vLLM and SGLang on
+   A100/H100) replayed with each row's engine command (benchmarks/gpustack.py), with the
+   catalog as is, two engine factors fitted on all runs, and leave-one-model-out.
 
 Aim: median |error| <= 10% and p90 <= 25% on each.
 Run: PYTHONPATH=. .venv/bin/python benchmarks/accuracy.py [--quick]
@@ -219,14 +222,70 @@ def sweeps(quick: bool) -> None:
     console.print(totals)
 
 
+def modern(quick: bool) -> None:
+    """6. GPUStack Performance Lab bursts replayed with each row's own engine command."""
+    from benchmarks import gpustack
+
+    catalog = default_catalog()
+    selected, skipped = gpustack.runs()
+    table = {(1.0, 1.0): gpustack.replay_all(selected, catalog)[0]} if quick else gpustack.grid(selected, catalog)
+    default = table[(1.0, 1.0)]
+    best = min(table, key=lambda k: gpustack.loss(table[k]))
+    rows = Table(
+        title=f"6. GPUStack bursts replayed with `simulate --engine-command` (all prompts at t=0; fitted point {best})"
+    )
+    for col in ("row", "engine", "GPU", "case", "N", "in/out", "thr meas/sim", "TTFT meas/sim s", "TPOT meas/sim ms"):
+        rows.add_column(col)
+    for r in table[best]:
+        run = r.run
+        rows.add_row(
+            run.row_id,
+            run.engine,
+            run.gpu,
+            run.case,
+            str(run.requests),
+            f"{run.input_tokens}/{run.output_tokens}",
+            f"{run.output_tok_s:.0f} / {r.output_tok_s:.0f}",
+            f"{run.ttft_mean_s:.2f} / {r.ttft_mean_s:.2f}",
+            f"{run.tpot_mean_s * 1e3:.1f} / {r.tpot_mean_s * 1e3:.1f}",
+        )
+    console.print(rows)
+    replayed_ids = {r.run.row_id for r in default}
+    not_replayed = len(selected) - len(replayed_ids)
+    console.print(f"left out before replay: {skipped}; replay refused for {not_replayed} row(s)")
+    totals = Table(title="GPUStack replays: |error| median / p90")
+    for col in ("set", "runs", "throughput", "mean TTFT", "mean TPOT"):
+        totals.add_column(col)
+
+    def add(name: str, replayed: list) -> None:  # type: ignore[type-arg]
+        errs: dict[str, list[float]] = defaultdict(list)
+        for r in replayed:
+            for k, v in r.errors().items():
+                errs[k].append(v)
+        totals.add_row(name, str(len(replayed)), *(_stats(errs[k]) for k in ("throughput", "mean TTFT", "mean TPOT")))
+
+    add("catalog as is (1.0, 1.0)", default)
+    if not quick:
+        add(f"fitted on all runs {best}", table[best])
+        fitted, held_out = gpustack.leave_one_model_out(table)
+        add("leave-one-model-out", held_out)
+        for engine in ("vllm", "sglang"):
+            add(f"  leave-one-model-out, {engine}", [r for r in held_out if r.run.engine == engine])
+        console.print(f"leave-one-model-out fits (overhead, compute): {fitted}")
+    console.print(totals)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="kvscale model accuracy against published measurements")
     parser.add_argument("--quick", action="store_true", help="replay only N = 1, 50, 250 of the sweeps")
+    parser.add_argument("--only-modern", action="store_true", help="only section 6 (the GPUStack replays)")
     args = parser.parse_args()
-    published()
-    static_table()
-    leave_one_out()
-    sweeps(args.quick)
+    if not args.only_modern:
+        published()
+        static_table()
+        leave_one_out()
+        sweeps(args.quick)
+    modern(args.quick)
 
 
 if __name__ == "__main__":

@@ -132,6 +132,14 @@ def resolve_checkpoint(
             field,
         )
     loaded = strip_scheme(source)
+    if native is not None and loaded.lower() in sixteen_bit_ids(model):  # the published checkpoint, by name
+        if name == native:
+            return Checkpoint(loaded, "native", None, False, "spec", quantized_bytes)
+        raise CheckpointError(
+            f"{field} {source} is stored in {native}; precision {name} needs a checkpoint stored that way: "
+            f"set {field} to one, or use precision {native}",
+            field,
+        )
     if name in SIXTEEN_BIT:
         return Checkpoint(loaded, "16bit", None, False, "spec", CHECKPOINT_16BIT_BYTES_PER_PARAM)
     known = next((q for q in model.quantized_sources if strip_scheme(q.source).lower() == loaded.lower()), None)

@@ -134,17 +134,32 @@ class ServingConfig:
                 other.__dict__[derived] = self.__dict__[derived]
         return other
 
+    @property
+    def compute_path(self) -> str:
+        """The tensor-core path the GEMMs take. FP8 weights on an NVIDIA GPU without FP8 tensor
+        cores but with compute capability >= 8.0 (Ampere: bf16 support in the catalog) run as
+        FP8 Marlin, weight-only with 16-bit GEMMs (vLLM 0.11.0
+        vllm/model_executor/layers/quantization/fp8.py: `use_marlin = not
+        current_platform.has_device_capability(89)`; Fp8Config.get_min_capability 80)."""
+        c = self.precision.compute
+        if c == "fp8" and self.gpu.flops_fp8_per_s is None and self.gpu.vendor == "nvidia" and self.gpu.bf16_supported:
+            return "16bit"
+        return c
+
     @cached_property
     def peak_flops_per_s(self) -> float:
         """Dense peak of one GPU on the precision's compute path."""
-        peak = self.gpu.peak_flops_per_s(self.precision.compute)
+        peak = self.gpu.peak_flops_per_s(self.compute_path)
         if peak is None:
             raise UnsupportedConfig(self.unsupported_reason() or "unsupported precision")
         return peak
 
     @property
     def matmul_efficiency(self) -> float:
-        """Share of this precision's peak that large GEMMs reach on this GPU."""
+        """Share of this precision's peak that large GEMMs reach on this GPU (a weight-only
+        fallback runs 16-bit GEMMs at the GPU's own 16-bit efficiency)."""
+        if self.compute_path != self.precision.compute:
+            return self.gpu.matmul_efficiency
         return self.gpu.matmul_efficiency * self.precision.matmul_efficiency_factor
 
     def _derived_key(self) -> tuple[int, ...]:
@@ -282,8 +297,10 @@ class ServingConfig:
             return f"{self.model.heads} attention heads do not split evenly over {tp} GPUs"
         if self.model.kv_heads % tp and tp % self.model.kv_heads:
             return f"{self.model.kv_heads} KV heads and tensor parallel {tp} do not divide each other"
-        if self.gpu.peak_flops_per_s(self.precision.compute) is None:
+        if self.gpu.peak_flops_per_s(self.compute_path) is None:
             return f"{self.gpu.name} has no {self.precision.compute} tensor cores for {self.precision.name}"
+        if self.precision.name == "mxfp4" and not (self.gpu.bf16_supported or self.gpu.vendor == "amd"):
+            return f"{self.gpu.name} cannot run mxfp4: vLLM's MXFP4 kernels need compute capability 8.0 (Ampere)"
         if self.precision.name == "bf16" and not self.gpu.bf16_supported:
             return f"{self.gpu.name} has no bfloat16 support; use fp16"
         if self.kv.name == "fp8" and self.gpu.flops_fp8_per_s is None:

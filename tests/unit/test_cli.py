@@ -269,7 +269,7 @@ def test_bad_percentile_names_the_option() -> None:
                 "--model",
                 "llama-2-7b",
                 "--gpu",
-                "A100-80GB",
+                "T4",
                 "--precision",
                 "fp8",
                 "--batch",

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from kvscale.api.intent import SpecError, parse_intent, resolve_model
 from kvscale.cli import app
 from kvscale.sizing.catalog import default_catalog
+from kvscale.sizing.checkpoints import CheckpointError, quantization_flag, resolve_checkpoint
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.hf_config import SUPPORTED_MODEL_TYPES, HfConfigError, arch_from_hf_config, native_precision
 from kvscale.sizing.memory import weight_bytes
@@ -320,3 +321,18 @@ def test_spec_model_architecture_takes_a_config_json() -> None:
                 },
             }
         )
+
+
+def test_a_native_checkpoint_loads_as_published_without_a_quantization_flag() -> None:
+    r1 = CAT.model("deepseek-r1")
+    for source in (None, "hf://deepseek-ai/DeepSeek-R1"):
+        ckpt = resolve_checkpoint(r1, CAT.precision("fp8"), source)
+        assert (ckpt.source, ckpt.stored, ckpt.method) == ("deepseek-ai/DeepSeek-R1", "native", None)
+        assert quantization_flag("vllm", ckpt, CAT.gpu("H100-SXM")) is None
+        with pytest.raises(CheckpointError, match="stored in fp8"):
+            resolve_checkpoint(r1, CAT.precision("bf16"), source)
+    oss = CAT.model("gpt-oss-120b")
+    ckpt = resolve_checkpoint(oss, CAT.precision("mxfp4"), None)
+    assert ckpt.size_bytes(oss) == pytest.approx(weight_bytes(oss, CAT.precision("mxfp4")))
+    with pytest.raises(CheckpointError, match="mxfp4 is a checkpoint format"):
+        resolve_checkpoint(CAT.model("llama-3.1-8b"), CAT.precision("mxfp4"), None)

@@ -82,10 +82,16 @@ def test_gpu_limits_and_max_replicas_reject_with_reasons() -> None:
     assert not capped.feasible and "maxReplicas" in capped.rejected[0].reason
 
 
-def test_fp8_unsupported_on_ampere() -> None:
+def test_fp8_on_ampere_is_weight_only_and_unsupported_before_it() -> None:
+    # vLLM 0.11.0 fp8.py: FP8 Marlin (W8A16) below compute capability 8.9, none below 8.0.
     result = plan(CAT, request(gpus=("A100-80GB",), precisions=("fp8",)))
-    assert not result.feasible
-    assert all("no fp8" in c.reason for c in result.rejected)
+    assert result.chosen is not None
+    cfg = result.chosen.config
+    assert cfg.compute_path == "16bit" and cfg.peak_flops_per_s == CAT.gpu("A100-80GB").flops_16bit_per_s
+    assert cfg.memory.weights_bytes == pytest.approx(CAT.model("llama-3.1-8b").params * 1.0)
+    t4 = plan(CAT, request(gpus=("T4",), precisions=("fp8",)))
+    assert not t4.feasible
+    assert all("no fp8" in c.reason for c in t4.rejected)
 
 
 @pytest.mark.parametrize("precisions", [("bf16",), ("bf16", "fp8", "int8", "int4")])
