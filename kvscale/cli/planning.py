@@ -415,7 +415,7 @@ def predict(
     elif model is None:
         fail("give --model (a catalog name, config.json or architecture file) or --engine-command")
     else:
-        tp = tp or 1
+        tp = 1 if tp is None else tp
         cfg = _config(cat, model, gpu, tp, precision, kv_cache_precision)
     positive(batch, "--batch", MAX_TOKENS)
     prediction = predict_batch(cfg, batch, tokens(input_tokens, "--input"), tokens(output_tokens, "--output"))
