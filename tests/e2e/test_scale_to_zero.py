@@ -1,0 +1,92 @@
+"""Scale to zero and back on the test cluster: the stand-in serves the engines' metrics behind
+kwok pods, a second stand-in serves the endpoint picker's flow-control queue gauge
+(inference_extension_flow_control_queue_size), a real Prometheus scrapes both, and the
+operator releases the last replica after the idle window and brings one back when requests
+wait at the gateway."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from kvscale.operator.scale_zero import QUEUE_METRIC
+from tests.cluster.harness import Cluster, free_port, wait_until
+from tests.cluster.processes import Operator, standin
+from tests.cluster.prometheus import Prometheus
+from tests.cluster.test_operator import SAMPLES, condition, create, get
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "sleepy"
+LOAD = "steps:1@0,0@10"  # one request a second for ten seconds, then none
+
+
+def replicas(api: client.ApiClient, namespace: str) -> int:
+    return int(client.AppsV1Api(api).read_namespaced_deployment(NAME, namespace).spec.replicas or 0)
+
+
+@pytest.fixture
+def zero(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.kvscale.io", "--timeout=60s")
+    registry = CollectorRegistry()
+    labels = ("fairness_id", "priority", "inference_pool", "model_name", "target_model_name")
+    queue = Gauge(QUEUE_METRIC, "The endpoint picker's flow-control queue (stand-in).", labels, registry=registry)
+    series = queue.labels("default", "0", NAME, "m", "m")
+    series.set(0)
+    queue_port = free_port()
+    server, thread = start_http_server(queue_port, addr="127.0.0.1", registry=registry)
+    metrics_port = free_port()
+    op = Operator(cluster, tmp_path)
+    prom = Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{metrics_port}", f"127.0.0.1:{queue_port}"]).start()
+    op.env.update(
+        {
+            "KVSCALE_PROMETHEUS_URL": prom.url,
+            "KVSCALE_SCALE_INTERVAL": "2s",
+            "KVSCALE_METRICS_WINDOW": "10s",
+            "KVSCALE_METRICS_STALE_AFTER": "10s",
+        }
+    )
+    op.start()
+    body = copy.deepcopy(SAMPLES["custom-architecture"])
+    body["metadata"]["name"] = NAME
+    body["spec"]["scaling"] = {"minReplicas": 0, "maxReplicas": 2, "idleWindow": "10s", "scaleDownStabilization": "5s"}
+    body["spec"]["routing"] = {"inferencePool": {}}
+    create(api, namespace, body)
+    wait_until(lambda: get(api, namespace, NAME).get("status", {}).get("phase") == "Ready", 60, "Ready")
+    serving = standin(cluster, NAME, namespace, metrics_port, LOAD, "3s", tmp_path / "standin.log")
+    try:
+        yield {"queue": series, "operator": op, "namespace": namespace}
+    finally:
+        serving.stop()
+        op.stop()
+        prom.stop()
+        server.shutdown()
+        thread.join(5)
+
+
+def test_idle_window_releases_the_last_replica_and_the_gateway_queue_brings_one_back(
+    zero: dict[str, Any], api: client.ApiClient
+) -> None:
+    ns, op = zero["namespace"], zero["operator"]
+    try:
+        wait_until(lambda: replicas(api, ns) == 0, 120, "scaled to zero after the idle window")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}: {get(api, ns, NAME).get('status')}\n{op.tail()}") from exc
+    c = condition(get(api, ns, NAME), "ScaleToZero")
+    assert c["status"] == "True" and "after 10s without requests" in c["message"]
+    assert "waits at the gateway about" in c["message"]
+    # Nothing waits: it stays at zero.
+    wait_until(lambda: "at zero" in condition(get(api, ns, NAME), "ScaleToZero").get("message", ""), 30, "at zero")
+    assert replicas(api, ns) == 0
+    zero["queue"].set(3)  # three requests held by the endpoint picker
+    try:
+        wait_until(lambda: replicas(api, ns) >= 1, 60, "scaled back from zero")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}: {get(api, ns, NAME).get('status')}\n{op.tail()}") from exc
+    assert "requests wait for a replica" in get(api, ns, NAME)["status"]["lastScaleReason"]
