@@ -70,3 +70,36 @@ async def _dead(url: str) -> None:
         assert obs.stale and obs.ready_replicas == 2 and obs.starting_replicas == 1 and why and "unreachable" in why
     finally:
         await dead.aclose()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tgi"])
+def test_every_engine_query_parses_on_a_real_prometheus(tmp_path: Path, engine: str) -> None:
+    """Each query the tick and the workload read send, for every engine, is accepted (a
+    refused query would leave the observation stale for good): with no such series, each
+    answers empty or NaN, never an error."""
+    from kvscale.autoscaling.observation import ObservedWorkload
+    from kvscale.metrics.client import Sample
+    from kvscale.metrics.engines import ENGINES
+    from kvscale.metrics.observe import observe_workload_async
+    from kvscale.metrics.promql import queries, workload_queries
+
+    built = {
+        **queries(ENGINES[engine], "ns", "svc", 0.95, "1m"),
+        **{f"workload {k}": q for k, q in workload_queries(ENGINES[engine], "ns", "svc", "10m", "1m").items()},
+    }
+    with Prometheus(tmp_path / "prom", targets=[]) as prom:
+
+        async def ask() -> tuple[dict[str, list[Sample] | Missing], ObservedWorkload | None, str | None]:
+            client = AsyncPrometheusClient(prom.url, timeout_s=10.0, retries=0)
+            try:
+                answers = {key: await client.vector(q) for key, q in built.items()}
+                workload, why = await observe_workload_async(client, engine, "ns", "svc", time.time())
+                return answers, workload, why
+            finally:
+                await client.aclose()
+
+        answers, workload, why = asyncio.run(ask())
+    refused = {k: v.reason for k, v in answers.items() if isinstance(v, Missing) and v.is_error}
+    assert refused == {}
+    assert workload is not None and workload.requests_per_s is None
+    assert why == "no data for rate, input_tokens, output_tokens"
