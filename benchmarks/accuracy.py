@@ -228,15 +228,14 @@ def modern(quick: bool) -> None:
 
     catalog = default_catalog()
     selected, skipped = gpustack.runs()
-    table = {(1.0, 1.0): gpustack.replay_all(selected, catalog)[0]} if quick else gpustack.grid(selected, catalog)
-    default = table[(1.0, 1.0)]
-    best = min(table, key=lambda k: gpustack.loss(table[k]))
-    rows = Table(
-        title=f"6. GPUStack bursts replayed with `simulate --engine-command` (all prompts at t=0; fitted point {best})"
-    )
+    as_is = gpustack.replay_all(selected, catalog)
+    table = {(-1.0, -1.0): as_is[0]} if quick else gpustack.grid(selected, catalog)
+    fitted = {"vllm": (-1.0, -1.0), "sglang": (-1.0, -1.0)} if quick else gpustack.fit(table, lambda run: True)
+    best = gpustack.predictions(table, fitted)
+    rows = Table(title="6. GPUStack bursts replayed with `simulate --engine-command` (all prompts at t=0), as fitted")
     for col in ("row", "engine", "GPU", "case", "N", "in/out", "thr meas/sim", "TTFT meas/sim s", "TPOT meas/sim ms"):
         rows.add_column(col)
-    for r in table[best]:
+    for r in sorted(best, key=lambda r: r.run.row_id):
         run = r.run
         rows.add_row(
             run.row_id,
@@ -250,28 +249,29 @@ def modern(quick: bool) -> None:
             f"{run.tpot_mean_s * 1e3:.1f} / {r.tpot_mean_s * 1e3:.1f}",
         )
     console.print(rows)
-    replayed_ids = {r.run.row_id for r in default}
-    not_replayed = len(selected) - len(replayed_ids)
-    console.print(f"left out before replay: {skipped}; replay refused for {not_replayed} row(s)")
+    console.print(f"left out before replay: {skipped}")
+    console.print(f"replay refused: {as_is[1]}")
     totals = Table(title="GPUStack replays: |error| median / p90")
     for col in ("set", "runs", "throughput", "mean TTFT", "mean TPOT"):
         totals.add_column(col)
 
-    def add(name: str, replayed: list) -> None:  # type: ignore[type-arg]
+    def add(name: str, replayed: list[gpustack.Replayed]) -> None:
         errs: dict[str, list[float]] = defaultdict(list)
         for r in replayed:
             for k, v in r.errors().items():
                 errs[k].append(v)
         totals.add_row(name, str(len(replayed)), *(_stats(errs[k]) for k in ("throughput", "mean TTFT", "mean TPOT")))
 
-    add("catalog as is (1.0, 1.0)", default)
+    add("catalog as is", as_is[0])
+    for engine in ("vllm", "sglang"):
+        add(f"  catalog as is, {engine}", [r for r in as_is[0] if r.run.engine == engine])
     if not quick:
-        add(f"fitted on all runs {best}", table[best])
-        fitted, held_out = gpustack.leave_one_model_out(table)
+        add(f"fitted on all runs {fitted}", best)
+        fits, held_out = gpustack.leave_one_model_out(table)
         add("leave-one-model-out", held_out)
         for engine in ("vllm", "sglang"):
             add(f"  leave-one-model-out, {engine}", [r for r in held_out if r.run.engine == engine])
-        console.print(f"leave-one-model-out fits (overhead, compute): {fitted}")
+        console.print(f"leave-one-model-out fits (sequence overhead s, compute scale) per engine: {fits}")
     console.print(totals)
 
 

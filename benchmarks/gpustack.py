@@ -16,6 +16,7 @@ summary of `vllm bench serve` reports them.
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -173,57 +174,61 @@ def replay_all(
 
 # --- calibration: a few engine factors fitted to the runs ----------------------------------
 
-# (overhead scale, compute scale): the engines' per-step and per-layer costs, and the share of
-# peak their GEMMs reach, times these factors. A small grid: every point replays every run.
-OVERHEAD_SCALES = (0.5, 0.75, 1.0, 1.5, 2.0)
-COMPUTE_SCALES = (0.8, 1.0, 1.2)
+# (per-sequence step cost, GEMM factor): the engine's CPU cost per running sequence per step
+# (scheduling, sampling, detokenizing, output processing; EngineProfile.sequence_overhead_s),
+# and the share of the GPU's GEMM efficiency its steps reach (EngineProfile.matmul_efficiency_factor). Fitted per engine (vLLM and SGLang
+# rows apart) on a small grid: every point replays every run.
+SEQUENCE_OVERHEADS_S = (0.0, 60e-6, 120e-6, 180e-6, 250e-6, 350e-6)
+COMPUTE_SCALES = (0.45, 0.6, 0.75, 1.0)
+Point = tuple[float, float]
 
 
-def scaled_catalog(catalog: Catalog, overhead: float, compute: float) -> Catalog:
-    engines = {
-        name: e.model_copy(
-            update={
-                "step_overhead_s": e.step_overhead_s * overhead,
-                "decode_layer_overhead_s": e.decode_layer_overhead_s * overhead,
-                "prefill_layer_overhead_s": e.prefill_layer_overhead_s * overhead,
-            }
+def scaled_catalog(catalog: Catalog, sequence_overhead_s: float, compute: float) -> Catalog:
+    """The catalog with vLLM's and SGLang's two fitted fields set to a grid point."""
+    engines = dict(catalog.engines)
+    for name in ("vllm", "sglang"):
+        engines[name] = engines[name].model_copy(
+            update={"sequence_overhead_s": sequence_overhead_s, "matmul_efficiency_factor": compute}
         )
-        for name, e in catalog.engines.items()
-    }
-    gpus = {
-        name: g.model_copy(update={"matmul_efficiency": min(1.0, g.matmul_efficiency * compute)})
-        for name, g in catalog.gpus.items()
-    }
-    return catalog.model_copy(update={"engines": engines, "gpus": gpus})
+    return catalog.model_copy(update={"engines": engines})
 
 
 def loss(replayed: list[Replayed]) -> float:
     """Mean squared log error over throughput, mean TTFT and mean TPOT."""
-    import math
-
     terms = [math.log1p(e) ** 2 for r in replayed for e in r.errors().values() if e > -1]
     return statistics.fmean(terms) if terms else float("inf")
 
 
-def grid(selected: list[Run], catalog: Catalog) -> dict[tuple[float, float], list[Replayed]]:
-    """Every (overhead, compute) point's replays of `selected`."""
-    out = {}
-    for overhead in OVERHEAD_SCALES:
-        for compute in COMPUTE_SCALES:
-            out[(overhead, compute)] = replay_all(selected, scaled_catalog(catalog, overhead, compute))[0]
-    return out
+def grid(selected: list[Run], catalog: Catalog) -> dict[Point, list[Replayed]]:
+    """Every grid point's replays of `selected`."""
+    return {
+        (seq, compute): replay_all(selected, scaled_catalog(catalog, seq, compute))[0]
+        for seq in SEQUENCE_OVERHEADS_S
+        for compute in COMPUTE_SCALES
+    }
 
 
-def leave_one_model_out(
-    table: dict[tuple[float, float], list[Replayed]],
-) -> tuple[dict[str, tuple[float, float]], list[Replayed]]:
-    """For each model: the grid point fitted on the other models' runs, and that point's
-    replays of the held-out model's runs."""
+def fit(table: dict[Point, list[Replayed]], keep: Callable[[Run], bool]) -> dict[str, Point]:
+    """Per engine, the grid point with the least loss over the runs `keep` admits."""
+    engines = sorted({r.run.engine for r in next(iter(table.values()))})
+    return {
+        engine: min(table, key=lambda k: loss([r for r in table[k] if r.run.engine == engine and keep(r.run)]))
+        for engine in engines
+    }
+
+
+def predictions(table: dict[Point, list[Replayed]], fitted: dict[str, Point]) -> list[Replayed]:
+    """Each run at its engine's fitted point."""
+    return [r for engine, point in fitted.items() for r in table[point] if r.run.engine == engine]
+
+
+def leave_one_model_out(table: dict[Point, list[Replayed]]) -> tuple[dict[str, dict[str, Point]], list[Replayed]]:
+    """For each model: the points fitted on the other models' runs, and their replays of the
+    held-out model's runs."""
     models = sorted({r.run.model for r in next(iter(table.values()))})
-    fitted: dict[str, tuple[float, float]] = {}
+    fits: dict[str, dict[str, Point]] = {}
     held_out: list[Replayed] = []
     for model in models:
-        best = min(table, key=lambda k: loss([r for r in table[k] if r.run.model != model]))
-        fitted[model] = best
-        held_out += [r for r in table[best] if r.run.model == model]
-    return fitted, held_out
+        fits[model] = fit(table, lambda run, model=model: run.model != model)  # type: ignore[misc]
+        held_out += [r for r in predictions(table, fits[model]) if r.run.model == model]
+    return fits, held_out

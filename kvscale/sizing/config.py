@@ -72,6 +72,7 @@ class Rates:
     window_tokens: float = 0.0
     kv_full_bytes_per_token: float = 0.0  # KV read per context token on the full-attention layers
     kv_window_bytes_per_token: float = 0.0  # ... on the sliding layers, up to window_tokens
+    sequence_overhead_s: float = 0.0  # per running sequence per step (the engine's CPU work)
     # Pipeline parallelism: a token crosses pp - 1 stage boundaries per forward pass.
     pipeline_fixed_s: float = 0.0
     pipeline_s_per_token: float = 0.0
@@ -158,9 +159,10 @@ class ServingConfig:
     def matmul_efficiency(self) -> float:
         """Share of this precision's peak that large GEMMs reach on this GPU (a weight-only
         fallback runs 16-bit GEMMs at the GPU's own 16-bit efficiency)."""
+        engine = self.engine.matmul_efficiency_factor
         if self.compute_path != self.precision.compute:
-            return self.gpu.matmul_efficiency
-        return self.gpu.matmul_efficiency * self.precision.matmul_efficiency_factor
+            return self.gpu.matmul_efficiency * engine
+        return self.gpu.matmul_efficiency * self.precision.matmul_efficiency_factor * engine
 
     def _derived_key(self) -> tuple[int, ...]:
         """Identity of the catalog entries this configuration is made of. The derived-value
@@ -225,6 +227,7 @@ class ServingConfig:
             window_tokens=float(m.sliding_window_tokens or 0),
             kv_full_bytes_per_token=per_layer_kv * m.full_attention_layers,
             kv_window_bytes_per_token=per_layer_kv * windowed,
+            sequence_overhead_s=e.sequence_overhead_s,
             pipeline_fixed_s=pp_fixed,
             pipeline_s_per_token=pp_per_token,
         )

@@ -153,6 +153,8 @@ def step(
     if cfg.pipeline_parallel > 1:
         comm += r.pipeline_fixed_s + r.pipeline_s_per_token * tokens
     overhead = r.prefill_overhead_s if prefill_tokens > 0 else r.decode_overhead_s
+    if r.sequence_overhead_s:
+        overhead += r.sequence_overhead_s * (decode_seqs + (prefill_seqs if prefill_tokens > 0 else 0.0))
     return StepTime(
         seconds=max(compute_s, memory_s) + comm + overhead,
         compute_s=compute_s,

@@ -133,3 +133,28 @@ def test_predict_and_simulate_take_an_engine_command(tmp_path: Path) -> None:
     bad = runner.invoke(app, [*args, "--engine-command", "vllm serve Qwen/Qwen3-8B", "--tp", "2"])
     assert bad.exit_code == 2
     assert "leave out --tp and --precision" in bad.output
+
+
+def test_per_sequence_cost_and_gemm_factor_of_an_engine() -> None:
+    from kvscale.sizing.config import ServingConfig
+    from kvscale.sizing.roofline import step
+
+    base = ServingConfig.build(CAT, CAT.model("qwen3-8b"), CAT.gpu("H100-SXM"))
+    engine = base.engine.model_copy(update={"sequence_overhead_s": 50e-6, "matmul_efficiency_factor": 0.5})
+    tuned = ServingConfig(base.model, base.gpu, base.link, base.precision, base.kv, engine, 1)
+    for seqs in (1, 100, 400):
+        extra = step(tuned, seqs, 1000).overhead_s - step(base, seqs, 1000).overhead_s
+        assert extra == pytest.approx(50e-6 * seqs)
+    assert tuned.matmul_efficiency == pytest.approx(base.matmul_efficiency / 2)
+    assert step(tuned, 0, 0, 4096, 2048).compute_s == pytest.approx(2 * step(base, 0, 0, 4096, 2048).compute_s)
+
+
+def test_the_burst_fit_overlay_loads_over_the_catalog() -> None:
+    from kvscale.sizing.catalog import load_catalog
+
+    overlay = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "gpustack-engine-fit.yaml"
+    cat = load_catalog(overlay)
+    assert cat.engine("vllm").sequence_overhead_s == pytest.approx(120e-6)
+    assert cat.engine("sglang").matmul_efficiency_factor == pytest.approx(0.6)
+    assert cat.engine("sglang").kv_block_tokens == 1  # the rest of the profile is kept
+    assert CAT.engine("vllm").sequence_overhead_s == 0.0  # not the built-in default

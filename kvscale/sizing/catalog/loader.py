@@ -337,6 +337,18 @@ class EngineProfile(_Frozen):
     decode_layer_overhead_s: float = Field(ge=0)
     prefill_layer_overhead_s: float = Field(ge=0)
     step_overhead_s: float = Field(ge=0)
+    matmul_efficiency_factor: Efficiency = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Share of the GPU's GEMM efficiency (gpus.yaml, fitted to TensorRT-LLM) this engine's steps reach",
+    )
+    sequence_overhead_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Per running sequence per step: the engine's CPU work for it (scheduling, sampling, "
+        "detokenizing, output processing), which grows with the batch",
+    )
     prefill_half_efficiency_flops: float = Field(ge=0)
     allreduce_efficiency: Efficiency = Field(gt=0, le=1)
     allreduce_hop_latency_s: float = Field(ge=0)
