@@ -5,13 +5,18 @@
 #     module that requires k8s.io/kubernetes and replaces every staging module with its
 #     published v0.Y.Z twin (k8s.io/kubernetes is not meant to be required directly).
 #   kwok and helm: `go install pkg@version`, their own go.mod as published.
-#   prometheus and promtool: Debian's package (apt-get), no recommends.
+#   prometheus and promtool: `go install` from the module proxy too (Prometheus 3.x is
+#     published as module github.com/prometheus/prometheus v0.3XY.Z = release 3.XY.Z). Built
+#     without the `builtinassets` tag, so the web UI is not embedded (it needs npm): the HTTP
+#     API, which tests and the operator use, is all there. Service discovery is trimmed to
+#     kubernetes_sd and static configs (build tags remove_all_sd,enable_kubernetes_sd).
 # Prints the bin directory on its last line.
 set -euo pipefail
 
 K8S_VERSION="${KVSCALE_K8S_VERSION:-v1.34.4}"
 KWOK_VERSION="${KVSCALE_KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${KVSCALE_HELM_VERSION:-v3.21.4}"
+PROMETHEUS_VERSION="${KVSCALE_PROMETHEUS_VERSION:-3.16.0}"
 
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/kvscale"
 bin_dir="$cache_root/cluster-bins/k8s-$K8S_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
@@ -98,20 +103,33 @@ kwok_stages() {
   mv "$out" "$bin_dir/kwok-stages.yaml"
 }
 
-install_prometheus() {
-  if command -v prometheus >/dev/null && command -v promtool >/dev/null; then return 0; fi
-  log "installing prometheus from Debian's packages"
-  local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  # The package starts a system service where systemd runs; tests start their own.
-  $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+build_prometheus() {
+  # Cached by version: a stamp beside the binaries names the release they were built from.
+  local stamp="$bin_dir/prometheus.version"
+  if [ -x "$bin_dir/prometheus" ] && [ -x "$bin_dir/promtool" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$PROMETHEUS_VERSION" ]; then
+    return 0
+  fi
+  local major_minor="${PROMETHEUS_VERSION%.*}" patch="${PROMETHEUS_VERSION##*.}"
+  # 3.16.0 -> v0.316.0: the module version is v0.<major><minor, two digits>.<patch>
+  local module_version
+  module_version="v0.${major_minor%%.*}$(printf '%02d' "${major_minor#*.}").$patch"
+  log "building prometheus $PROMETHEUS_VERSION (github.com/prometheus/prometheus@$module_version)"
+  local gobin; gobin=$(mktemp -d)
+  local v=github.com/prometheus/common/version
+  CGO_ENABLED=0 GOBIN="$gobin" go install -trimpath -tags remove_all_sd,enable_kubernetes_sd \
+    -ldflags "-X $v.Version=$PROMETHEUS_VERSION -X $v.Branch=release -X $v.Revision=$module_version -X $v.BuildUser=kvscale -X $v.BuildDate=19700101-00:00:00" \
+    "github.com/prometheus/prometheus/cmd/prometheus@$module_version" \
+    "github.com/prometheus/prometheus/cmd/promtool@$module_version"
+  mv "$gobin/prometheus" "$bin_dir/prometheus"
+  mv "$gobin/promtool" "$bin_dir/promtool"
+  rm -rf "$gobin"
+  echo "$PROMETHEUS_VERSION" > "$stamp"
 }
 
-install_prometheus
 build_k8s
 build_installable kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 build_installable helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 kwok_stages
+build_prometheus
 log "ready: $bin_dir"
 echo "$bin_dir"

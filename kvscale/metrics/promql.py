@@ -18,9 +18,22 @@ def pod_selector(namespace: str, name: str) -> str:
     return f'namespace="{escape_label_value(namespace)}",pod=~"{escape_label_value(pods)}"'
 
 
+def escaped(name: str) -> str:
+    """A metric name as it is stored when the scrape asked for escaped names. vLLM serves
+    /metrics with prometheus_client (vllm/entrypoints/openai/api_server.py `mount_metrics`:
+    make_asgi_app), which picks the format from the scraper's Accept header
+    (prometheus_client 0.26 exposition.py `choose_encoder`): Prometheus 3 asks for
+    `escaping=allow-utf-8` and stores `vllm:num_requests_running`; a Prometheus 2 (OpenMetrics
+    without an escaping parameter) or a scrape with `metric_name_validation_scheme: legacy`
+    gets the "underscores" escaping, and its samples read `vllm_num_requests_running`."""
+    return name.replace(":", "_")
+
+
 def _first(names: tuple[str, ...], build: str) -> str:
-    """`build` for each alternative metric name, joined with `or` (older engine names)."""
-    return " or ".join(build.format(m=m) for m in names)
+    """`build` for each alternative metric name, joined with `or` (older engine names), each
+    name as served and as escaped (see `escaped`)."""
+    alternatives = dict.fromkeys(n for m in names for n in (m, escaped(m)))
+    return " or ".join(build.format(m=m) for m in alternatives)
 
 
 def histogram_quantile(names: tuple[str, ...], selector: str, quantile: float, window: str) -> str:

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvscale.metrics.engines import ENGINES, EngineMetrics
@@ -93,15 +93,19 @@ class EngineCollector(Collector):
         yield from families.values()
 
 
-def serve_text_metrics(registry: CollectorRegistry, port: int) -> ThreadingHTTPServer:
-    """/metrics in the classic text format whatever the scraper asks for: vLLM's names carry
-    ':' which prometheus_client's OpenMetrics output renames in samples but not in TYPE lines."""
+def serve_metrics(registry: CollectorRegistry, port: int) -> ThreadingHTTPServer:
+    """/metrics in the format the scraper asks for, as vLLM serves it (prometheus_client's
+    content negotiation, vllm/entrypoints/openai/api_server.py `mount_metrics`). So the names a
+    Prometheus stores are a real engine's: `vllm:...` where the scrape allows UTF-8 names
+    (Prometheus 3), `vllm_...` in samples where it asks for escaped names (OpenMetrics from
+    Prometheus 2, or `metric_name_validation_scheme: legacy`)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = generate_latest(registry)
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            body = encoder(registry)
             self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

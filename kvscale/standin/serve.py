@@ -16,7 +16,7 @@ from kvscale.sim.engine import StepTimes
 from kvscale.sim.fleet import FleetSpec
 from kvscale.sim.load_profile import parse_profile
 from kvscale.sizing.catalog import Catalog
-from kvscale.standin.exposition import EngineCollector, serve_text_metrics
+from kvscale.standin.exposition import EngineCollector, serve_metrics
 from kvscale.standin.fleet import PodFleet
 
 POD_SYNC_S = 1.0
@@ -67,7 +67,7 @@ def serve(
     fleet, model_name = pod_fleet(catalog, wait_for_plan(api, namespace, name), load, cold_start_s, seed)
     registry = CollectorRegistry()
     registry.register(EngineCollector(fleet, namespace, model_name))
-    serve_text_metrics(registry, port)
+    serve_metrics(registry, port)
     core = client.CoreV1Api(api)
     last_sync = -POD_SYNC_S
     started = time.monotonic()

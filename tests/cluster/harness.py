@@ -86,7 +86,8 @@ def find_bins() -> Path:
         if out.returncode != 0:
             raise ClusterError(f"building the cluster binaries failed:\n{out.stderr[-4000:]}")
         path = Path(out.stdout.strip().splitlines()[-1])
-    missing = [c for c in (*COMPONENTS, "helm", "kubectl", "kwok-stages.yaml") if not (path / c).is_file()]
+    needed = (*COMPONENTS, "helm", "kubectl", "kwok-stages.yaml", "prometheus", "promtool")
+    missing = [c for c in needed if not (path / c).is_file()]
     if missing:
         raise ClusterError(f"{path} lacks {', '.join(missing)}; run `make cluster-bins`")
     return path
@@ -117,6 +118,28 @@ def find_lws_crd() -> Path:
     """The LeaderWorkerSet CRD: $KVSCALE_LWS_CRD, else fetched (or reused from the cache) by
     hack/fetch-lws-crd.sh from the Go module sigs.k8s.io/lws."""
     return _fetched_crd("KVSCALE_LWS_CRD", "fetch-lws-crd.sh", "LeaderWorkerSet")
+
+
+def find_prometheus_operator_crds() -> Path:
+    """The Prometheus Operator's PodMonitor, ServiceMonitor and PrometheusRule CRDs:
+    $KVSCALE_PROMETHEUS_OPERATOR_CRDS, else fetched (or reused from the cache) by
+    hack/fetch-prometheus-operator-crds.sh from the operator's Go module."""
+    configured = os.environ.get("KVSCALE_PROMETHEUS_OPERATOR_CRDS")
+    if configured:
+        path = Path(configured)
+    else:
+        out = subprocess.run(
+            ["bash", str(REPO / "hack" / "fetch-prometheus-operator-crds.sh")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if out.returncode != 0:
+            raise ClusterError(f"fetching the Prometheus Operator CRDs failed:\n{out.stderr[-4000:]}")
+        path = Path(out.stdout.strip().splitlines()[-1])
+    if not path.is_dir() or len(list(path.glob("monitoring.coreos.com_*.yaml"))) < 3:
+        raise ClusterError(f"{path} lacks the CRDs; run `bash hack/fetch-prometheus-operator-crds.sh`")
+    return path
 
 
 @dataclass

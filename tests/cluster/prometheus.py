@@ -1,8 +1,9 @@
-"""A real Prometheus on loopback for tests: generated config, short intervals, HTTP API queries."""
+"""A real Prometheus on loopback for tests: generated config, short intervals, HTTP API queries.
+The binary is the one `hack/build-cluster-bins.sh` builds from the Go module proxy (a current
+3.x release), not whatever `prometheus` is on PATH."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.cluster.harness import ClusterError, free_port, wait_until
+from tests.cluster.harness import ClusterError, find_bins, free_port, wait_until
 
 
 @dataclass
@@ -19,10 +20,12 @@ class Prometheus:
     workdir: Path
     targets: list[str]  # host:port of each /metrics endpoint
     scrape_interval: str = "1s"
-    binary: str = field(default_factory=lambda: shutil.which("prometheus") or "/usr/bin/prometheus")
+    binary: str = field(default_factory=lambda: str(find_bins() / "prometheus"))
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     rule_files: list[Path] = field(default_factory=list)
+    scrape_options: dict[str, Any] = field(default_factory=dict)  # extra keys of the scrape config
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # more scrape configs (e.g. from monitors)
 
     @property
     def url(self) -> str:
@@ -33,21 +36,21 @@ class Prometheus:
         return self.workdir / "prometheus.log"
 
     def config(self) -> dict[str, Any]:
+        test_job = {
+            "job_name": "test",
+            "scrape_interval": self.scrape_interval,
+            "static_configs": [{"targets": self.targets}],
+            **self.scrape_options,
+        }
         return {
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval},
             "rule_files": [str(p) for p in self.rule_files],
-            "scrape_configs": [
-                {
-                    "job_name": "test",
-                    "scrape_interval": self.scrape_interval,
-                    "static_configs": [{"targets": self.targets}],
-                }
-            ],
+            "scrape_configs": [*([test_job] if self.targets else []), *self.jobs],
         }
 
     def start(self, timeout_s: float = 60.0) -> Prometheus:
         if not Path(self.binary).exists():
-            raise ClusterError("prometheus is not installed; run `make cluster-bins` (Debian's prometheus package)")
+            raise ClusterError(f"{self.binary} does not exist; run `make cluster-bins`")
         self.workdir.mkdir(parents=True, exist_ok=True)
         config_file = self.workdir / "prometheus.yml"
         config_file.write_text(yaml.safe_dump(self.config()))

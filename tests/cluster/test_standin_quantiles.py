@@ -24,7 +24,7 @@ from kvscale.sim.fleet import FleetSpec
 from kvscale.sim.load_profile import parse_profile
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.standin.exposition import EngineCollector, serve_text_metrics
+from kvscale.standin.exposition import EngineCollector, serve_metrics
 from kvscale.standin.fleet import PodFleet, PodStats
 from tests.cluster.harness import free_port, wait_until
 from tests.cluster.prometheus import Prometheus
@@ -60,7 +60,7 @@ def test_promql_quantiles_from_vllm_buckets(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     registry.register(EngineCollector(standin, "ns", "llama"))
     port = free_port()
-    server = serve_text_metrics(registry, port)  # as `kvscale sim serve` serves them
+    server = serve_metrics(registry, port)  # as `kvscale sim serve` serves them
     running = threading.Event()
     running.set()
 

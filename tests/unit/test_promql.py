@@ -27,3 +27,16 @@ def test_other_engines() -> None:
     assert "sglang:num_queue_reqs" in queries(ENGINES["sglang"], "n", "s", 0.9, "30s")["waiting"]
     tgi = queries(ENGINES["tgi"], "n", "s", 0.9, "30s")
     assert "tgi_queue_size" in tgi["waiting"] and "kv_usage" not in tgi
+
+
+def test_every_query_reads_the_names_as_served_and_as_escaped() -> None:
+    # prometheus_client escapes `vllm:` to `vllm_` in OpenMetrics samples unless the scraper
+    # allows UTF-8 names (Prometheus 3 does; Prometheus 2 and legacy validation do not).
+    q = queries(ENGINES["vllm"], "ns", "svc", 0.95, "1m")
+    for name in ("ttft", "tpot", "running", "waiting", "kv_usage", "rate"):
+        colon = q[name].count('__name__="vllm:')
+        assert colon > 0 and q[name].count('__name__="vllm_') == colon, q[name]
+    assert 'vllm_time_to_first_token_seconds_bucket"' in q["ttft"]
+    assert q["ttft"].index("vllm:time_to_first") < q["ttft"].index("vllm_time_to_first")  # served name first
+    tgi = queries(ENGINES["tgi"], "n", "s", 0.9, "30s")
+    assert tgi["waiting"].count("tgi_queue_size") == 1  # no colon, nothing to escape
