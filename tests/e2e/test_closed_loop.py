@@ -1,19 +1,24 @@
 """Closed-loop autoscaling on the test cluster: the stand-in serves simulated engines behind
-kwok pods, a real Prometheus scrapes it, the operator reads that Prometheus and scales."""
+kwok pods, a real Prometheus scrapes it and the operator through the chart's PodMonitor and
+ServiceMonitor (as the Prometheus Operator would configure it), the operator reads that
+Prometheus and scales, and every dashboard panel answers."""
 
 from __future__ import annotations
 
 import copy
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from tests.cluster.harness import Cluster, free_port, holds_for, wait_until
+from tests.cluster.monitors import Discovered, scrape_config
 from tests.cluster.processes import Operator, standin
 from tests.cluster.prometheus import Prometheus
 from tests.cluster.test_operator import SAMPLES, condition, create, get
@@ -23,6 +28,26 @@ STABILIZATION_S = 20.0
 # One replica of the 3B model on an L4 carries ~7.6 req/s within this SLO (TPOT 60 ms, with
 # continuous batching in the model): 20 req/s needs three or four of the four L4 nodes.
 LOAD = "steps:0.5@0,20@20,0.2@75"
+
+
+MONITOR_APIS = ("monitoring.coreos.com/v1/PodMonitor", "monitoring.coreos.com/v1/ServiceMonitor")
+RELEASE_NAMESPACE = "kvscale-system"  # the operator pod's: not the InferenceService's
+
+
+def chart_scrape_jobs(cluster: Cluster, namespace: str, engines_port: int, operator_port: int) -> list[dict[str, Any]]:
+    """The chart's monitors, rendered as a user installs them, as scrape configs: the engines'
+    pods in the service's namespace, the operator's pod in the release's namespace."""
+    args = ["template", "kvscale", str(ROOT / "charts" / "kvscale"), "--namespace", RELEASE_NAMESPACE]
+    args += ["--set", "monitoring.enabled=true", "--set", "monitoring.interval=1s"]
+    for api_version in MONITOR_APIS:
+        args += ["--api-versions", api_version]
+    out = subprocess.run([str(cluster.helm), *args], capture_output=True, text=True, check=True)
+    monitors = {d["kind"]: d for d in yaml.safe_load_all(out.stdout) if d and d["kind"].endswith("Monitor")}
+    engines = Discovered(f"127.0.0.1:{engines_port}", namespace, "looped-0-0", "engine", "http")
+    operator = Discovered(
+        f"127.0.0.1:{operator_port}", RELEASE_NAMESPACE, "kvscale-5d8f7-x2x9q", "operator", "metrics", "kvscale"
+    )
+    return [scrape_config(monitors["PodMonitor"], engines), scrape_config(monitors["ServiceMonitor"], operator)]
 
 
 def replicas(api: client.ApiClient, namespace: str, name: str) -> int:
@@ -45,7 +70,8 @@ def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
     body["spec"]["slo"]["timePerOutputToken"] = "60ms"
     metrics_port = free_port()
     op = Operator(cluster, tmp_path)
-    prom = Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{metrics_port}", f"127.0.0.1:{op.metrics_port}"]).start()
+    jobs = chart_scrape_jobs(cluster, namespace, metrics_port, op.metrics_port)
+    prom = Prometheus(tmp_path / "prom", targets=[], jobs=jobs).start()
     op.env.update(
         {
             "KVSCALE_PROMETHEUS_URL": prom.url,

@@ -1,0 +1,104 @@
+"""The chart's PodMonitor and ServiceMonitor as the Prometheus Operator turns them into scrape
+configs, for a Prometheus on loopback: the tests scrape through the chart's monitor objects,
+not through a hand-written job.
+
+Mirrors prometheus-operator v0.85.0 pkg/prometheus/promcfg.go (generatePodMonitorConfig,
+generateServiceMonitorConfig) for the fields the chart sets: `honorLabels` -> honor_labels
+(default false), `path`, `interval`, the port filter, the target labels the operator adds
+(namespace, container, pod, service, job, endpoint) and then the endpoint's `relabelings`.
+Kubernetes service discovery is replaced by one static target per monitor carrying the
+`__meta_kubernetes_*` labels discovery would set, so the same relabelling runs on them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What Kubernetes service discovery would say about one target."""
+
+    address: str  # host:port actually scraped
+    namespace: str
+    pod: str
+    container: str
+    port_name: str
+    service: str = ""
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()
+
+
+def _relabel(rule: dict[str, Any]) -> dict[str, Any]:
+    return {_snake(k): v for k, v in rule.items()}
+
+
+def scrape_config(monitor: dict[str, Any], target: Discovered) -> dict[str, Any]:
+    kind, meta, spec = monitor["kind"], monitor["metadata"], monitor["spec"]
+    if kind == "PodMonitor":
+        endpoint = spec["podMetricsEndpoints"][0]
+        labels = {"__meta_kubernetes_pod_container_port_name": target.port_name}
+        relabel: list[dict[str, Any]] = [
+            {
+                "action": "keep",
+                "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                "regex": endpoint["port"],
+            },
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            {"target_label": "job", "replacement": f"{meta['namespace']}/{meta['name']}"},
+        ]
+        job = f"podMonitor/{meta['namespace']}/{meta['name']}/0"
+    elif kind == "ServiceMonitor":
+        endpoint = spec["endpoints"][0]
+        labels = {
+            "__meta_kubernetes_endpointslice_port_name": target.port_name,
+            "__meta_kubernetes_service_name": target.service,
+            "__meta_kubernetes_endpointslice_address_target_kind": "Pod",
+            "__meta_kubernetes_endpointslice_address_target_name": target.pod,
+        }
+        relabel = [
+            {
+                "action": "keep",
+                "source_labels": ["__meta_kubernetes_endpointslice_port_name"],
+                "regex": endpoint["port"],
+            },
+            {
+                "source_labels": [
+                    "__meta_kubernetes_endpointslice_address_target_kind",
+                    "__meta_kubernetes_endpointslice_address_target_name",
+                ],
+                "separator": ";",
+                "regex": "Pod;(.*)",
+                "replacement": "${1}",
+                "target_label": "pod",
+            },
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"},
+        ]
+        job = f"serviceMonitor/{meta['namespace']}/{meta['name']}/0"
+    else:
+        raise ValueError(f"not a monitor: {kind}")
+    relabel.append({"target_label": "endpoint", "replacement": endpoint["port"]})
+    relabel += [_relabel(r) for r in endpoint.get("relabelings", [])]
+    labels |= {
+        "__meta_kubernetes_namespace": target.namespace,
+        "__meta_kubernetes_pod_name": target.pod,
+        "__meta_kubernetes_pod_container_name": target.container,
+    }
+    return {
+        "job_name": job,
+        "honor_labels": bool(endpoint.get("honorLabels", False)),
+        "metrics_path": endpoint.get("path", "/metrics"),
+        "scrape_interval": endpoint.get("interval", "30s"),
+        "static_configs": [{"targets": [target.address], "labels": labels}],
+        "relabel_configs": relabel,
+    }
