@@ -53,6 +53,35 @@ def assumed_inventory(gpus: str | None) -> str:
     return f"inventory assumed: {gpus.replace(' ', '')} free (--gpus)"
 
 
+def _notes(name: str, spec: Any, launch: Any, cfg: Any) -> list[str]:
+    """What the objects need that they do not create: the token Secret, a durable cache."""
+    from kvscale.operator.resources import cache_size_limit
+    from kvscale.sizing.checkpoints import known_gated
+
+    notes = []
+    source = launch.checkpoint.source
+    secret = spec.model.credentials_secret
+    if secret:
+        notes.append(
+            f"{name}: needs Secret {secret} in its namespace, created by you; its keys become the engine's "
+            f"environment, e.g. kubectl create secret generic {secret} --from-literal=HF_TOKEN=hf_..."
+        )
+    elif known_gated(source):
+        notes.append(
+            f"WARNING {name}: {source} is a gated Hugging Face repository and spec.model.credentialsSecret is not "
+            "set: the download will be refused; set it to a Secret with key HF_TOKEN (a token of an account that "
+            "accepted the model's license)"
+        )
+    if spec.model.cache is None:
+        size_gb = launch.checkpoint.size_bytes(cfg.model) / 1e9
+        notes.append(
+            f"{name}: the model cache is an emptyDir (sizeLimit {cache_size_limit(launch.checkpoint.size_bytes(cfg.model))}): "
+            f"every new pod downloads {size_gb:.0f} GB again; a PersistentVolumeClaim "
+            "(spec.model.cache.persistentVolumeClaim) is recommended"
+        )
+    return notes
+
+
 def _documents(path: Path) -> list[dict[str, Any]]:
     try:
         docs = [d for d in load_yaml_all(path.read_text()) if d is not None]
@@ -124,6 +153,7 @@ def objects_for(doc: dict[str, Any], catalog: Catalog, gpus: str | None, port: i
         f"{name}: {shape}, max batch {chosen.prediction.max_batch}, requests up to "
         f"{launch.context.max_model_len_tokens} tokens, ${chosen.prediction.cost_usd_per_hour:.2f}/h"
     )
+    summary += "".join(f"\n{note}" for note in _notes(name, spec, launch, chosen.config))
     if spec.scaling.mode == "recommend":
         return [], summary + " (mode recommend: the operator creates nothing)"
     pinned = intent.scaling.pinned_replicas
@@ -178,5 +208,5 @@ def manifests(
         children, summary = objects_for(doc, cat, gpus, port)
         out.extend(children)
         summaries.append(summary)
-    header = "".join(f"# {line}\n" for line in [*summaries, assumed_inventory(gpus)])
+    header = "".join(f"# {line}\n" for text in [*summaries, assumed_inventory(gpus)] for line in text.splitlines())
     sys.stdout.write(header + (yaml.safe_dump_all(out, sort_keys=False) if out else ""))

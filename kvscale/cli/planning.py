@@ -335,9 +335,11 @@ def _render_plan(result: Plan, args: list[str] | None, show: int, launch: Planne
                 f"  serves requests up to {launch.context.max_model_len_tokens} tokens ({launch.context.reason}); "
                 f"cold start {launch.cold_start.total_s:.0f}s with the download",
                 highlight=False,
+                soft_wrap=True,
             )
         if args:
-            console.print(f"  engine: {' '.join(args)}", highlight=False)
+            # One line however wide the terminal: it is copied and pasted as a command.
+            console.print(f"  engine: {' '.join(args)}", highlight=False, soft_wrap=True)
     else:
         console.print("\n[bold red]No candidate meets the SLO.[/] Closest:")
         for line in result.suggestions:

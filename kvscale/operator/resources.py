@@ -18,17 +18,46 @@ from kvscale.sizing.engine_args import PlannedLaunch, plan_launch, requested_sou
 from kvscale.sizing.planner import Feasible
 
 SHM_BYTES_PER_TP = 2 * 1024**3  # NCCL shared memory for tensor parallelism
+# Host resources the engine pod requests (kvscale's sizing rule, not an engine fact): the API
+# server and engine-core processes, plus one worker process per GPU. Weights load through the
+# page cache (safetensors are memory-mapped), which the kernel can reclaim, so the checkpoint's
+# size is not requested as memory. Requests only: no limits, so loading is never CPU-throttled
+# or OOM-killed at a guessed ceiling.
+ENGINE_CPU_BASE, ENGINE_CPU_PER_GPU = 2, 1
+ENGINE_MEMORY_BASE_BYTES, ENGINE_MEMORY_PER_GPU_BYTES = 4 * 1024**3, 2 * 1024**3
+# An emptyDir model cache holds one checkpoint download; a quarter more for the hub's
+# temporary files and the tokenizer and config, plus 1 GiB.
+CACHE_SIZE_MARGIN, CACHE_SIZE_EXTRA_BYTES = 1.25, 1024**3
 CACHE_VOLUME = "model-cache"
 STARTUP_PROBE_PERIOD_S = 10
 
 
 def pod_labels(name: str, owner_uid: str, cfg: ServingConfig) -> dict[str, str]:
-    """The engine pods' labels: the Deployment's selector, the owner, and model, GPU type and variant."""
+    """The engine pods' labels: the Deployment's selector, the owner (when known: `kvscale
+    manifests` has no uid, and an empty label would only confuse GitOps diffs), and model, GPU
+    type and variant."""
     return {
         **labels(name),
-        LABEL_OWNER_UID: owner_uid,
+        **({LABEL_OWNER_UID: owner_uid} if owner_uid else {}),
         **serving_labels(cfg.model.name, cfg.gpu.name, cfg.tensor_parallel, cfg.precision.name),
     }
+
+
+def _gib_quantity(nbytes: float) -> str:
+    return f"{math.ceil(nbytes / 1024**3)}Gi"
+
+
+def host_requests(gpus: int) -> dict[str, str]:
+    """CPU and memory an engine pod holding `gpus` GPUs requests beside them (see ENGINE_CPU_BASE)."""
+    return {
+        "cpu": str(ENGINE_CPU_BASE + ENGINE_CPU_PER_GPU * gpus),
+        "memory": _gib_quantity(ENGINE_MEMORY_BASE_BYTES + ENGINE_MEMORY_PER_GPU_BYTES * gpus),
+    }
+
+
+def cache_size_limit(checkpoint_bytes: float) -> str:
+    """The sizeLimit of an emptyDir model cache: room for one download of the checkpoint."""
+    return _gib_quantity(checkpoint_bytes * CACHE_SIZE_MARGIN + CACHE_SIZE_EXTRA_BYTES)
 
 
 class EngineImageError(ValueError):
@@ -68,11 +97,15 @@ def planned_launch(
     )
 
 
-def _cache_volume(spec: InferenceServiceSpec) -> dict[str, Any]:
+def _cache_volume(spec: InferenceServiceSpec, checkpoint_bytes: float | None) -> dict[str, Any]:
     cache = spec.model.cache
     if cache is None:
         # The pod's own scratch: a restarted container reuses it; a new pod downloads again.
-        return {"name": CACHE_VOLUME, "emptyDir": {}}
+        # Bounded (when the checkpoint's size is known), so a runaway download evicts this pod
+        # rather than filling the node's disk.
+        if checkpoint_bytes is None:
+            return {"name": CACHE_VOLUME, "emptyDir": {}}
+        return {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": cache_size_limit(checkpoint_bytes)}}
     if cache.persistent_volume_claim is not None:
         return {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache.persistent_volume_claim}}
     return {"name": CACHE_VOLUME, "hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
@@ -111,7 +144,7 @@ def engine_container(
         container["ports"] = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
     container |= {
         "env": env,
-        "resources": {"limits": {resource: str(gpus)}, "requests": {resource: str(gpus)}},
+        "resources": {"limits": {resource: str(gpus)}, "requests": {**host_requests(gpus), resource: str(gpus)}},
         "volumeMounts": [
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": CACHE_VOLUME, "mountPath": engine.cache_dir},
@@ -152,8 +185,10 @@ def pod_template(
     template_labels: Mapping[str, str],
     annotations: Mapping[str, str],
     extra_tolerations: tuple[dict[str, str], ...] = (),
+    checkpoint_bytes: float | None = None,
 ) -> dict[str, Any]:
-    """A pod template for engine pods holding `gpus` GPUs each, on nodes of the planned GPU product."""
+    """A pod template for engine pods holding `gpus` GPUs each, on nodes of the planned GPU product.
+    `checkpoint_bytes` sizes an emptyDir model cache."""
     metadata: dict[str, Any] = {"labels": dict(template_labels)}
     if annotations:
         metadata["annotations"] = dict(annotations)
@@ -180,7 +215,7 @@ def pod_template(
             "containers": [container],
             "volumes": [
                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(SHM_BYTES_PER_TP * gpus)}},
-                _cache_volume(spec),
+                _cache_volume(spec, checkpoint_bytes),
             ],
             "terminationGracePeriodSeconds": 60,
         },
@@ -207,7 +242,15 @@ def deployment(
     container = engine_container(spec, cfg, planned, pool, gpus, port, command, [*engine_args, *spec.engine.args])
     template_labels = {**pod_labels(name, owner_uid, cfg), **(pool_labels or {})}
     template = pod_template(
-        spec, cfg, pool, container, gpus, template_labels, scrape_annotations(cfg, planned, port), extra_tolerations
+        spec,
+        cfg,
+        pool,
+        container,
+        gpus,
+        template_labels,
+        scrape_annotations(cfg, planned, port),
+        extra_tolerations,
+        checkpoint_bytes=planned.checkpoint.size_bytes(cfg.model),
     )
     return {
         "apiVersion": "apps/v1",

@@ -65,6 +65,17 @@ class Checkpoint:
         return model.params * self.bytes_per_param
 
 
+# Hugging Face repositories known to be gated (the license must be accepted on the model page,
+# and the download needs that account's token): Meta's Llama repositories and Google's Gemma.
+# Not a complete list: other repositories may be gated too.
+GATED_PREFIXES = ("meta-llama/", "google/gemma")
+
+
+def known_gated(source: str) -> bool:
+    """Whether the checkpoint is in a Hugging Face repository known to be gated."""
+    return strip_scheme(source).lower().startswith(GATED_PREFIXES)
+
+
 def strip_scheme(source: str) -> str:
     return source.strip().removeprefix("hf://")
 

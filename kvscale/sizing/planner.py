@@ -464,7 +464,29 @@ def _rank_key(candidate: Feasible, objective: Objective, output_tokens: int) -> 
     )
     if objective == "latency":
         return (round(latency, 6), round(p.cost_usd_per_hour, 6), *tie)
-    return (round(p.cost_usd_per_hour, 6), round(latency, 6), *tie)
+    # At equal cost, more and smaller replicas first (2 x TP4 over 1 x TP8): a lost pod or a
+    # rolling update takes a smaller share of the fleet, and a surge needs fewer spare GPUs.
+    return (round(p.cost_usd_per_hour, 6), candidate.config.gpus, round(latency, 6), *tie)
+
+
+SMALLER_REPLICAS_WHY = "more, smaller replicas at equal cost: a lost pod or a rollout takes a smaller share"
+
+
+def _equal_cost_note(best: Feasible, feasible: list[Feasible], objective: Objective) -> str:
+    """Says when an equally cheap plan with larger replicas lost to the chosen one."""
+    if objective != "cost":
+        return ""
+    cost = round(best.prediction.cost_usd_per_hour, 6)
+    larger = [
+        c for c in feasible[1:] if round(c.prediction.cost_usd_per_hour, 6) == cost and c.config.gpus > best.config.gpus
+    ]
+    if not larger:
+        return ""
+    other = larger[0]
+    return (
+        f"; preferred over {other.prediction.replicas} replica(s) x {_replica_shape(other)} at the same cost "
+        f"({SMALLER_REPLICAS_WHY})"
+    )
 
 
 def _loss_reason(candidate: Feasible, chosen: Feasible, objective: Objective, output_tokens: int) -> str:
@@ -478,6 +500,10 @@ def _loss_reason(candidate: Feasible, chosen: Feasible, objective: Objective, ou
         return (
             f"costs ${p.cost_usd_per_hour:.2f}/h ({p.replicas} replica(s) x {candidate.config.gpus} GPU(s)) "
             f"vs ${c.cost_usd_per_hour:.2f}/h"
+        )
+    if objective == "cost" and candidate.config.gpus > chosen.config.gpus:
+        return (
+            f"same cost, larger replicas ({candidate.config.gpus} vs {chosen.config.gpus} GPUs): {SMALLER_REPLICAS_WHY}"
         )
     return "ties on cost and latency; lost the deterministic tie-break (fewer GPUs, then name)"
 
@@ -643,7 +669,8 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
         best.config,
         best.prediction,
         "chosen",
-        _chosen_reason(best, request.objective, len(feasible) + len(outranked)),
+        _chosen_reason(best, request.objective, len(feasible) + len(outranked))
+        + _equal_cost_note(best, feasible, request.objective),
     )
     alternatives = tuple(
         Feasible(c.config, c.prediction, "alternative", _loss_reason(c, best, request.objective, out))

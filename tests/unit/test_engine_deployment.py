@@ -253,7 +253,7 @@ def test_cache_volume_is_mounted_where_each_engine_keeps_weights() -> None:
     assert {"name": "HUGGINGFACE_HUB_CACHE", "value": "/data"} in c["env"]
     assert {"name": "model-cache", "hostPath": {"path": "/mnt/models", "type": "DirectoryOrCreate"}} in pod["volumes"]
     _, none = build(CHAT)
-    assert {"name": "model-cache", "emptyDir": {}} in none["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "model-cache", "emptyDir": {"sizeLimit": "20Gi"}} in none["spec"]["template"]["spec"]["volumes"]
 
 
 @pytest.mark.parametrize("bad", [{}, {"persistentVolumeClaim": "a", "hostPath": "/b"}, {"hostPath": "relative"}])

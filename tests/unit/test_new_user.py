@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from kvscale.cli import app
@@ -138,3 +139,47 @@ def test_plan_takes_the_clusters_gpus() -> None:
     assert bad.exit_code == 2 and "TYPE=COUNT" in bad.output
     both = runner.invoke(app, ["plan", "-m", "llama-3.1-8b", *SLO, "--gpus", "L4=4", "--gpu", "L4"])
     assert both.exit_code == 2 and "--gpus TYPE=COUNT alone" in both.output
+
+
+def test_equal_cost_prefers_more_smaller_replicas_and_says_so() -> None:
+    args = ["-m", "llama-3.1-70b", "--ttft", "2s", "--tpot", "60ms", "--rps", "16", "--input", "512"]
+    data = plan_json(*args, "--output", "256", "--gpu", "H100-SXM")
+    chosen, runner_up = data["chosen"], data["alternatives"][0]
+    assert (chosen["replicas"], chosen["tensor_parallel"]) == (2, 4)
+    assert (runner_up["replicas"], runner_up["tensor_parallel"]) == (1, 8)
+    assert chosen["cost_usd_per_hour"] == runner_up["cost_usd_per_hour"]
+    assert "preferred over 1 replica(s) x 8 H100-SXM at the same cost" in chosen["reason"]
+    assert runner_up["reason"].startswith("same cost, larger replicas")
+
+
+def test_engine_line_is_one_line() -> None:
+    out = runner.invoke(app, ["plan", "-m", "llama-3.1-70b", *SLO, "--gpu", "H100-SXM"]).stdout
+    line = next(x for x in out.splitlines() if x.strip().startswith("engine:"))
+    assert "--port 8000" in line and "--tensor-parallel-size" in line
+
+
+def test_manifests_answer_what_a_vllm_operator_asks(tmp_path: Path) -> None:
+    out = runner.invoke(app, ["manifests", "-f", str(SAMPLES / "llama-3.1-8b-chat.yaml"), "--gpus", "A100-80GB=8"])
+    assert out.exit_code == 0, out.output
+    header = [line for line in out.stdout.splitlines() if line.startswith("#")]
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    pod = docs[0]["spec"]["template"]
+    engine = pod["spec"]["containers"][0]
+    # Host CPU and memory beside the GPU; a bounded emptyDir cache and a note that a PVC is better.
+    assert {"cpu", "memory", "nvidia.com/gpu"} <= set(engine["resources"]["requests"])
+    cache = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-cache")
+    assert cache["emptyDir"]["sizeLimit"].endswith("Gi")
+    assert any("PersistentVolumeClaim" in line and "recommended" in line for line in header)
+    # The token Secret: who creates it and its key.
+    assert any("needs Secret hf-token" in line and "HF_TOKEN" in line for line in header)
+    # No empty owner-uid label in GitOps output (the operator sets it when it applies).
+    assert "kvscale.io/owner-uid" not in pod["metadata"]["labels"]
+    # A gated model without credentials: warned.
+    body = yaml.safe_load((SAMPLES / "llama-3.1-70b-rag.yaml").read_text())
+    del body["spec"]["model"]["credentialsSecret"]
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(yaml.safe_dump(body))
+    gated = runner.invoke(app, ["manifests", "-f", str(bare)])
+    assert (
+        gated.exit_code == 0 and "# WARNING llama-70b-rag: meta-llama/Llama-3.1-70B-Instruct is a gated" in gated.stdout
+    )
