@@ -21,6 +21,7 @@ from tests.cluster.harness import Cluster, free_port, holds_for, wait_until
 from tests.cluster.monitors import Discovered, scrape_config
 from tests.cluster.processes import Operator, standin
 from tests.cluster.prometheus import Prometheus
+from tests.cluster.test_chart import KUBE_VERSION
 from tests.cluster.test_operator import SAMPLES, condition, create, get
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +39,7 @@ def chart_scrape_jobs(cluster: Cluster, namespace: str, engines_port: int, opera
     """The chart's monitors, rendered as a user installs them, as scrape configs: the engines'
     pods in the service's namespace, the operator's pod in the release's namespace."""
     args = ["template", "kvscale", str(ROOT / "charts" / "kvscale"), "--namespace", RELEASE_NAMESPACE]
+    args += ["--kube-version", KUBE_VERSION]
     args += ["--set", "monitoring.enabled=true", "--set", "monitoring.interval=1s"]
     for api_version in MONITOR_APIS:
         args += ["--api-versions", api_version]
