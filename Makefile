@@ -19,11 +19,12 @@ venv: $(STAMP)
 plan: venv
 	$(BIN)/kvscale plan $(SAMPLE_PLAN)
 
-## cluster-bins: build etcd, kube-*, kwok, helm from the Go module proxy; install prometheus; fetch the InferencePool and LeaderWorkerSet CRDs (cached)
+## cluster-bins: build etcd, kube-*, kwok, helm, prometheus, promtool from the Go module proxy; fetch the InferencePool, LeaderWorkerSet and Prometheus Operator CRDs (cached)
 cluster-bins:
 	bash hack/build-cluster-bins.sh
 	bash hack/fetch-inference-crd.sh
 	bash hack/fetch-lws-crd.sh
+	bash hack/fetch-prometheus-operator-crds.sh
 
 ## test: every test, the real-cluster ones included
 test: venv cluster-bins
