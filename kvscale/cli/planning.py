@@ -182,6 +182,7 @@ def plan_cmd(
         engine=engine,
     )
     result = plan(cat, request)
+    fp8 = _fp8_beside(cat, request, result, served, source)
     # A custom architecture names no checkpoint: the engine line needs --source (without it the
     # engine would be told to load the file's name).
     needs_source = is_architecture_file(model) and source is None
@@ -194,6 +195,8 @@ def plan_cmd(
     command, args = engine_command(launch.launch) if launch else ([], None)
     if as_json:
         out = plan_to_dict(result, args)
+        if fp8 is not None and out["chosen"] is not None:
+            out["chosen"]["fp8_beside"] = fp8
         if needs_source and out["chosen"] is not None:
             out["chosen"].update(engine_args=None, engine_args_missing=NEEDS_SOURCE)
         if launch and out["chosen"] is not None:
@@ -222,7 +225,7 @@ def plan_cmd(
             console.print("[bold]Workload fitted from the trace[/]")
             for line in fitted.fit.describe():
                 console.print(f"  {line}")
-        _render_plan(result, [*command, *args] if args else None, show, launch)
+        _render_plan(result, [*command, *args] if args else None, show, launch, fp8)
         if needs_source and result.chosen is not None:
             console.print(f"  engine: {NEEDS_SOURCE}", highlight=False, soft_wrap=True)
         if check is not None:
@@ -272,6 +275,34 @@ def served_id(model: str) -> str | None:
     return None if model.endswith((".yaml", ".yml", ".json")) or "/" not in model else model
 
 
+def _fp8_beside(
+    cat: Catalog, request: PlanRequest, result: Plan, served: str | None, source: str | None
+) -> dict[str, Any] | None:
+    """What fp8 would cost on the chosen GPU type when only 16-bit was asked for and the GPU has
+    fp8 tensor cores (H100-class): shown, never chosen."""
+    chosen = result.chosen
+    if chosen is None or chosen.precision not in ("bf16", "fp16") or len(request.precisions) != 1:
+        return None
+    gpu = cat.gpu(chosen.gpu)
+    if gpu.flops_fp8_per_s is None or source is not None:
+        return None
+    try:
+        checkpoint = resolve_checkpoint(request.model, cat.precision("fp8"), requested_source(served, None, "fp8"))
+    except CheckpointError:
+        return None
+    other = plan(cat, replace(request, gpus=(gpu.name,), precisions=("fp8",)))
+    if other.chosen is None:
+        return None
+    p = other.chosen.prediction
+    return {
+        "gpu": other.chosen.gpu,
+        "tensor_parallel": other.chosen.tensor_parallel,
+        "replicas": p.replicas,
+        "cost_usd_per_hour": round(p.cost_usd_per_hour, 4),
+        "checkpoint": checkpoint.source + (" quantized online" if checkpoint.online_fp8 else ""),
+    }
+
+
 def _with_checkpoints(
     cat: Catalog, arch: ModelArch, precisions: tuple[str, ...], served: str | None, source: str | None
 ) -> tuple[str, ...]:
@@ -309,7 +340,9 @@ def _launch(result: Plan, served: str | None, source: str | None) -> PlannedLaun
     )
 
 
-def _render_plan(result: Plan, args: list[str] | None, show: int, launch: PlannedLaunch | None) -> None:
+def _render_plan(
+    result: Plan, args: list[str] | None, show: int, launch: PlannedLaunch | None, fp8: dict[str, Any] | None = None
+) -> None:
     r = result.request
     console.print(
         f"[bold]{r.model.name}[/]: {r.workload.requests_per_s:g} req/s, {r.workload.input_tokens} in / "
@@ -340,6 +373,14 @@ def _render_plan(result: Plan, args: list[str] | None, show: int, launch: Planne
         if args:
             # One line however wide the terminal: it is copied and pasted as a command.
             console.print(f"  engine: {' '.join(args)}", highlight=False, soft_wrap=True)
+        if fp8 is not None:
+            console.print(
+                f"  fp8 beside it: {fp8['replicas']} x {fp8['tensor_parallel']} {fp8['gpu']} at "
+                f"${fp8['cost_usd_per_hour']:.2f}/h ({fp8['checkpoint']}); not chosen: fp8 weights change the "
+                "model's numerics; plan with --precision bf16,fp8 to let it compete",
+                highlight=False,
+                soft_wrap=True,
+            )
     else:
         console.print("\n[bold red]No candidate meets the SLO.[/] Closest:")
         for line in result.suggestions:
@@ -366,9 +407,25 @@ def _render_plan(result: Plan, args: list[str] | None, show: int, launch: Planne
         table = Table(title="Rejected")
         table.add_column("candidate")
         table.add_column("reason")
-        for rej in result.rejected:
-            table.add_row(rej.label, rej.reason)
+        for label, reason in folded_rejections(result):
+            table.add_row(label, reason)
         console.print(table)
+
+
+def folded_rejections(result: Plan) -> list[tuple[str, str]]:
+    """The rejected table's rows: candidates of one GPU type and precision refused for the same
+    reason share a row (`T4 x1,2,4,8 bf16: T4 has no bfloat16 support`)."""
+    groups: dict[tuple[str, int, str, str], list[Any]] = {}
+    for rej in result.rejected:
+        groups.setdefault((rej.gpu, rej.pipeline_parallel, rej.precision, rej.reason), []).append(rej)
+    rows = []
+    for (gpu, pp, precision, reason), members in groups.items():
+        if len(members) == 1:
+            rows.append((members[0].label, reason))
+            continue
+        tps = ",".join(str(m.tensor_parallel) for m in members)
+        rows.append((f"{gpu} x{tps}{f'x{pp}pp' if pp > 1 else ''} {precision}", reason))
+    return rows
 
 
 def _shape(c: Feasible) -> str:

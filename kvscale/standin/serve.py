@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -68,6 +69,13 @@ def serve(
     registry = CollectorRegistry()
     registry.register(EngineCollector(fleet, namespace, model_name))
     serve_metrics(registry, port)
+    # Say what is served where: the first thing a person starting it wants to check.
+    print(
+        f"kvscale sim serve: vLLM metrics ({model_name!r}, load {load}, cold start {cold_start_s:g}s) for the "
+        f"Running pods of InferenceService {namespace}/{name} at http://127.0.0.1:{port}/metrics",
+        file=sys.stderr,
+        flush=True,
+    )
     core = client.CoreV1Api(api)
     last_sync = -POD_SYNC_S
     started = time.monotonic()

@@ -99,6 +99,8 @@ def test_fleet_follows_load_holds_without_metrics_and_obeys_a_pin(
     loop: dict[str, Any], api: client.ApiClient, cluster: Cluster
 ) -> None:
     ns, prom = loop["namespace"], loop["prom"]
+    said = (loop["tmp"] / "standin.log").read_text()
+    assert f"InferenceService {ns}/looped at http://127.0.0.1:" in said  # sim serve says what it serves where
     wait_until(
         lambda: condition(get(api, ns, "looped"), "MetricsAvailable").get("status") == "True", 60, "metrics flowing"
     )

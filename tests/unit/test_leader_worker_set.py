@@ -65,7 +65,7 @@ def test_groups_of_whole_nodes() -> None:
         container = pod["containers"][0]
         # TP 8 x PP 2 over 2 nodes: every pod holds one node's 8 GPUs.
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
-        assert container["resources"]["requests"] == {"nvidia.com/gpu": "8"}
+        assert container["resources"]["requests"] == {"cpu": "10", "memory": "20Gi", "nvidia.com/gpu": "8"}
         term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert term["nodeSelectorTerms"][0]["matchExpressions"] == [
             {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}

@@ -183,3 +183,27 @@ def test_manifests_answer_what_a_vllm_operator_asks(tmp_path: Path) -> None:
     assert (
         gated.exit_code == 0 and "# WARNING llama-70b-rag: meta-llama/Llama-3.1-70B-Instruct is a gated" in gated.stdout
     )
+
+
+def test_version_and_completion() -> None:
+    out = runner.invoke(app, ["--version"])
+    assert out.exit_code == 0 and out.stdout.startswith("kvscale 0.")
+    helped = runner.invoke(app, ["--help"])
+    assert "--install-completion" in helped.stdout and "--show-completion" in helped.stdout
+
+
+def test_repeated_rejections_fold_into_one_row() -> None:
+    out = runner.invoke(app, ["plan", "-m", "llama-3.1-8b", *SLO]).stdout
+    t4 = [line for line in out.splitlines() if "T4 x" in line]
+    assert len(t4) == 1 and "T4 x1,2,4,8 bf16" in t4[0] and "bfloat16" in t4[0]
+
+
+def test_fp8_cost_is_shown_beside_bf16_on_h100_not_chosen() -> None:
+    args = ["-m", "meta-llama/Llama-3.1-70B-Instruct", "--ttft", "1s", "--tpot", "50ms", "--rps", "8"]
+    chosen = plan_json(*args, "--input", "512", "--output", "256", "--gpu", "H100-SXM")["chosen"]
+    assert chosen["precision"] == "bf16"
+    fp8 = chosen["fp8_beside"]
+    assert fp8["gpu"] == "H100-SXM" and fp8["cost_usd_per_hour"] < chosen["cost_usd_per_hour"]
+    assert fp8["checkpoint"].startswith("meta-llama/Llama-3.1-70B-Instruct")
+    a100 = plan_json(*args, "--input", "512", "--output", "256", "--gpu", "A100-80GB")["chosen"]
+    assert "fp8_beside" not in a100  # no fp8 tensor cores
