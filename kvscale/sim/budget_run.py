@@ -7,7 +7,9 @@ converted to its other options (by their planned per-replica capacity); the allo
 grants replicas; scale-downs are applied first, then scale-ups, and a replica starts only
 when the budget has the GPUs free (a replica still draining holds its GPUs until its last
 request ends), so GPUs in use never exceed a limit. A service moved to another GPU type
-starts there and keeps serving on the old type until a new replica is ready.
+drains on the old one at once and starts on the new one: requests wait at the gateway
+through the cold start (a move is made only when the old type is wanted by a higher
+priority or holds much less of the service's want).
 
 Scale to zero: a service with min_replicas 0 releases its last replica after `idle_window_s`
 without arrivals; requests that arrive while it has none wait at the gateway (held) until a
@@ -247,7 +249,7 @@ class _ServiceRun:
 
     def shrink(self, grant: Grant, now_s: float) -> None:
         """Scale-downs of this tick: the granted fleet to at most its grant; other GPU types to
-        none once the granted one serves (until then they keep serving)."""
+        none at once (their replicas drain: the GPUs they leave are another service's grant)."""
         index = self.index_of(grant.gpu_type)
         if index != self.active:
             self.active = index
@@ -259,8 +261,8 @@ class _ServiceRun:
         if fleet.desired_size() > grant.replicas:
             fleet.scale_to(grant.replicas, now_s)
         for i, other in self.lanes.items():
-            if i != index and other.desired_size() and (fleet.serving(now_s) or grant.replicas == 0):
-                other.scale_to(0, now_s)
+            if i != index and other.desired_size():
+                other.scale_to(0, now_s)  # drains now: its GPUs are someone else's grant
 
     def grow(self, grant: Grant, now_s: float, free: dict[str, float]) -> None:
         """Scale-ups of this tick, only into GPUs the budget has free now."""

@@ -129,3 +129,12 @@ def test_priority_defaults_to_zero_and_is_bounded() -> None:
     assert parse_spec({**MINIMAL, "scaling": {"priority": 100}}).scaling.priority == 100
     with pytest.raises(ValidationError, match="priority"):
         parse_spec({**MINIMAL, "scaling": {"priority": 5000}})
+
+
+def test_the_gpubudget_sample_is_valid() -> None:
+    from kvscale.api.budget import parse_budget_spec
+
+    sample = yaml.safe_load((ROOT / "deploy" / "budget" / "gpubudget.yaml").read_text())
+    assert sample["kind"] == "GPUBudget"
+    spec = parse_budget_spec(sample["spec"])
+    assert spec.limits == {"H100-SXM": 64, "L40S": 32} and spec.selector.selects("serving", {"tier": "prod"})
