@@ -150,6 +150,7 @@ def test_kubectl_scale_on_a_spec_without_a_scaling_block(
     create(api, namespace, body("scaled-max", scaling={"maxReplicas": 3}))
     cluster.kubectl("scale", "kvis", "scaled-max", "--replicas=3", "-n", namespace)
     assert get(api, namespace, "scaled-max")["spec"]["scaling"] == {
+        "idleWindow": "5m",
         "maxReplicas": 3,
         "minReplicas": 1,
         "mode": "auto",
