@@ -6,6 +6,7 @@ from rich.table import Table
 
 from kvscale.cli.app import app
 from kvscale.cli.common import CatalogOpt, JsonOpt, console, load, print_json
+from kvscale.sizing.memory import kv_bytes_per_token_per_layer
 
 
 @app.command()
@@ -66,12 +67,18 @@ def models(catalog: CatalogOpt = None, as_json: JsonOpt = False) -> None:
         "FFN",
         "vocab",
         "params",
-        "KV KiB/token (16-bit)",
+        "KV KiB/token (16-bit, full layers)",
     ):
         table.add_column(col)
+    sixteen_bit = cat.kv_precision("auto")
     for m in cat.models.values():
-        kv = 2 * m.layers * m.kv_heads * m.head_dim * 2 / 1024
-        ffn = f"{m.intermediate_size} x{m.experts}, top-{m.active_experts}" if m.is_moe else str(m.intermediate_size)
+        # As vLLM caches it at TP 1: MLA one latent per layer; windowed layers hold at most the window.
+        kv = m.full_attention_layers * kv_bytes_per_token_per_layer(m, sixteen_bit) / 1024
+        ffn = str(m.intermediate_size)
+        if m.is_moe:
+            ffn = f"{m.expert_width} x{m.experts}, top-{m.active_experts}"
+            ffn += f" +{m.shared_experts} shared" if m.shared_experts else ""
+            ffn += f", {m.dense_layers} dense" if m.dense_layers else ""
         params = f"{m.params / 1e9:.2f}B" + (f" ({m.params_per_token / 1e9:.1f}B active)" if m.is_moe else "")
         table.add_row(
             m.name,
