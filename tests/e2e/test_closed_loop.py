@@ -99,8 +99,10 @@ def test_fleet_follows_load_holds_without_metrics_and_obeys_a_pin(
     loop: dict[str, Any], api: client.ApiClient, cluster: Cluster
 ) -> None:
     ns, prom = loop["namespace"], loop["prom"]
-    said = (loop["tmp"] / "standin.log").read_text()
-    assert f"InferenceService {ns}/looped at http://127.0.0.1:" in said  # sim serve says what it serves where
+    # sim serve says what it serves where, once it has the plan.
+    log = loop["tmp"] / "standin.log"
+    said = f"InferenceService {ns}/looped at http://127.0.0.1:"
+    wait_until(lambda: log.exists() and said in log.read_text(), 30, f"{said!r} in sim serve's output")
     wait_until(
         lambda: condition(get(api, ns, "looped"), "MetricsAvailable").get("status") == "True", 60, "metrics flowing"
     )
