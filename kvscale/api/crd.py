@@ -129,9 +129,15 @@ PRINTER_COLUMNS = [
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
     {"name": "GPU", "type": "string", "jsonPath": ".status.plan.gpuType"},
     {"name": "TP", "type": "integer", "jsonPath": ".status.plan.tensorParallel"},
+    {"name": "Precision", "type": "string", "jsonPath": ".status.plan.precision"},
     {"name": "Nodes", "type": "integer", "jsonPath": ".status.plan.nodes", "priority": 1},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    # What kvscale recommends: the plan's replicas, and the policy's last wish (recommend mode
+    # creates nothing, so Replicas stays empty there).
+    {"name": "Planned", "type": "integer", "jsonPath": ".status.plan.replicas"},
+    {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
+    {"name": "USD/h", "type": "number", "jsonPath": ".status.plan.costPerHour"},
     {"name": "TTFT", "type": "string", "jsonPath": ".status.observed.ttft"},
     {"name": "TPOT", "type": "string", "jsonPath": ".status.observed.tpot"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},

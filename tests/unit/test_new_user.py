@@ -207,3 +207,13 @@ def test_fp8_cost_is_shown_beside_bf16_on_h100_not_chosen() -> None:
     assert fp8["checkpoint"].startswith("meta-llama/Llama-3.1-70B-Instruct")
     a100 = plan_json(*args, "--input", "512", "--output", "256", "--gpu", "A100-80GB")["chosen"]
     assert "fp8_beside" not in a100  # no fp8 tensor cores
+
+
+def test_printer_columns_show_the_recommendation_precision_and_cost() -> None:
+    from kvscale.api.crd import crd
+
+    columns = {c["name"]: c["jsonPath"] for c in crd()["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns["Precision"] == ".status.plan.precision"
+    assert columns["Planned"] == ".status.plan.replicas"  # recommend mode's recommendation
+    assert columns["Desired"] == ".status.desiredReplicas"
+    assert columns["USD/h"] == ".status.plan.costPerHour"
