@@ -336,3 +336,52 @@ def test_a_native_checkpoint_loads_as_published_without_a_quantization_flag() ->
     assert ckpt.size_bytes(oss) == pytest.approx(weight_bytes(oss, CAT.precision("mxfp4")))
     with pytest.raises(CheckpointError, match="mxfp4 is a checkpoint format"):
         resolve_checkpoint(CAT.model("llama-3.1-8b"), CAT.precision("mxfp4"), None)
+
+
+@pytest.mark.parametrize("model_type", sorted(DEFAULTS))
+def test_plan_and_simulate_run_from_a_config_json_for_every_architecture(tmp_path: Path, model_type: str) -> None:
+    path = _write(tmp_path, model_type, _defaults_config(model_type))
+    common = ["--model", path, "--gpu", "H200", "--precision", "fp8"]
+    out = runner.invoke(
+        app,
+        [
+            "plan",
+            *common,
+            "--ttft",
+            "5s",
+            "--tpot",
+            "200ms",
+            "--rps",
+            "1",
+            "--input",
+            "512",
+            "--output",
+            "64",
+            "--json",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    chosen = json.loads(out.stdout)["chosen"]
+    assert chosen is not None and chosen["gpu"] == "H200"
+    sim = [
+        "simulate",
+        *common,
+        "--ttft",
+        "5s",
+        "--tpot",
+        "200ms",
+        "--concurrency",
+        "2",
+        "--input",
+        "256",
+        "--output",
+        "16",
+        "--duration",
+        "20s",
+        "--policy",
+        "static",
+        "--json",
+    ]
+    out = runner.invoke(app, sim)
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)[0]["requests"] > 0
