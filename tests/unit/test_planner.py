@@ -97,11 +97,13 @@ def test_fp8_on_ampere_is_weight_only_and_unsupported_before_it() -> None:
 @pytest.mark.parametrize("precisions", [("bf16",), ("bf16", "fp8", "int8", "int4")])
 def test_full_catalog_plan_is_fast_enough_to_run_per_reconcile(precisions: tuple[str, ...]) -> None:
     # A loose guard (the tight target lives in benchmarks/plan_speed.py): a plan must stay
-    # well under a second so the operator can re-plan on every spec change.
+    # well under a second so the operator can re-plan on every spec change. CPU time, not
+    # wall time: on a loaded machine (CI beside other jobs) wall time measured 2-4 s for a
+    # plan that costs 0.12-0.18 s of CPU.
     req = request(precisions=precisions)
-    start = time.perf_counter()
+    start = time.process_time()
     plan(CAT, req)
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 def test_feasible_candidates_carry_their_config_and_rejected_their_reason() -> None:
