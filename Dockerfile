@@ -12,6 +12,6 @@ COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels "kvscale[operator]" && rm -rf /wheels
 USER 65532:65532
 ENV MPLCONFIGDIR=/tmp PYTHONUNBUFFERED=1
-EXPOSE 8080 9090
+EXPOSE 8080 8081
 ENTRYPOINT ["kvscale"]
 CMD ["operator", "--liveness=http://0.0.0.0:8080/healthz"]

@@ -167,7 +167,7 @@ class Settings:
         _duration,
     )
     metrics_port: int = setting(
-        "KVSCALE_METRICS_PORT", "9090", "Port of the operator's own /metrics (0 disables).", _port
+        "KVSCALE_METRICS_PORT", "8081", "Port of the operator's own /metrics (0 disables).", _port
     )
     log_level: str = setting("KVSCALE_LOG_LEVEL", "info", "debug, info, warning or error.", _level)
 

@@ -217,3 +217,13 @@ def test_printer_columns_show_the_recommendation_precision_and_cost() -> None:
     assert columns["Planned"] == ".status.plan.replicas"  # recommend mode's recommendation
     assert columns["Desired"] == ".status.desiredReplicas"
     assert columns["USD/h"] == ".status.plan.costPerHour"
+
+
+def test_operator_metrics_port_is_not_prometheus_own() -> None:
+    from kvscale.operator.settings import Settings
+
+    port = Settings.from_env({}).metrics_port
+    assert port != 9090  # Prometheus' own port: a port-forward to both would collide
+    chart = (ROOT / "charts" / "kvscale" / "templates" / "deployment.yaml").read_text()
+    assert f"containerPort: {port}," in chart and f"port: {port}, targetPort: metrics" in chart
+    assert f'KVSCALE_METRICS_PORT, value: "{port}"' in chart
