@@ -391,7 +391,8 @@ class PlanStatus(_Status):
     workload: PlannedWorkloadStatus | None = Field(default=None, description="The workload the plan was made for.")
     alternatives: list[CandidateStatus] = Field(default_factory=list, description="Runners-up, best first.")
     rejected: list[CandidateStatus] = Field(
-        default_factory=list, description="Candidates that cannot meet the SLO or fit, with reasons."
+        default_factory=list,
+        description="The closest few candidates that cannot meet the SLO or fit, with reasons (`kvscale plan` lists all).",
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from kvscale.api.models import (
@@ -16,12 +17,12 @@ from kvscale.api.models import (
 )
 from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.operator.planning import Planned
-from kvscale.sizing.planner import Candidate, Feasible
+from kvscale.sizing.planner import Candidate, Feasible, Rejected
 from kvscale.sizing.units import format_duration
-from kvscale.sizing.workload import LengthDistribution, Workload
+from kvscale.sizing.workload import LengthDistribution, Slo, Workload
 
 TOP_ALTERNATIVES = 5
-MAX_REJECTED = 20
+MAX_REJECTED = 5  # the closest few in status (kubectl describe stays readable); `kvscale plan` lists all
 MAX_MESSAGE = 1000
 
 
@@ -158,8 +159,22 @@ def plan_status(
         excluded_gpu_types=list(excluded),
         workload=workload,
         alternatives=[candidate_status(c) for c in plan.alternatives[:TOP_ALTERNATIVES]],
-        rejected=[candidate_status(c) for c in plan.rejected[:MAX_REJECTED]],
+        rejected=[candidate_status(c) for c in closest_rejected(plan.rejected, plan.request.slo)[:MAX_REJECTED]],
     )
+
+
+def closest_rejected(rejected: Sequence[Rejected], slo: Slo) -> list[Rejected]:
+    """Rejected candidates, the most useful first: those a limit held back (they meet the SLO),
+    then SLO misses by how far they miss, then the rest (memory, GPU support) in plan order."""
+
+    def key(c: Rejected) -> tuple[int, float]:
+        if c.replicas_needed is not None:
+            return (0, float(c.replicas_needed))
+        if c.best_ttft_s is not None and c.best_tpot_s is not None:
+            return (1, max(c.best_ttft_s / slo.ttft_s, c.best_tpot_s / slo.tpot_s))
+        return (2, 0.0)
+
+    return sorted(rejected, key=key)
 
 
 def observed_status(obs: Observation, decision: Decision) -> ObservedStatus:

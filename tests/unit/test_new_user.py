@@ -227,3 +227,17 @@ def test_operator_metrics_port_is_not_prometheus_own() -> None:
     chart = (ROOT / "charts" / "kvscale" / "templates" / "deployment.yaml").read_text()
     assert f"containerPort: {port}," in chart and f"port: {port}, targetPort: metrics" in chart
     assert f'KVSCALE_METRICS_PORT, value: "{port}"' in chart
+
+
+def test_status_keeps_the_closest_few_rejections() -> None:
+    from kvscale.operator.status import MAX_REJECTED, closest_rejected
+    from kvscale.sizing.catalog import default_catalog
+    from kvscale.sizing.planner import PlanRequest, plan
+    from kvscale.sizing.workload import Slo, Workload
+
+    cat = default_catalog()
+    result = plan(cat, PlanRequest(cat.model("llama-3.1-8b"), Workload(512, 256, 10.0), Slo(0.5, 0.05)))
+    assert len(result.rejected) > MAX_REJECTED <= 5
+    kept = closest_rejected(result.rejected, result.request.slo)[:MAX_REJECTED]
+    # SLO misses (with their best latencies) before memory or GPU-support refusals.
+    assert kept[0].best_tpot_s is not None
