@@ -15,7 +15,7 @@ from kvscale.api.crd import DNS_LABEL_1035, ENV_VAR_NAME, MAX_NAME_LENGTH
 from kvscale.api.models import InferenceServiceSpec, PlanStatus, parse_spec
 from kvscale.autoscaling.policy import PolicyConfig
 from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch
-from kvscale.sizing.checkpoints import EngineType
+from kvscale.sizing.checkpoints import EngineType, default_precision
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.hf_config import arch_from_hf_config
 from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES, Objective, PlanRequest
@@ -57,7 +57,7 @@ class Intent:
     slo: Slo
     gpu_types: tuple[str, ...]  # as written; empty: any type present
     tensor_parallel: tuple[int, ...]
-    precision: str
+    precision: str | None  # as written; None: the checkpoint's own (weight_precision)
     kv_cache_precision: str
     objective: Objective
     engine: EngineType
@@ -156,6 +156,12 @@ def resolve_model(intent: Intent, catalog: Catalog) -> ModelArch:
         raise SpecError("UnknownModel", f"spec.model.name: {exc}; or describe it with spec.model.architecture") from exc
 
 
+def weight_precision(intent: Intent, model: ModelArch) -> str:
+    """spec.model.precision, else the model's checkpoint precision (fp8 for DeepSeek-V3/R1,
+    mxfp4 for gpt-oss), else bf16: what the CLI's --precision defaults to as well."""
+    return default_precision(intent.precision, model)
+
+
 def serving_config(intent: Intent, plan: PlanStatus, catalog: Catalog) -> ServingConfig:
     """The configuration a plan in status describes (gpuType, tensorParallel, pipelineParallel,
     precision, chunk budget; a status written before the budget was recorded gets the engine's default)."""
@@ -189,7 +195,7 @@ def plan_request(
         slo=intent.slo,
         gpus=gpus,
         tensor_parallel=intent.tensor_parallel,
-        precisions=(intent.precision,),
+        precisions=(weight_precision(intent, model),),
         kv_cache_precision=intent.kv_cache_precision,
         objective=intent.objective,
         max_replicas=intent.scaling.max_replicas,

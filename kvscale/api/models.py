@@ -109,7 +109,13 @@ class ModelSpec(_Wire):
         default=None, min_length=1, description="kvscale catalog key or alias, e.g. meta-llama/Llama-3.1-8B-Instruct."
     )
     architecture: ModelArchitecture | None = Field(default=None, description="Shapes of a model not in the catalog.")
-    precision: Precision = Field(default="bf16", description="Weight precision: bf16, fp16, fp8, int8 or int4.")
+    precision: Precision | None = Field(
+        default=None,
+        description=(
+            "Weight precision: bf16, fp16, fp8, int8, int4, mxfp4 or nvfp4; unset: the checkpoint's own "
+            "(fp8 for DeepSeek-V3/R1, mxfp4 for gpt-oss), else bf16."
+        ),
+    )
     kv_cache_precision: Literal["auto", "fp16", "fp8"] = Field(
         default="auto", description="KV-cache precision; auto keeps the model dtype."
     )

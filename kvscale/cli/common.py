@@ -305,11 +305,6 @@ def write_picture(path: Path, draw: Any, option: str = "--png") -> None:
         fail(f"{option} {path}: could not write the picture: {_one_line(exc)}")
 
 
-def default_precision(precision: str | None, arch: ModelArch) -> str:
-    """--precision as given, else the checkpoint's native precision (fp8, mxfp4, nvfp4), else bf16."""
-    return precision if precision else (arch.native_precision or "bf16")
-
-
 def parse_command(text: str, gpu: str | None, tp: int | None, precision: str | None) -> EngineCommand:
     """--engine-command parsed; it sets parallelism and precision, so --tp/--precision cannot also be given."""
     if not gpu or len(split(gpu)) != 1:

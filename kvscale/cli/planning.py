@@ -22,7 +22,6 @@ from kvscale.cli.common import (
     command_config_or_fail,
     command_model,
     console,
-    default_precision,
     fail,
     fmt,
     gpu_counts,
@@ -45,7 +44,7 @@ from kvscale.cli.common import (
 )
 from kvscale.sizing.batching import predict_batch, throughput_latency_curve
 from kvscale.sizing.catalog import Catalog, ModelArch
-from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint
+from kvscale.sizing.checkpoints import CheckpointError, default_precision, resolve_checkpoint
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
 from kvscale.sizing.engine_args import ENGINE_TYPES, PlannedLaunch, engine_command, plan_launch, requested_source

@@ -21,7 +21,6 @@ from kvscale.cli.common import (
     command_config_or_fail,
     command_model,
     console,
-    default_precision,
     err,
     fail,
     fmt,
@@ -48,6 +47,7 @@ from kvscale.cli.common import (
 from kvscale.cli.common import (
     slo as make_slo,
 )
+from kvscale.sizing.checkpoints import default_precision
 from kvscale.sizing.planner import DEFAULT_HEADROOM, PlanRequest, plan
 from kvscale.sizing.workload import Workload
 

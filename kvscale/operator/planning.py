@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvscale.api.intent import Intent, SpecError, allowed_gpus, plan_request, resolve_model
+from kvscale.api.intent import Intent, SpecError, allowed_gpus, plan_request, resolve_model, weight_precision
 from kvscale.operator.inventory import GpuPool
 from kvscale.sizing.catalog import Catalog, ModelArch
 from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint
@@ -60,7 +60,8 @@ def deployability(intent: Intent, catalog: Catalog, model: ModelArch) -> Unplann
     except ContextLimitError as exc:
         return Unplanned("ContextTooLong", str(exc), retry=False)
     try:
-        resolve_checkpoint(model, catalog.precision(m.precision), requested_source(m.name, m.source, m.precision))
+        precision = weight_precision(intent, model)
+        resolve_checkpoint(model, catalog.precision(precision), requested_source(m.name, m.source, precision))
     except CheckpointError as exc:
         return Unplanned("NoMatchingCheckpoint", str(exc), retry=False)
     unsupported = unsupported_by_engine(intent.engine, m.kv_cache_precision)

@@ -99,6 +99,13 @@ def method_from_name(source: str) -> QuantizationMethod | None:
     return None
 
 
+def default_precision(precision: str | None, model: ModelArch) -> str:
+    """The precision as asked, else the checkpoint's own (DeepSeek-V3/R1's block-scaled fp8,
+    gpt-oss's mxfp4: what the published checkpoint loads as without a --quantization flag),
+    else bf16. The CLI's --precision and spec.model.precision both default this way."""
+    return precision if precision else (model.native_precision or "bf16")
+
+
 def _catalog_quantized(model: ModelArch, precision: str) -> QuantizedSource | None:
     return next((q for q in model.quantized_sources if q.precision == precision), None)
 

@@ -156,6 +156,29 @@ def test_a_model_larger_than_a_node_runs_as_groups_of_nodes(
     assert lws.LABEL_ROLE not in svc.spec.selector
 
 
+def test_a_native_fp8_checkpoint_is_the_default_precision(
+    operator: Operator, api: client.ApiClient, namespace: str
+) -> None:
+    """DeepSeek-R1 without spec.model.precision: the API server fills no default (the CRD has
+    none), the operator plans the checkpoint's own fp8 (a bf16 default would be refused with
+    NoMatchingCheckpoint) over two H100 nodes and loads it as published, without --quantization."""
+    body = copy.deepcopy(BIG)
+    name = body["metadata"]["name"] = "deepseek-r1"
+    body["spec"]["model"] = {"name": "deepseek-r1"}
+    body["spec"]["workload"]["requestsPerSecond"] = 0.2
+    create(api, namespace, body)
+    wait_for(lambda: read(api, namespace, name) is not None, "the LeaderWorkerSet", operator, api, namespace, name)
+    obj = get(api, namespace, name)
+    assert "precision" not in obj["spec"]["model"]
+    plan = obj["status"]["plan"]
+    assert (plan["precision"], plan["nodes"], plan["tensorParallel"], plan["pipelineParallel"]) == ("fp8", 2, 8, 2)
+    assert condition(obj, "Planned").get("status") == "True"
+    group = read(api, namespace, name)
+    assert group is not None
+    leader = group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    assert "deepseek-ai/DeepSeek-R1" in leader["args"][0] and "--quantization" not in leader["args"][0]
+
+
 def h100_node(name: str) -> dict[str, Any]:
     """One more kwok node like the pool's H100 nodes (8 GPUs)."""
     node = next(n for n in node_objects(NODEPOOL) if n["metadata"]["name"] == "h100-0")

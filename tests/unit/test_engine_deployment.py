@@ -196,6 +196,32 @@ def test_operator_refuses_int4_without_a_checkpoint() -> None:
     assert isinstance(again, Unplanned) and again.reason == "NoMatchingCheckpoint"
 
 
+def test_unset_precision_is_the_checkpoints_own_in_the_operator() -> None:
+    """spec.model.precision unset: the checkpoint's own precision (DeepSeek's block-scaled fp8,
+    gpt-oss's mxfp4), loaded as published without a --quantization flag; else bf16. The CLI's
+    --precision defaults the same way (kvscale.sizing.checkpoints.default_precision)."""
+    assert parse_spec(spec_with(model={"name": "gpt-oss-20b"})).model.precision is None
+    oss, dep = build(spec_with(model={"name": "gpt-oss-20b"}))
+    args = container(dep)["args"]
+    assert oss.chosen.precision == "mxfp4" and args[0] == "openai/gpt-oss-20b" and "--quantization" not in args
+    dense, _ = build(spec_with(model={"name": "llama-3.1-8b"}))
+    assert dense.chosen.precision == "bf16"
+    pools = gpu_inventory(CAT, NODES, [])
+    deepseek = spec_with(
+        model={"name": "deepseek-v3"},
+        workload={"requestsPerSecond": 0.2},
+        slo={"timeToFirstToken": "5s", "timePerOutputToken": "150ms"},
+        hardware={"gpuTypes": ["H100-SXM"]},
+    )
+    planned = plan_service(parse_intent(deepseek), CAT, pools)
+    assert isinstance(planned, Planned), planned.message
+    assert planned.chosen.precision == "fp8" and planned.chosen.nodes == 2
+    deepseek["model"]["precision"] = "bf16"  # asked for explicitly: still refused, naming the fix
+    refused = plan_service(parse_intent(deepseek), CAT, pools)
+    assert isinstance(refused, Unplanned) and refused.reason == "NoMatchingCheckpoint"
+    assert "use precision fp8" in refused.message
+
+
 def test_int4_deploys_the_catalog_awq_checkpoint_with_marlin() -> None:
     _, dep = build(spec_with(model={"name": "llama-3.1-8b", "precision": "int4"}))
     args = container(dep)["args"]
