@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvscale.autoscaling.capacity import SizingCapacity
-from kvscale.cli.simulate_plot import draw_timeline
+from kvscale.cli.simulate_plot import draw_timeline, timeline_title
 from kvscale.sim.compare import POLICY_NAMES, make_policies, run_oracle
 from kvscale.sim.report import summary
 from kvscale.sim.run import SimResult, SimSetup, Source, simulate
@@ -99,7 +99,7 @@ def main() -> None:
                 results,
                 SLO,
                 args.png_dir / f"simulate-x{scale:g}.png",
-                f"{MODEL} on {GPU}, Azure conversation trace x{scale:g}",
+                timeline_title(f"{MODEL} on {GPU}", SLO, f"Azure conversation trace x{scale:g}", setup.routing),
             )
 
 

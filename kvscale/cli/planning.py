@@ -22,6 +22,7 @@ from kvscale.cli.common import (
     command_config_or_fail,
     command_model,
     console,
+    duration,
     fail,
     fmt,
     gpu_counts,
@@ -511,11 +512,17 @@ def roofline(
     png: Annotated[
         Path | None, typer.Option(help="Write the throughput-latency curve and roofline to this PNG (or .svg, .pdf).")
     ] = None,
+    ttft: Annotated[
+        str | None, typer.Option(help="TTFT target, e.g. 500ms: the picture marks batches whose prefill exceeds it.")
+    ] = None,
+    tpot: Annotated[str | None, typer.Option(help="TPOT target, e.g. 50ms: drawn on the picture.")] = None,
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Throughput against latency over batch sizes, and where each sits on the roofline."""
     image_path(png)
+    ttft_s = duration(ttft, "--ttft") if ttft is not None else None
+    tpot_s = duration(tpot, "--tpot") if tpot is not None else None
     cat = load(catalog)
     cfg = _config(cat, model, gpu, tp, precision, "auto")
     curve = throughput_latency_curve(cfg, tokens(input_tokens, "--input"), tokens(output_tokens, "--output"))
@@ -558,6 +565,6 @@ def roofline(
     if png is not None:
         from kvscale.cli.roofline_plot import draw_roofline
 
-        write_picture(png, lambda: draw_roofline(cfg, curve, png))
+        write_picture(png, lambda: draw_roofline(cfg, curve, png, ttft_s, tpot_s))
         if not as_json:
             console.print(f"wrote {png}")

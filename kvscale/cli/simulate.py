@@ -243,14 +243,24 @@ def simulate(
         results, rows = _run_with_progress(setup, arrivals, names, headroom, replicas, max_replicas, workload)
     except SimulationError as exc:
         fail(str(exc), EXIT_INFEASIBLE)
-    title = f"{arch.name} on {setup.cfg.tensor_parallel} x {setup.cfg.gpu.name}"
+    if load is not None:
+        load_text = load
+    elif trace is not None:
+        scales = "".join(
+            f", {name} {value:g}x" for name, value in (("rate", rate_scale), ("time", time_scale)) if value != 1.0
+        )
+        load_text = f"trace {trace.name}{scales}"
+    else:
+        load_text = f"{concurrency} closed-loop users, {input_tokens} in / {output_tokens} out"
+    head = f"{arch.name} on {setup.cfg.tensor_parallel} x {setup.cfg.gpu.name} ({setup.cfg.precision.name})"
     if as_json:
         print_json(rows)
     else:
         _render(setup, rows, slo, percentile)
     if png is not None:
-        from kvscale.cli.simulate_plot import draw_timeline
+        from kvscale.cli.simulate_plot import draw_timeline, timeline_title
 
+        title = timeline_title(head, slo, load_text, routing)
         write_picture(png, lambda: draw_timeline(results, slo, png, title))
         if not as_json:
             console.print(f"wrote {png}")
