@@ -173,7 +173,7 @@ def run_unit(case: Case, routing: str, name: str) -> tuple[str, str, str, dict[s
     setup = build_setup(case, trace, routing)
     span = max(trace[-1].arrival_s, 1.0)
     shape = fit_trace(trace).workload.at_rate(len(trace) / span)
-    capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch, shape)
+    capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch, shape, least_loaded=routing == "gateway")
     policy: object = None
     if name == "oracle":
         result = run_oracle(setup, trace, capacity)

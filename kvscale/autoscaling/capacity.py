@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from kvscale.sizing.checkpoints import replica_cold_start
@@ -10,15 +11,22 @@ from kvscale.sizing.load import ReplicaModel
 from kvscale.sizing.workload import Slo, Workload
 
 _LENGTH_BUCKET_TOKENS = 16  # observed means are rounded so the cache stays small
+_PERCENTILE_STEP = 0.5  # an SLO percentile no idle replica meets is lowered in these steps
+_LOWEST_PERCENTILE = 50.0
 
 
 class SizingCapacity:
     """Per-replica capacity and predicted latency of one serving configuration."""
 
-    def __init__(self, cfg: ServingConfig, slo: Slo, max_batch: int, shape: Workload | None = None) -> None:
+    def __init__(
+        self, cfg: ServingConfig, slo: Slo, max_batch: int, shape: Workload | None = None, least_loaded: bool = False
+    ) -> None:
         """`shape`: the workload's length distributions and burstiness (fitted from a trace or
-        observed), scaled to each observed mean; without it, constant lengths and Poisson."""
+        observed), scaled to each observed mean; without it, constant lengths and Poisson.
+        `least_loaded`: requests reach replicas through a least-loaded router (a gateway's
+        endpoint picker), which keeps new prompts off busy replicas while others are idle."""
         self.cfg = cfg
+        self.least_loaded = least_loaded
         self.slo = slo
         self.max_batch = max_batch
         self.shape = shape
@@ -32,18 +40,33 @@ class SizingCapacity:
     def _replica_uncached(self, input_tokens: int, output_tokens: int) -> ReplicaModel:
         shape = self.shape
         if shape is None or shape.is_mean_value:
-            return ReplicaModel(self.cfg, Workload(input_tokens, output_tokens, 0.0))
+            return ReplicaModel(self.cfg, Workload(input_tokens, output_tokens, 0.0), least_loaded=self.least_loaded)
         inputs = shape.inputs.scaled(input_tokens / shape.inputs.mean)
         outputs = shape.outputs.scaled(output_tokens / shape.outputs.mean)
         # The fleet rate the burstiness was measured at: a replica carrying a share of it sees
         # that share of each burst.
         workload = Workload.of(inputs, outputs, shape.requests_per_s, burstiness=shape.burstiness)
-        return ReplicaModel(self.cfg, workload)
+        return ReplicaModel(self.cfg, workload, least_loaded=self.least_loaded)
 
     def _rate_uncached(self, input_tokens: int, output_tokens: int) -> float:
         replica = self._replica(input_tokens, output_tokens)
         batch = min(self.max_batch, max(1, replica.kv_max_batch))
-        return replica.max_rate_meeting(self.slo, batch)
+        return replica.max_rate_meeting(self.reachable_slo(input_tokens, output_tokens), batch)
+
+    def reachable_slo(self, input_tokens: float, output_tokens: float) -> Slo:
+        """The SLO at the highest percentile an idle replica meets for these lengths: where
+        the longest prompts of the mix miss the TTFT target on their own prefill, no number of
+        replicas serves them in time, and the rest of the requests are sized at the percentile
+        that is still reachable (the SLO itself when the idle replica meets it)."""
+        replica = self._replica(self._bucket(input_tokens), self._bucket(output_tokens))
+        percentile = self.slo.percentile
+        while percentile > _LOWEST_PERCENTILE:
+            slo = replace(self.slo, percentile=percentile)
+            idle = replica.zero_load(percentile)
+            if idle.ttft_p_s <= slo.ttft_s and idle.tpot_p_s <= slo.tpot_s:
+                return slo
+            percentile = max(_LOWEST_PERCENTILE, percentile - _PERCENTILE_STEP)
+        return replace(self.slo, percentile=_LOWEST_PERCENTILE)
 
     def rate_per_replica(self, input_tokens: float, output_tokens: float) -> float:
         """Requests/s one replica sustains with p-TTFT and p-TPOT within the SLO (0: never)."""

@@ -59,7 +59,7 @@ def run_policies(
 ) -> tuple[list[SimResult], list[dict[str, Any]]]:
     """Every named policy on the load; `shape` (lengths and burstiness the plan was made
     for) is what the capacity model of kvscale and the oracle assumes."""
-    capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch, shape)
+    capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch, shape, least_loaded=setup.routing == "gateway")
     references = [n for n in names if n in REFERENCE_NAMES]
     if references and load.trace is None:
         raise SimulationError(

@@ -95,12 +95,21 @@ def running_bucket(concurrency: float) -> int:
 class ReplicaModel:
     """Latency of one replica of a configuration for one workload, with its steps cached."""
 
-    def __init__(self, cfg: ServingConfig, workload: Workload, steps_from: ReplicaModel | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ServingConfig,
+        workload: Workload,
+        steps_from: ReplicaModel | None = None,
+        least_loaded: bool = False,
+    ) -> None:
         """`steps_from`: a model of the same configuration under another chunk budget, whose
         cached step times this one shares (a step's time does not depend on the budget, only
-        how many prompt tokens fit beside the decodes does)."""
+        how many prompt tokens fit beside the decodes does). `least_loaded`: requests reach
+        the fleet's replicas through a least-loaded router (a gateway's endpoint picker), not
+        at random."""
         self.cfg = cfg
         self.workload = workload
+        self.least_loaded = least_loaded
         self.budget = cfg.max_num_batched_tokens
         self._context = workload.mean_decode_context_tokens
         # Plain dicts: one planner run builds hundreds of these, and lru_cache wrappers cost
@@ -347,7 +356,7 @@ class ReplicaModel:
         arrivals = self._replica_arrivals(rate_per_s)
         ttft, prefill_wait = self._ttft_percentile(n, prefill_util, slot_wait + gap / 2.0, arrivals, percentile)
         gaps = max(out - 1, 0)
-        tpot_p = self._tpot_percentile(rate_per_s, n, dec.seconds, per_token_s, arrivals, percentile)
+        tpot_p = self._tpot_percentile(rate_per_s, n, dec.seconds, per_token_s, arrivals, percentile, hold)
         itl_p = mix.seconds if share > 1.0 - percentile / 100.0 else dec.seconds
         prefill_time_share = rate_per_s * per_prompt_s
         return LoadPoint(
@@ -366,6 +375,20 @@ class ReplicaModel:
             slot_wait_p_s=slot_wait,
             prefill_wait_p_s=prefill_wait,
         )
+
+    def _joins_share(self, rate_per_s: float, hold_s: float) -> float:
+        """Share of the fleet's arrivals during a request's life that join its replica, over the
+        share a random router sends there. Behind a least-loaded router (the gateway's endpoint
+        picker) a replica holding a request takes a new one only when no other replica is idle:
+        with N = fleet rate / replica rate replicas each holding rate x hold requests on
+        average, the other N - 1 hold (N - 1) x rate x hold between them (Poisson), and the
+        router leaves none idle only when they hold at least N - 1. Behind a random router, or
+        for a fleet of one, every arrival meant for this replica comes."""
+        total = self.workload.requests_per_s
+        if not self.least_loaded or rate_per_s <= 0.0 or total <= rate_per_s:
+            return 1.0
+        others = total / rate_per_s - 1.0
+        return _poisson_at_least(others * rate_per_s * hold_s, others)
 
     def _replica_arrivals(self, rate_per_s: float) -> Burstiness:
         """The burstiness one replica sees: routing spreads a burst over the fleet, so of the
@@ -420,6 +443,7 @@ class ReplicaModel:
         per_token_s: float,
         arrivals: Burstiness,
         percentile: float,
+        hold_s: float = 0.0,
     ) -> float:
         """Per-request TPOT at the percentile over the output-length mix.
 
@@ -428,7 +452,9 @@ class ReplicaModel:
         arriving meanwhile (a Poisson count, negative binomial when over-dispersed, each
         arrival's tokens normal around the mean prompt; normal in total for many arrivals)
         plus its burst companions queued behind it (uniform over 0..D-1 prompts). At most one
-        chunk per gap: its TPOT never exceeds the full mixed step. Short outputs average few
+        chunk per gap: one prompt adds at most g chunk steps, and its TPOT never exceeds the
+        full mixed step. Behind a least-loaded router only the arrivals that find no idle
+        replica join its replica (`_joins_share`). Short outputs average few
         gaps, so under bursts they run at the full mixed step.
         """
         outputs = self.workload.outputs
@@ -460,23 +486,36 @@ class ReplicaModel:
             return min(max(root * root, decode_s), full_s)
 
         # Each arrival adds its chunk steps' time beyond the decode steps they replace; a long
-        # prompt's chunks attend over more context, so the cost is per prompt length.
-        extras = [(self.length_prefill_s(batch, t) - math.ceil(t / room) * decode_s, w) for t, w in inputs.points]
-        mean_x = sum(x * w for x, w in extras)
-        var_x = max(0.0, sum(x * x * w for x, w in extras) - mean_x * mean_x)
-        full_s = max(full_s, max(self.length_chunk_s(batch, room, t) for t in inputs.tokens))
-        width_s = max(0.0, arrivals.index_of_dispersion - 1.0) * mean_x
+        # prompt's chunks attend over more context, so the cost is per prompt length. A request
+        # of g gaps shares at most g steps with one prompt: a prompt of more chunks adds only g
+        # chunk steps to it (the rest run after it finished).
+        steps = [
+            (t, math.ceil(t / room), self.length_prefill_s(batch, t), self.length_chunk_s(batch, room, t))
+            for t, _ in inputs.points
+        ]
+        full_s = max(full_s, max(chunk_s for _, _, _, chunk_s in steps))
+        moments: dict[int, tuple[float, float, float]] = {}
+        for g, _ in gaps:
+            extras = [
+                (min(own_s - chunks * decode_s, g * (chunk_s - decode_s)), w)
+                for (_, chunks, own_s, chunk_s), (_, w) in zip(steps, inputs.points, strict=True)
+            ]
+            mean_x = sum(x * w for x, w in extras)
+            var_x = max(0.0, sum(x * x * w for x, w in extras) - mean_x * mean_x)
+            moments[g] = (mean_x, var_x, max(0.0, arrivals.index_of_dispersion - 1.0) * mean_x)
+        joins = self._joins_share(rate_per_s, hold_s)
 
         def over(x: float) -> float:
             """P(TPOT > x): a request whose TPOT is x lives g x, and the prompts that arrive
-            over that life must add more than (x - decode) g of chunk time."""
+            over that life (and join its replica) must add more than (x - decode) g of chunk time."""
             if x >= full_s:
                 return 0.0
             total = 0.0
             for g, w in gaps:
                 life = g * x
+                mean_x, var_x, width_s = moments[g]
                 total += w * _arrival_tokens_tail(
-                    (x - decode_s) * g, rate_per_s * life, arrivals.dispersion_at(life), mean_x, var_x, width_s
+                    (x - decode_s) * g, rate_per_s * life * joins, arrivals.dispersion_at(life), mean_x, var_x, width_s
                 )
             return total
 
@@ -618,6 +657,24 @@ def _mg1_tail_scale_s(services: list[tuple[float, float]], utilization: float) -
             break
     hi = theta
     return 1.0 / hi
+
+
+def _poisson_at_least(mean: float, count: float) -> float:
+    """P(X >= count) for X Poisson with `mean`, `count` >= 0 taken up to the next whole
+    number (a fleet of fractional replicas counts its last one whole)."""
+    k = math.ceil(count - 1e-9)
+    if k <= 0:
+        return 1.0
+    if mean <= 0.0:
+        return 0.0
+    if mean > 400.0:  # normal, with continuity correction
+        return _normal_tail((k - 0.5 - mean) / math.sqrt(mean))
+    term = math.exp(-mean)
+    below = 0.0
+    for i in range(k):
+        below += term
+        term *= mean / (i + 1)
+    return min(1.0, max(0.0, 1.0 - below))
 
 
 _COUNT_SUM_LIMIT = 30.0  # arrivals expected in a life above which their count is taken as normal

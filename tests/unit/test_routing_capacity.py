@@ -1,0 +1,76 @@
+"""The capacity model under the router in front of the fleet (random or least-loaded), and
+for length mixes whose longest prompts miss TTFT on an idle replica."""
+
+import math
+
+import pytest
+
+from kvscale.autoscaling.capacity import SizingCapacity
+from kvscale.sim.fit import fit_trace
+from kvscale.sim.generators import generate, parse_load
+from kvscale.sim.policies import StaticPolicy
+from kvscale.sim.report import attainment
+from kvscale.sim.run import SimSetup, Source, simulate
+from kvscale.sizing import load
+from kvscale.sizing.catalog import default_catalog
+from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.workload import Slo
+
+CAT = default_catalog()
+CFG = ServingConfig.build(CAT, CAT.model("llama-3.1-8b"), CAT.gpu("H100-SXM"), "bf16", 1).with_chunk_budget(2048)
+
+
+def test_poisson_at_least_hand_computed() -> None:
+    assert load._poisson_at_least(2.0, 0.0) == 1.0  # a fleet of one: nothing else to be idle
+    assert load._poisson_at_least(2.0, 1.0) == pytest.approx(1.0 - math.exp(-2.0))
+    assert load._poisson_at_least(2.0, 2.0) == pytest.approx(1.0 - 3.0 * math.exp(-2.0))
+    assert load._poisson_at_least(2.0, 1.5) == load._poisson_at_least(2.0, 2.0)  # counted whole
+    assert load._poisson_at_least(0.0, 3.0) == 0.0
+
+
+def test_each_routers_fleet_meets_the_slo_behind_that_router() -> None:
+    # Long heavy-tailed prompts beside short outputs: behind a random router a short request
+    # shares its replica with other prompts' chunks (and waits behind them); a least-loaded
+    # router keeps new prompts on idle replicas. Each capacity model's fleet meets the SLO
+    # behind its own router in the simulator, and only the random router's behind both.
+    trace = generate(parse_load("poisson:rate=6,input=8000,output=20,lengths=heavy,duration=10m"), seed=3)
+    shape = fit_trace(trace).workload.at_rate(len(trace) / trace[-1].arrival_s)
+    slo = Slo(4.0, 0.04, 99.0)
+
+    def fleet(least_loaded: bool) -> int:
+        capacity = SizingCapacity(CFG, slo, 64, shape, least_loaded=least_loaded)
+        return math.ceil(shape.requests_per_s / capacity.rate_per_replica(shape.input_tokens, shape.output_tokens))
+
+    def met(n: int, routing: str) -> float:
+        setup = SimSetup(CFG, slo, 64, cold_start_s=0.0, initial_replicas=n, routing=routing)
+        return attainment(simulate(setup, Source(trace), StaticPolicy(n)), slo)
+
+    random_fleet, pooled_fleet = fleet(False), fleet(True)
+    assert pooled_fleet < random_fleet / 2
+    assert met(random_fleet, "service") >= 0.99
+    assert met(pooled_fleet, "gateway") >= 0.99
+    assert met(pooled_fleet, "service") < 0.98  # the pooled figure is the gateway's alone
+
+
+def test_a_fleet_of_one_behind_either_router_carries_the_same() -> None:
+    trace = generate(parse_load("poisson:rate=1,input=3000,output=40,lengths=heavy,duration=5m"), seed=1)
+    shape = fit_trace(trace).workload.at_rate(0.5)  # the fitted fleet rate below one replica's
+    slo = Slo(3.0, 0.05, 99.0)
+    a = SizingCapacity(CFG, slo, 64, shape).rate_per_replica(3000, 40)
+    b = SizingCapacity(CFG, slo, 64, shape, least_loaded=True).rate_per_replica(3000, 40)
+    assert b == pytest.approx(a, rel=0.01)
+
+
+def test_prompts_no_replica_serves_in_time_lower_the_percentile_not_the_capacity_to_zero() -> None:
+    # The longest 1-2% of these prompts outlast a 0.5 s TTFT on an idle replica: no fleet
+    # serves them in time, and the rest are sized at the percentile still reachable.
+    trace = generate(parse_load("poisson:rate=4,input=6000,output=100,lengths=heavy,duration=10m"), seed=2)
+    shape = fit_trace(trace).workload.at_rate(len(trace) / trace[-1].arrival_s)
+    slo = Slo(0.5, 0.08, 99.0)
+    capacity = SizingCapacity(CFG, slo, 64, shape)
+    reachable = capacity.reachable_slo(shape.input_tokens, shape.output_tokens)
+    assert reachable.percentile < slo.percentile
+    assert reachable.ttft_s == slo.ttft_s and reachable.tpot_s == slo.tpot_s
+    assert capacity.rate_per_replica(shape.input_tokens, shape.output_tokens) > 0.0
+    easy = SizingCapacity(CFG, Slo(30.0, 0.08, 99.0), 64, shape)
+    assert easy.reachable_slo(shape.input_tokens, shape.output_tokens).percentile == 99.0
