@@ -229,7 +229,8 @@ class ScalingSpec(_Wire):
         default="5m",
         description="With minReplicas 0: how long without requests before the last replica is released. The next "
         "request then waits at the gateway for a cold start (status.conditions ScaleToZero says how long). Needs "
-        "spec.routing.inferencePool: its endpoint picker's queue is the signal to scale back.",
+        "spec.routing.inferencePool (its endpoint picker's queue) or spec.routing.kedaHttp (the KEDA HTTP "
+        "add-on's pending requests): the signal to scale back.",
     )
     priority: int = Field(
         default=0,
@@ -302,11 +303,36 @@ class InferencePoolRouting(_Wire):
     )
 
 
+class KedaHttpRouting(_Wire):
+    """Requests reach the Service through the KEDA HTTP add-on's interceptor, which holds them
+    while no replica runs and counts them per HTTPScaledObject (its Prometheus gauge
+    interceptor_pending_request_count, label host = "<namespace>/<name>"): kvscale reads that
+    count to scale back from zero. The HTTPScaledObject (http.keda.sh/v1alpha1) is yours: point its
+    scaleTargetRef at the InferenceService's Service and annotate it
+    httpscaledobject.keda.sh/skip-scaledobject-creation: "true" so that KEDA does not scale the
+    Deployment too; set the interceptor's KEDA_CONDITION_WAIT_TIMEOUT (default 1500ms) above the
+    cold start, or the first requests fail while the replica starts."""
+
+    http_scaled_object: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Name of the HTTPScaledObject in the InferenceService's namespace; defaults to the "
+        "InferenceService's name.",
+    )
+
+
 class RoutingSpec(_Wire):
     """How requests reach the engines beyond the plain Service."""
 
     inference_pool: InferencePoolRouting | None = Field(
         default=None, description="Present: route through a Gateway API inference extension InferencePool."
+    )
+    keda_http: KedaHttpRouting | None = Field(
+        default=None,
+        description="Present: requests come through the KEDA HTTP add-on's interceptor (an HTTPScaledObject); "
+        "with minReplicas 0 its pending-request count brings the service back from zero.",
     )
 
 

@@ -54,7 +54,7 @@ from kvscale.operator.reconcile import (
     refresh,
     replans,
 )
-from kvscale.operator.scale_zero import pool_name, queue_promql, scale_zero, wants_zero
+from kvscale.operator.scale_zero import gateway_queue, queue_queries, scale_zero, wants_zero
 from kvscale.operator.scaling import Fleet, ScalerMemory, Tick, cold_start_key, fleet, newly_ready, planned, tick
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import mark_synced
@@ -372,10 +372,10 @@ async def _zero_and_budget(
     """The tick under scale to zero (the gateway's queue read when minReplicas is 0) and under
     the GPUBudget that governs the service, if any."""
     queue: float | None = None
-    pool = pool_name(intent, call.res)
-    if wants_zero(intent) and pool is not None and rt.prometheus is not None:
-        reading = await rt.prometheus.scalar(queue_promql(pool), timeout_s=rt.observation_deadline_s())
-        queue = reading if isinstance(reading, float) else None
+    queries = queue_queries(intent, call.res)
+    if wants_zero(intent) and queries and rt.prometheus is not None:
+        readings = [await rt.prometheus.scalar(q, timeout_s=rt.observation_deadline_s()) for q in queries]
+        queue = gateway_queue([r if isinstance(r, float) else None for r in readings])
     cold_start_s = done.decision.cold_start_s or done.memory.cold_start_s
     done = scale_zero(intent, call.res, call.before, start, obs, queue, done, call.memo, cold_start_s, now)
     labels = (call.body.get("metadata") or {}).get("labels") or {}

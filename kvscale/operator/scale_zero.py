@@ -9,6 +9,18 @@ sigs.k8s.io/gateway-api-inference-extension v1.3.0, pkg/epp/metrics/metrics.go
 picker's metrics under its own prefix (llm_d_epp_*); that name was not checked against its
 source (the Go module proxy refused the llm-d module here), so it is not read.
 
+Or, with spec.routing.kedaHttp, the KEDA HTTP add-on's interceptor: it holds a request until
+the target has a replica (KEDA_CONDITION_WAIT_TIMEOUT) and counts it, from arrival until its
+response ends, per HTTPScaledObject: `interceptor_pending_request_count` (an OpenTelemetry
+Int64UpDownCounter, exported to Prometheus as a gauge, attribute `host` = the
+HTTPScaledObject's "<namespace>/<name>"), defined in github.com/kedacore/http-add-on v0.8.0,
+interceptor/metrics/prommetrics.go (RecordPendingRequestCount, called from
+interceptor/middleware/counting.go with k8s.NamespacedNameFromObject(httpso).String()) and
+served on the interceptor's KEDA_HTTP_OTEL_PROM_EXPORTER_PORT (2223; interceptor/config/
+metrics.go). The same count, per host, is what its external scaler hands KEDA
+(scaler/handlers.go GetMetrics, count.Concurrency). Later add-on versions were refused by the
+Go module proxy here (403), so v0.8.0 is the version checked.
+
 Behind a plain Service nothing holds a request while no replica runs: minReplicas 0 there is
 refused with a condition (ScaleToZero False, NoQueueSignal) and one replica is kept.
 """
@@ -29,6 +41,7 @@ from kvscale.operator.status import condition, now_rfc3339, with_conditions, wit
 
 CONDITION = "ScaleToZero"
 QUEUE_METRIC = "inference_extension_flow_control_queue_size"
+KEDA_PENDING_METRIC = "interceptor_pending_request_count"
 
 
 def _s(seconds: float) -> str:
@@ -43,6 +56,32 @@ def pool_name(intent: Intent, res: Resource) -> str | None:
 def queue_promql(pool: str) -> str:
     """Requests the pool's endpoint picker holds now (all priorities and fairness groups)."""
     return f'sum({QUEUE_METRIC}{{inference_pool="{pool}"}})'
+
+
+def keda_promql(namespace: str, http_scaled_object: str) -> str:
+    """Requests the KEDA HTTP add-on's interceptors hold or forward now for the HTTPScaledObject
+    (summed over interceptor replicas)."""
+    return f'sum({KEDA_PENDING_METRIC}{{host="{namespace}/{http_scaled_object}"}})'
+
+
+def queue_queries(intent: Intent, res: Resource) -> tuple[str, ...]:
+    """The PromQL of every gateway queue the service's routing provides (none: a plain Service)."""
+    queries = []
+    pool = pool_name(intent, res)
+    if pool is not None:
+        queries.append(queue_promql(pool))
+    keda = intent.spec.routing.keda_http
+    if keda is not None:
+        queries.append(keda_promql(res.namespace, keda.http_scaled_object or res.name))
+    return tuple(queries)
+
+
+def gateway_queue(readings: list[float | None]) -> float | None:
+    """The requests waiting at the gateways, or None when any of them was not read (a missing
+    metric never releases the last replica)."""
+    if not readings or any(r is None for r in readings):
+        return None
+    return float(sum(r for r in readings if r is not None))
 
 
 def wants_zero(intent: Intent) -> bool:
@@ -68,12 +107,12 @@ def scale_zero(
             return replace(done, result=replace(done.result, status=without_condition(status, CONDITION)))
         return done
     current, decided = fleet_.current, done.decision.replicas
-    pool = pool_name(intent, res)
-    if pool is None:
+    if not queue_queries(intent, res):
         message = (
             "minReplicas 0 needs a signal of waiting requests while no replica runs, and behind a plain Service the "
             "first request would fail: route through spec.routing.inferencePool (its endpoint picker holds requests "
-            f"and reports {QUEUE_METRIC}); keeping at least one replica"
+            f"and reports {QUEUE_METRIC}) or spec.routing.kedaHttp (the KEDA HTTP add-on's interceptor holds them "
+            f"and reports {KEDA_PENDING_METRIC}); keeping at least one replica"
         )
         cond = condition(status, CONDITION, False, "NoQueueSignal", message, res.generation, now)
         target, why = max(decided, 1), "minReplicas 0 refused (no gateway queue): keeping one replica"

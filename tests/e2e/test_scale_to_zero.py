@@ -1,8 +1,9 @@
 """Scale to zero and back on the test cluster: the stand-in serves the engines' metrics behind
-kwok pods, a second stand-in serves the endpoint picker's flow-control queue gauge
-(inference_extension_flow_control_queue_size), a real Prometheus scrapes both, and the
-operator releases the last replica after the idle window and brings one back when requests
-wait at the gateway."""
+kwok pods, a second stand-in serves the gateway's queue gauge (the endpoint picker's
+inference_extension_flow_control_queue_size behind spec.routing.inferencePool, or the KEDA
+HTTP add-on interceptor's interceptor_pending_request_count behind spec.routing.kedaHttp), a
+real Prometheus scrapes both, and the operator releases the last replica after the idle
+window and brings one back when requests wait at the gateway."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from kvscale.operator.scale_zero import QUEUE_METRIC
+from kvscale.operator.scale_zero import KEDA_PENDING_METRIC, QUEUE_METRIC
 from tests.cluster.harness import Cluster, free_port, wait_until
 from tests.cluster.processes import Operator, standin
 from tests.cluster.prometheus import Prometheus
@@ -30,14 +31,25 @@ def replicas(api: client.ApiClient, namespace: str) -> int:
     return int(client.AppsV1Api(api).read_namespaced_deployment(NAME, namespace).spec.replicas or 0)
 
 
-@pytest.fixture
-def zero(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+@pytest.fixture(params=["inferencePool", "kedaHttp"])
+def zero(
+    request: pytest.FixtureRequest, cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> Iterator[dict[str, Any]]:
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.kvscale.io", "--timeout=60s")
     registry = CollectorRegistry()
-    labels = ("fairness_id", "priority", "inference_pool", "model_name", "target_model_name")
-    queue = Gauge(QUEUE_METRIC, "The endpoint picker's flow-control queue (stand-in).", labels, registry=registry)
-    series = queue.labels("default", "0", NAME, "m", "m")
+    routing = str(request.param)
+    if routing == "inferencePool":
+        labels: tuple[str, ...] = ("fairness_id", "priority", "inference_pool", "model_name", "target_model_name")
+        queue = Gauge(QUEUE_METRIC, "The endpoint picker's flow-control queue (stand-in).", labels, registry=registry)
+        series = queue.labels("default", "0", NAME, "m", "m")
+    else:
+        # The interceptor's OpenTelemetry exporter: attribute host = the HTTPScaledObject's
+        # namespace/name, plus the scope labels (go.opentelemetry.io/otel/exporters/prometheus).
+        labels = ("host", "otel_scope_name", "otel_scope_version")
+        help_ = "a count of requests pending forwarding by the interceptor proxy (stand-in)"
+        queue = Gauge(KEDA_PENDING_METRIC, help_, labels, registry=registry)
+        series = queue.labels(f"{namespace}/{NAME}", "keda-interceptor-proxy", "")
     series.set(0)
     queue_port = free_port()
     server, thread = start_http_server(queue_port, addr="127.0.0.1", registry=registry)
@@ -56,7 +68,7 @@ def zero(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
     body = copy.deepcopy(SAMPLES["custom-architecture"])
     body["metadata"]["name"] = NAME
     body["spec"]["scaling"] = {"minReplicas": 0, "maxReplicas": 2, "idleWindow": "10s", "scaleDownStabilization": "5s"}
-    body["spec"]["routing"] = {"inferencePool": {}}
+    body["spec"]["routing"] = {routing: {}}
     create(api, namespace, body)
     wait_until(lambda: get(api, namespace, NAME).get("status", {}).get("phase") == "Ready", 60, "Ready")
     serving = standin(cluster, NAME, namespace, metrics_port, LOAD, "3s", tmp_path / "standin.log")
@@ -84,7 +96,7 @@ def test_idle_window_releases_the_last_replica_and_the_gateway_queue_brings_one_
     # Nothing waits: it stays at zero.
     wait_until(lambda: "at zero" in condition(get(api, ns, NAME), "ScaleToZero").get("message", ""), 30, "at zero")
     assert replicas(api, ns) == 0
-    zero["queue"].set(3)  # three requests held by the endpoint picker
+    zero["queue"].set(3)  # three requests held at the gateway (the picker or the interceptor)
     try:
         wait_until(lambda: replicas(api, ns) >= 1, 60, "scaled back from zero")
     except TimeoutError as exc:

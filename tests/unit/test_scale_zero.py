@@ -1,6 +1,7 @@
 """Scale to zero on a tick: refused behind a plain Service (condition, one replica kept);
-behind an InferencePool the last replica goes after the idle window and comes back when the
-endpoint picker's queue holds requests; unknown figures never release it."""
+behind an InferencePool or the KEDA HTTP add-on's interceptor the last replica goes after the
+idle window and comes back when the gateway's queue holds requests; unknown figures never
+release it."""
 
 from __future__ import annotations
 
@@ -10,13 +11,22 @@ from typing import Any
 from kvscale.api.intent import parse_intent
 from kvscale.autoscaling.observation import Observation
 from kvscale.operator.reconcile import DeploymentView
-from kvscale.operator.scale_zero import CONDITION, QUEUE_METRIC, queue_promql, scale_zero
+from kvscale.operator.scale_zero import (
+    CONDITION,
+    KEDA_PENDING_METRIC,
+    QUEUE_METRIC,
+    gateway_queue,
+    queue_promql,
+    queue_queries,
+    scale_zero,
+)
 from kvscale.operator.scaling import Fleet, ScalerMemory, Tick, fleet, tick
 from kvscale.operator.status import get_condition
 from tests.unit.test_reconcile import CAT, NOW, RES, SETTINGS, deployed, spec
 
 ZERO = spec(scaling={"minReplicas": 0, "idleWindow": "2m"})
 POOLED = spec(scaling={"minReplicas": 0, "idleWindow": "2m"}, routing={"inferencePool": {}})
+KEDA = spec(scaling={"minReplicas": 0, "idleWindow": "2m"}, routing={"kedaHttp": {}})
 
 
 def run(
@@ -55,7 +65,7 @@ def test_refused_behind_a_plain_service_with_one_replica_kept() -> None:
     done = run(ZERO, 1, 0.0, None, {})
     c = get_condition(done.result.status, CONDITION)
     assert c is not None and (c.status, c.reason) == ("False", "NoQueueSignal")
-    assert "spec.routing.inferencePool" in c.message
+    assert "spec.routing.inferencePool" in c.message and "spec.routing.kedaHttp" in c.message
     assert done.result.scale_to is None and done.decision.replicas >= 1
 
 
@@ -87,3 +97,34 @@ def test_requests_waiting_at_the_gateway_bring_it_back() -> None:
     assert any("3 requests wait for a replica" in e.message for e in back.result.events)
     c = get_condition(back.result.status, CONDITION)
     assert c is not None and "at zero" in c.message and "gateway queue 3" in c.message
+
+
+def test_the_keda_http_add_ons_pending_count_is_read_per_http_scaled_object() -> None:
+    # github.com/kedacore/http-add-on v0.8.0 interceptor/metrics/prommetrics.go: the gauge
+    # interceptor_pending_request_count, attribute host = the HTTPScaledObject's namespace/name.
+    assert KEDA_PENDING_METRIC == "interceptor_pending_request_count"
+    assert queue_queries(parse_intent(KEDA), RES) == (
+        f'sum(interceptor_pending_request_count{{host="{RES.namespace}/{RES.name}"}})',
+    )
+    named = spec(scaling={"minReplicas": 0}, routing={"kedaHttp": {"httpScaledObject": "front"}})
+    both = spec(scaling={"minReplicas": 0}, routing={"kedaHttp": {"httpScaledObject": "front"}, "inferencePool": {}})
+    assert queue_queries(parse_intent(named), RES) == (
+        f'sum(interceptor_pending_request_count{{host="{RES.namespace}/front"}})',
+    )
+    assert len(queue_queries(parse_intent(both), RES)) == 2
+    assert queue_queries(parse_intent(ZERO), RES) == ()
+    # Both read: their sum; one unread: unknown (never releases).
+    assert gateway_queue([0.0, 2.0]) == 2.0
+    assert gateway_queue([0.0, None]) is None and gateway_queue([]) is None
+
+
+def test_behind_the_keda_interceptor_it_releases_and_comes_back() -> None:
+    memo: dict[str, Any] = {}
+    first = run(KEDA, 1, 0.0, 0.0, memo)
+    c = get_condition(first.result.status, CONDITION)
+    assert c is not None and (c.status, c.reason) == ("True", "Enabled") and "about 95s" in c.message
+    later = run(KEDA, 1, 0.0, 0.0, memo, NOW + dt.timedelta(minutes=3))
+    assert later.result.scale_to == 0
+    back = run(KEDA, 0, None, 2.0, memo, NOW + dt.timedelta(minutes=4))
+    assert back.result.scale_to == 1
+    assert any("2 requests wait for a replica" in e.message for e in back.result.events)
