@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Annotated
 
 import typer
@@ -20,8 +19,10 @@ def sim_serve(
         str,
         typer.Option(
             "--load",
-            help="constant:R, ramp:R0:R1:SECONDS, steps:R0@T0,R1@T1,... or trace:FILE; "
-            "append ;lengths:IN/OUT@T,... to change prompt/output lengths over time",
+            help="The load, as `kvscale simulate --load`: constant:R, ramp:R0:R1:SECONDS, steps:R0@T0,R1@T1,... "
+            "or trace:FILE (append ;lengths:IN/OUT@T,... to change prompt/output lengths over time), or a "
+            "generated KIND:key=value,... (poisson, bursty, diurnal, step, flash, batches, drift; played until its "
+            "duration ends), with the service's workload lengths as defaults",
         ),
     ] = "constant:1",
     cold_start: Annotated[str, typer.Option("--cold-start", help="Time before a new pod serves.")] = "30s",
@@ -32,15 +33,15 @@ def sim_serve(
     catalog: CatalogOpt = None,
 ) -> None:
     """Serve vLLM-named metrics for every Running pod of an InferenceService, from the simulator."""
-    from kvscale.sim.load_profile import ProfileError, parse_profile
+    from kvscale.sim.generators import LoadError
+    from kvscale.sim.load_profile import load_arrivals
 
     if not 1 <= port <= 65535:
         fail(f"--port must be in [1, 65535], got {port}")
     try:
-        parse_profile(load_profile, 1, 1)
-    except ProfileError as exc:
+        load_arrivals(load_profile, 1, 1, seed)
+    except LoadError as exc:
         fail(str(exc))
-    _check_profile_numbers(load_profile)
     cold_start_s = duration(cold_start, "--cold-start")
     stop_after_s = duration(run_for, "--duration") if run_for is not None else None
     cat = load(catalog)
@@ -67,31 +68,3 @@ def sim_serve(
         fail(f"cannot reach the cluster's API server (kubeconfig or in-cluster config): {exc}", EXIT_INFEASIBLE)
     except OSError as exc:
         fail(f"--port {port}: cannot serve metrics there: {exc}")
-
-
-# The stand-in plays a test cluster's engines in real time; more than this is a typo.
-MAX_STANDIN_RATE = 10_000.0
-
-
-def _check_profile_numbers(text: str) -> None:
-    """Rates finite in [0, MAX_STANDIN_RATE], times finite and >= 0, a ramp's span positive:
-    parse_profile reads the shapes, this refuses the numbers that would fail mid-run."""
-    kind, _, rest = text.partition(";")[0].partition(":")
-    if kind == "trace":
-        return
-    if kind == "steps":
-        pairs = [item.split("@") for item in rest.split(",")]
-        rates, times = [float(r) for r, _ in pairs], [float(t) for _, t in pairs]
-    else:
-        numbers = [float(p) for p in rest.split(":")]
-        rates, times = (numbers[:2], numbers[2:]) if kind == "ramp" else (numbers, [])
-    for rate in rates:
-        if not (math.isfinite(rate) and 0 <= rate <= MAX_STANDIN_RATE):
-            fail(
-                f"--load {text!r}: a rate must be a number of requests per second in [0, {MAX_STANDIN_RATE:g}], got {rate:g}"
-            )
-    for t in times:
-        if not (math.isfinite(t) and t >= 0):
-            fail(f"--load {text!r}: times must be finite seconds >= 0, got {t:g}")
-    if kind == "ramp" and not times[0] > 0:
-        fail(f"--load {text!r}: the ramp's SECONDS must be positive, got {times[0]:g}")

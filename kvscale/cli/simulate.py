@@ -79,10 +79,13 @@ def simulate(
         str | None,
         typer.Option(
             "--load",
-            help="Generated open-loop load, KIND:key=value,...: poisson, bursty, diurnal, step, flash, batches "
+            help="Open-loop load, as `kvscale sim serve --load`: generated, KIND:key=value,...: poisson, bursty, "
+            "diurnal, step, flash, batches "
             "(batch submissions) or drift (the mean prompt moving at a constant rate), "
             "e.g. bursty:base=0.5,peak=90,on=1m,off=4m,input=2000,output=100,lengths=heavy,duration=30m or "
-            "batches:base=1,every=2m,size=200,spread=3s,output=20,output_lengths=heavy.",
+            "batches:base=1,every=2m,size=200,spread=3s,output=20,output_lengths=heavy; or a profile, constant:R, "
+            "ramp:R0:R1:SECONDS, steps:R0@T0,R1@T1,... or trace:FILE, optionally with ;lengths:IN/OUT@T,... "
+            "(--duration, --input and --output set the load's defaults: 30m, 512, 256).",
         ),
     ] = None,
     routing: Annotated[
@@ -140,7 +143,8 @@ def simulate(
     from kvscale.sim.compare import POLICY_NAMES
     from kvscale.sim.fit import fit_trace
     from kvscale.sim.fleet import RoutingError, check_routing
-    from kvscale.sim.generators import LoadError, generate, parse_load
+    from kvscale.sim.generators import LoadError
+    from kvscale.sim.load_profile import DEFAULT_DURATION_S, load_requests
     from kvscale.sim.session import Load, SimulationError, setup_from_plan
     from kvscale.sim.trace import MAX_SPAN_S, TraceError, duration_s, read_trace
     from kvscale.sim.trace import rate_scale as scale_rate
@@ -192,18 +196,22 @@ def simulate(
     except RoutingError as exc:
         fail(str(exc))
     closed_args = (concurrency, input_tokens, output_tokens, duration)
-    closed = not all(a is None for a in closed_args)
-    if sum((trace is not None, load is not None, closed)) != 1:
+    # With --load, --input/--output/--duration are the load's defaults (its text wins).
+    closed = concurrency is not None or (load is None and not all(a is None for a in closed_args))
+    if sum((trace is not None, load is not None, closed)) != 1 or (trace is not None and any(closed_args)):
         fail(
-            "give one of --trace FILE, --load KIND:key=value,... , or --concurrency N --input N --output N "
+            "give one of --trace FILE, --load KIND:key=value,... (or constant:R, ramp:R0:R1:SECONDS, steps:R@T,...; "
+            "--input/--output/--duration set its defaults), or --concurrency N --input N --output N "
             "--duration D for a closed loop"
         )
     if trace is not None or load is not None:
         try:
             if load is not None:
-                spec = parse_load(load)
-                _check_load_size(spec, seed)
-                requests = scale_time(scale_rate(generate(spec, seed), rate_scale, seed), time_scale)
+                seconds = parse_duration(duration, "--duration") if duration is not None else DEFAULT_DURATION_S
+                prompt = tokens(input_tokens, "--input") if input_tokens is not None else 512
+                output = tokens(output_tokens, "--output") if output_tokens is not None else 256
+                base = load_requests(load, prompt, output, seed, seconds)
+                requests = scale_time(scale_rate(base, rate_scale, seed), time_scale)
             else:
                 assert trace is not None
                 requests = scale_time(scale_rate(read_trace(trace), rate_scale, seed), time_scale)
@@ -264,24 +272,6 @@ def simulate(
         write_picture(png, lambda: draw_timeline(results, slo, png, title))
         if not as_json:
             console.print(f"wrote {png}")
-
-
-def _check_load_size(spec: Any, seed: int) -> None:
-    """A generated load within the trace bounds (span, requests), checked before generating:
-    `duration=100000h` or `rate=1e9` is a typo, not minutes of generation at GBs of memory."""
-    import random
-
-    from kvscale.sim.generators import rate_function
-    from kvscale.sim.trace import MAX_REQUESTS, MAX_SPAN_S
-
-    if spec.duration_s > MAX_SPAN_S:
-        fail(f"--load {spec.text!r}: duration must be at most {MAX_SPAN_S / 86400:g} days, got {spec.duration_s:g} s")
-    _, peak_per_s = rate_function(spec, random.Random(seed))
-    if peak_per_s * spec.duration_s > MAX_REQUESTS:
-        fail(
-            f"--load {spec.text!r}: up to {peak_per_s * spec.duration_s:,.0f} requests (peak {peak_per_s:g}/s for "
-            f"{spec.duration_s:g} s), more than {MAX_REQUESTS:,}; lower the rate or the duration"
-        )
 
 
 def _render(setup: Any, rows: list[dict[str, Any]], slo: Any, percentile: float) -> None:

@@ -167,15 +167,13 @@ def _slo(s: _ServiceIn, duration: Any) -> Any:
 
 
 def _arrivals(path: Path, s: _ServiceIn, seed: int) -> list[Any]:
-    from kvscale.cli.simulate import _check_load_size
-    from kvscale.sim.generators import LoadError, generate, parse_load
+    from kvscale.sim.generators import LoadError
+    from kvscale.sim.load_profile import DEFAULT_DURATION_S, load_requests
     from kvscale.sim.trace import TraceError, rate_scale, read_trace
 
     try:
         if s.load is not None:
-            spec = parse_load(s.load)
-            _check_load_size(spec, seed)
-            requests = generate(spec, seed)
+            requests = load_requests(s.load, 512, 256, seed, DEFAULT_DURATION_S)
         else:
             assert s.trace is not None
             requests = read_trace((path.parent / s.trace) if not Path(s.trace).is_absolute() else Path(s.trace))

@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kvscale.sim.trace import TraceRequest
@@ -89,11 +89,13 @@ def usage() -> str:
     return f"write KIND:key=value,... with KIND one of {', '.join(KINDS)} (defaults: {kinds})"
 
 
-def parse_load(text: str) -> LoadSpec:
+def parse_load(text: str, defaults: Mapping[str, str] | None = None) -> LoadSpec:
+    """`defaults` replaces the common defaults (`duration`, `input`, `output`, ...): the command's
+    own options; keys in `text` win over both."""
     kind, _, rest = text.strip().partition(":")
     if kind not in KINDS:
         raise LoadError(f"--load {text!r}: unknown kind {kind!r}; {usage()}")
-    raw = {**_COMMON, "output_lengths": "", **KINDS[kind]}
+    raw = {**_COMMON, **(defaults or {}), "output_lengths": "", **KINDS[kind]}
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
         key = key.strip()

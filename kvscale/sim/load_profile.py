@@ -1,4 +1,16 @@
-"""Load profiles for the serving stand-in: request rate as a function of time."""
+"""One `--load` grammar for `kvscale simulate` and `kvscale sim serve`.
+
+Two families of forms, accepted by both commands:
+
+- the generators' `KIND:key=value,...` (poisson, bursty, diurnal, step, flash, batches, drift;
+  `kvscale.sim.generators`): a seeded load of `duration` with drawn lengths;
+- the profiles `constant:R`, `ramp:R0:R1:SECONDS`, `steps:R0@T0,R1@T1,...` (rates in req/s,
+  times in s) and `trace:FILE`, optionally followed by `;lengths:IN/OUT@T,...` (from T seconds
+  on, requests have IN prompt and OUT output tokens): Poisson arrivals at that rate with the
+  command's lengths.
+
+`sim serve` plays a profile until stopped and a generated load (or a trace) until its last
+request; `simulate` plays a profile for its `--duration` (default 30m)."""
 
 from __future__ import annotations
 
@@ -8,10 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvscale.sim.trace import TraceError, TraceRequest, read_trace
+from kvscale.sim.generators import KINDS, LoadError, LoadSpec, generate, parse_load, rate_function
+from kvscale.sim.trace import MAX_REQUESTS, MAX_SPAN_S, TraceError, TraceRequest, read_trace
+
+PROFILE_KINDS = ("constant", "ramp", "steps", "trace")
+# A profile's rates are at most this (req/s): more is a typo for a stand-in playing in real time.
+MAX_PROFILE_RATE = 10_000.0
+# A profile in `simulate` (and a generated load without `duration=`) lasts this long: the generators' default.
+DEFAULT_DURATION_S = 1800.0
 
 
-class ProfileError(ValueError):
+class ProfileError(LoadError):
     pass
 
 
@@ -62,12 +81,71 @@ class Arrivals:
         return current
 
 
+def is_generated(text: str) -> bool:
+    """A generators' form (KIND:key=value,...), not a profile."""
+    return text.strip().partition(":")[0] in KINDS
+
+
+def _defaults(input_tokens: int, output_tokens: int, duration_s: float | None) -> dict[str, str]:
+    out = {"input": str(input_tokens), "output": str(output_tokens)}
+    if duration_s is not None:
+        out["duration"] = f"{duration_s:g}s"
+    return out
+
+
+def load_arrivals(
+    text: str, input_tokens: int, output_tokens: int, seed: int = 0, duration_s: float | None = None
+) -> Arrivals:
+    """Either form as the stand-in's arrivals; a generated load replays as a trace (the
+    workload's lengths and `duration_s`, when given, are its defaults)."""
+    if is_generated(text):
+        spec = parse_load(text, _defaults(input_tokens, output_tokens, duration_s))
+        check_size(spec, seed)
+        return Arrivals(lambda t: math.nan, 0.0, input_tokens, output_tokens, seed, generate(spec, seed))
+    return parse_profile(text, input_tokens, output_tokens, seed)
+
+
+def load_requests(text: str, input_tokens: int, output_tokens: int, seed: int, duration_s: float) -> list[TraceRequest]:
+    """Either form as the requests of `duration_s` seconds (a generated load: its own `duration`
+    when the text sets one; a trace: all of it), within the trace bounds."""
+    if is_generated(text):
+        spec = parse_load(text, _defaults(input_tokens, output_tokens, duration_s))
+        check_size(spec, seed)
+        return generate(spec, seed)
+    arrivals = parse_profile(text, input_tokens, output_tokens, seed)
+    if arrivals.trace is not None:
+        return list(arrivals.trace)
+    _check_span(text, duration_s, arrivals.peak_rate)
+    requests = arrivals.until(duration_s)
+    if not requests:
+        raise ProfileError(f"--load {text!r}: no request arrives within {duration_s:g} s; raise a rate or the duration")
+    return requests
+
+
+def check_size(spec: LoadSpec, seed: int) -> None:
+    """A generated load within the trace bounds (span, requests), checked before generating:
+    `duration=100000h` or `rate=1e9` is a typo, not minutes of generation at GBs of memory."""
+    _, peak_per_s = rate_function(spec, random.Random(seed))
+    _check_span(spec.text, spec.duration_s, peak_per_s)
+
+
+def _check_span(text: str, duration_s: float, peak_per_s: float) -> None:
+    if duration_s > MAX_SPAN_S:
+        raise LoadError(f"--load {text!r}: duration must be at most {MAX_SPAN_S / 86400:g} days, got {duration_s:g} s")
+    if peak_per_s * duration_s > MAX_REQUESTS:
+        raise LoadError(
+            f"--load {text!r}: up to {peak_per_s * duration_s:,.0f} requests (peak {peak_per_s:g}/s for "
+            f"{duration_s:g} s), more than {MAX_REQUESTS:,}; lower the rate or the duration"
+        )
+
+
 def parse_profile(text: str, input_tokens: int, output_tokens: int, seed: int = 0) -> Arrivals:
     """constant:R | ramp:R0:R1:SECONDS | steps:R0@T0,R1@T1,... | trace:FILE (rates in req/s,
     times in s), optionally followed by `;lengths:IN/OUT@T,IN/OUT@T,...`: from T seconds on,
     requests have IN prompt and OUT output tokens (before the first T, the workload's)."""
     rates, sep, mix = text.partition(";")
     arrivals = _rates(rates, input_tokens, output_tokens, seed)
+    _check_numbers(text)
     if sep:
         if arrivals.trace is not None:
             raise ProfileError(f"--load {text!r}: a trace has its own lengths; drop ';lengths:...'")
@@ -97,6 +175,8 @@ def parse_lengths(text: str, mix: str) -> tuple[tuple[float, int, int], ...]:
 
 def _rates(text: str, input_tokens: int, output_tokens: int, seed: int) -> Arrivals:
     kind, _, rest = text.partition(":")
+    if kind not in PROFILE_KINDS:
+        raise ProfileError(_usage(text))
     if kind == "steps":
         return _steps(text, rest, input_tokens, output_tokens, seed)
     try:
@@ -115,7 +195,14 @@ def _rates(text: str, input_tokens: int, output_tokens: int, seed: int) -> Arriv
         except TraceError as exc:
             raise ProfileError(str(exc)) from exc
         return Arrivals(lambda t: math.nan, 0.0, input_tokens, output_tokens, seed, trace)
-    raise ProfileError(f"--load {text!r}: use constant:R, ramp:R0:R1:SECONDS, steps:R0@T0,R1@T1 or trace:FILE")
+    raise ProfileError(_usage(text))
+
+
+def _usage(text: str) -> str:
+    return (
+        f"--load {text!r}: use constant:R, ramp:R0:R1:SECONDS, steps:R0@T0,R1@T1, trace:FILE or "
+        f"KIND:key=value,... with KIND one of {', '.join(KINDS)}"
+    )
 
 
 def _steps(text: str, rest: str, input_tokens: int, output_tokens: int, seed: int) -> Arrivals:
@@ -132,3 +219,28 @@ def _steps(text: str, rest: str, input_tokens: int, output_tokens: int, seed: in
         return current
 
     return Arrivals(rate_at, max(r for _, r in points), input_tokens, output_tokens, seed)
+
+
+def _check_numbers(text: str) -> None:
+    """Rates and times finite and >= 0, a ramp's span positive: the shapes are read already; these
+    are the numbers that would fail mid-run."""
+    kind, _, rest = text.partition(";")[0].partition(":")
+    if kind == "trace":
+        return
+    if kind == "steps":
+        pairs = [item.split("@") for item in rest.split(",")]
+        rates, times = [float(r) for r, _ in pairs], [float(t) for _, t in pairs]
+    else:
+        numbers = [float(p) for p in rest.split(":")]
+        rates, times = (numbers[:2], numbers[2:]) if kind == "ramp" else (numbers, [])
+    for rate in rates:
+        if not (math.isfinite(rate) and 0 <= rate <= MAX_PROFILE_RATE):
+            raise ProfileError(
+                f"--load {text!r}: a rate must be a number of requests per second in [0, {MAX_PROFILE_RATE:g}], "
+                f"got {rate:g}"
+            )
+    for t in times:
+        if not (math.isfinite(t) and t >= 0):
+            raise ProfileError(f"--load {text!r}: times must be finite seconds >= 0, got {t:g}")
+    if kind == "ramp" and not times[0] > 0:
+        raise ProfileError(f"--load {text!r}: the ramp's SECONDS must be positive, got {times[0]:g}")

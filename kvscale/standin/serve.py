@@ -15,7 +15,7 @@ from kvscale.api.intent import parse_intent, resolve_model, serving_config
 from kvscale.api.models import PlanStatus
 from kvscale.sim.engine import StepTimes
 from kvscale.sim.fleet import FleetSpec
-from kvscale.sim.load_profile import parse_profile
+from kvscale.sim.load_profile import load_arrivals
 from kvscale.sizing.catalog import Catalog
 from kvscale.standin.exposition import EngineCollector, serve_metrics
 from kvscale.standin.fleet import PodFleet
@@ -49,7 +49,7 @@ def pod_fleet(catalog: Catalog, obj: dict[str, Any], load: str, cold_start_s: fl
     plan = PlanStatus.model_validate(obj["status"]["plan"])
     cfg = serving_config(intent, plan, catalog)
     spec = FleetSpec(plan.max_batch, cfg.memory.kv_capacity_tokens, cfg.max_num_batched_tokens, cfg.gpus, cold_start_s)
-    arrivals = parse_profile(load, intent.workload.input_tokens, intent.workload.output_tokens, seed)
+    arrivals = load_arrivals(load, intent.workload.input_tokens, intent.workload.output_tokens, seed)
     model_name = intent.spec.model.name or resolve_model(intent, catalog).name
     return PodFleet(spec, StepTimes(cfg), arrivals, time.monotonic), model_name
 
