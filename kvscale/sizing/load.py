@@ -635,6 +635,8 @@ def _mg1_tail_scale_s(services: list[tuple[float, float]], utilization: float) -
         return math.inf
     if len(services) == 1:  # one service time: theta S depends on rho alone
         key = round(utilization, 5)
+        if key <= 0.0:  # a utilization below 5e-6 (--rps 1e-300): no queue to wait in
+            return 0.0
         known = _MD1_DECAY.get(key)
         if known is None:
             known = _MD1_DECAY[key] = 1.0 / _mg1_tail_scale_s([(1.0, 1.0), (1.0, 0.0)], key)

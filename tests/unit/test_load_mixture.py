@@ -50,6 +50,12 @@ def test_mg1_decay_solves_cramer_lundberg(rho: float) -> None:
     assert scale < service / (2.0 * (1.0 - rho))
 
 
+def test_mg1_decay_at_a_vanishing_utilization_is_no_wait() -> None:
+    # `plan --rps 1e-300` (found by the CLI fuzz): the M/D/1 cache's key rounds to 0.
+    assert load._mg1_tail_scale_s([(1.5, 1.0)], 1e-12) == 0.0
+    assert 0.0 < load._mg1_tail_scale_s([(1.5, 1.0)], 1e-5) < 1.5
+
+
 def test_constant_distributions_are_the_mean_value_workload() -> None:
     cfg = config()
     plain = ReplicaModel(cfg, Workload(1024, 128, 5.0))
