@@ -6,7 +6,8 @@ Each service's autoscale tick records what its policy wants (with its floor, pri
 SLO gap) and the GPUs its workload holds, then takes its own grant from the allocation over
 the latest wants of every service the budget governs. A scale-up goes only into GPUs the
 budget has free now (what the other governed services' workloads hold counts, draining or
-not), so a limit is not exceeded while another service has yet to scale down at its own
+not; within the service's namespace too where the budget limits it), so neither a type's
+limit nor a namespace's is exceeded while another service has yet to scale down at its own
 tick. The service's status says what it got and why (condition HeldByBudget), with one Event
 per change; the budget's own status (allocated, wanted, each service's grant) is written by
 its timer.
@@ -136,15 +137,17 @@ def govern(
     allocation = book.allocation(budget, now_s, ttl_s)
     grant = allocation.grant(key)
     target = grant.replicas
-    if target > fleet_.current:  # only into GPUs free now
+    if target > fleet_.current:  # only into GPUs free now, globally and in the namespace
+        others = [e for k, e in book.entries.items() if k != key and e.gpu_type == plan.gpu_type and e.budget == budget]
+        rooms = []
         limit = book.specs[budget].limits.get(plan.gpu_type)
         if limit is not None:
-            others = sum(
-                e.held_gpus
-                for k, e in book.entries.items()
-                if k != key and e.gpu_type == plan.gpu_type and e.budget == budget
-            )
-            free = limit - others - fleet_.current * gpr
+            rooms.append(limit - sum(e.held_gpus for e in others))
+        ns_limit = book.specs[budget].namespace_limits.get(res.namespace, {}).get(plan.gpu_type)
+        if ns_limit is not None:
+            rooms.append(ns_limit - sum(e.held_gpus for e in others if e.namespace == res.namespace))
+        if rooms:
+            free = min(rooms) - fleet_.current * gpr
             target = fleet_.current + max(0, min(target - fleet_.current, math.floor(free / gpr)))
     held = target < wanted
     message = (

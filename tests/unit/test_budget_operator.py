@@ -73,3 +73,28 @@ def test_a_scale_up_waits_for_gpus_another_service_still_holds() -> None:
     status = budget_status(book, "b", NOW.timestamp(), TTL, 1)
     assert [s["name"] for s in status["services"]] == ["chat", "low"]
     assert status["allocated"][gpu] <= limit
+
+
+def test_a_scale_up_stays_within_the_namespaces_limit_while_a_neighbour_still_holds_gpus() -> None:
+    book = BudgetBook()
+    _, _, start = _tick_under_load(BudgetBook())
+    gpu, tp = start.plan.gpu_type, start.plan.tensor_parallel
+    ns_limit = (start.current + 2) * tp
+    spec = {"limits": {gpu: 100 * tp}, "namespaceLimits": {RES.namespace: {gpu: ns_limit}}}
+    book.set_budget("b", parse_budget_spec(spec))
+    _tick_under_load(book)  # records chat's want
+    # A lower priority in the same namespace still holds two replicas' GPUs (it shrinks at its own
+    # tick); one in another namespace holds more, which the namespace's limit does not count.
+    mine = book.entries["ns/chat"]
+    low = replace(mine.demand, name="ns/low", priority=-1, min_replicas=0)
+    book.entries["ns/low"] = Entry("b", low, "ns", "low", 2 * tp, gpu, NOW.timestamp())
+    far = replace(mine.demand, name="other/far", priority=-1, min_replicas=0, namespace="other")
+    book.entries["other/far"] = Entry("b", far, "other", "far", 10 * tp, gpu, NOW.timestamp())
+    _, governed, _ = _tick_under_load(book)
+    assert governed.result.scale_to is None  # the namespace's limit is full now
+    c = get_condition(governed.result.status, CONDITION)
+    assert c is not None and "once other services release their GPUs" in c.message
+    # The neighbour released its GPUs: chat takes up to the namespace's limit, no further.
+    book.entries["ns/low"] = Entry("b", low, "ns", "low", 0, gpu, NOW.timestamp())
+    _, governed, _ = _tick_under_load(book)
+    assert governed.result.scale_to == start.current + 2
