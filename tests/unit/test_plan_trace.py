@@ -2,6 +2,7 @@
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -84,3 +85,27 @@ def test_a_missed_check_adds_replicas_until_the_target() -> None:
     assert check.planned_attainment < 0.99
     assert check.replicas > check.planned_replicas
     assert check.attainment >= check.planned_attainment
+
+
+def test_the_check_finds_the_fewest_replicas_that_reach_the_target() -> None:
+    rng = random.Random(4)
+    trace = []
+    for k in range(30):
+        start = k * 10.0 + rng.uniform(0, 5)
+        trace += [TraceRequest(start + rng.uniform(0, 1), 800, 20) for _ in range(30)]
+    trace.sort(key=lambda r: r.arrival_s)
+    request = PlanRequest(
+        model=CAT.model("llama-3.1-8b"),
+        workload=Workload(800, 20, 3.0),
+        slo=Slo(1.5, 0.08, 99.0),
+        gpus=("L4",),
+        tensor_parallel=(1,),
+        headroom=0.0,
+    )
+    chosen = plan(CAT, request).chosen
+    assert chosen is not None
+    replay = sample(trace, 3.0)
+    check = check_plan(chosen, request.slo, replay, routing="gateway")
+    assert check.met and check.attainment >= 0.99
+    fewer = replace(chosen, prediction=replace(chosen.prediction, replicas=check.replicas - 1))
+    assert check_plan(fewer, request.slo, replay, routing="gateway").planned_attainment < 0.99
