@@ -375,6 +375,14 @@ class LengthsStatus(_Status):
     shares: list[float] = Field(default_factory=list, description="Share of requests at each length (sums to 1).")
 
 
+class BurstinessStatus(_Status):
+    """How bursty arrivals are at a short time scale: the index of dispersion (variance over
+    mean) of the requests arriving per window. 1 is Poisson; batches of N requests give about N."""
+
+    index_of_dispersion: float = Field(description="Variance over mean of the requests arriving per window.")
+    window_seconds: float = Field(description="The window the arrivals are counted over, in seconds.")
+
+
 class PlannedWorkloadStatus(_Status):
     """The workload the plan was made for: spec.workload, or the observed one after a re-plan."""
 
@@ -389,6 +397,9 @@ class PlannedWorkloadStatus(_Status):
     )
     input_lengths: LengthsStatus | None = Field(default=None, description="Prompt length distribution planned for.")
     output_lengths: LengthsStatus | None = Field(default=None, description="Output length distribution planned for.")
+    burstiness: BurstinessStatus | None = Field(
+        default=None, description="Arrival burstiness planned for; unset: Poisson arrivals."
+    )
 
 
 class PlanStatus(_Status):
@@ -482,6 +493,11 @@ class ObservedWorkloadStatus(_Status):
     )
     peak_prefill_tokens_per_second_last_day: float | None = Field(
         default=None, description="Highest short-window prefill token rate over the last day (the window's hit ratio)."
+    )
+    burstiness: BurstinessStatus | None = Field(
+        default=None,
+        description="Arrival burstiness over the window, from the engines' request counters and queues at scrape "
+        "resolution; unset: not read (too few burst windows in the window, or no data).",
     )
     drift: str | None = Field(
         default=None, description="How the observed workload differs from the one planned for; unset: within bounds."

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+
+from kvscale.sizing.workload import Burstiness
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,47 @@ class ObservedWorkload:
     peak_requests_per_s_1d: float | None = None
     peak_prefill_tokens_per_s_1h: float | None = None
     peak_prefill_tokens_per_s_1d: float | None = None
+    # The index of dispersion of the requests arriving per `burst_window_s` over the window
+    # (1: Poisson; see kvscale.metrics.promql.arrival_dispersion): None when unread.
+    arrival_dispersion: float | None = None
+    burst_window_s: float | None = None
+
+    @property
+    def burst_windows(self) -> float:
+        """How many burst windows the window holds: what the dispersion was estimated from."""
+        return self.window_s / self.burst_window_s if self.burst_window_s else 0.0
+
+    @property
+    def burstiness(self) -> Burstiness | None:
+        """The arrivals' burstiness as the planner takes it; None when unread or estimated
+        from fewer than MIN_BURST_WINDOWS windows (a missing measure is never Poisson)."""
+        d, b = self.arrival_dispersion, self.burst_window_s
+        if d is None or b is None or not math.isfinite(d) or d < 0 or self.burst_windows < MIN_BURST_WINDOWS:
+            return None
+        return Burstiness(max(d, MIN_DISPERSION), b)
+
+
+MIN_BURST_WINDOWS = 8  # burst windows in the workload window before their dispersion says anything
+MIN_DISPERSION = 0.05  # as kvscale.sizing.workload.Burstiness.from_arrivals floors it
+
+
+def dispersion_of_counts(counts: Sequence[float]) -> float | None:
+    """The index of dispersion the operator reads from Prometheus (kvscale.metrics.promql
+    `arrival_dispersion`), over the arrivals counted in consecutive windows: the mean squared
+    difference of neighbouring counts over twice the mean count. First differences take a
+    slow drift of the rate out (a ramp adds only its slope squared), as Burstiness.from_arrivals
+    does by comparing each window with its minute. None without two counts or arrivals."""
+    if len(counts) < 2 or sum(counts) <= 0:
+        return None
+    squares = [(b - a) ** 2 for a, b in itertools.pairwise(counts)]
+    return (sum(squares) / len(squares)) / (2.0 * sum(counts) / len(counts))
+
+
+def dispersion_noise(windows: float) -> float:
+    """The relative standard error of `dispersion_of_counts` over `windows` counts of a
+    stationary stream: sqrt(3 / (n - 1)) (neighbouring differences share a count; checked by
+    simulation in tests/unit/test_burstiness.py); infinite below two windows."""
+    return math.sqrt(3.0 / (windows - 1.0)) if windows > 2.0 else math.inf
 
 
 @dataclass(frozen=True)

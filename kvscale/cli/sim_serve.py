@@ -20,7 +20,8 @@ def sim_serve(
         typer.Option(
             "--load",
             help="The load, as `kvscale simulate --load`: constant:R, ramp:R0:R1:SECONDS, steps:R0@T0,R1@T1,... "
-            "or trace:FILE (append ;lengths:IN/OUT@T,... to change prompt/output lengths over time), or a "
+            "or trace:FILE (append ;lengths:IN/OUT@T,... to change prompt/output lengths over time, ;bursts:N@T,... "
+            "to send requests N at a time at the same mean rate), or a "
             "generated KIND:key=value,... (poisson, bursty, diurnal, step, flash, batches, drift; played until its "
             "duration ends), with the service's workload lengths as defaults",
         ),

@@ -124,10 +124,13 @@ def _window_s(window: str) -> float:
 
 def assemble_workload(
     values: dict[str, float | Missing], histograms: dict[str, list[Sample] | Missing], now_s: float, window: str,
-    peak_window: str,
+    peak_window: str, burst_window: str | None = None,
 ) -> tuple[ObservedWorkload | None, str | None]:  # fmt: skip
     """The observed workload from the answers, and why parts are missing (None: all there).
-    Errors leave the workload out entirely (None): a re-plan never follows a half-read."""
+    Errors leave the workload out entirely (None): a re-plan never follows a half-read. The
+    burstiness alone may fail (its nested subqueries are the heaviest read): it is then unread."""
+    values = dict(values)
+    burst = values.pop("arrival_dispersion", None)
     errors = [f"{k}: {v.reason}" for k, v in (values | histograms).items() if isinstance(v, Missing) and v.is_error]
     if errors:
         return None, errors[0] + (f" (and {len(errors) - 1} more queries)" if len(errors) > 1 else "")
@@ -159,6 +162,8 @@ def assemble_workload(
         # The window's hit ratio applied to the peak: the cache hits of the peak are not read.
         peak_prefill_tokens_per_s_1h=scaled(f"peak_prompt_tokens_{lookbacks[0]}"),
         peak_prefill_tokens_per_s_1d=scaled(f"peak_prompt_tokens_{lookbacks[1]}"),
+        arrival_dispersion=None if burst is None or isinstance(burst, Missing) else burst,
+        burst_window_s=None if burst_window is None else _window_s(burst_window),
     )
     missing = [k for k in ("rate", "input_tokens", "output_tokens") if k not in n]
     return workload, (f"no data for {', '.join(missing)}" if missing else None)
@@ -173,10 +178,12 @@ async def observe_workload_async(
     window: str = "10m",
     peak_window: str = "1m",
     deadline_s: float | None = None,
+    burst_window: str | None = None,
 ) -> tuple[ObservedWorkload | None, str | None]:
-    """The workload over `window` with its hour and day peaks, all queries at once within the
-    deadline; never raises (a failed query leaves the workload None and says why)."""
-    built = workload_queries(ENGINES[engine], namespace, name, window, peak_window)
+    """The workload over `window` with its hour and day peaks and its burstiness over
+    `burst_window`, all queries at once within the deadline; never raises (a failed query
+    leaves the workload None and says why)."""
+    built = workload_queries(ENGINES[engine], namespace, name, window, peak_window, burst_window)
     budget = client.timeout_s if deadline_s is None else deadline_s
     vectors = [k for k in built if k.endswith("_lengths")]
     scalars = [k for k in built if k not in vectors]
@@ -192,4 +199,4 @@ async def observe_workload_async(
     for key, answer in zip(vectors, answers[len(scalars) :], strict=True):
         assert not isinstance(answer, float)
         histograms[key] = answer
-    return assemble_workload(values, histograms, now_s, window, peak_window)
+    return assemble_workload(values, histograms, now_s, window, peak_window, burst_window)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
+from kvscale.autoscaling.observation import MIN_BURST_WINDOWS
 from kvscale.metrics.engines import EngineMetrics
+from kvscale.sizing.units import parse_duration_s
 
 
 def escape_label_value(value: str) -> str:
@@ -155,11 +157,48 @@ def work_queries(engine: EngineMetrics, sel: str, window: str) -> dict[str, str]
 PEAK_LOOKBACKS = (("1h", "30s"), ("1d", "2m"))
 
 
-def workload_queries(engine: EngineMetrics, namespace: str, name: str, window: str, peak_window: str) -> dict[str, str]:
+def _ms(seconds: float) -> str:
+    return f"{round(seconds * 1000)}ms"
+
+
+def arrivals_per_pod(engine: EngineMetrics, selector: str, burst: str) -> str:
+    """Requests that arrived at each pod over the last `burst`, from its samples at scrape
+    resolution: its completions plus the growth of its requests in flight (running and
+    waiting): every request the engine took in, whether it finished yet or not. No rate():
+    exact differences of scraped values, no extrapolation. Clamped at zero (a restart resets
+    the counter and the gauges at once)."""
+
+    def per_pod(names: tuple[str, ...], offset: str) -> str:
+        off = f" offset {offset}" if offset else ""
+        return "(" + _first(names, f'sum by (namespace, pod) ({{{{__name__="{{m}}",{selector}}}}}{off})') + ")"
+
+    terms = [
+        f"{per_pod(names, '')} - {per_pod(names, burst)}"
+        for names in (engine.success_counter, engine.running_gauge, engine.waiting_gauge)
+    ]
+    return f"clamp_min({' + '.join(terms)}, 0)"
+
+
+def arrival_dispersion(engine: EngineMetrics, selector: str, window: str, burst: str) -> str:
+    """The index of dispersion of the requests arriving per `burst` over `window`, as
+    kvscale.autoscaling.observation.dispersion_of_counts computes it: the mean squared
+    difference of neighbouring windows' counts (idelta over two points of a subquery) over
+    twice their mean. Evaluated at steps of `burst`, so the counts are of disjoint windows;
+    `burst` must be at least twice the scrape interval."""
+    b = parse_duration_s(burst)
+    count = f"sum({arrivals_per_pod(engine, selector, burst)})"
+    change = f"idelta(({count})[{_ms(2 * b)}:{burst}])"
+    return f"avg_over_time(({change} ^ 2)[{window}:{burst}]) / (2 * avg_over_time(({count})[{window}:{burst}]))"
+
+
+def workload_queries(
+    engine: EngineMetrics, namespace: str, name: str, window: str, peak_window: str, burst_window: str | None = None
+) -> dict[str, str]:
     """PromQL per key for the observed workload over `window` (minutes): completions/s, mean
-    lengths, token rates, the prefix-cache hit ratio, and the peaks over the last hour and day
-    of the request and prompt-token rates over `peak_window`. The `*_lengths` keys answer a
-    vector (one series per bucket bound); the others one value."""
+    lengths, token rates, the prefix-cache hit ratio, the peaks over the last hour and day
+    of the request and prompt-token rates over `peak_window`, and the arrivals' index of
+    dispersion over `burst_window` (when the window holds MIN_BURST_WINDOWS of them). The
+    `*_lengths` keys answer a vector (one series per bucket bound); the others one value."""
     sel = pod_selector(namespace, name)
     out = {
         "rate": counter_rate(engine.success_counter, sel, window),
@@ -176,4 +215,6 @@ def workload_queries(engine: EngineMetrics, namespace: str, name: str, window: s
     for lookback, step in PEAK_LOOKBACKS:
         for key, expr in short.items():
             out[f"peak_{key}_{lookback}"] = peak(expr, lookback, step)
+    if burst_window is not None and parse_duration_s(window) >= MIN_BURST_WINDOWS * parse_duration_s(burst_window):
+        out["arrival_dispersion"] = arrival_dispersion(engine, sel, window, burst_window)
     return out

@@ -350,6 +350,7 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
             s.workload_window,
             s.metrics_window,
             deadline_s=rt.workload_deadline_s(),
+            burst_window=s.burst_window,
         )
         if workload is not None:
             call.memo["workload"] = workload

@@ -154,10 +154,16 @@ class Settings:
     workload_window: str = setting(
         "KVSCALE_WORKLOAD_WINDOW", "10m", "PromQL range of the observed workload's rates and length quantiles.", _window
     )
+    burst_window: str = setting(
+        "KVSCALE_BURST_WINDOW",
+        "30s",
+        "Arrivals are counted per this window for the observed burstiness (at least twice the scrape interval).",
+        _window,
+    )
     replan_drift: float | None = setting(
         "KVSCALE_REPLAN_DRIFT",
         "1.5",
-        "Re-plan when a mean length (or the prompt p90) stays this factor away from the planned one; off disables.",
+        "Re-plan when a mean length, the prompt p90 or the burstiness stays this factor away from the planned one; off disables.",
         _factor,
     )
     replan_after_s: float = setting(

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from kvscale.api.models import (
+    BurstinessStatus,
     CandidateStatus,
     Condition,
     InferenceServiceStatus,
@@ -19,7 +20,7 @@ from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.operator.planning import Planned
 from kvscale.sizing.planner import Candidate, Feasible, Rejected
 from kvscale.sizing.units import format_duration
-from kvscale.sizing.workload import LengthDistribution, Slo, Workload
+from kvscale.sizing.workload import Burstiness, LengthDistribution, Slo, Workload
 
 TOP_ALTERNATIVES = 5
 MAX_REJECTED = 5  # the closest few in status (kubectl describe stays readable); `kvscale plan` lists all
@@ -96,7 +97,25 @@ def planned_workload_status(workload: Workload, source: Literal["spec", "observe
         prefix_cache_hit_ratio=round(workload.prefix_cache_hit_share, 4) if workload.prefix_cache_hit_share else None,
         input_lengths=_lengths(workload.input_lengths),
         output_lengths=_lengths(workload.output_lengths),
+        burstiness=burstiness_status(workload.burstiness),
     )
+
+
+def burstiness_status(burstiness: Burstiness | None) -> BurstinessStatus | None:
+    if burstiness is None:
+        return None
+    return BurstinessStatus(
+        index_of_dispersion=float(f"{burstiness.index_of_dispersion:.3g}"), window_seconds=burstiness.window_s
+    )
+
+
+def _burstiness(recorded: BurstinessStatus | None) -> Burstiness | None:
+    if recorded is None:
+        return None
+    try:
+        return Burstiness(recorded.index_of_dispersion, recorded.window_seconds)
+    except ValueError:
+        return None
 
 
 def _distribution(lengths: LengthsStatus | None) -> LengthDistribution | None:
@@ -112,6 +131,7 @@ def planned_workload(recorded: PlannedWorkloadStatus, max_context_tokens: int | 
     """The workload status says a plan was made for; None when it cannot be read back."""
     inputs, outputs = _distribution(recorded.input_lengths), _distribution(recorded.output_lengths)
     hits = min(0.99, max(0.0, recorded.prefix_cache_hit_ratio or 0.0))
+    burst = _burstiness(recorded.burstiness)
     try:
         if inputs is None and outputs is None:
             return Workload(
@@ -119,6 +139,7 @@ def planned_workload(recorded: PlannedWorkloadStatus, max_context_tokens: int | 
                 recorded.output_tokens,
                 recorded.requests_per_second,
                 max_context_tokens,
+                burstiness=burst,
                 prefix_cache_hit_share=hits,
             )
         return Workload.of(
@@ -126,6 +147,7 @@ def planned_workload(recorded: PlannedWorkloadStatus, max_context_tokens: int | 
             outputs or LengthDistribution.constant(recorded.output_tokens),
             recorded.requests_per_second,
             max_context_tokens,
+            burstiness=burst,
             prefix_cache_hit_share=hits,
         )
     except ValueError:

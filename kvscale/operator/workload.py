@@ -4,12 +4,16 @@ Every workload tick (KVSCALE_WORKLOAD_INTERVAL) the handler reads what the engin
 KVSCALE_WORKLOAD_WINDOW (kvscale.metrics.observe.observe_workload_async); `workload_tick`
 shows it in status.observedWorkload and compares it with the workload the plan was made for
 (status.plan.workload: spec.workload at first). When the mean prompt or output length, or
-the prompt's p90 where the plan had a distribution, stays KVSCALE_REPLAN_DRIFT times away
-from the planned value (either way) for KVSCALE_REPLAN_AFTER, the service is re-planned
-for the observed workload (GPU type, tensor parallelism, chunk budget, batch limit) with an
-Event that says why. Hysteresis: drift starts at the factor and ends only once every
-measure is back within its square root, and a window with fewer than MIN_REQUESTS
-finished requests judges nothing. The hold lasts at least one window, so a re-plan reads
+the prompt's p90 where the plan had a distribution, or the arrivals' burstiness (the index of
+dispersion of the requests arriving per KVSCALE_BURST_WINDOW), stays KVSCALE_REPLAN_DRIFT
+times away from the planned value (either way) for KVSCALE_REPLAN_AFTER, the service is
+re-planned for the observed workload (GPU type, tensor parallelism, chunk budget, batch
+limit) with an Event that says why. Hysteresis: drift starts at the factor and ends only
+once every measure is back within its square root, and a window with fewer than
+MIN_REQUESTS finished requests judges nothing. The burstiness is an estimate from a few
+dozen windows: it counts as drift only beyond NOISE_Z of its standard errors (half that to
+stay drifting), as a ratio, and an unread one is neither drift nor Poisson (a re-plan keeps the planned
+burstiness). The hold lasts at least one window, so a re-plan reads
 a window of the new traffic only. The request rate alone is no reason to re-plan: the
 autoscaler follows it with replicas. spec.workload stays the starting point: a spec change
 plans from it again.
@@ -25,20 +29,22 @@ from typing import Any
 
 from kvscale.api.intent import SpecError, parse_intent
 from kvscale.api.models import (
+    BurstinessStatus,
     InferenceServiceStatus,
     ObservedWorkloadStatus,
     PlannedWorkloadStatus,
     TokenLengthsStatus,
 )
-from kvscale.autoscaling.observation import LengthHistogram, ObservedWorkload
+from kvscale.autoscaling.observation import LengthHistogram, ObservedWorkload, dispersion_noise
 from kvscale.operator.reconcile import Event, Observed, Resource, Result, reconcile
 from kvscale.operator.settings import Settings
-from kvscale.operator.status import now_rfc3339, planned_workload
+from kvscale.operator.status import burstiness_status, now_rfc3339, planned_workload
 from kvscale.sizing.catalog import Catalog
-from kvscale.sizing.workload import LengthDistribution, Workload
+from kvscale.sizing.workload import Burstiness, LengthDistribution, Workload
 
 MIN_REQUESTS = 30.0  # finished requests in the window before its lengths say anything
 TAIL = 0.9  # the prompt quantile compared besides the means
+NOISE_Z = 3.0  # standard errors an estimated measure must move before it drifts (half that to stay drifted)
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
@@ -81,10 +87,18 @@ def observed_status(
         peak_requests_per_second_last_day=_round(w.peak_requests_per_s_1d),
         peak_prefill_tokens_per_second_last_hour=_round(w.peak_prefill_tokens_per_s_1h),
         peak_prefill_tokens_per_second_last_day=_round(w.peak_prefill_tokens_per_s_1d),
+        burstiness=_burstiness_status(w.burstiness),
         drift=drift,
         drifting_since=now_rfc3339(since) if since is not None else None,
         message=message,
     )
+
+
+def _burstiness_status(burstiness: Burstiness | None) -> BurstinessStatus | None:
+    shown = burstiness_status(burstiness)
+    if shown is None:
+        return None
+    return shown.model_copy(update={"index_of_dispersion": _round(shown.index_of_dispersion, 2)})
 
 
 def _distribution(hist: LengthHistogram | None, mean: float) -> LengthDistribution:
@@ -99,10 +113,11 @@ def _distribution(hist: LengthHistogram | None, mean: float) -> LengthDistributi
     return dist.scaled(mean / dist.mean)
 
 
-def as_workload(w: ObservedWorkload, base: Workload) -> Workload | None:
+def as_workload(w: ObservedWorkload, base: Workload, planned_burstiness: Burstiness | None = None) -> Workload | None:
     """The observed workload as the planner takes it (lengths as distributions, the request
-    rate, the prefix-cache hit share), within the spec's context limit; None without the
-    means and the rate."""
+    rate, the arrivals' burstiness, the prefix-cache hit share), within the spec's context
+    limit; None without the means and the rate. Without a burstiness reading, the one planned
+    for stays (an unread measure is not Poisson)."""
     if w.requests_per_s is None or w.input_tokens_mean is None or w.output_tokens_mean is None:
         return None
     hits = min(0.99, max(0.0, w.prefix_cache_hit_ratio or 0.0))
@@ -112,6 +127,7 @@ def as_workload(w: ObservedWorkload, base: Workload) -> Workload | None:
             _distribution(w.output_lengths, w.output_tokens_mean),
             w.requests_per_s,
             base.max_context_tokens,
+            burstiness=w.burstiness or planned_burstiness,
             prefix_cache_hit_share=hits,
         )
     except ValueError:
@@ -125,17 +141,47 @@ class DriftCheck:
     replan: bool  # drifted long enough: re-plan now
 
 
-def _measures(planned: Workload, w: ObservedWorkload) -> list[tuple[str, float, float]]:
+@dataclass(frozen=True)
+class Measure:
+    """One thing the drift check compares: what was seen, what the plan was made for."""
+
+    name: str
+    seen: float
+    planned: float
+    unit: str = " tokens"
+    noise: float = 0.0  # relative standard error of `seen` as an estimate of the planned value
+
+    @property
+    def ratio(self) -> float:
+        return max(self.seen, 1.0) / max(self.planned, 1.0)
+
+    def off(self, factor: float, z: float) -> bool:
+        """At least `factor` away, either way, and beyond `z` standard errors of the estimate
+        (a band in ratio, 1 + z x noise either way: a dispersion estimate is skewed, its low
+        readings as rare as its high ones only in ratio)."""
+        return max(self.ratio, 1 / self.ratio) >= max(factor, 1.0 + z * self.noise)
+
+    def said(self) -> str:
+        return f"{self.name} {self.seen:.{0 if self.unit else 1}f}{self.unit} vs {self.planned:.{0 if self.unit else 1}f} planned ({self.ratio:.2g}x)"
+
+
+def _measures(planned: Workload, w: ObservedWorkload) -> list[Measure]:
     out = []
     if w.input_tokens_mean is not None:
-        out.append(("mean prompt", w.input_tokens_mean, float(planned.input_tokens)))
+        out.append(Measure("mean prompt", w.input_tokens_mean, float(planned.input_tokens)))
     if w.output_tokens_mean is not None:
-        out.append(("mean output", w.output_tokens_mean, float(planned.output_tokens)))
+        out.append(Measure("mean output", w.output_tokens_mean, float(planned.output_tokens)))
     if w.prompt_lengths is not None and w.input_tokens_mean is not None and not planned.inputs.is_constant:
         # The tail as the planner would take it (the same estimate on both sides: the
         # histogram's interpolated quantile reads far from a distribution placed at mid-buckets).
         seen = _distribution(w.prompt_lengths, w.input_tokens_mean).quantile(TAIL)
-        out.append((f"prompt p{TAIL * 100:.0f}", float(seen), float(planned.inputs.quantile(TAIL))))
+        out.append(Measure(f"prompt p{TAIL * 100:.0f}", float(seen), float(planned.inputs.quantile(TAIL))))
+    burst = w.burstiness
+    if burst is not None:
+        # Over the observed windows: the planned burstiness as it reads at that window length.
+        want = planned.arrivals.dispersion_at(burst.window_s)
+        name = f"burstiness (index of dispersion over {burst.window_s:g}s)"
+        out.append(Measure(name, burst.index_of_dispersion, want, "", dispersion_noise(w.burst_windows)))
     return out
 
 
@@ -143,15 +189,16 @@ def check_drift(
     planned: Workload, w: ObservedWorkload, since: dt.datetime | None, now: dt.datetime, factor: float, hold_s: float
 ) -> DriftCheck:
     """Whether the observed workload has drifted from the planned one, since when, and whether
-    long enough to re-plan (hysteresis: starts at `factor`, ends within its square root)."""
+    long enough to re-plan (hysteresis: starts at `factor` and NOISE_Z standard errors, ends
+    within its square root or half those errors)."""
     if (w.requests_per_s or 0.0) * w.window_s < MIN_REQUESTS:
         return DriftCheck(None, None, False)
-    ratios = [(name, seen, want, max(seen, 1.0) / max(want, 1.0)) for name, seen, want in _measures(planned, w)]
-    off = [m for m in ratios if max(m[3], 1 / m[3]) >= (factor if since is None else math.sqrt(factor))]
+    threshold, z = (factor, NOISE_Z) if since is None else (math.sqrt(factor), NOISE_Z / 2)
+    off = [m for m in _measures(planned, w) if m.off(threshold, z)]
     if not off:
         return DriftCheck(None, None, False)
     since = since or now
-    said = "; ".join(f"{name} {seen:.0f} tokens vs {want:.0f} planned ({r:.2g}x)" for name, seen, want, r in off)
+    said = "; ".join(m.said() for m in off)
     return DriftCheck(said, since, (now - since).total_seconds() >= hold_s)
 
 
@@ -215,7 +262,7 @@ def workload_tick(
     shown = status.model_copy(update={"observed_workload": observed_status(w, check.drift, check.since, missing)})
     if not check.replan:
         return Result(shown)
-    workload = as_workload(w, intent.workload)
+    workload = as_workload(w, intent.workload, planned.burstiness)
     if workload is None:
         return Result(shown)
     held = f"{hold_s:.0f}s"

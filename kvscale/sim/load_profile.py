@@ -6,7 +6,8 @@ Two families of forms, accepted by both commands:
   `kvscale.sim.generators`): a seeded load of `duration` with drawn lengths;
 - the profiles `constant:R`, `ramp:R0:R1:SECONDS`, `steps:R0@T0,R1@T1,...` (rates in req/s,
   times in s) and `trace:FILE`, optionally followed by `;lengths:IN/OUT@T,...` (from T seconds
-  on, requests have IN prompt and OUT output tokens): Poisson arrivals at that rate with the
+  on, requests have IN prompt and OUT output tokens) and `;bursts:N@T,...` (from T seconds on,
+  requests arrive N at a time at the same mean rate): Poisson arrivals at that rate with the
   command's lengths.
 
 `sim serve` plays a profile until stopped and a generated load (or a trace) until its last
@@ -46,6 +47,9 @@ class Arrivals:
     trace: list[TraceRequest] | None = None
     # (from seconds, prompt tokens, output tokens), sorted: the length mix changing over time.
     lengths: tuple[tuple[float, int, int], ...] = ()
+    # (from seconds, requests per batch), sorted: from then on requests arrive in batches of
+    # that many at once, at the same mean rate (an index of dispersion of about the size).
+    bursts: tuple[tuple[float, int], ...] = ()
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -69,8 +73,17 @@ class Arrivals:
             if self._candidate > t_s:
                 return out  # stays pending for the next window
             self._last, self._candidate = self._candidate, None
-            if self._rng.random() * self.peak_rate <= self.rate_at(self._last):
-                out.append(TraceRequest(self._last, *self.lengths_at(self._last)))
+            size = self.batch_at(self._last)
+            if self._rng.random() * self.peak_rate * size <= self.rate_at(self._last):
+                out.extend(TraceRequest(self._last, *self.lengths_at(self._last)) for _ in range(size))
+
+    def batch_at(self, t_s: float) -> int:
+        """Requests per arrival at `t_s` (1: Poisson)."""
+        current = 1
+        for start, size in self.bursts:
+            if t_s >= start:
+                current = size
+        return current
 
     def lengths_at(self, t_s: float) -> tuple[int, int]:
         """Prompt and output tokens of a request arriving at `t_s`."""
@@ -142,15 +155,36 @@ def _check_span(text: str, duration_s: float, peak_per_s: float) -> None:
 def parse_profile(text: str, input_tokens: int, output_tokens: int, seed: int = 0) -> Arrivals:
     """constant:R | ramp:R0:R1:SECONDS | steps:R0@T0,R1@T1,... | trace:FILE (rates in req/s,
     times in s), optionally followed by `;lengths:IN/OUT@T,IN/OUT@T,...`: from T seconds on,
-    requests have IN prompt and OUT output tokens (before the first T, the workload's)."""
-    rates, sep, mix = text.partition(";")
+    requests have IN prompt and OUT output tokens (before the first T, the workload's), and
+    by `;bursts:N@T,...`: from T seconds on, requests arrive N at a time at the same mean rate
+    (before the first T, one at a time)."""
+    rates, *mods = text.split(";")
     arrivals = _rates(rates, input_tokens, output_tokens, seed)
     _check_numbers(text)
-    if sep:
+    for mod in mods:
         if arrivals.trace is not None:
-            raise ProfileError(f"--load {text!r}: a trace has its own lengths; drop ';lengths:...'")
-        arrivals.lengths = parse_lengths(text, mix)
+            raise ProfileError(f"--load {text!r}: a trace has its own lengths and arrivals; drop ';{mod}'")
+        if mod.startswith("bursts:"):
+            arrivals.bursts = parse_bursts(text, mod)
+        else:
+            arrivals.lengths = parse_lengths(text, mod)
     return arrivals
+
+
+def parse_bursts(text: str, mod: str) -> tuple[tuple[float, int], ...]:
+    """`bursts:N@T,...` as sorted (T, N); N at least 1 request, times >= 0."""
+    usage = f"--load {text!r}: write ';bursts:REQUESTS@SECONDS,...', e.g. ';bursts:1@0,16@60'"
+    out: list[tuple[float, int]] = []
+    try:
+        for item in mod.removeprefix("bursts:").split(","):
+            size_text, _, at_text = item.partition("@")
+            out.append((float(at_text), int(size_text)))
+    except ValueError as exc:
+        raise ProfileError(usage) from exc
+    for at, size in out:
+        if not (math.isfinite(at) and at >= 0) or size < 1:
+            raise ProfileError(f"{usage}; got {size}@{at:g} (at least 1 request, times >= 0 s)")
+    return tuple(sorted(out))
 
 
 def parse_lengths(text: str, mix: str) -> tuple[tuple[float, int, int], ...]:

@@ -85,7 +85,7 @@ def test_every_engine_query_parses_on_a_real_prometheus(tmp_path: Path, engine: 
 
     built = {
         **queries(ENGINES[engine], "ns", "svc", 0.95, "1m"),
-        **{f"workload {k}": q for k, q in workload_queries(ENGINES[engine], "ns", "svc", "10m", "1m").items()},
+        **{f"workload {k}": q for k, q in workload_queries(ENGINES[engine], "ns", "svc", "10m", "1m", "30s").items()},
     }
     with Prometheus(tmp_path / "prom", targets=[]) as prom:
 

@@ -1,0 +1,222 @@
+"""The observed burstiness: the estimator the operator's PromQL computes (checked here on
+counts whose dispersion is known), its noise, the drift it drives (burstier at the same mean
+rate is a drift; an estimate within its noise is not; an unread one never is), the re-plan
+for it and its place in status."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import statistics
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvscale.autoscaling.observation import (
+    MIN_BURST_WINDOWS,
+    ObservedWorkload,
+    dispersion_noise,
+    dispersion_of_counts,
+)
+from kvscale.metrics.client import Missing, MissingKind
+from kvscale.metrics.engines import ENGINES
+from kvscale.metrics.observe import assemble_workload
+from kvscale.metrics.promql import workload_queries
+from kvscale.operator.status import planned_workload, planned_workload_status
+from kvscale.operator.workload import as_workload, check_drift
+from kvscale.sim.load_profile import ProfileError, parse_profile
+from kvscale.sizing.workload import Burstiness, LengthDistribution, Workload
+from tests.unit.test_reconcile import NOW, deployed
+from tests.unit.test_replan import PLANNED, at, observed, tick
+
+RNG_SEED = 7
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    """A Poisson draw by counting exponential gaps (stdlib only)."""
+    n, t = 0, rng.expovariate(1.0)
+    while t < mean:
+        n, t = n + 1, t + rng.expovariate(1.0)
+    return n
+
+
+def _counts(rng: random.Random, windows: int, mean: float, batch: int = 1) -> list[float]:
+    """Arrivals per window: Poisson batches of `batch` requests, `mean` requests per window."""
+    return [float(batch * _poisson(rng, mean / batch)) for _ in range(windows)]
+
+
+@pytest.mark.parametrize(("batch", "mean"), [(1, 8.0), (1, 2.0), (8, 8.0), (16, 8.0)])
+def test_the_estimator_reads_the_batch_size_and_its_noise_is_as_stated(batch: int, mean: float) -> None:
+    rng = random.Random(RNG_SEED)
+    n = 20
+    estimates = [dispersion_of_counts(_counts(rng, n, mean, batch)) for _ in range(1500)]
+    values = [e for e in estimates if e is not None]
+    assert len(values) >= 1450
+    # Compound Poisson with batches of k has index of dispersion k.
+    assert statistics.fmean(values) == pytest.approx(batch, rel=0.08)
+    assert statistics.pstdev(values) / batch == pytest.approx(dispersion_noise(n), rel=0.15)
+
+
+def test_a_ramp_is_not_burstiness() -> None:
+    # The rate doubles over the window: counts of a variance/mean estimate read it as bursts,
+    # the first differences do not.
+    ramp = [60.0 + 3.0 * i for i in range(20)]
+    naive = statistics.variance(ramp) / statistics.fmean(ramp)
+    assert naive > 3.0
+    d = dispersion_of_counts(ramp)
+    assert d is not None and d < 0.1
+
+
+@given(st.lists(st.integers(0, 500), min_size=2, max_size=60), st.integers(1, 20))
+def test_estimator_properties(counts: list[int], k: int) -> None:
+    d = dispersion_of_counts([float(c) for c in counts])
+    if sum(counts) == 0:
+        assert d is None
+        return
+    assert d is not None and d >= 0
+    assert dispersion_of_counts([float(c) for c in reversed(counts)]) == pytest.approx(d)
+    # Batches of k of the same stream: k times the dispersion.
+    assert dispersion_of_counts([float(k * c) for c in counts]) == pytest.approx(k * d)
+
+
+def test_noise_shrinks_with_windows() -> None:
+    assert dispersion_noise(2) == math.inf and dispersion_noise(1) == math.inf
+    assert dispersion_noise(21) == pytest.approx(math.sqrt(3 / 20))
+    assert dispersion_noise(100) < dispersion_noise(20)
+
+
+def bursty(d: float | None, window_s: float = 600.0, burst_s: float = 30.0, **kw: float) -> ObservedWorkload:
+    return dataclasses.replace(observed(512, window_s=window_s, **kw), arrival_dispersion=d, burst_window_s=burst_s)
+
+
+def test_the_observed_burstiness_needs_enough_windows_and_a_reading() -> None:
+    assert bursty(4.0).burstiness == Burstiness(4.0, 30.0)
+    assert bursty(0.0).burstiness == Burstiness(0.05, 30.0)  # floored as from_arrivals floors it
+    for unread in (bursty(None), bursty(math.nan), bursty(-1.0), dataclasses.replace(bursty(4.0), burst_window_s=None)):
+        assert unread.burstiness is None
+    few = bursty(4.0, burst_s=600.0 / (MIN_BURST_WINDOWS - 1))
+    assert few.burstiness is None
+
+
+def test_burstier_arrivals_at_the_same_rate_are_a_drift() -> None:
+    check = check_drift(PLANNED, bursty(6.0), None, NOW, 1.5, 600)
+    assert check.since == NOW and check.drift == "burstiness (index of dispersion over 30s) 6.0 vs 1.0 planned (6x)"
+    assert check_drift(PLANNED, bursty(6.0), NOW, at(10), 1.5, 600).replan
+    # Within its noise (20 windows: a standard error of 0.4x) a Poisson stream reads up to ~2.
+    assert check_drift(PLANNED, bursty(2.0), None, NOW, 1.5, 600).drift is None
+    # More windows, less noise: the same reading is a drift.
+    assert check_drift(PLANNED, bursty(2.0, window_s=3600.0), None, NOW, 1.5, 600).drift is not None
+    # Hysteresis: once drifting, it holds down to sqrt(factor) and half the noise margin.
+    assert check_drift(PLANNED, bursty(1.9), NOW, at(5), 1.5, 600).since == NOW
+    assert check_drift(PLANNED, bursty(1.3), NOW, at(5), 1.5, 600).since is None
+    # Unread: no drift, whatever the plan assumed.
+    planned_bursty = Workload.of(
+        LengthDistribution.constant(512), LengthDistribution.constant(128), 4.0, burstiness=Burstiness(8.0, 30.0)
+    )
+    assert check_drift(planned_bursty, bursty(None), None, NOW, 1.5, 600).drift is None
+    # Calmer than planned is a drift too (the fleet is sized for bursts that no longer come).
+    calm = check_drift(planned_bursty, bursty(1.0), None, NOW, 1.5, 600)
+    assert calm.drift is not None and "1.0 vs 8.0 planned" in calm.drift
+
+
+def test_the_planned_burstiness_is_compared_at_the_observed_window() -> None:
+    # Planned over 5 s windows; observed over 2 s: the excess shrinks in proportion.
+    planned = Workload.of(
+        LengthDistribution.constant(512), LengthDistribution.constant(128), 4.0, burstiness=Burstiness(11.0, 5.0)
+    )
+    check = check_drift(planned, bursty(5.0, burst_s=2.0), None, NOW, 1.5, 600)
+    assert check.drift is None  # 1 + 10 x 2/5 = 5
+
+
+def test_the_replan_takes_the_observed_burstiness_or_keeps_the_planned_one() -> None:
+    w = as_workload(bursty(6.0), PLANNED)
+    assert w is not None and w.burstiness == Burstiness(6.0, 30.0) and w.requests_per_s == 4.0
+    kept = as_workload(bursty(None), PLANNED, Burstiness(3.0, 5.0))
+    assert kept is not None and kept.burstiness == Burstiness(3.0, 5.0)
+    assert (w2 := as_workload(bursty(None), PLANNED)) is not None and w2.burstiness is None
+
+
+def test_the_planned_burstiness_survives_status() -> None:
+    w = Workload.of(
+        LengthDistribution((256, 1024), (0.5, 0.5)),
+        LengthDistribution.constant(64),
+        3.0,
+        burstiness=Burstiness(12.34567, 2.0),
+    )
+    recorded = planned_workload_status(w, "observed")
+    assert recorded.burstiness is not None and recorded.burstiness.index_of_dispersion == 12.3
+    back = planned_workload(recorded, None)
+    assert back is not None and back.burstiness == Burstiness(12.3, 2.0)
+    assert planned_workload_status(PLANNED, "spec").burstiness is None
+
+
+def test_status_shows_the_burstiness_and_a_bursty_drift_replans() -> None:
+    start = deployed().status
+    first = tick(start, bursty(6.2), 0)
+    shown = first.status.observed_workload
+    assert shown is not None and shown.burstiness is not None
+    assert (shown.burstiness.index_of_dispersion, shown.burstiness.window_seconds) == (6.2, 30.0)
+    assert "burstiness" in (shown.drift or "")
+    replanned = tick(first.status, bursty(6.2), 10)
+    [event] = replanned.events
+    assert event.reason == "Replanned" and "burstiness (index of dispersion over 30s) 6.2 vs 1.0" in event.message
+    plan = replanned.status.plan
+    assert plan is not None and plan.workload is not None and plan.workload.burstiness is not None
+    assert plan.workload.burstiness.index_of_dispersion == 6.2
+    # Planned for it now: the same reading is no drift; no second re-plan.
+    calm = tick(replanned.status, bursty(6.2), 11)
+    assert calm.events == () and calm.status.observed_workload is not None
+    assert calm.status.observed_workload.drift is None
+
+
+def test_a_missing_burstiness_never_replans() -> None:
+    start = deployed().status
+    for minutes in (0, 10, 20):
+        result = tick(start, bursty(None), minutes)
+        assert result.events == () and result.apply == ()
+        assert result.status.observed_workload is not None and result.status.observed_workload.burstiness is None
+        start = result.status
+
+
+def test_the_dispersion_query_is_asked_only_with_enough_windows() -> None:
+    vllm = ENGINES["vllm"]
+    assert "arrival_dispersion" not in workload_queries(vllm, "ns", "svc", "10m", "1m")
+    assert "arrival_dispersion" not in workload_queries(vllm, "ns", "svc", "15s", "1m", "30s")
+    q = workload_queries(vllm, "ns", "svc", "10m", "1m", "30s")["arrival_dispersion"]
+    # Arrivals per pod: completions plus the growth of the requests in flight, exact differences.
+    for name in ("vllm:request_success_total", "vllm:num_requests_running", "vllm:num_requests_waiting"):
+        assert f'{{__name__="{name}",namespace="ns"' in q and "offset 30s" in q
+    assert "[60000ms:30s]" in q and "[10m:30s]" in q and "rate(" not in q
+
+
+def test_a_failed_dispersion_read_leaves_the_rest_of_the_workload() -> None:
+    values: dict[str, float | Missing] = {
+        "rate": 4.0,
+        "input_tokens": 512.0,
+        "output_tokens": 128.0,
+        "arrival_dispersion": Missing(MissingKind.TIMEOUT, "slow"),
+    }
+    workload, why = assemble_workload(values, {}, 5.0, "10m", "1m", "30s")
+    assert workload is not None and why is None and workload.burstiness is None and workload.requests_per_s == 4.0
+    assert "arrival_dispersion" in values  # the caller's answers are left as they were
+    values["arrival_dispersion"] = 7.5
+    workload, _ = assemble_workload(values, {}, 5.0, "10m", "1m", "30s")
+    assert workload is not None and workload.burstiness == Burstiness(7.5, 30.0)
+
+
+def test_the_standin_sends_batches_at_the_same_mean_rate() -> None:
+    arrivals = parse_profile("constant:4;bursts:12@600", 256, 64, seed=3)
+    got = arrivals.until(1200.0)
+    before = [r.arrival_s for r in got if r.arrival_s < 600]
+    after = [r.arrival_s for r in got if r.arrival_s >= 600]
+    assert len(before) / 600 == pytest.approx(4, rel=0.1) and len(after) / 600 == pytest.approx(4, rel=0.25)
+    calm, batched = Burstiness.from_arrivals(before, 5.0), Burstiness.from_arrivals(after, 5.0)
+    assert calm.index_of_dispersion < 1.5 and batched.index_of_dispersion > 6
+    both = parse_profile("constant:4;lengths:1024/32@10;bursts:3@0", 256, 64, seed=3).until(20.0)
+    assert {(r.input_tokens, r.output_tokens) for r in both if r.arrival_s >= 10} == {(1024, 32)}
+    assert all(sum(1 for o in both if o.arrival_s == r.arrival_s) % 3 == 0 for r in both)
+    for bad in ("constant:1;bursts:0@0", "constant:1;bursts:x", "constant:1;bursts:2@-1"):
+        with pytest.raises(ProfileError, match="bursts"):
+            parse_profile(bad, 1, 1)
