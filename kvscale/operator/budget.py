@@ -12,6 +12,11 @@ tick. The service's status says what it got and why (condition HeldByBudget), wi
 per change; the budget's own status (allocated, wanted, each service's grant) is written by
 its timer.
 
+A reconcile that creates or grows a governed service's workload (a new service, a spec
+change, a re-plan) starts it with no more replicas than the budget has free then, and records
+its GPUs at once (cap_deploy), so services created together do not each count the same free
+GPUs before their first tick.
+
 Without a GPUBudget selecting a service nothing here changes its tick. The operator holds a
 service on its planned GPU type: the allocator's moves to another type are the simulator's
 (`kvscale simulate --fleet`) for now.
@@ -30,7 +35,8 @@ from kvscale.api.intent import Intent
 from kvscale.api.models import InferenceServiceStatus
 from kvscale.autoscaling.budget import Allocation, Demand, Grant, Option, allocate
 from kvscale.autoscaling.observation import DecisionKind, Observation
-from kvscale.operator.reconcile import Event, Resource
+from kvscale.operator import leader_worker_set as lws
+from kvscale.operator.reconcile import DEPLOYMENT, DeploymentView, Event, Resource, Result
 from kvscale.operator.scaling import Fleet, Tick
 from kvscale.operator.status import condition, now_rfc3339, with_conditions, without_condition
 
@@ -86,6 +92,30 @@ class BudgetBook:
         return result
 
 
+def free_gpus(book: BudgetBook, budget: str, key: str, namespace: str, gpu_type: str) -> float:
+    """GPUs of a type the budget has free now for the service `key` (its own not counted):
+    the limit, and the namespace's where the budget sets one, less what the other governed
+    services' workloads hold (draining or not). Unlimited types: infinity."""
+    others = [e for k, e in book.entries.items() if k != key and e.gpu_type == gpu_type and e.budget == budget]
+    rooms = [math.inf]
+    limit = book.specs[budget].limits.get(gpu_type)
+    if limit is not None:
+        rooms.append(limit - sum(e.held_gpus for e in others))
+    ns_limit = book.specs[budget].namespace_limits.get(namespace, {}).get(gpu_type)
+    if ns_limit is not None:
+        rooms.append(ns_limit - sum(e.held_gpus for e in others if e.namespace == namespace))
+    return min(rooms)
+
+
+def _within_free(
+    book: BudgetBook, budget: str, key: str, namespace: str, gpu_type: str, gpr: int, current: int, target: int
+) -> int:
+    free = free_gpus(book, budget, key, namespace, gpu_type) - current * gpr
+    if math.isinf(free):
+        return target
+    return current + max(0, min(target - current, math.floor(free / gpr)))
+
+
 def slo_gap(obs: Observation, intent: Intent) -> float:
     gaps = [0.0]
     if obs.ttft_p_s is not None:
@@ -138,17 +168,7 @@ def govern(
     grant = allocation.grant(key)
     target = grant.replicas
     if target > fleet_.current:  # only into GPUs free now, globally and in the namespace
-        others = [e for k, e in book.entries.items() if k != key and e.gpu_type == plan.gpu_type and e.budget == budget]
-        rooms = []
-        limit = book.specs[budget].limits.get(plan.gpu_type)
-        if limit is not None:
-            rooms.append(limit - sum(e.held_gpus for e in others))
-        ns_limit = book.specs[budget].namespace_limits.get(res.namespace, {}).get(plan.gpu_type)
-        if ns_limit is not None:
-            rooms.append(ns_limit - sum(e.held_gpus for e in others if e.namespace == res.namespace))
-        if rooms:
-            free = min(rooms) - fleet_.current * gpr
-            target = fleet_.current + max(0, min(target - fleet_.current, math.floor(free / gpr)))
+        target = _within_free(book, budget, key, res.namespace, plan.gpu_type, gpr, fleet_.current, target)
     held = target < wanted
     message = (
         grant.reason
@@ -223,3 +243,63 @@ def budget_status(book: BudgetBook, name: str, now_s: float, ttl_s: float, gener
         services=services,
     )
     return status.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def cap_deploy(
+    book: BudgetBook,
+    res: Resource,
+    labels: Mapping[str, str],
+    intent: Intent,
+    result: Result,
+    existing: DeploymentView | None,
+    now: dt.datetime,
+) -> Result:
+    """A reconcile under a budget: a workload it creates or grows gets no more replicas than
+    the budget has GPUs free now (the autoscaler's next tick takes the service's grant), and
+    the service's GPUs are recorded at once, so services created together do not each count
+    the same free GPUs. Unchanged without a budget, in recommend mode or with pinned replicas."""
+    budget = book.governing(res.namespace, labels)
+    plan = result.status.plan
+    workload = next((o for o in result.apply if o.get("kind") in (DEPLOYMENT, lws.KIND)), None)
+    if budget is None or plan is None or workload is None or intent.scaling.mode != "auto":
+        return result
+    if intent.scaling.pinned_replicas is not None:
+        return result
+    gpr = plan.tensor_parallel * max(plan.nodes, 1)
+    current = existing.replicas if existing is not None and existing.gpu_type == plan.gpu_type else 0
+    replicas = int((workload.get("spec") or {}).get("replicas") or 0)
+    key = service_key(res.namespace, res.name)
+    free = free_gpus(book, budget, key, res.namespace, plan.gpu_type) - current * gpr
+    capped = (
+        replicas
+        if replicas <= current
+        else _within_free(book, budget, key, res.namespace, plan.gpu_type, gpr, current, replicas)
+    )
+    prior = book.entries.get(key)
+    if prior is not None and replicas <= current:
+        return result  # nothing grows: the autoscale tick's record stands
+    demand = Demand(
+        key,
+        (Option(plan.gpu_type, gpr, replicas),),
+        intent.spec.scaling.priority,
+        intent.scaling.min_replicas,
+        res.namespace,
+        prior.demand.slo_gap if prior is not None else 0.0,
+        plan.gpu_type,
+    )
+    book.entries[key] = Entry(budget, demand, res.namespace, res.name, capped * gpr, plan.gpu_type, now.timestamp())
+    if capped == replicas:
+        return result
+    message = (
+        f"budget {budget}: wanted {replicas}, starts with {capped} on {plan.gpu_type} x{gpr} (the budget has "
+        f"{max(free, 0):.0f} {plan.gpu_type} GPUs free now beyond what it holds); its next autoscale tick takes its "
+        "grant"
+    )
+    status = result.status
+    cond = condition(status, CONDITION, True, "BudgetLimit", message, res.generation, now)
+    new = with_conditions(status, cond).model_copy(update={"replicas": capped, "desired_replicas": capped})
+    sized = {**workload, "spec": {**workload["spec"], "replicas": capped}}
+    apply = tuple(sized if o is workload else o for o in result.apply)
+    applied = sized if result.applied_deployment is workload else result.applied_deployment
+    events = (*result.events, Event("Warning", CONDITION, message[:1000]))
+    return replace(result, status=new, apply=apply, applied_deployment=applied, events=events)

@@ -32,13 +32,13 @@ from typing import Any, TypeVar
 import kopf
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from kvscale.api.intent import Intent, parse_intent
+from kvscale.api.intent import Intent, SpecError, parse_intent
 from kvscale.api.models import InferenceServiceStatus, parse_status
 from kvscale.autoscaling.observation import Observation
 from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.metrics.observe import observe_async, observe_workload_async
 from kvscale.operator import effects, telemetry
-from kvscale.operator.budget import BudgetBook, govern
+from kvscale.operator.budget import BudgetBook, cap_deploy, govern
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
 from kvscale.operator.informers import Inventory
 from kvscale.operator.inventory import pools
@@ -254,10 +254,26 @@ def spread(interval_s: float) -> Callable[..., float]:
 def spec_changed(rt: Runtime, call: Call) -> None:
     """Create, spec change, resume: plan and build the children."""
     with telemetry.RECONCILE_SECONDS.time():
-        result = reconcile(call.spec, call.res, call.before, call.observed(rt), rt.catalog, rt.settings)
+        seen = call.observed(rt)
+        result = under_budget(
+            rt, call, reconcile(call.spec, call.res, call.before, seen, rt.catalog, rt.settings), seen
+        )
     if result.retry is not None and result.retry.delay_s is None:
         telemetry.ERRORS.labels("reconcile").inc()
     call.apply(rt, result)
+
+
+def under_budget(rt: Runtime, call: Call, result: Result, seen: Observed) -> Result:
+    """A reconcile's workload within what the governing GPUBudget has free now (kvscale.operator.budget)."""
+    if not result.apply or result.status.plan is None:
+        return result
+    try:
+        intent = parse_intent(call.spec)
+    except SpecError:
+        return result
+    labels = (call.body.get("metadata") or {}).get("labels") or {}
+    existing = seen.workload(multi_node(result.status))
+    return cap_deploy(rt.budgets, call.res, labels, intent, result, existing, dt.datetime.now(dt.UTC))
 
 
 async def status_tick(rt: Runtime, call: Call) -> None:
@@ -271,6 +287,7 @@ async def status_tick(rt: Runtime, call: Call) -> None:
             result = await rt.io(refresh, call.spec, call.res, call.before, seen, rt.catalog, rt.settings, now)
         else:
             result = refresh(call.spec, call.res, call.before, seen, rt.catalog, rt.settings, now)
+        result = None if result is None else under_budget(rt, call, result, seen)
     except Exception as exc:  # counted and shown in status; the timer runs again
         effects.timer_failed("refresh", call.body, call.patch, call.before, call.res, exc)
         return
@@ -357,6 +374,7 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
         now = dt.datetime.now(dt.UTC)
         args = (call.spec, call.res, call.before, lambda: call.observed(rt), workload, missing, rt.catalog, s, now)
         result = await rt.io(workload_tick, *args)
+        result = None if result is None else under_budget(rt, call, result, call.observed())
     except Exception as exc:  # counted and shown in status; the timer runs again
         if not rt.stopping:
             effects.timer_failed("workload", call.body, call.patch, call.before, call.res, exc)

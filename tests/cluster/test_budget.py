@@ -4,6 +4,7 @@ budget's status says what is allocated, to whom and what is wanted."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,10 @@ def budget_body(namespace: str) -> dict[str, Any]:
     }
 
 
+def deployed(api: client.ApiClient, namespace: str, name: str) -> bool:
+    return deployment_replicas(api, namespace, name) is not None
+
+
 def deployment_replicas(api: client.ApiClient, namespace: str, name: str) -> int | None:
     try:
         return int(client.AppsV1Api(api).read_namespaced_deployment(name, namespace).spec.replicas)
@@ -72,11 +77,30 @@ def test_three_priorities_on_a_budget_smaller_than_their_sum(
     objects = client.CustomObjectsApi(api)
     objects.create_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget_body(namespace))
     try:
+        # The operator knows the budget once its timer has written the budget's status.
+        wait_until(
+            lambda: (
+                "allocated" in objects.get_cluster_custom_object(GROUP, VERSION, "gpubudgets", BUDGET).get("status", {})
+            ),
+            30,
+            "the budget's first status",
+        )
+        peak = [0]
+
+        def in_use() -> int:  # A100s the three Deployments ask for (one each per replica)
+            total = sum(deployment_replicas(api, namespace, n) or 0 for n in ("chat", "rag", "batch"))
+            peak[0] = max(peak[0], total)
+            return total
+
         for name, priority in (("chat", 100), ("rag", 50), ("batch", 1)):
             create(api, namespace, service(name, priority))
+            # A new service's Deployment starts within what the budget has free (not its plan's 3).
+            wait_until(functools.partial(deployed, api, namespace, name), 60, f"{name}'s Deployment")
+            in_use()
         want = {"chat": 3, "rag": 1, "batch": 1}  # floors first (1 each), then chat's 2 more: 5 GPUs
 
         def settled() -> bool:  # the status is written just after the scale: both
+            in_use()
             return all(
                 deployment_replicas(api, namespace, n) == r
                 and condition(get(api, namespace, n), "HeldByBudget").get("status") == ("True" if r < 3 else "False")
@@ -88,6 +112,7 @@ def test_three_priorities_on_a_budget_smaller_than_their_sum(
         except TimeoutError as exc:
             seen = {n: deployment_replicas(api, namespace, n) for n in want}
             raise AssertionError(f"{exc}: {seen}\n{operator.tail()}") from exc
+        assert peak[0] <= 5, f"the Deployments asked for {peak[0]} A100s on a budget of 5"
         chat, rag, batch = (get(api, namespace, n) for n in ("chat", "rag", "batch"))
         for pod in engine_pods(api, namespace, "chat"):  # what an llm-d router or WVA selects on
             labels = pod.metadata.labels

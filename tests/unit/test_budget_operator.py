@@ -98,3 +98,45 @@ def test_a_scale_up_stays_within_the_namespaces_limit_while_a_neighbour_still_ho
     book.entries["ns/low"] = Entry("b", low, "ns", "low", 0, gpu, NOW.timestamp())
     _, governed, _ = _tick_under_load(book)
     assert governed.result.scale_to == start.current + 2
+
+
+def test_a_new_service_starts_with_what_the_budget_has_free_and_is_counted_at_once() -> None:
+    from kvscale.api.intent import parse_intent
+    from kvscale.operator.budget import cap_deploy
+    from kvscale.operator.reconcile import DeploymentView
+    from tests.unit.test_reconcile import deployed
+
+    body = {**SPEC, "workload": {**SPEC["workload"], "requestsPerSecond": 200}}
+    created = deployed(body)
+    plan = created.status.plan
+    assert plan is not None and plan.replicas >= 3
+    gpu, tp = plan.gpu_type, plan.tensor_parallel
+    intent = parse_intent(body)
+    book = BudgetBook()
+    book.set_budget("b", parse_budget_spec({"limits": {gpu: (plan.replicas + 1) * tp}}))
+    first = cap_deploy(book, RES, {}, intent, created, None, NOW)
+    assert first == created  # room for all of it: unchanged, but counted
+    assert book.entries["ns/chat"].held_gpus == plan.replicas * tp
+    # A second service created next sees only one replica's GPUs free.
+    other = Resource("ns", "rag", "uid-2", 1)
+    second = cap_deploy(book, other, {}, intent, deployed(body, other), None, NOW)
+    (workload,) = [o for o in second.apply if o["kind"] == "Deployment"]
+    assert workload["spec"]["replicas"] == 1 and second.applied_deployment == workload
+    assert second.status.replicas == 1 and second.status.desired_replicas == 1
+    c = get_condition(second.status, CONDITION)
+    assert c is not None and c.status == "True"
+    assert c.message.startswith(f"budget b: wanted {plan.replicas}, starts with 1 on {gpu} x{tp}")
+    assert [e.reason for e in second.events].count(CONDITION) == 1
+    assert sum(e.held_gpus for e in book.entries.values()) <= (plan.replicas + 1) * tp
+    # A spec change that does not grow the running Deployment changes nothing, not even the record.
+    recorded = book.entries["ns/rag"]
+    again = deployed(body, other)
+    running = DeploymentView(plan.replicas, plan.replicas, gpu)
+    assert cap_deploy(book, other, {}, intent, again, running, NOW) == again
+    assert book.entries["ns/rag"] == recorded
+    # Without a budget, in recommend mode or pinned: unchanged.
+    assert cap_deploy(BudgetBook(), other, {}, intent, created, None, NOW) == created
+    pinned = {**body, "scaling": {"replicas": 4, "maxReplicas": 10}}
+    assert cap_deploy(book, other, {}, parse_intent(pinned), deployed(pinned, other), None, NOW) == deployed(
+        pinned, other
+    )
