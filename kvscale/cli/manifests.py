@@ -14,6 +14,7 @@ import yaml
 from kvscale.api.crd import DNS_LABEL_1035, MAX_NAME_LENGTH
 from kvscale.cli.app import app
 from kvscale.cli.common import EXIT_BAD_INPUT, EXIT_INFEASIBLE, CatalogOpt, fail, gpu_counts, load
+from kvscale.cli.live import KubeconfigOpt, Live, NamespaceOpt
 from kvscale.sizing.catalog import Catalog, load_yaml_all
 
 
@@ -111,7 +112,13 @@ def _documents(path: Path) -> list[dict[str, Any]]:
     return services
 
 
-def objects_for(doc: dict[str, Any], catalog: Catalog, gpus: str | None, port: int) -> tuple[list[dict[str, Any]], str]:
+def objects_for(
+    doc: dict[str, Any],
+    catalog: Catalog,
+    gpus: str | None,
+    port: int,
+    tolerations: tuple[dict[str, str], ...] = (),
+) -> tuple[list[dict[str, Any]], str]:
     """The children the operator would apply for one InferenceService document, and a one-line
     summary; exits 2 naming the field for specs the operator would refuse."""
     from kvscale.api.intent import SpecError, parse_intent
@@ -166,9 +173,9 @@ def objects_for(doc: dict[str, Any], catalog: Catalog, gpus: str | None, port: i
     pool = pools[chosen.gpu]
     try:
         workload = (
-            lws.leader_worker_set(name, spec, cfg, launch, pool, replicas, port, pod_labels(name, "", cfg))
+            lws.leader_worker_set(name, spec, cfg, launch, pool, replicas, port, pod_labels(name, "", cfg), tolerations)
             if multi
-            else deployment(name, "", spec, result.model, cfg, chosen, pool, replicas, port)
+            else deployment(name, "", spec, result.model, cfg, chosen, pool, replicas, port, tolerations)
         )
     except (EngineImageError, lws.MultiNodeUnsupported) as exc:
         fail(f"{name}: {exc}")
@@ -193,6 +200,24 @@ def manifests(
         ),
     ] = None,
     port: Annotated[int, typer.Option(help="Engine port (the operator's KVSCALE_ENGINE_PORT).")] = 8000,
+    tolerations: Annotated[
+        str | None,
+        typer.Option(
+            envvar="KVSCALE_EXTRA_TOLERATIONS",
+            help="Extra taints the engine pods tolerate, key[=value]:Effect,... (the operator's "
+            "KVSCALE_EXTRA_TOLERATIONS, read from the environment too).",
+        ),
+    ] = None,
+    diff: Annotated[
+        bool,
+        typer.Option(
+            "--diff",
+            help="Compare with the live objects in the cluster of the kubeconfig instead of printing them: a unified "
+            "diff of the fields kvscale sets, per object; exits 1 when something differs (as kubectl diff).",
+        ),
+    ] = False,
+    namespace: NamespaceOpt = None,
+    kubeconfig: KubeconfigOpt = None,
     catalog: CatalogOpt = None,
 ) -> None:
     """The objects the operator would create for an InferenceService (Deployment, or a
@@ -201,12 +226,67 @@ def manifests(
     pod label when it applies them."""
     if not 0 < port <= 65535:
         fail(f"--port must be in 1..65535, got {port}")
+    if not diff and (namespace is not None or kubeconfig is not None):
+        fail("--namespace and --kubeconfig go with --diff (the live objects to compare with)")
+    from kvscale.operator.settings import SettingsError, parse_tolerations
+
+    try:
+        extra = parse_tolerations(tolerations or "", "--tolerations")
+    except SettingsError as exc:
+        fail(str(exc))
     cat = load(catalog)
     out: list[dict[str, Any]] = []
     summaries = []
     for doc in _documents(file):
-        children, summary = objects_for(doc, cat, gpus, port)
+        children, summary = objects_for(doc, cat, gpus, port, extra)
         out.extend(children)
         summaries.append(summary)
     header = "".join(f"# {line}\n" for text in [*summaries, assumed_inventory(gpus)] for line in text.splitlines())
-    sys.stdout.write(header + (yaml.safe_dump_all(out, sort_keys=False) if out else ""))
+    if not diff:
+        sys.stdout.write(header + (yaml.safe_dump_all(out, sort_keys=False) if out else ""))
+        return
+    live = Live(kubeconfig)
+    text, differs = diff_live(out, live, namespace or live.namespace)
+    sys.stdout.write(header + text)
+    if differs:
+        raise typer.Exit(1)
+
+
+def project(live: Any, rendered: Any) -> Any:
+    """The live value cut down to the fields `rendered` sets: the server's defaults, status,
+    managedFields and the operator's own additions (owner references, the owner-uid label) are
+    not differences."""
+    if isinstance(rendered, dict) and isinstance(live, dict):
+        return {k: project(live[k], v) for k, v in rendered.items() if k in live}
+    if isinstance(rendered, list) and isinstance(live, list) and len(rendered) == len(live):
+        return [project(one, other) for one, other in zip(live, rendered, strict=True)]
+    return live
+
+
+def diff_live(objects: list[dict[str, Any]], live: Live, namespace: str) -> tuple[str, bool]:
+    """A unified diff per object, live (---) against what kvscale would apply (+++), and whether
+    anything differs."""
+    import difflib
+
+    parts: list[str] = []
+    differs = False
+    for obj in objects:
+        meta = obj["metadata"]
+        ns = meta.get("namespace") or namespace
+        kind, name = obj["kind"], meta["name"]
+        current = live.get(obj["apiVersion"], kind, ns, name)
+        label = f"{kind} {ns}/{name}"
+        if current is None:
+            differs = True
+            parts.append(f"# {label}: not in the cluster; would be created\n")
+            continue
+        rendered = {**obj, "metadata": {**meta, "namespace": ns}}
+        before = yaml.safe_dump(project(current, rendered), sort_keys=False).splitlines(keepends=True)
+        after = yaml.safe_dump(rendered, sort_keys=False).splitlines(keepends=True)
+        lines = list(difflib.unified_diff(before, after, f"live {label}", f"kvscale manifests {label}"))
+        if lines:
+            differs = True
+            parts.append("".join(lines))
+        else:
+            parts.append(f"# {label}: no differences\n")
+    return "".join(parts), differs

@@ -1,0 +1,129 @@
+"""`kvscale status NAME`: one InferenceService as the operator sees it, in one screen: the spec's
+target, the plan, what is observed, the last decision, the conditions and the latest Events (read
+live from the cluster of the kubeconfig)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.markup import escape
+
+from kvscale.cli.app import app
+from kvscale.cli.common import JsonOpt, console, fail, print_json
+from kvscale.cli.live import KubeconfigOpt, Live, NamespaceOpt
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}".rstrip("0").rstrip(".")
+
+
+def status_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
+    """The screen, line by line (plain text; pure, for tests)."""
+    from kvscale.api.models import InferenceServiceStatus
+
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    status = InferenceServiceStatus.model_validate(obj.get("status") or {})
+    slo, workload = spec.get("slo") or {}, spec.get("workload") or {}
+    scaling = spec.get("scaling") or {}
+    generation, seen = meta.get("generation"), status.observed_generation
+    behind = "" if seen is None or seen == generation else f" (status of generation {seen}, spec at {generation})"
+    lines = [
+        f"{meta.get('name')} in {meta.get('namespace')}: {status.phase or 'no status yet'}, "
+        f"mode {scaling.get('mode', 'auto')}{behind}",
+        f"  model {(spec.get('model') or {}).get('name') or '(architecture)'}; SLO p{slo.get('percentile', 95)} "
+        f"TTFT <= {slo.get('timeToFirstToken', '-')}, TPOT <= {slo.get('timePerOutputToken', '-')}; "
+        f"spec workload {workload.get('requestsPerSecond', '-')} req/s, {workload.get('inputTokens', '-')} in / "
+        f"{workload.get('outputTokens', '-')} out; replicas {scaling.get('minReplicas', 1)}..{scaling.get('maxReplicas', '-')}",
+    ]
+    plan = status.plan
+    if plan is None:
+        lines.append("Plan:     none yet (see the Planned condition)")
+    else:
+        shape = f"{plan.replicas} x {plan.tensor_parallel * plan.pipeline_parallel} {plan.gpu_type}"
+        if plan.nodes > 1:
+            shape += f" over {plan.nodes} nodes (TP {plan.tensor_parallel} x PP {plan.pipeline_parallel})"
+        lines += [
+            f"Plan:     {shape} ({plan.precision}), max batch {plan.max_batch}, chunk budget "
+            f"{plan.max_num_batched_tokens or '-'} tokens, context {plan.max_context_tokens}, ${plan.cost_per_hour:.2f}/h",
+            f"          predicted TTFT {plan.predicted_ttft}, TPOT {plan.predicted_tpot} at the planned load; "
+            f"{_num(plan.rate_per_replica)} req/s per replica; limited by {plan.limited_by}; "
+            f"MBU {_pct(plan.mbu)}, MFU {_pct(plan.mfu)}",
+        ]
+        if plan.workload is not None:
+            w = plan.workload
+            lines.append(
+                f"          planned for {_num(w.requests_per_second)} req/s, {w.input_tokens} in / {w.output_tokens} "
+                f"out ({w.source})"
+            )
+    observed = status.observed
+    if observed is None or (observed.ttft is None and observed.tpot is None and observed.requests_per_second is None):
+        metrics = next((c for c in status.conditions if c.type == "MetricsAvailable"), None)
+        why = (
+            f"MetricsAvailable {metrics.status}: {metrics.message or metrics.reason}"
+            if metrics is not None
+            else "no MetricsAvailable condition: the operator reads no Prometheus (KVSCALE_PROMETHEUS_URL) or not yet"
+        )
+        lines.append(f"Observed: nothing yet ({why})")
+    else:
+        lines.append(
+            f"Observed: TTFT {observed.ttft or '-'} (target {slo.get('timeToFirstToken', '-')}), TPOT "
+            f"{observed.tpot or '-'} (target {slo.get('timePerOutputToken', '-')}), "
+            f"{_num(observed.requests_per_second)} req/s, queue {_num(observed.queue, 1)}, "
+            f"KV cache {_pct(observed.kv_cache_usage)}"
+        )
+    lines.append(
+        f"Decision: replicas {_num(status.replicas)} (ready {_num(status.ready_replicas)}), desired "
+        f"{_num(status.desired_replicas)}; last scaled {status.last_scale_time or 'never'}"
+        + (f": {status.last_scale_reason}" if status.last_scale_reason else "")
+    )
+    lines.append("Conditions:")
+    for c in status.conditions:
+        lines.append(f"  {c.type:<17} {c.status:<7} {c.reason}" + (f": {c.message}" if c.message else ""))
+    if events:
+        lines.append(f"Events (latest {len(events)}):")
+        for e in events:
+            when = e.get("lastTimestamp") or e.get("eventTime") or ""
+            lines.append(f"  {when} {e.get('type', '')} {e.get('reason', '')}: {e.get('message', '')}")
+    return lines
+
+
+@app.command()
+def status(
+    name: Annotated[str, typer.Argument(help="The InferenceService's name.")],
+    namespace: NamespaceOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One InferenceService in one screen: its target, the plan, what is observed, the last scaling
+    decision, the conditions and the latest Events (read from the cluster of the kubeconfig)."""
+    live = Live(kubeconfig)
+    ns = namespace or live.namespace
+    obj = live.get("kvscale.io/v1alpha1", "InferenceService", ns, name)
+    if obj is None:
+        fail(f"InferenceService {ns}/{name} not found; list them with `kubectl get kvis -n {ns}` (or pass -n)")
+    events = live.events(ns, name)
+    if as_json:
+        print_json(
+            {
+                "name": name,
+                "namespace": ns,
+                "spec": obj.get("spec") or {},
+                "status": obj.get("status") or {},
+                "events": [
+                    {k: e.get(k) for k in ("type", "reason", "message", "lastTimestamp", "count")} for e in events
+                ],
+            }
+        )
+        return
+    try:
+        lines = status_lines(obj, events)
+    except ValidationError as exc:
+        fail(f"InferenceService {ns}/{name}: its status cannot be read ({exc.error_count()} problem(s)): {exc}")
+    for line in lines:
+        console.print(escape(line), soft_wrap=True)

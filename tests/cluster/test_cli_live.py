@@ -1,0 +1,96 @@
+"""The CLI against a live cluster (issue 20): `kvscale status NAME` shows the plan, what is
+observed, the decision, the conditions and the Events of a running InferenceService in one
+screen; `kvscale manifests --diff` compares what kvscale would apply with the live objects."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from typer.testing import CliRunner
+
+from kvscale.api import GROUP, PLURAL
+from kvscale.cli import app
+from tests.cluster.harness import Cluster
+from tests.cluster.processes import Operator
+from tests.cluster.test_operator import SAMPLES, create, wait_phase
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, api: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+    op = Operator(cluster, tmp_path_factory.mktemp("operator"))
+    op.start()
+    yield op
+    op.stop()
+
+
+def test_status_shows_plan_observed_decision_in_one_screen(
+    operator: Operator, cluster: Cluster, api: client.ApiClient, namespace: str
+) -> None:
+    body = SAMPLES["llama-3.1-8b-chat"]
+    name = body["metadata"]["name"]
+    create(api, namespace, body)
+    obj = wait_phase(api, namespace, name, "Ready", operator)
+    plan = obj["status"]["plan"]
+    live = ["--kubeconfig", str(cluster.kubeconfig), "-n", namespace]
+    out = runner.invoke(app, ["status", name, *live])
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"{name} in {namespace}: Ready, mode auto")
+    plan_line = next(line for line in lines if line.startswith("Plan:"))
+    assert f"{plan['replicas']} x {plan['tensorParallel']} {plan['gpuType']} ({plan['precision']})" in plan_line
+    assert f"max batch {plan['maxBatch']}" in plan_line
+    assert any(line.startswith("Observed: nothing yet") for line in lines)  # no Prometheus in this test
+    decision = next(line for line in lines if line.startswith("Decision:"))
+    assert f"replicas {obj['status']['replicas']} (ready {obj['status']['readyReplicas']})" in decision
+    conditions = lines[lines.index("Conditions:") + 1 :]
+    assert any(line.split()[:2] == ["Ready", "True"] for line in conditions)
+    assert any("Planned" in line for line in lines if "Events" not in line)
+    assert len(lines) <= 40  # one screen
+    data = json.loads(runner.invoke(app, ["status", name, *live, "--json"]).stdout)
+    assert data["status"]["plan"]["gpuType"] == plan["gpuType"] and data["spec"]["slo"]
+    missing = runner.invoke(app, ["status", "nope", *live])
+    assert missing.exit_code == 2 and f"InferenceService {namespace}/nope not found" in missing.output
+
+
+def test_manifests_diff_against_the_live_objects(
+    operator: Operator, cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    body = SAMPLES["llama-3.1-8b-chat"]
+    name = body["metadata"]["name"]
+    create(api, namespace, body)
+    obj = wait_phase(api, namespace, name, "Ready", operator)
+    gpu = obj["status"]["plan"]["gpuType"]
+    spec_file = tmp_path / "chat.yaml"
+    spec_file.write_text(yaml.safe_dump(body))
+    # The operator's own settings: the test operator tolerates kwok's taint.
+    kwok = "--tolerations=kwok.x-k8s.io/node:NoSchedule"
+    live = ["--kubeconfig", str(cluster.kubeconfig), "-n", namespace, "--gpus", f"{gpu}=32", kwok]
+    same = runner.invoke(app, ["manifests", "-f", str(spec_file), "--diff", *live])
+    assert same.exit_code == 0, same.output
+    for kind in ("Deployment", "Service", "PodDisruptionBudget"):
+        assert f"# {kind} {namespace}/{name}: no differences" in same.stdout, same.stdout
+    # Ten times the traffic: more replicas; an InferencePool that is not there yet.
+    edited = yaml.safe_load(yaml.safe_dump(body))
+    edited["spec"]["workload"]["requestsPerSecond"] = 40
+    edited["spec"]["scaling"]["maxReplicas"] = 20
+    spec_file.write_text(yaml.safe_dump(edited))
+    changed = runner.invoke(app, ["manifests", "-f", str(spec_file), "--diff", *live])
+    assert changed.exit_code == 1, changed.output
+    assert f"--- live Deployment {namespace}/{name}" in changed.stdout
+    assert any(line.startswith("-  replicas: ") for line in changed.stdout.splitlines()), changed.stdout
+    assert any(line.startswith("+  replicas: ") for line in changed.stdout.splitlines()), changed.stdout
+    assert f"# Service {namespace}/{name}: no differences" in changed.stdout
+    untolerated = runner.invoke(app, ["manifests", "-f", str(spec_file), "--diff", *live[:-1]])
+    assert untolerated.exit_code == 1 and "-      - key: kwok.x-k8s.io/node" in untolerated.stdout
+    bad = runner.invoke(app, ["manifests", "-f", str(spec_file), "-n", namespace])
+    assert bad.exit_code == 2 and "go with --diff" in bad.output
