@@ -164,7 +164,7 @@ def weight_precision(intent: Intent, model: ModelArch) -> str:
 
 def serving_config(intent: Intent, plan: PlanStatus, catalog: Catalog) -> ServingConfig:
     """The configuration a plan in status describes (gpuType, tensorParallel, pipelineParallel,
-    precision, chunk budget; a status written before the budget was recorded gets the engine's default)."""
+    expert parallelism, precision, chunk budget; a status written before the budget was recorded gets the engine's default)."""
     return ServingConfig.build(
         catalog,
         resolve_model(intent, catalog),
@@ -175,6 +175,7 @@ def serving_config(intent: Intent, plan: PlanStatus, catalog: Catalog) -> Servin
         intent.engine,
         plan.max_num_batched_tokens,
         pipeline_parallel=plan.pipeline_parallel,
+        expert_parallel=plan.expert_parallel,
     )
 
 

@@ -362,6 +362,7 @@ class Condition(_Status):
 class CandidateStatus(_Status):
     gpu_type: str = Field(description="GPU type.")
     tensor_parallel: int = Field(description="GPUs per replica.")
+    expert_parallel: bool = Field(default=False, description="MoE: whole routed experts per GPU.")
     precision: str = Field(description="Weight precision.")
     reason: str = Field(description="Why it lost, or why it was chosen.")
     replicas: int | None = Field(default=None, description="Replicas it would need.")
@@ -408,6 +409,10 @@ class PlanStatus(_Status):
     tensor_parallel: int = Field(description="Tensor-parallel degree: GPUs per pipeline stage.")
     pipeline_parallel: int = Field(default=1, description="Pipeline stages per replica (across nodes when > 1).")
     nodes: int = Field(default=1, description="Nodes one replica spans (a LeaderWorkerSet group when > 1).")
+    expert_parallel: bool = Field(
+        default=False,
+        description="MoE: whole routed experts per GPU (vLLM --enable-expert-parallel, SGLang --ep-size).",
+    )
     precision: str = Field(description="Weight precision.")
     max_batch: int = Field(description="Engine batch limit (--max-num-seqs).")
     max_context_tokens: int = Field(description="Engine context limit (--max-model-len).")

@@ -423,16 +423,19 @@ def folded_rejections(result: Plan) -> list[tuple[str, str]]:
         if len(members) == 1:
             rows.append((members[0].label, reason))
             continue
-        tps = ",".join(str(m.tensor_parallel) for m in members)
+        # "2ep": tensor parallel 2 with expert parallelism (MoE), beside plain 2
+        tps = ",".join(f"{m.tensor_parallel}{'ep' if m.expert_parallel else ''}" for m in members)
         rows.append((f"{gpu} x{tps}{f'x{pp}pp' if pp > 1 else ''} {precision}", reason))
     return rows
 
 
 def _shape(c: Feasible) -> str:
-    """One replica's GPUs: "8 H100-SXM", or "16 H100-SXM over 2 nodes (TP 8 x PP 2)"."""
+    """One replica's GPUs: "8 H100-SXM", "8 H100-SXM (TP 8, expert parallel)", or "16 H100-SXM
+    over 2 nodes (TP 8 x PP 2)"."""
+    ep = ", expert parallel" if c.expert_parallel else ""
     if c.nodes > 1:
-        return f"{c.config.gpus} {c.gpu} over {c.nodes} nodes (TP {c.tensor_parallel} x PP {c.pipeline_parallel})"
-    return f"{c.tensor_parallel} {c.gpu}"
+        return f"{c.config.gpus} {c.gpu} over {c.nodes} nodes (TP {c.tensor_parallel} x PP {c.pipeline_parallel}{ep})"
+    return f"{c.tensor_parallel} {c.gpu}" + (f" (TP {c.tensor_parallel}{ep})" if ep else "")
 
 
 def _config(cat: Catalog, model: str, gpu: str, tp: int, precision: str | None, kv: str) -> ServingConfig:

@@ -208,10 +208,12 @@ def _summary(planned: Planned, replicas: int) -> str:
         cfg = c.config
         shape = (
             f"{replicas} group(s) of {cfg.nodes} nodes x {cfg.gpus_per_node} {c.gpu} "
-            f"(TP{c.tensor_parallel} x PP{c.pipeline_parallel}, {c.precision})"
+            f"(TP{c.tensor_parallel} x PP{c.pipeline_parallel}{', EP' if c.expert_parallel else ''}, {c.precision})"
         )
     else:
-        shape = f"{replicas} x {c.config.gpus} {c.gpu} ({c.precision})"
+        shape = (
+            f"{replicas} x {c.config.gpus} {c.gpu} ({c.precision}{', expert parallel' if c.expert_parallel else ''})"
+        )
     return f"{shape}, max batch {p.max_batch}, ${replicas * per_replica:.2f}/h{planned_note}"
 
 

@@ -113,6 +113,7 @@ def capacity(
         plan.gpu_type,
         plan.tensor_parallel,
         plan.pipeline_parallel,
+        plan.expert_parallel,
         plan.precision,
         plan.max_batch,
         intent.spec.model,

@@ -74,6 +74,7 @@ def candidate_status(c: Candidate) -> CandidateStatus:
     return CandidateStatus(
         gpu_type=c.gpu,
         tensor_parallel=c.tensor_parallel,
+        expert_parallel=c.expert_parallel,
         precision=c.precision,
         reason=c.reason[:300],
         replicas=p.replicas if p is not None else None,
@@ -164,6 +165,7 @@ def plan_status(
         tensor_parallel=chosen.tensor_parallel,
         pipeline_parallel=chosen.pipeline_parallel,
         nodes=chosen.nodes,
+        expert_parallel=chosen.expert_parallel,
         precision=chosen.precision,
         max_batch=p.max_batch,
         max_context_tokens=max_context,

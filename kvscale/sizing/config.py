@@ -15,6 +15,7 @@ from kvscale.sizing.catalog import (
     ModelArch,
     PrecisionSpec,
 )
+from kvscale.sizing.experts import block_fp8_split_problem
 from kvscale.sizing.memory import (
     MemoryBudget,
     expert_bytes_per_param,
@@ -76,6 +77,11 @@ class Rates:
     # Pipeline parallelism: a token crosses pp - 1 stage boundaries per forward pass.
     pipeline_fixed_s: float = 0.0
     pipeline_s_per_token: float = 0.0
+    # Expert parallelism (kvscale.sizing.experts): ranks holding whole experts (0: experts
+    # split by tensor parallelism), and the routed experts' FLOPs per token on one GPU at an
+    # even spread (the busiest rank does more: roofline.step).
+    expert_ranks: int = 0
+    routed_flops_per_token: float = 0.0
 
 
 class UnsupportedConfig(ValueError):
@@ -93,6 +99,7 @@ class ServingConfig:
     tensor_parallel: int
     chunk_budget_tokens: int | None = None  # --max-num-batched-tokens; None: the engine's default here
     pipeline_parallel: int = 1  # pipeline stages; > 1 when one replica spans nodes (TP within a node)
+    expert_parallel: bool = False  # MoE: whole routed experts per rank (vLLM --enable-expert-parallel)
 
     @classmethod
     def build(
@@ -106,6 +113,7 @@ class ServingConfig:
         engine: str = "vllm",
         max_num_batched_tokens: int | None = None,
         pipeline_parallel: int = 1,
+        expert_parallel: bool = False,
     ) -> ServingConfig:
         return cls(
             model=model,
@@ -117,6 +125,7 @@ class ServingConfig:
             tensor_parallel=tensor_parallel,
             chunk_budget_tokens=max_num_batched_tokens,
             pipeline_parallel=pipeline_parallel,
+            expert_parallel=expert_parallel,
         )
 
     @property
@@ -176,6 +185,7 @@ class ServingConfig:
             id(self.engine),
             self.tensor_parallel,
             self.pipeline_parallel,
+            self.expert_parallel,
         )
 
     @cached_property
@@ -206,6 +216,9 @@ class ServingConfig:
         shared_bpp = shared_bytes_per_param(m, self.precision)
         expert_bpp = expert_bytes_per_param(m, self.precision)
         pp_fixed, pp_per_token = pipeline_terms_s(m.hidden_size, self.pipeline_parallel, self.gpu)
+        # Under expert parallelism a rank reads whole experts (its own); else 1/tp of each.
+        ep = self.expert_parallel and m.is_moe
+        expert_bytes = m.expert_params * expert_bpp / (1 if ep else tp) if m.is_moe else 0.0
         return Rates(
             matmul_flops_per_s=self.peak_flops_per_s * self.matmul_efficiency,
             weight_bytes_per_s=kv_bandwidth * self.precision.weight_bandwidth_efficiency,
@@ -222,7 +235,7 @@ class ServingConfig:
             decode_overhead_s=m.layers * e.decode_layer_overhead_s + e.step_overhead_s,
             prefill_overhead_s=m.layers * e.prefill_layer_overhead_s + e.step_overhead_s,
             shared_weight_bytes=m.shared_params * shared_bpp / tp,
-            expert_weight_bytes=(m.expert_params * expert_bpp / tp) if m.is_moe else 0.0,
+            expert_weight_bytes=expert_bytes,
             attention_window_flops_per_token_per_context=attention * windowed,
             window_tokens=float(m.sliding_window_tokens or 0),
             kv_full_bytes_per_token=per_layer_kv * m.full_attention_layers,
@@ -230,6 +243,8 @@ class ServingConfig:
             sequence_overhead_s=e.sequence_overhead_s,
             pipeline_fixed_s=pp_fixed,
             pipeline_s_per_token=pp_per_token,
+            expert_ranks=tp if ep else 0,
+            routed_flops_per_token=2.0 * m.active_experts * m.expert_params / tp if ep else 0.0,
         )
 
     @cached_property
@@ -248,6 +263,7 @@ class ServingConfig:
                 self.tensor_parallel,
                 self.max_num_batched_tokens,
                 self.pipeline_parallel,
+                self.expert_parallel,
             )
             hit = _MEMORY[key] = (self._parts(), budget)
         return hit[1]
@@ -296,6 +312,18 @@ class ServingConfig:
                 )
             if self.gpu.internode_bandwidth_bytes_per_s is None:
                 return f"{self.gpu.name} has no inter-node fabric in the catalog for a replica spanning nodes"
+        if self.expert_parallel:
+            if not self.model.is_moe:
+                return f"expert parallelism needs a mixture-of-experts model; {self.model.name} is dense"
+            if tp < 2:
+                return "expert parallelism needs tensor parallel 2 or more (the experts are split over those ranks)"
+            if self.engine.name not in ("vllm", "sglang"):
+                return f"kvscale deploys expert parallelism on vLLM and SGLang, not {self.engine.name}"
+        m = self.model
+        if self.precision.name == "fp8" and m.native_precision == "fp8" and m.is_moe and not self.expert_parallel:
+            problem = block_fp8_split_problem(m.expert_width, tp) if self.engine.name == "vllm" else None
+            if problem:
+                return problem
         if self.model.heads % tp:
             return f"{self.model.heads} attention heads do not split evenly over {tp} GPUs"
         if self.model.kv_heads % tp and tp % self.model.kv_heads:

@@ -2,11 +2,12 @@
 
 Flag names checked against the engines' source:
 - vLLM 0.11.0 (`vllm serve MODEL`, vllm/engine/arg_utils.py): --tensor-parallel-size,
-  --pipeline-parallel-size, --max-num-seqs, --max-model-len, --max-num-batched-tokens, --gpu-memory-utilization,
+  --pipeline-parallel-size, --enable-expert-parallel, --max-num-seqs, --max-model-len, --max-num-batched-tokens, --gpu-memory-utilization,
   --dtype, --quantization, --kv-cache-dtype, --port.
 - SGLang 0.5.23 (`python -m sglang.launch_server`, sglang/srt/arg_groups/fields/*.py, flags
   are the field names with dashes): --model-path, --tp-size (alias --tensor-parallel-size),
-  --pp-size (alias --pipeline-parallel-size),
+  --pp-size (alias --pipeline-parallel-size), --ep-size (fields/parallel.py: the expert
+  parallelism size; aliases --expert-parallel-size, --ep),
   --host, --port (default 30000), --enable-metrics (metrics are off without it),
   --max-running-requests, --context-length, --chunked-prefill-size, --mem-fraction-static,
   --dtype, --quantization, --kv-cache-dtype (fp8_e4m3 | fp8_e5m2 | auto ...).
@@ -52,6 +53,7 @@ class EngineLaunch:
     kv_cache_fp8: bool
     port: int
     pipeline_parallel: int = 1  # stages (vLLM --pipeline-parallel-size, SGLang --pp-size)
+    expert_parallel: bool = False  # MoE experts whole per rank (vLLM --enable-expert-parallel, SGLang --ep-size)
 
 
 def launch_for(
@@ -77,6 +79,7 @@ def launch_for(
         kv_cache_fp8=cfg.kv.name == "fp8",
         port=port,
         pipeline_parallel=cfg.pipeline_parallel,
+        expert_parallel=cfg.expert_parallel,
     )
 
 
@@ -93,6 +96,7 @@ def vllm_args(launch: EngineLaunch) -> list[str]:
         "--tensor-parallel-size",
         str(launch.tensor_parallel),
         *(["--pipeline-parallel-size", str(launch.pipeline_parallel)] if launch.pipeline_parallel > 1 else []),
+        *(["--enable-expert-parallel"] if launch.expert_parallel else []),
         "--max-num-seqs",
         str(launch.max_batch),
         "--max-model-len",
@@ -119,6 +123,7 @@ def sglang_args(launch: EngineLaunch) -> list[str]:
         "--tp-size",
         str(launch.tensor_parallel),
         *(["--pp-size", str(launch.pipeline_parallel)] if launch.pipeline_parallel > 1 else []),
+        *(["--ep-size", str(launch.tensor_parallel)] if launch.expert_parallel else []),
         "--host",
         "0.0.0.0",
         "--port",

@@ -38,6 +38,7 @@ from typing import Literal
 
 from kvscale.sizing.catalog import Catalog, CatalogError, GpuSpec, ModelArch
 from kvscale.sizing.config import ServingConfig, default_chunk_budget_tokens
+from kvscale.sizing.experts import block_fp8_split_problem
 
 CommandEngine = Literal["vllm", "sglang"]
 
@@ -236,6 +237,14 @@ PRECISION_OF_QUANTIZATION = {
 }
 
 
+_NAMED_PRECISIONS = (("-fp8", "fp8"), ("-fp8-dynamic", "fp8"), ("-awq", "int4"), ("-mxfp4", "mxfp4"))
+
+
+def named_precision_of(name: str) -> str | None:
+    """The precision a checkpoint's name announces (`-FP8`: block FP8), or None."""
+    return next((p for suffix, p in _NAMED_PRECISIONS if name.lower().endswith(suffix)), None)
+
+
 def resolve_command_model(catalog: Catalog, name: str) -> tuple[ModelArch, str | None]:
     """The catalog model a command serves, and the precision its checkpoint name announces
     (an `-FP8` checkpoint of a catalog model: block FP8, e.g. Qwen/Qwen3-32B-FP8)."""
@@ -243,7 +252,7 @@ def resolve_command_model(catalog: Catalog, name: str) -> tuple[ModelArch, str |
         return catalog.model(name), None
     except CatalogError:
         pass
-    for suffix, precision in (("-fp8", "fp8"), ("-fp8-dynamic", "fp8"), ("-awq", "int4"), ("-mxfp4", "mxfp4")):
+    for suffix, precision in _NAMED_PRECISIONS:
         if name.lower().endswith(suffix):
             try:
                 return catalog.model(name[: -len(suffix)]), precision
@@ -284,7 +293,7 @@ def command_config(
 ) -> CommandConfig:
     """The ServingConfig a command runs on `gpu`, its batch limit and context limit."""
     notes: list[str] = []
-    named_precision = None
+    named_precision = named_precision_of(command.model)
     if model is None:
         model, named_precision = resolve_command_model(catalog, command.model)
     precision = (
@@ -314,8 +323,23 @@ def command_config(
         engine = engine.model_copy(update=updates)
     if command.data_parallel > 1:
         notes.append(f"data parallel {command.data_parallel}: modelled as one of {command.data_parallel} equal engines")
-    if command.expert_parallel:
-        notes.append("expert parallel: experts placed whole per GPU; modelled at the same bytes per GPU as TP")
+    expert_parallel = command.expert_parallel and model.is_moe and tp > 1
+    if expert_parallel:
+        notes.append(
+            f"expert parallel: whole experts per GPU over the {tp} tensor-parallel ranks, the busiest rank setting "
+            "each step"
+            + (
+                f" (vLLM spreads them over dp x tp = {tp * command.data_parallel} ranks)"
+                if command.data_parallel > 1
+                else ""
+            )
+        )
+    elif command.expert_parallel:
+        notes.append("expert parallel: no effect here (a dense model, or a single GPU)")
+    if command.engine == "vllm" and precision == "fp8" and named_precision == "fp8" and model.is_moe:
+        problem = None if expert_parallel else block_fp8_split_problem(model.expert_width, tp)
+        if problem:  # an -FP8 release is block-scaled; the native ones are checked by ServingConfig
+            raise EngineCommandError(f"{command.model}: {problem}")
     if command.ignored:
         notes.append(f"not modelled: {', '.join(sorted(set(command.ignored)))}")
     cfg = ServingConfig(
@@ -328,6 +352,7 @@ def command_config(
         tensor_parallel=tp,
         chunk_budget_tokens=chunk,
         pipeline_parallel=pp,
+        expert_parallel=expert_parallel,
     )
     max_model_len = command.max_model_len or model.max_context_tokens
     mem = cfg.memory

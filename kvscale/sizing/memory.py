@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from kvscale.sizing.catalog import EngineProfile, GpuSpec, KvPrecisionSpec, ModelArch, PrecisionSpec
+from kvscale.sizing.experts import experts_per_rank
 
 UNQUANTIZED_BYTES_PER_PARAM = 2.0  # what a precision that covers only the experts leaves in 16 bits
 
@@ -29,6 +30,27 @@ def weight_bytes(model: ModelArch, precision: PrecisionSpec) -> float:
     return routed * expert_bytes_per_param(model, precision) + (model.params - routed) * shared_bytes_per_param(
         model, precision
     )
+
+
+def weight_bytes_per_gpu(
+    model: ModelArch,
+    precision: PrecisionSpec,
+    tensor_parallel: int,
+    pipeline_parallel: int = 1,
+    expert_parallel: bool = False,
+) -> float:
+    """One GPU's weights: 1/(tp x pp) of all; under expert parallelism the routed experts go
+    whole, ceil(experts / tp) to the fullest rank (vLLM determine_expert_map, experts.py)."""
+    if not (expert_parallel and model.is_moe):
+        return weight_bytes(model, precision) / (tensor_parallel * pipeline_parallel)
+    routed = model.routed_expert_params
+    rest = (model.params - routed) * shared_bytes_per_param(model, precision) / tensor_parallel
+    local = (
+        experts_per_rank(model.experts, tensor_parallel)
+        * model.expert_params
+        * expert_bytes_per_param(model, precision)
+    )
+    return (rest + local) / pipeline_parallel
 
 
 def kv_heads_per_gpu(model: ModelArch, tensor_parallel: int) -> int:
@@ -139,11 +161,13 @@ def memory_budget(
     tensor_parallel: int,
     chunk_budget_tokens: int,
     pipeline_parallel: int = 1,
+    expert_parallel: bool = False,
 ) -> MemoryBudget:
     """One GPU's split. With pipeline parallelism each stage holds 1/pp of the layers (weights
-    and KV); the KV capacity in tokens is then the same on every stage."""
+    and KV); the KV capacity in tokens is then the same on every stage. With expert
+    parallelism a rank holds whole routed experts, the most on one rank sizing the group."""
     total = gpu.memory_bytes
-    weights = weight_bytes(model, precision) / (tensor_parallel * pipeline_parallel)
+    weights = weight_bytes_per_gpu(model, precision, tensor_parallel, pipeline_parallel, expert_parallel)
     reserve = (
         activation_peak_bytes(model, engine, tensor_parallel, chunk_budget_tokens)
         + engine.cuda_graph_memory_bytes

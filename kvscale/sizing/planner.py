@@ -66,6 +66,10 @@ class _Configured:
         return self.config.nodes
 
     @property
+    def expert_parallel(self) -> bool:
+        return self.config.expert_parallel
+
+    @property
     def precision(self) -> str:
         return self.config.precision.name
 
@@ -75,13 +79,16 @@ class _Configured:
 
     @property
     def label(self) -> str:
-        return _label(self.gpu, self.tensor_parallel, self.pipeline_parallel, self.precision)
+        return _label(self.gpu, self.tensor_parallel, self.pipeline_parallel, self.precision, self.expert_parallel)
 
 
-def _label(gpu: str, tensor_parallel: int, pipeline_parallel: int, precision: str) -> str:
+def _label(
+    gpu: str, tensor_parallel: int, pipeline_parallel: int, precision: str, expert_parallel: bool = False
+) -> str:
+    ep = " ep" if expert_parallel else ""
     if pipeline_parallel > 1:
-        return f"{gpu} x{tensor_parallel}x{pipeline_parallel}pp {precision}"
-    return f"{gpu} x{tensor_parallel} {precision}"
+        return f"{gpu} x{tensor_parallel}x{pipeline_parallel}pp{ep} {precision}"
+    return f"{gpu} x{tensor_parallel}{ep} {precision}"
 
 
 @dataclass(frozen=True)
@@ -125,10 +132,11 @@ class Rejected:
     # Met the SLO per replica but needed more replicas than a limit allows: how many, by which limit.
     replicas_needed: int | None = None
     limit: Literal["max_replicas", "free_gpus"] | None = None
+    expert_parallel: bool = False
 
     @property
     def label(self) -> str:
-        return _label(self.gpu, self.tensor_parallel, self.pipeline_parallel, self.precision)
+        return _label(self.gpu, self.tensor_parallel, self.pipeline_parallel, self.precision, self.expert_parallel)
 
 
 @dataclass(frozen=True)
@@ -193,6 +201,7 @@ def _reject(
         best_tpot_s,
         pipeline_parallel=cfg.pipeline_parallel,
         nodes=cfg.nodes,
+        expert_parallel=cfg.expert_parallel,
     )
 
 
@@ -233,6 +242,7 @@ def _physics_key(cfg: ServingConfig) -> tuple[object, ...]:
         cfg.gpu.name,
         cfg.tensor_parallel,
         cfg.pipeline_parallel,
+        cfg.expert_parallel,
         p.bytes_per_param,
         p.applies_to,
         p.compute,
@@ -460,6 +470,7 @@ def _rank_key(candidate: Feasible, objective: Objective, output_tokens: int) -> 
         candidate.gpu,
         candidate.tensor_parallel,
         candidate.pipeline_parallel,
+        candidate.expert_parallel,  # at a tie, experts split by tensor parallelism (the engine's default)
         candidate.precision,
     )
     if objective == "latency":
@@ -500,6 +511,11 @@ def _loss_reason(candidate: Feasible, chosen: Feasible, objective: Objective, ou
         return (
             f"costs ${p.cost_usd_per_hour:.2f}/h ({p.replicas} replica(s) x {candidate.config.gpus} GPU(s)) "
             f"vs ${c.cost_usd_per_hour:.2f}/h"
+        )
+    if candidate.expert_parallel and not chosen.expert_parallel and p.cost_usd_per_hour <= c.cost_usd_per_hour + 1e-9:
+        return (
+            f"same cost with experts split by tensor parallelism (TPOT {format_duration(c.tpot_p_s)} vs "
+            f"{format_duration(p.tpot_p_s)} here): with whole experts per rank the busiest rank sets each step"
         )
     if objective == "cost" and candidate.config.gpus > chosen.config.gpus:
         return (
@@ -605,7 +621,14 @@ def configurations(catalog: Catalog, request: PlanRequest) -> list[ServingConfig
         for tp in request.tensor_parallel
         for precision in request.precisions
     ]
-    return configs + _multi_node(configs)
+    configs += _multi_node(configs)
+    return configs + _expert_parallel(configs)
+
+
+def _expert_parallel(configs: list[ServingConfig]) -> list[ServingConfig]:
+    """MoE models: each tensor-parallel configuration (2 GPUs or more) again with whole experts
+    per rank (vLLM --enable-expert-parallel, SGLang --ep-size)."""
+    return [replace(cfg, expert_parallel=True) for cfg in configs if cfg.model.is_moe and cfg.tensor_parallel > 1]
 
 
 def _multi_node(configs: list[ServingConfig]) -> list[ServingConfig]:
@@ -628,6 +651,27 @@ def _multi_node(configs: list[ServingConfig]) -> list[ServingConfig]:
     return extra
 
 
+def _dominated(cfg: ServingConfig, split: Rejected | _Screened | None) -> Rejected | None:
+    """An expert-parallel configuration whose tensor-parallel twin runs is no better than it
+    in kvscale's model, so it is not evaluated: the same all-reduces (vLLM all-reduces the
+    routed output under EP without data parallelism), at least the weights a step reads (the
+    busiest rank's own touched experts, whole, against 1/tp of every touched expert), at
+    least the FLOPs (its share of the routed pairs) and at least the memory (ceil(E/tp)
+    experts). A twin that misses fails it too (its reason is taken over). It is evaluated
+    where the twin cannot run at all (block-FP8 experts that do not split over tp). None:
+    evaluate it."""
+    if split is None or replace(cfg, expert_parallel=False).unsupported_reason() is not None:
+        return None
+    if isinstance(split, Rejected):
+        reason = split.reason
+    else:
+        reason = (
+            f"no faster than tensor parallel {cfg.tensor_parallel} alone: the same all-reduces, and the busiest "
+            "rank reads and multiplies its whole experts"
+        )
+    return _reject(cfg, reason)
+
+
 def plan(catalog: Catalog, request: PlanRequest) -> Plan:
     """Ranks every configuration; the best feasible one is chosen, the rest say why they lost.
 
@@ -638,13 +682,27 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
     rejected: list[Rejected] = []
     screened: list[_Screened] = []
     twins: dict[tuple[object, ...], Rejected | _Screened] = {}
+    split: dict[tuple[str, int, int, str], Rejected | _Screened] = {}  # experts split by TP: the verdicts
     for cfg in configurations(catalog, request):
-        verdict = _screen_once(cfg, request, twins)
+        key = (cfg.gpu.name, cfg.tensor_parallel, cfg.pipeline_parallel, cfg.precision.name)
+        dominated = _dominated(cfg, split.get(key)) if cfg.expert_parallel else None
+        verdict = dominated if dominated is not None else _screen_once(cfg, request, twins)
+        if not cfg.expert_parallel:
+            split[key] = verdict
         if isinstance(verdict, Rejected):
             rejected.append(verdict)
         else:
             screened.append(verdict)
-    screened.sort(key=lambda s: (s.bound, s.cfg.gpus, s.cfg.gpu.name, s.cfg.tensor_parallel, s.cfg.precision.name))
+    screened.sort(
+        key=lambda s: (
+            s.bound,
+            s.cfg.gpus,
+            s.cfg.gpu.name,
+            s.cfg.tensor_parallel,
+            s.cfg.expert_parallel,
+            s.cfg.precision.name,
+        )
+    )
     out = request.workload.output_tokens
     feasible: list[Feasible] = []
     metrics: list[float] = []  # the feasible candidates' objective values, kept sorted
@@ -659,7 +717,7 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
         else:
             feasible.append(candidate)
             bisect.insort(metrics, _metric(candidate, request.objective, out))
-    rejected.sort(key=lambda c: (c.gpu, c.tensor_parallel, c.pipeline_parallel, c.precision))
+    rejected.sort(key=lambda c: (c.gpu, c.tensor_parallel, c.pipeline_parallel, c.expert_parallel, c.precision))
     feasible.sort(key=lambda c: _rank_key(c, request.objective, out))
     if not feasible:
         node_gpus = {g.name: g.max_gpus_per_node for g in catalog.gpus.values()}
@@ -694,9 +752,10 @@ def _outranked(s: _Screened, best: Feasible, objective: Objective) -> Outranked:
 
 
 def _replica_shape(c: Feasible) -> str:
+    ep = ", expert parallel" if c.expert_parallel else ""
     if c.nodes > 1:
-        return f"{c.config.gpus} {c.gpu} over {c.nodes} nodes (TP {c.tensor_parallel} x PP {c.pipeline_parallel})"
-    return f"{c.config.gpus} {c.gpu}"
+        return f"{c.config.gpus} {c.gpu} over {c.nodes} nodes (TP {c.tensor_parallel} x PP {c.pipeline_parallel}{ep})"
+    return f"{c.config.gpus} {c.gpu}" + (f" (TP {c.tensor_parallel}{ep})" if ep else "")
 
 
 def _chosen_reason(best: Feasible, objective: Objective, feasible_count: int) -> str:

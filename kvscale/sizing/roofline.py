@@ -10,6 +10,7 @@ import math
 from typing import Literal, NamedTuple
 
 from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.experts import busiest_rank_experts_touched, busiest_rank_load_factor
 
 GEMM_TILE_TOKENS = 128  # rows of a tensor-core GEMM tile (CUTLASS/cuBLAS 128 x N tiles)
 
@@ -75,10 +76,14 @@ def expected_experts_touched(experts: int, active_experts: int, tokens: float) -
 
 
 def weight_bytes_read(cfg: ServingConfig, tokens: float) -> float:
-    """Weight bytes one GPU reads in a forward pass over `tokens` tokens (MoE: touched experts)."""
+    """Weight bytes one GPU reads in a forward pass over `tokens` tokens (MoE: touched experts;
+    under expert parallelism the busiest rank's own touched experts, whole)."""
     model, r = cfg.model, cfg.rates
     if not model.is_moe:
         return r.dense_weight_bytes
+    if r.expert_ranks:
+        local = busiest_rank_experts_touched(model.experts, model.active_experts, tokens, r.expert_ranks)
+        return r.shared_weight_bytes + local * r.expert_weight_bytes
     touched = expected_experts_touched(model.experts, model.active_experts, tokens)
     return r.shared_weight_bytes + touched * r.expert_weight_bytes
 
@@ -133,6 +138,12 @@ def step(
     if window:  # sliding-window layers attend to (and read) at most the window
         flops += r.attention_window_flops_per_token_per_context * (
             decode_seqs * min(decode_context_tokens, window) + prefill_tokens * min(prefill_context_tokens, window)
+        )
+    if r.expert_ranks:  # the busiest rank's share of the routed (token, expert) pairs
+        flops += (
+            tokens
+            * r.routed_flops_per_token
+            * (busiest_rank_load_factor(cfg.model.active_experts, tokens, r.expert_ranks) - 1.0)
         )
     per_layer = (tokens if tokens > GEMM_TILE_TOKENS else GEMM_TILE_TOKENS) * r.linear_flops_per_token_per_layer
     half = r.gemm_half_flops

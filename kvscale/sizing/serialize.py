@@ -22,6 +22,7 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
         "tensor_parallel": c.tensor_parallel,
         "pipeline_parallel": c.pipeline_parallel,
         "nodes": c.nodes,
+        "expert_parallel": c.expert_parallel,
         "precision": c.precision,
         "kv_cache_precision": c.kv_cache_precision,
         "verdict": c.verdict,

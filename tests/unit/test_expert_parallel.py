@@ -1,0 +1,248 @@
+"""Expert parallelism for MoE models (vLLM --enable-expert-parallel, SGLang --ep-size): whole
+experts per rank, the busiest rank setting the step; planned where tensor parallelism cannot
+split block-FP8 experts, and carried into the engine line, status and the Deployment.
+
+Engine facts cited in kvscale/sizing/experts.py (vLLM 0.11.0 fused_moe/config.py, layer.py,
+quantization/fp8.py; SGLang 0.5.23 arg_groups/fields/parallel.py)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvscale.api.intent import parse_intent, serving_config
+from kvscale.operator.inventory import gpu_inventory
+from kvscale.operator.planning import Planned, plan_service
+from kvscale.operator.resources import deployment
+from kvscale.operator.status import plan_status
+from kvscale.sizing.catalog import ModelArch, default_catalog
+from kvscale.sizing.checkpoints import resolve_checkpoint
+from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.engine_args import engine_command, launch_for, sglang_args, vllm_args
+from kvscale.sizing.engine_command import EngineCommandError, command_config, parse_engine_command
+from kvscale.sizing.experts import (
+    block_fp8_split_problem,
+    busiest_rank_experts_touched,
+    busiest_rank_load_factor,
+    experts_per_rank,
+)
+from kvscale.sizing.hf_config import arch_from_hf_config
+from kvscale.sizing.memory import weight_bytes_per_gpu
+from kvscale.sizing.planner import PlanRequest, plan
+from kvscale.sizing.roofline import decode_step, expected_experts_touched, prefill
+from kvscale.sizing.serialize import candidate_to_dict
+from kvscale.sizing.workload import Slo, Workload
+from tests.cluster.harness import node_objects
+
+CAT = default_catalog()
+NODES = list(node_objects(Path(__file__).resolve().parents[1] / "cluster" / "nodepool.yaml"))
+# Qwen3-235B-A22B's shapes (the catalog entry's config.json values) with a block-FP8
+# quantization_config in DeepSeek-V3's form: what an -FP8 release's config.json carries.
+QWEN3_235B_FP8: dict[str, Any] = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "moe_intermediate_size": 1536,
+    "num_hidden_layers": 94,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
+}
+
+
+def _vllm_expert_counts(experts: int, ranks: int) -> list[int]:
+    """vLLM 0.11.0 fused_moe/layer.py determine_expert_map, per rank: base, the remainder one
+    each to the first ranks."""
+    base, remainder = divmod(experts, ranks)
+    return [base + 1 if rank < remainder else base for rank in range(ranks)]
+
+
+@pytest.mark.parametrize(("experts", "ranks"), [(256, 8), (160, 8), (128, 8), (8, 8), (6, 4), (60, 8)])
+def test_the_fullest_rank_holds_what_vllm_places_there(experts: int, ranks: int) -> None:
+    counts = _vllm_expert_counts(experts, ranks)
+    assert sum(counts) == experts
+    assert experts_per_rank(experts, ranks) == max(counts)
+
+
+def test_the_busiest_rank_reads_more_than_an_even_share_until_every_expert_is_touched() -> None:
+    experts, k, ranks = 256, 8, 8
+    for tokens in (1, 4, 16, 64):
+        even = expected_experts_touched(experts, k, tokens) / ranks
+        busiest = busiest_rank_experts_touched(experts, k, tokens, ranks)
+        assert even < busiest <= experts / ranks
+    # one token's 8 experts over 8 ranks: one each on average, the busiest about 2.4
+    assert busiest_rank_experts_touched(experts, k, 1, ranks) == pytest.approx(2.4, abs=0.1)
+    assert busiest_rank_experts_touched(experts, k, 4096, ranks) == pytest.approx(32, abs=0.01)
+    assert busiest_rank_experts_touched(experts, k, 10, 1) == pytest.approx(expected_experts_touched(experts, k, 10))
+
+
+def test_routed_pairs_even_out_over_many_tokens() -> None:
+    assert busiest_rank_load_factor(8, 1, 1) == 1.0
+    small, large = busiest_rank_load_factor(8, 1, 8), busiest_rank_load_factor(8, 4096, 8)
+    assert small > 1.8 and 1.0 < large < 1.03
+    assert busiest_rank_load_factor(2, 1, 8) <= 8.0  # never more than every pair on one rank
+
+
+def _configs(model: str, gpu: str, precision: str, tp: int) -> tuple[ServingConfig, ServingConfig]:
+    arch, g = CAT.model(model), CAT.gpu(gpu)
+    split = ServingConfig.build(CAT, arch, g, precision, tp)
+    return split, ServingConfig.build(CAT, arch, g, precision, tp, expert_parallel=True)
+
+
+def test_expert_parallel_steps_cost_at_least_tensor_parallel_ones() -> None:
+    split, whole = _configs("deepseek-r1", "H200", "fp8", 8)
+    assert whole.unsupported_reason() is None
+    assert whole.memory.weights_bytes == pytest.approx(split.memory.weights_bytes)  # 256 experts / 8
+    one_split, one_whole = decode_step(split, 1, 2000), decode_step(whole, 1, 2000)
+    assert one_whole.memory_s > one_split.memory_s * 1.5  # the busiest rank's ~2.4 whole experts vs 1
+    assert one_whole.communication_s == one_split.communication_s  # all-reduce both ways without dp
+    big_split, big_whole = prefill(split, 2, 4096), prefill(whole, 2, 4096)
+    assert big_split.seconds <= big_whole.seconds <= big_split.seconds * 1.05
+
+
+def test_uneven_experts_size_memory_by_the_fullest_rank() -> None:
+    arch = ModelArch.from_architecture(
+        "six-experts",
+        layers=8,
+        hidden_size=1024,
+        heads=16,
+        kv_heads=4,
+        head_dim=64,
+        intermediate_size=2048,
+        vocab_size=32000,
+        experts=6,
+        active_experts=2,
+    )
+    bf16 = CAT.precision("bf16")
+    split = weight_bytes_per_gpu(arch, bf16, 4)
+    whole = weight_bytes_per_gpu(arch, bf16, 4, expert_parallel=True)
+    expert = arch.expert_params * 2.0
+    assert whole - split == pytest.approx((math.ceil(6 / 4) - 6 / 4) * expert)
+
+
+def test_expert_parallelism_needs_experts_ranks_and_an_engine_that_has_it() -> None:
+    dense = ServingConfig.build(CAT, CAT.model("llama-3.1-70b"), CAT.gpu("H100-SXM"), "bf16", 4, expert_parallel=True)
+    assert "mixture-of-experts" in (dense.unsupported_reason() or "")
+    one = ServingConfig.build(CAT, CAT.model("mixtral-8x7b"), CAT.gpu("H100-SXM"), "bf16", 1, expert_parallel=True)
+    assert "tensor parallel 2 or more" in (one.unsupported_reason() or "")
+    tgi = ServingConfig.build(
+        CAT, CAT.model("mixtral-8x7b"), CAT.gpu("H100-SXM"), "bf16", 4, engine="tgi", expert_parallel=True
+    )
+    assert "not tgi" in (tgi.unsupported_reason() or "")
+
+
+def test_block_fp8_experts_that_do_not_split_need_expert_parallelism() -> None:
+    assert block_fp8_split_problem(2048, 8) is None  # DeepSeek-V3: 256 columns per GPU
+    assert block_fp8_split_problem(1536, 2) is None  # 768 = 6 blocks
+    assert "192 columns" in (block_fp8_split_problem(1536, 8) or "")  # GPUStack: "TP8 only is not compatible"
+    arch = arch_from_hf_config(QWEN3_235B_FP8, "qwen3-235b-fp8")
+    assert arch.native_precision == "fp8"
+    tp8 = ServingConfig.build(CAT, arch, CAT.gpu("H200"), "fp8", 8)
+    assert "--enable-expert-parallel" in (tp8.unsupported_reason() or "")
+    assert ServingConfig.build(CAT, arch, CAT.gpu("H200"), "fp8", 8, expert_parallel=True).unsupported_reason() is None
+
+
+def _request(arch: ModelArch, gpus: tuple[str, ...], precision: str, objective: str = "cost") -> PlanRequest:
+    return PlanRequest(
+        model=arch,
+        workload=Workload(1000, 300, 2.0),
+        slo=Slo(3.0, 0.15),
+        gpus=gpus,
+        precisions=(precision,),
+        objective="latency" if objective == "latency" else "cost",
+    )
+
+
+def test_the_planner_chooses_expert_parallelism_where_tensor_parallelism_cannot_split() -> None:
+    arch = arch_from_hf_config(QWEN3_235B_FP8, "qwen3-235b-fp8")
+    # the fastest plan is a whole node: tensor parallel 8 cannot split the 1536-wide experts
+    result = plan(CAT, _request(arch, ("H200",), "fp8", "latency"))
+    assert result.chosen is not None and result.chosen.expert_parallel, [c.label for c in result.candidates]
+    assert result.chosen.label.endswith(" ep fp8")
+    assert "expert parallel" in result.chosen.reason
+    assert candidate_to_dict(result.chosen)["expert_parallel"] is True
+    refused = [
+        c for c in result.rejected if c.tensor_parallel == result.chosen.tensor_parallel and not c.expert_parallel
+    ]
+    assert refused and "weight blocks" in refused[0].reason
+    checkpoint = resolve_checkpoint(arch, CAT.precision("fp8"), "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8")
+    command, args = engine_command(launch_for(result.chosen.config, checkpoint, 64, 8192, 8000))
+    assert command == ["vllm", "serve"] and "--enable-expert-parallel" in args
+
+
+def test_where_tensor_parallelism_runs_expert_parallelism_is_listed_not_evaluated() -> None:
+    result = plan(CAT, _request(CAT.model("deepseek-r1"), ("H200",), "fp8"))
+    assert result.chosen is not None and not result.chosen.expert_parallel
+    twin = next(c for c in result.rejected if c.expert_parallel and c.tensor_parallel == 8)
+    assert "no faster than tensor parallel 8" in twin.reason and twin.label == "H200 x8 ep fp8"
+    unfit = next(c for c in result.rejected if c.expert_parallel and c.tensor_parallel == 4)
+    assert unfit.reason.startswith("does not fit")  # its twin's reason
+    dense = plan(CAT, _request(CAT.model("llama-3.1-70b"), ("H100-SXM",), "bf16"))
+    assert not any(c.label.endswith(" ep bf16") for c in dense.candidates)
+
+
+def test_engine_lines_carry_expert_parallelism() -> None:
+    arch = arch_from_hf_config(QWEN3_235B_FP8, "qwen3-235b-fp8")
+    checkpoint = resolve_checkpoint(arch, CAT.precision("fp8"), "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8")
+    for engine, check in (("vllm", vllm_args), ("sglang", sglang_args)):
+        cfg = ServingConfig.build(CAT, arch, CAT.gpu("H200"), "fp8", 8, engine=engine, expert_parallel=True)
+        args = check(launch_for(cfg, checkpoint, 64, 8192, 8000))
+        if engine == "vllm":
+            assert "--enable-expert-parallel" in args
+        else:
+            assert args[args.index("--ep-size") + 1] == "8"
+
+
+def test_engine_command_with_and_without_expert_parallelism() -> None:
+    gpu = CAT.gpu("A100-80GB")
+    text = "vllm serve Qwen/Qwen3-235B-A22B-Instruct-2507-FP8 -tp 8"
+    with pytest.raises(EngineCommandError, match="--enable-expert-parallel"):
+        command_config(CAT, parse_engine_command(text), gpu)
+    with pytest.raises(EngineCommandError, match="192 columns"):  # the model given, as the CLI does
+        command_config(CAT, parse_engine_command(text), gpu, CAT.model("qwen3-235b-a22b"))
+    cc = command_config(CAT, parse_engine_command(text + " --enable-expert-parallel"), gpu)
+    assert cc.config.expert_parallel and cc.config.precision.name == "fp8"
+    assert any("busiest rank" in n for n in cc.notes)
+    sglang = command_config(
+        CAT,
+        parse_engine_command("python -m sglang.launch_server --model-path Qwen/Qwen3-30B-A3B --tp-size 4 --ep 4"),
+        gpu,
+    )
+    assert sglang.config.expert_parallel
+
+
+def test_the_operator_deploys_and_records_expert_parallelism() -> None:
+    raw: dict[str, Any] = {
+        "model": {
+            "name": "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8",
+            "architecture": {"huggingFaceConfig": copy.deepcopy(QWEN3_235B_FP8)},
+        },
+        # one replica for 25 req/s: more than tensor parallel 4 carries (about 17), so a whole node,
+        # where tensor parallelism cannot split the experts
+        "workload": {"inputTokens": 1000, "outputTokens": 300, "requestsPerSecond": 25},
+        "slo": {"timeToFirstToken": "3s", "timePerOutputToken": "150ms"},
+        "hardware": {"gpuTypes": ["H100-SXM"]},
+        "scaling": {"maxReplicas": 1},
+    }
+    intent = parse_intent(raw)
+    pools = gpu_inventory(CAT, NODES, [])
+    planned = plan_service(intent, CAT, pools)
+    assert isinstance(planned, Planned), planned.message
+    assert planned.chosen.expert_parallel and planned.chosen.precision == "fp8"
+    status = plan_status(planned, 8192, ())
+    assert status.expert_parallel
+    assert status.model_dump(by_alias=True)["expertParallel"] is True
+    cfg = serving_config(intent, status, CAT)
+    assert cfg.expert_parallel
+    dep = deployment("svc", "uid", intent.spec, planned.model, cfg, planned.chosen, planned.pool, 1, 8000)
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--enable-expert-parallel" in args and args[0] == "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8"
