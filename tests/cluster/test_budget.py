@@ -5,6 +5,7 @@ budget's status says what is allocated, to whom and what is wanted."""
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,15 @@ def test_three_priorities_on_a_budget_smaller_than_their_sum(
             wait_until(lambda: budget_says() == expected, 30, "the budget's status: allocated, wanted, to whom")
         except TimeoutError as exc:
             raise AssertionError(f"{exc}: {budget_says()}") from exc
+
+        # Settled, it stays: no flapping grants, no repeated Events (one per change).
+        def held_events() -> dict[str, int]:
+            return {n: [r for r, _ in events(api, namespace, n)].count("HeldByBudget") for n in want}
+
+        counted, before = held_events(), {n: deployment_replicas(api, namespace, n) for n in want}
+        time.sleep(8)  # eight scale intervals
+        assert {n: deployment_replicas(api, namespace, n) for n in want} == before
+        assert held_events() == counted, f"{counted} -> {held_events()}"
         # The budget grows: rag gets its replicas, batch keeps its floor.
         objects.patch_cluster_custom_object(
             GROUP, VERSION, "gpubudgets", BUDGET, {"spec": {"limits": {"A100-80GB": 7}}}
