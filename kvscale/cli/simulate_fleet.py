@@ -143,6 +143,8 @@ def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None
         "duration_s": round(result.duration_s, 1),
         "max_gpus_used": result.max_gpus_used,
         "services": rows,
+        # GPUs held per type after each tick (starting, serving and draining replicas).
+        "budget_use": [{"time_s": round(t, 1), "gpus": dict(used)} for t, used in result.usage],
     }
     if as_json:
         print_json(out)
@@ -242,6 +244,9 @@ def _row(r: Any) -> dict[str, Any]:
         "moves": r.moves,
         "max_gpus": max((p.gpus for p in r.timeline), default=0),
         "scale_from_zero": r.cold_starts_from_zero,
+        # With min_replicas 0: the cold start a request that finds no replica waits through at
+        # the gateway (on the service's first GPU type), and the TTFT each such first request saw.
+        "cold_start_s": round(svc.options[0].setup.cold_start_s, 1) if svc.min_replicas == 0 else None,
         "first_request_ttft_ms": [round(x * 1e3, 1) for x in ttfts],
         "last_reason": r.reasons[-1][1] if r.reasons else "",
     }
@@ -277,3 +282,12 @@ def _render(out: dict[str, Any]) -> None:
             row["last_reason"],
         )
     console.print(table)
+    for row in out["services"]:
+        if row["cold_start_s"] is None:
+            continue
+        seen = ", ".join(f"{ms / 1e3:.1f}s" for ms in row["first_request_ttft_ms"]) or "none"
+        console.print(
+            f"{row['name']}: scales to zero; a request that finds no replica waits at the gateway about "
+            f"{row['cold_start_s']:.0f}s (the cold start). Scaled from zero {row['scale_from_zero']} time(s); "
+            f"the first request's TTFT each time: {seen}"
+        )

@@ -148,7 +148,38 @@ services:
     assert [s["name"] for s in data["services"]] == ["chat", "batch"]
     for s in data["services"]:
         assert {"slo_attainment", "gpu_hours", "held_ticks", "moves", "last_reason"} <= set(s)
+        assert s["cold_start_s"] is None  # minReplicas 1: never at zero
+    use = data["budget_use"]
+    assert use and all(u["gpus"].get("L40S", 0) <= 3 for u in use)
+    assert max(u["gpus"].get("L40S", 0) for u in use) == data["max_gpus_used"]["L40S"]
     assert png.stat().st_size > 10_000
+
+
+def test_simulate_fleet_cli_reports_the_cold_start_behind_scale_to_zero(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        """
+budget: {L40S: 2}
+routing: gateway
+services:
+  - name: sleepy
+    model: llama-3.1-8b
+    min_replicas: 0
+    idle_window: 2m
+    slo: {ttft: 1s, tpot: 60ms}
+    load: steps:1@0,0@120,1@720,0@780
+"""
+    )
+    result = CliRunner().invoke(app, ["simulate", "--fleet", str(fleet), "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["services"]
+    assert row["cold_start_s"] > 0 and row["scale_from_zero"] >= 1
+    assert row["first_request_ttft_ms"] and min(row["first_request_ttft_ms"]) >= row["cold_start_s"] * 1e3
+    human = CliRunner().invoke(app, ["simulate", "--fleet", str(fleet)])
+    assert human.exit_code == 0, human.output
+    text = " ".join(human.output.split())
+    assert f"waits at the gateway about {row['cold_start_s']:.0f}s" in text
+    assert "the first request's TTFT each time: " in text
 
 
 def test_simulate_fleet_bad_files_name_the_field(tmp_path: Path) -> None:
