@@ -430,12 +430,12 @@ def folded_rejections(result: Plan) -> list[tuple[str, str]]:
 
 
 def _shape(c: Feasible) -> str:
-    """One replica's GPUs: "8 H100-SXM", "8 H100-SXM (TP 8, expert parallel)", or "16 H100-SXM
+    """One replica's GPUs: "8 H100-SXM", "8 H100-SXM expert-parallel", or "16 H100-SXM
     over 2 nodes (TP 8 x PP 2)"."""
     ep = ", expert parallel" if c.expert_parallel else ""
     if c.nodes > 1:
         return f"{c.config.gpus} {c.gpu} over {c.nodes} nodes (TP {c.tensor_parallel} x PP {c.pipeline_parallel}{ep})"
-    return f"{c.tensor_parallel} {c.gpu}" + (f" (TP {c.tensor_parallel}{ep})" if ep else "")
+    return f"{c.tensor_parallel} {c.gpu}" + (" expert-parallel" if ep else "")
 
 
 def _config(cat: Catalog, model: str, gpu: str, tp: int, precision: str | None, kv: str) -> ServingConfig:

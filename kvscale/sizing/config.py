@@ -320,8 +320,9 @@ class ServingConfig:
             if self.engine.name not in ("vllm", "sglang"):
                 return f"kvscale deploys expert parallelism on vLLM and SGLang, not {self.engine.name}"
         m = self.model
-        if self.precision.name == "fp8" and m.native_precision == "fp8" and m.is_moe and not self.expert_parallel:
-            problem = block_fp8_split_problem(m.expert_width, tp) if self.engine.name == "vllm" else None
+        block = m.fp8_weight_block
+        if block and self.precision.name == "fp8" and m.is_moe and not self.expert_parallel:
+            problem = block_fp8_split_problem(m.expert_width, tp, block) if self.engine.name == "vllm" else None
             if problem:
                 return problem
         if self.model.heads % tp:

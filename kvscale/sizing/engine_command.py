@@ -38,7 +38,6 @@ from typing import Literal
 
 from kvscale.sizing.catalog import Catalog, CatalogError, GpuSpec, ModelArch
 from kvscale.sizing.config import ServingConfig, default_chunk_budget_tokens
-from kvscale.sizing.experts import block_fp8_split_problem
 
 CommandEngine = Literal["vllm", "sglang"]
 
@@ -336,10 +335,6 @@ def command_config(
         )
     elif command.expert_parallel:
         notes.append("expert parallel: no effect here (a dense model, or a single GPU)")
-    if command.engine == "vllm" and precision == "fp8" and named_precision == "fp8" and model.is_moe:
-        problem = None if expert_parallel else block_fp8_split_problem(model.expert_width, tp)
-        if problem:  # an -FP8 release is block-scaled; the native ones are checked by ServingConfig
-            raise EngineCommandError(f"{command.model}: {problem}")
     if command.ignored:
         notes.append(f"not modelled: {', '.join(sorted(set(command.ignored)))}")
     cfg = ServingConfig(

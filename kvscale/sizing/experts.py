@@ -75,26 +75,28 @@ def busiest_rank_load_factor(active_experts: int, tokens: float, ranks: int) -> 
 
 
 # Block-scaled FP8 checkpoints (DeepSeek-V3/R1 config.json quantization_config
-# weight_block_size [128, 128]; Qwen3 and GLM "-FP8" releases alike) cut each expert's weights
+# weight_block_size [128, 128]; ModelArch.fp8_weight_block, read from config.json) cut each expert's weights
 # into 128 x 128 blocks with one scale each. vLLM 0.11.0 quantization/fp8.py
 # Fp8MoEMethod.create_weights refuses an expert width per partition (intermediate_size // tp)
 # that is not a multiple of the block ("The output_size of gate's and up's weight = ... is not
 # divisible by weight quantization block_n = 128"); under expert parallelism the width is whole.
 # GPUStack's Qwen3-235B-A22B-FP8 runs say the same: "TP8 only is not compatible for the model
-# weight. Use EP as well." (benchmarks/data/reference/gpustack-perf-lab.csv).
+# weight. Use EP as well." (benchmarks/data/reference/gpustack-perf-lab.csv). Not every -FP8
+# release is block-scaled (GPUStack ran zai-org/GLM-4.6-FP8, 1536-wide experts, at TP 8
+# without EP), so only a config.json that gives weight_block_size is checked.
 FP8_WEIGHT_BLOCK = 128
 
 
-def block_fp8_split_problem(expert_width: int, tensor_parallel: int) -> str | None:
+def block_fp8_split_problem(expert_width: int, tensor_parallel: int, block: int = FP8_WEIGHT_BLOCK) -> str | None:
     """Why vLLM refuses to split block-FP8 experts of `expert_width` over `tensor_parallel`
     GPUs (the fix: expert parallelism), or None."""
     if tensor_parallel <= 1:
         return None
     per_gpu, rest = divmod(expert_width, tensor_parallel)
-    if rest == 0 and per_gpu % FP8_WEIGHT_BLOCK == 0:
+    if rest == 0 and per_gpu % block == 0:
         return None
     return (
         f"block-FP8 experts {expert_width} wide split over {tensor_parallel} GPUs give {expert_width / tensor_parallel:g} "
-        f"columns each, not a multiple of the {FP8_WEIGHT_BLOCK}-wide weight blocks (vLLM refuses it): use expert "
+        f"columns each, not a multiple of the {block}-wide weight blocks (vLLM refuses it): use expert "
         "parallelism (--enable-expert-parallel) or fewer GPUs"
     )

@@ -216,6 +216,18 @@ def _int(cfg: Mapping[str, Any], key: str, where: str) -> int:
     return value
 
 
+def fp8_weight_block(cfg: Mapping[str, Any]) -> int | None:
+    """The block rows of a block-scaled FP8 checkpoint (quant_method fp8 with weight_block_size,
+    vLLM quantization/fp8.py Fp8Config), or None (per-tensor or per-channel scales, or not fp8)."""
+    q = cfg.get("quantization_config")
+    if not isinstance(q, Mapping) or str(q.get("quant_method", "")).lower() != "fp8":
+        return None
+    block = q.get("weight_block_size")
+    if isinstance(block, list) and block and isinstance(block[0], int) and block[0] > 0:
+        return int(block[0])
+    return None
+
+
 def native_precision(cfg: Mapping[str, Any]) -> str | None:
     """The precision a checkpoint's `quantization_config` stores its weights in, or None (16-bit).
 
@@ -352,6 +364,7 @@ def arch_from_hf_config(raw: Mapping[str, Any], name: str | None = None, source:
             tied_embeddings=tied,
             max_context_tokens=_int(cfg, "max_position_embeddings", where),
             native_precision=native_precision(raw),
+            fp8_weight_block=fp8_weight_block(raw),
             model_type=model_type,
             source=source or "Hugging Face config.json",
             **fields,

@@ -23,7 +23,7 @@ from kvscale.sizing.catalog import ModelArch, default_catalog
 from kvscale.sizing.checkpoints import resolve_checkpoint
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.engine_args import engine_command, launch_for, sglang_args, vllm_args
-from kvscale.sizing.engine_command import EngineCommandError, command_config, parse_engine_command
+from kvscale.sizing.engine_command import command_config, parse_engine_command
 from kvscale.sizing.experts import (
     block_fp8_split_problem,
     busiest_rank_experts_touched,
@@ -142,10 +142,11 @@ def test_expert_parallelism_needs_experts_ranks_and_an_engine_that_has_it() -> N
 
 def test_block_fp8_experts_that_do_not_split_need_expert_parallelism() -> None:
     assert block_fp8_split_problem(2048, 8) is None  # DeepSeek-V3: 256 columns per GPU
+    assert CAT.model("deepseek-r1").fp8_weight_block == 128
     assert block_fp8_split_problem(1536, 2) is None  # 768 = 6 blocks
     assert "192 columns" in (block_fp8_split_problem(1536, 8) or "")  # GPUStack: "TP8 only is not compatible"
     arch = arch_from_hf_config(QWEN3_235B_FP8, "qwen3-235b-fp8")
-    assert arch.native_precision == "fp8"
+    assert (arch.native_precision, arch.fp8_weight_block) == ("fp8", 128)
     tp8 = ServingConfig.build(CAT, arch, CAT.gpu("H200"), "fp8", 8)
     assert "--enable-expert-parallel" in (tp8.unsupported_reason() or "")
     assert ServingConfig.build(CAT, arch, CAT.gpu("H200"), "fp8", 8, expert_parallel=True).unsupported_reason() is None
@@ -205,13 +206,19 @@ def test_engine_lines_carry_expert_parallelism() -> None:
 def test_engine_command_with_and_without_expert_parallelism() -> None:
     gpu = CAT.gpu("A100-80GB")
     text = "vllm serve Qwen/Qwen3-235B-A22B-Instruct-2507-FP8 -tp 8"
-    with pytest.raises(EngineCommandError, match="--enable-expert-parallel"):
-        command_config(CAT, parse_engine_command(text), gpu)
-    with pytest.raises(EngineCommandError, match="192 columns"):  # the model given, as the CLI does
-        command_config(CAT, parse_engine_command(text), gpu, CAT.model("qwen3-235b-a22b"))
-    cc = command_config(CAT, parse_engine_command(text + " --enable-expert-parallel"), gpu)
+    # a config.json with weight_block_size: vLLM would refuse TP 8 alone
+    arch = arch_from_hf_config(QWEN3_235B_FP8, "qwen3-235b-fp8")
+    refused = command_config(CAT, parse_engine_command(text), gpu, arch)
+    assert "--enable-expert-parallel" in (refused.config.unsupported_reason() or "")
+    # a name alone does not say the blocks (GPUStack ran zai-org/GLM-4.6-FP8 at TP 8 without EP)
+    glm = command_config(CAT, parse_engine_command("vllm serve zai-org/GLM-4.6-FP8 -tp 8"), gpu)
+    assert glm.config.unsupported_reason() is None and glm.config.precision.name == "fp8"
+    cc = command_config(CAT, parse_engine_command(text + " --enable-expert-parallel"), gpu, arch)
     assert cc.config.expert_parallel and cc.config.precision.name == "fp8"
+    assert cc.config.unsupported_reason() is None
     assert any("busiest rank" in n for n in cc.notes)
+    named = command_config(CAT, parse_engine_command(text), gpu, CAT.model("qwen3-235b-a22b"))
+    assert named.config.precision.name == "fp8"  # an -FP8 name is fp8 also when the model is given
     sglang = command_config(
         CAT,
         parse_engine_command("python -m sglang.launch_server --model-path Qwen/Qwen3-30B-A3B --tp-size 4 --ep 4"),

@@ -172,6 +172,11 @@ class ModelArch(_Frozen):
     native_precision: str | None = Field(
         default=None, description="Precision the published checkpoint is stored in (fp8, mxfp4, nvfp4): the default"
     )
+    fp8_weight_block: int | None = Field(
+        default=None,
+        gt=0,
+        description="Block-scaled FP8 checkpoint: the weight block's rows (quantization_config.weight_block_size[0])",
+    )
     model_type: str | None = Field(default=None, description="config.json model_type, when known")
     source: str = "user-supplied architecture"
 
