@@ -38,8 +38,13 @@ class FittedWorkload:
             f"prompt tokens: mean {i.mean:.0f}, p50 {i.quantile(0.5)}, p99 {i.quantile(0.99)}; "
             f"output tokens: mean {o.mean:.0f}, p50 {o.quantile(0.5)}, p99 {o.quantile(0.99)}",
             f"burstiness: index of dispersion {w.arrivals.index_of_dispersion:.1f} over "
-            f"{w.arrivals.window_s:g}s windows (1 is Poisson); per-minute mean prompt moves "
-            f"{self.prompt_mean_swing:.1f}x",
+            f"{w.arrivals.window_s:g}s windows (1 is Poisson)"
+            + (
+                f", {w.arrivals.burst_share:.0%} of requests in bursts of ~{w.arrivals.companions_span + 1:.0f}"
+                if w.arrivals.burst_share < 1.0
+                else ""
+            )
+            + f"; per-minute mean prompt moves {self.prompt_mean_swing:.1f}x",
             *self.assumptions,
         ]
 

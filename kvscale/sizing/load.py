@@ -396,7 +396,7 @@ class ReplicaModel:
         fleet = self.workload.arrivals
         total = self.workload.requests_per_s
         share = min(1.0, rate_per_s / total) if total > 0 else 1.0
-        return Burstiness(1.0 + (fleet.index_of_dispersion - 1.0) * share, fleet.window_s)
+        return Burstiness(1.0 + (fleet.index_of_dispersion - 1.0) * share, fleet.window_s, fleet.burst_share)
 
     def _ttft_percentile(
         self, batch: int, prefill_util: float, fixed_s: float, arrivals: Burstiness, percentile: float
@@ -415,12 +415,21 @@ class ReplicaModel:
         owns = [(self.length_prefill_s(batch, t), w) for t, w in inputs.points]
         room = self.chunk_room(batch)
         per_token_full_s = self.mixed(batch, room).seconds / room
-        width = max(0.0, arrivals.index_of_dispersion - 1.0) * inputs.mean * per_token_full_s
+        width = arrivals.companions_span * inputs.mean * per_token_full_s
+        in_burst = arrivals.burst_share
         mean_wait = _mg1_tail_scale_s(owns, prefill_util)
         tail = 1.0 - percentile / 100.0
 
         def over(x: float) -> float:
-            return sum(w * _queue_tail(x - fixed_s - own, width, prefill_util, mean_wait) for own, w in owns)
+            alone = 0.0 if in_burst >= 1.0 else (1.0 - in_burst)
+            return sum(
+                w
+                * (
+                    in_burst * _queue_tail(x - fixed_s - own, width, prefill_util, mean_wait)
+                    + (alone * _queue_tail(x - fixed_s - own, 0.0, prefill_util, mean_wait) if alone else 0.0)
+                )
+                for own, w in owns
+            )
 
         if len(owns) == 1 and width <= 0.0:  # one prompt length, Poisson: the tail in closed form
             queued = mean_wait * math.log(prefill_util / tail) if prefill_util > tail and mean_wait > 0 else 0.0
@@ -465,7 +474,7 @@ class ReplicaModel:
             return decode_s
         mean_in = inputs.mean
         square_in = sum(t * t * w for t, w in inputs.points)
-        width = max(0.0, arrivals.index_of_dispersion - 1.0) * mean_in
+        width = arrivals.companions_span * mean_in
         gaps = [(o - 1, w) for o, w in outputs.points if o > 1]
         if not gaps:
             return 0.0
@@ -502,8 +511,9 @@ class ReplicaModel:
             ]
             mean_x = sum(x * w for x, w in extras)
             var_x = max(0.0, sum(x * x * w for x, w in extras) - mean_x * mean_x)
-            moments[g] = (mean_x, var_x, max(0.0, arrivals.index_of_dispersion - 1.0) * mean_x)
+            moments[g] = (mean_x, var_x, arrivals.companions_span * mean_x)
         joins = self._joins_share(rate_per_s, hold_s)
+        in_burst = arrivals.burst_share
 
         def over(x: float) -> float:
             """P(TPOT > x): a request whose TPOT is x lives g x, and the prompts that arrive
@@ -514,9 +524,16 @@ class ReplicaModel:
             for g, w in gaps:
                 life = g * x
                 mean_x, var_x, width_s = moments[g]
-                total += w * _arrival_tokens_tail(
-                    (x - decode_s) * g, rate_per_s * life * joins, arrivals.dispersion_at(life), mean_x, var_x, width_s
+                count, dispersion = rate_per_s * life * joins, arrivals.dispersion_at(life)
+                total += (
+                    w * in_burst * _arrival_tokens_tail((x - decode_s) * g, count, dispersion, mean_x, var_x, width_s)
                 )
+                if in_burst < 1.0:  # the requests that arrive alone have no companions
+                    total += (
+                        w
+                        * (1.0 - in_burst)
+                        * _arrival_tokens_tail((x - decode_s) * g, count, dispersion, mean_x, var_x, 0.0)
+                    )
             return total
 
         return _bisect_percentile(over, decode_s, full_s, tail)

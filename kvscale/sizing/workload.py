@@ -129,6 +129,10 @@ class LengthDistribution:
         return LengthDistribution(tuple(max(1, round(t * factor)) for t in self.tokens), self.weights)
 
 
+BURST_WINDOW_SDS = 3.0  # a window this many Poisson standard deviations above its minute's mean holds a burst
+BURST_SHARE_MIN_DISPERSION = 1.5  # below this the arrivals are near Poisson: every request is taken as in a burst
+
+
 @dataclass(frozen=True)
 class Burstiness:
     """How bursty arrivals are at a short time scale: the index of dispersion (variance over
@@ -137,12 +141,24 @@ class Burstiness:
 
     index_of_dispersion: float = 1.0
     window_s: float = 5.0
+    # Share of arrivals that come in bursts (the rest arrive alone): batch submissions over a
+    # base load put a few requests in large bursts rather than every request in a small one.
+    burst_share: float = 1.0
 
     def __post_init__(self) -> None:
         if not (self.index_of_dispersion > 0 and math.isfinite(self.index_of_dispersion)):
             raise ValueError(f"index of dispersion must be positive, got {self.index_of_dispersion}")
         if not self.window_s > 0:
             raise ValueError(f"burstiness window must be positive, got {self.window_s}")
+        if not 0.0 < self.burst_share <= 1.0:
+            raise ValueError(f"burst share must be in (0, 1], got {self.burst_share}")
+
+    @property
+    def companions_span(self) -> float:
+        """Other requests a request of a burst may find ahead of it: the excess dispersion
+        D - 1 is the burst share times the (size-biased) burst, so a burst holds (D - 1) /
+        share others, placed uniformly around each of its requests."""
+        return max(0.0, self.index_of_dispersion - 1.0) / self.burst_share
 
     @classmethod
     def poisson(cls) -> Burstiness:
@@ -187,7 +203,7 @@ class Burstiness:
             counts[min(n_windows - 1, int((t - start) // window_s))] += 1
         group = max(1, round(60.0 / window_s))
         weighted = 0.0
-        weight = 0
+        weight = bursty = fullest = 0
         for g in range(0, n_windows, group):
             block = counts[g : g + group]
             arrivals = sum(block)
@@ -197,10 +213,18 @@ class Burstiness:
             var = sum((c - mean) ** 2 for c in block) / (len(block) - 1)
             weighted += var / mean * arrivals
             weight += arrivals
+            far = mean + BURST_WINDOW_SDS * math.sqrt(mean) + 1.0
+            bursty += sum(c for c in block if c > far)
+            fullest = max(fullest, *block)
         if weight == 0:
             return Burstiness(1.0, window_s)
-        dispersion = weighted / weight
-        return Burstiness(max(dispersion, 0.05), window_s)
+        dispersion = max(weighted / weight, 0.05)
+        if dispersion < BURST_SHARE_MIN_DISPERSION or bursty == 0:
+            return Burstiness(dispersion, window_s)
+        # The share of arrivals in bursts: those in windows far above their minute's Poisson
+        # expectation; a burst holds no more companions than the fullest window.
+        share = max(bursty / weight, (dispersion - 1.0) / max(1, fullest - 1))
+        return Burstiness(dispersion, window_s, min(1.0, share))
 
 
 @dataclass(frozen=True)

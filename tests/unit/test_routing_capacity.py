@@ -2,6 +2,7 @@
 for length mixes whose longest prompts miss TTFT on an idle replica."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -14,7 +15,7 @@ from kvscale.sim.run import SimSetup, Source, simulate
 from kvscale.sizing import load
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.workload import Slo
+from kvscale.sizing.workload import Slo, Workload
 
 CAT = default_catalog()
 CFG = ServingConfig.build(CAT, CAT.model("llama-3.1-8b"), CAT.gpu("H100-SXM"), "bf16", 1).with_chunk_budget(2048)
@@ -74,3 +75,37 @@ def test_prompts_no_replica_serves_in_time_lower_the_percentile_not_the_capacity
     assert capacity.rate_per_replica(shape.input_tokens, shape.output_tokens) > 0.0
     easy = SizingCapacity(CFG, Slo(30.0, 0.08, 99.0), 64, shape)
     assert easy.reachable_slo(shape.input_tokens, shape.output_tokens).percentile == 99.0
+
+
+def test_batch_submissions_are_fitted_as_a_share_of_requests_in_large_bursts() -> None:
+    # Batches of 60 every 40 s over 2 req/s: about 40% of the requests come in batches. The
+    # index of dispersion alone would spread ~20 companions over every request; the fitted
+    # share puts the batch's size on the requests in it. Poisson arrivals stay one share.
+    batches = generate(parse_load("batches:base=2,every=40s,size=60,spread=3s,duration=30m"), seed=0)
+    fitted = fit_trace(batches).workload.arrivals
+    assert 0.3 <= fitted.burst_share <= 0.6
+    assert 30.0 <= fitted.companions_span <= 60.0
+    poisson = generate(parse_load("poisson:rate=20,duration=10m"), seed=0)
+    assert fit_trace(poisson).workload.arrivals.burst_share == 1.0
+
+
+def test_the_fleet_sized_for_fitted_bursts_absorbs_them_and_one_share_does_not() -> None:
+    trace = generate(
+        parse_load("batches:base=2,every=30s,size=80,spread=2s,input=1500,output=100,duration=15m"), seed=5
+    )
+    shape = fit_trace(trace).workload.at_rate(len(trace) / trace[-1].arrival_s)
+    everyone = replace(shape, burstiness=replace(shape.arrivals, burst_share=1.0))
+    slo = Slo(2.0, 0.06, 99.0)
+
+    def fleet(workload: Workload) -> int:
+        capacity = SizingCapacity(CFG, slo, 128, workload, least_loaded=True)
+        rate = capacity.rate_per_replica(workload.input_tokens, workload.output_tokens)
+        return math.ceil(workload.requests_per_s / rate)
+
+    def met(n: int) -> float:
+        setup = SimSetup(CFG, slo, 128, cold_start_s=0.0, initial_replicas=n, routing="gateway")
+        return attainment(simulate(setup, Source(trace), StaticPolicy(n)), slo)
+
+    assert shape.arrivals.burst_share < 0.8
+    assert met(fleet(shape)) >= 0.99
+    assert met(fleet(everyone)) < 0.99  # every request in a small burst: too few replicas
