@@ -20,7 +20,7 @@ from kvscale.autoscaling.policy import PolicyState, decide
 from kvscale.operator.inventory import EnginePod
 from kvscale.operator.reconcile import DeploymentView, Event, Resource, Result, workload_kind
 from kvscale.operator.settings import Settings
-from kvscale.operator.status import condition, now_rfc3339, observed_status, with_conditions
+from kvscale.operator.status import condition, now_rfc3339, observed_status, planned_workload, with_conditions
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.checkpoints import CheckpointError, replica_cold_start
 from kvscale.sizing.config import ServingConfig
@@ -108,8 +108,10 @@ def capacity(
 ) -> tuple[SizingCapacity, ScalerMemory]:
     """A capacity model for this plan and SLO, and the memory holding it (with a fresh policy
     state when the plan or the SLO changed, starting from the start-to-ready times `learned`
-    from other replicas of this model on this GPU type)."""
-    key = (
+    from other replicas of this model on this GPU type). The model sizes for the workload the
+    plan was made for (status.plan.workload: its length distributions and burstiness, scaled
+    to each tick's observed means); a re-plan that changed only that workload keeps the state."""
+    configuration = (
         plan.gpu_type,
         plan.tensor_parallel,
         plan.pipeline_parallel,
@@ -119,10 +121,14 @@ def capacity(
         intent.spec.model,
         intent.slo,
     )
+    key = (*configuration, plan.workload)
     if memory.key == key and memory.capacity is not None:
         return memory.capacity, memory
     cfg = serving_config(intent, plan, catalog)
-    model = SizingCapacity(cfg, intent.slo, plan.max_batch)
+    shape = planned_workload(plan.workload, intent.workload.max_context_tokens) if plan.workload else None
+    model = SizingCapacity(cfg, intent.slo, plan.max_batch, shape)
+    if memory.key is not None and memory.key[:-1] == configuration:
+        return model, ScalerMemory(key, model, memory.cold_start_s, memory.state)
     return model, ScalerMemory(key, model, default_cold_start_s(intent, cfg), PolicyState(cold_start_samples=learned))
 
 

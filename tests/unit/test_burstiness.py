@@ -220,3 +220,23 @@ def test_the_standin_sends_batches_at_the_same_mean_rate() -> None:
     for bad in ("constant:1;bursts:0@0", "constant:1;bursts:x", "constant:1;bursts:2@-1"):
         with pytest.raises(ProfileError, match="bursts"):
             parse_profile(bad, 1, 1)
+
+
+def test_the_autoscaler_sizes_for_the_burstiness_planned_for() -> None:
+    from kvscale.api.intent import parse_intent
+    from kvscale.operator.scaling import ScalerMemory, capacity
+    from tests.unit.test_reconcile import CAT, SPEC
+
+    intent = parse_intent(SPEC)
+    start = deployed().status
+    replanned = tick(tick(start, bursty(6.2), 0).status, bursty(6.2), 10).status
+    assert start.plan is not None and replanned.plan is not None
+    poisson, memory = capacity(ScalerMemory(), intent, start.plan, CAT)
+    assert poisson.shape is not None and poisson.shape.burstiness is None
+    shaped, kept = capacity(memory, intent, replanned.plan, CAT)
+    assert shaped.shape is not None and shaped.shape.burstiness == Burstiness(6.2, 30.0)
+    # Bursts of ~6 requests: a replica carries less within the TTFT tail than under Poisson.
+    assert shaped.rate_per_replica(512, 128) < poisson.rate_per_replica(512, 128)
+    if replanned.plan.gpu_type == start.plan.gpu_type and replanned.plan.max_batch == start.plan.max_batch:
+        assert kept.state is memory.state  # the same configuration: the policy's state stays
+    assert capacity(kept, intent, replanned.plan, CAT)[0] is shaped  # cached while the plan stays
