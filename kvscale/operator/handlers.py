@@ -227,6 +227,15 @@ def _timers(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     async def refresh_timer(**kwargs: Any) -> None:
         await status_tick(rt, Call.of(rt, kwargs))
 
+    if status_s > DEPLOYING_POLL_S:
+        # While Deploying, readiness is looked at every second (the informers' cache, no API reads):
+        # phase Ready follows the Deployment within about a second, not at the next status tick.
+        @kopf.timer(
+            GROUP, VERSION, PLURAL, id="deploying", interval=DEPLOYING_POLL_S, when=deploying, registry=registry
+        )
+        async def deploying_timer(**kwargs: Any) -> None:
+            await status_tick(rt, Call.of(rt, kwargs))
+
     @kopf.timer(
         GROUP, VERSION, PLURAL, id="autoscale", interval=scale_s, initial_delay=spread(scale_s), registry=registry
     )
@@ -238,6 +247,14 @@ def _timers(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     @kopf.timer(GROUP, VERSION, PLURAL, id="workload", interval=work_s, initial_delay=spread(work_s), registry=registry)
     async def workload_timer(**kwargs: Any) -> None:
         await observe_workload(rt, Call.of(rt, kwargs))
+
+
+DEPLOYING_POLL_S = 1.0
+
+
+def deploying(status: Mapping[str, Any] | None, **_: Any) -> bool:
+    """The deploying timer's filter: kopf runs it only while this holds."""
+    return (status or {}).get("phase") == "Deploying"
 
 
 def spread(interval_s: float) -> Callable[..., float]:
