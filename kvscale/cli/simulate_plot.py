@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from kvscale.sim.budget_run import FleetResult
 from kvscale.sim.run import SimResult
@@ -57,6 +58,7 @@ def timeline_figure(results: list[SimResult], slo: Slo, title: str) -> Figure:
             label += f" (up to {top_ttft / 1e3:,.0f} s, off the scale)"
         ttft.plot(minutes, [(p.ttft_p_s or 0.0) * 1e3 for p in result.timeline], label=label, linewidth=1)
     replicas.set_ylabel("ready replicas")
+    replicas.yaxis.set_major_locator(MaxNLocator(integer=True))
     if ready_cap is not None:
         replicas.set_ylim(0, ready_cap)
     replicas.legend(fontsize=8, ncol=3)
