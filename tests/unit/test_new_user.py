@@ -241,3 +241,13 @@ def test_status_keeps_the_closest_few_rejections() -> None:
     kept = closest_rejected(result.rejected, result.request.slo)[:MAX_REJECTED]
     # SLO misses (with their best latencies) before memory or GPU-support refusals.
     assert kept[0].best_tpot_s is not None
+
+
+def test_precisions_carry_no_unused_quantization_field() -> None:
+    # precisions.yaml's vllm_quantization was read by nothing: the engine's --quantization comes
+    # from the checkpoint (kvscale/sizing/checkpoints.py); a second, unused source of it misleads.
+    from kvscale.sizing.catalog.loader import PrecisionSpec
+
+    assert "vllm_quantization" not in PrecisionSpec.model_fields
+    text = (ROOT / "kvscale" / "sizing" / "catalog" / "precisions.yaml").read_text()
+    assert "vllm_quantization" not in text

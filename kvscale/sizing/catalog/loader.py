@@ -316,7 +316,6 @@ class PrecisionSpec(_Frozen):
         default=1.0, gt=0, le=1, description="GEMM efficiency on this path relative to the GPU's 16-bit efficiency"
     )
     vllm_dtype: Literal["bfloat16", "float16"]
-    vllm_quantization: str | None = None
     source: str
 
 
