@@ -8,6 +8,8 @@ window and brings one back when requests wait at the gateway."""
 from __future__ import annotations
 
 import copy
+import functools
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,19 @@ def zero(
         # The interceptor's OpenTelemetry exporter: attribute host = the HTTPScaledObject's
         # namespace/name, plus the scope labels (go.opentelemetry.io/otel/exporters/prometheus).
         labels = ("host", "otel_scope_name", "otel_scope_version")
+        # The sample HTTPScaledObject is valid against the add-on's own CRD (v0.8.0).
+        cluster.kubectl("apply", "-f", str(Path(__file__).parent / "data" / "http.keda.sh_httpscaledobjects.yaml"))
+        cluster.kubectl("wait", "--for=condition=Established", "crd/httpscaledobjects.http.keda.sh", "--timeout=60s")
+        # (kubectl's discovery may not know the new kind for a moment after Established.)
+        sample_args = ("apply", "-n", namespace, "-f", str(ROOT / "deploy" / "keda" / "httpscaledobject.yaml"))
+        try:
+            wait_until(functools.partial(cluster.kubectl_ok, *sample_args), 30, "the sample HTTPScaledObject applied")
+        except TimeoutError:
+            cluster.kubectl(*sample_args)  # raises with kubectl's own reason (a schema error, say)
+            raise
+        sample = json.loads(cluster.kubectl("get", "httpscaledobject", NAME, "-n", namespace, "-o", "json"))
+        assert sample["spec"]["scaleTargetRef"]["service"] == NAME
+        assert sample["metadata"]["annotations"]["httpscaledobject.keda.sh/skip-scaledobject-creation"] == "true"
         help_ = "a count of requests pending forwarding by the interceptor proxy (stand-in)"
         queue = Gauge(KEDA_PENDING_METRIC, help_, labels, registry=registry)
         series = queue.labels(f"{namespace}/{NAME}", "keda-interceptor-proxy", "")
