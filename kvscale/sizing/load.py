@@ -396,7 +396,8 @@ class ReplicaModel:
         fleet = self.workload.arrivals
         total = self.workload.requests_per_s
         share = min(1.0, rate_per_s / total) if total > 0 else 1.0
-        return Burstiness(1.0 + (fleet.index_of_dispersion - 1.0) * share, fleet.window_s, fleet.burst_share)
+        requests = 1.0 + (fleet.burst_requests - 1.0) * share if fleet.burst_requests > 0.0 else 0.0
+        return Burstiness(1.0 + (fleet.index_of_dispersion - 1.0) * share, fleet.window_s, fleet.burst_share, requests)
 
     def _ttft_percentile(
         self, batch: int, prefill_util: float, fixed_s: float, arrivals: Burstiness, percentile: float

@@ -144,6 +144,8 @@ class Burstiness:
     # Share of arrivals that come in bursts (the rest arrive alone): batch submissions over a
     # base load put a few requests in large bursts rather than every request in a small one.
     burst_share: float = 1.0
+    # Requests in the burst a request of one belongs to (size-biased); 0: (D - 1) / share + 1.
+    burst_requests: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.index_of_dispersion > 0 and math.isfinite(self.index_of_dispersion)):
@@ -152,12 +154,16 @@ class Burstiness:
             raise ValueError(f"burstiness window must be positive, got {self.window_s}")
         if not 0.0 < self.burst_share <= 1.0:
             raise ValueError(f"burst share must be in (0, 1], got {self.burst_share}")
+        if not (self.burst_requests >= 0.0 and math.isfinite(self.burst_requests)):
+            raise ValueError(f"burst size must be a non-negative number of requests, got {self.burst_requests}")
 
     @property
     def companions_span(self) -> float:
-        """Other requests a request of a burst may find ahead of it: the excess dispersion
-        D - 1 is the burst share times the (size-biased) burst, so a burst holds (D - 1) /
-        share others, placed uniformly around each of its requests."""
+        """Other requests a request of a burst may find ahead of it (placed uniformly around
+        it): the fitted burst's others, else from the excess dispersion D - 1, which is the
+        burst share times the (size-biased) burst: (D - 1) / share others."""
+        if self.burst_requests > 0.0:
+            return self.burst_requests - 1.0
         return max(0.0, self.index_of_dispersion - 1.0) / self.burst_share
 
     @classmethod
@@ -203,7 +209,8 @@ class Burstiness:
             counts[min(n_windows - 1, int((t - start) // window_s))] += 1
         group = max(1, round(60.0 / window_s))
         weighted = 0.0
-        weight = bursty = fullest = 0
+        weight = bursty = 0
+        excess = [0.0] * n_windows  # arrivals above the minute's Poisson count, in bursty windows
         for g in range(0, n_windows, group):
             block = counts[g : g + group]
             arrivals = sum(block)
@@ -214,17 +221,29 @@ class Burstiness:
             weighted += var / mean * arrivals
             weight += arrivals
             far = mean + BURST_WINDOW_SDS * math.sqrt(mean) + 1.0
-            bursty += sum(c for c in block if c > far)
-            fullest = max(fullest, *block)
+            for k, c in enumerate(block):
+                if c > far:
+                    bursty += c
+                    excess[g + k] = c - mean
         if weight == 0:
             return Burstiness(1.0, window_s)
         dispersion = max(weighted / weight, 0.05)
         if dispersion < BURST_SHARE_MIN_DISPERSION or bursty == 0:
             return Burstiness(dispersion, window_s)
-        # The share of arrivals in bursts: those in windows far above their minute's Poisson
-        # expectation; a burst holds no more companions than the fullest window.
-        share = max(bursty / weight, (dispersion - 1.0) / max(1, fullest - 1))
-        return Burstiness(dispersion, window_s, min(1.0, share))
+        # A burst: a run of consecutive windows far above their minute's Poisson count (one
+        # that straddles a window edge is counted whole), its size the arrivals above that
+        # count. The share of arrivals in bursts, and the burst a request of one finds: the
+        # size-biased mean size.
+        sizes: list[float] = []
+        run = 0.0
+        for e in [*excess, 0.0]:
+            if e > 0.0:
+                run += e
+            elif run > 0.0:
+                sizes.append(run)
+                run = 0.0
+        size = sum(x * x for x in sizes) / sum(sizes)
+        return Burstiness(dispersion, window_s, min(1.0, bursty / weight), max(1.0, size))
 
 
 @dataclass(frozen=True)
