@@ -112,6 +112,15 @@ def plan_cmd(
     source: Annotated[
         str | None, typer.Option(help="Checkpoint the engine loads (hf://org/name); int4/int8 need a quantized one.")
     ] = None,
+    dp_attention: Annotated[
+        bool,
+        typer.Option(
+            "--dp-attention",
+            help="MoE models on vLLM: also plan replicas of 2, 4 or 8 data-parallel attention ranks "
+            "(--data-parallel-size N --enable-expert-parallel: each GPU its own attention and KV cache, the "
+            "experts over all). The operator does not deploy these yet.",
+        ),
+    ] = False,
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -180,6 +189,7 @@ def plan_cmd(
         max_replicas=max_replicas,
         gpu_limits=limits,
         engine=engine,
+        data_parallel_attention=dp_attention,
     )
     result = plan(cat, request)
     fp8 = _fp8_beside(cat, request, result, served, source)
@@ -354,7 +364,8 @@ def _render_plan(
         p = c.prediction
         console.print(
             f"\n[bold green]Plan:[/] {p.replicas} x {_shape(c)} ({c.precision}), max batch {p.max_batch}, "
-            f"chunk budget {c.max_num_batched_tokens} tokens, ${p.cost_usd_per_hour:.2f}/h"
+            f"chunk budget {c.max_num_batched_tokens} tokens{' per rank' if c.data_parallel > 1 else ''}, "
+            f"${p.cost_usd_per_hour:.2f}/h"
         )
         console.print(
             f"  predicted p{r.slo.percentile:g} TTFT {p.ttft_p_s * 1e3:.0f} ms, TPOT {p.tpot_p_s * 1e3:.1f} ms at this load; "
@@ -424,7 +435,10 @@ def folded_rejections(result: Plan) -> list[tuple[str, str]]:
             rows.append((members[0].label, reason))
             continue
         # "2ep": tensor parallel 2 with expert parallelism (MoE), beside plain 2
-        tps = ",".join(f"{m.tensor_parallel}{'ep' if m.expert_parallel else ''}" for m in members)
+        tps = ",".join(
+            f"{m.data_parallel}dp" if m.data_parallel > 1 else f"{m.tensor_parallel}{'ep' if m.expert_parallel else ''}"
+            for m in members
+        )
         rows.append((f"{gpu} x{tps}{f'x{pp}pp' if pp > 1 else ''} {precision}", reason))
     return rows
 
@@ -432,6 +446,8 @@ def folded_rejections(result: Plan) -> list[tuple[str, str]]:
 def _shape(c: Feasible) -> str:
     """One replica's GPUs: "8 H100-SXM", "8 H100-SXM expert-parallel", or "16 H100-SXM
     over 2 nodes (TP 8 x PP 2)"."""
+    if c.data_parallel > 1:
+        return f"{c.config.gpus} {c.gpu} data-parallel attention (DP {c.data_parallel}, experts over all)"
     ep = ", expert parallel" if c.expert_parallel else ""
     if c.nodes > 1:
         return f"{c.config.gpus} {c.gpu} over {c.nodes} nodes (TP {c.tensor_parallel} x PP {c.pipeline_parallel}{ep})"

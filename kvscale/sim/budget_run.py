@@ -47,7 +47,7 @@ class ServiceOption:
 
     @property
     def gpus_per_replica(self) -> int:
-        return self.setup.cfg.tensor_parallel
+        return self.setup.cfg.gpus
 
 
 @dataclass(frozen=True)

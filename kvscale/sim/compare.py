@@ -231,7 +231,7 @@ def run_bound(
             requests.extend(chosen.requests)
             preemptions += chosen.preemptions
         timeline.append(TimelinePoint(i * interval_s, len(arrivals) / interval_s, n, n, None, None))
-    gpu_hours = sum(counts) * interval_s * setup.cfg.tensor_parallel / 3600.0
+    gpu_hours = sum(counts) * interval_s * setup.cfg.gpus / 3600.0
     return SimResult(
         policy="bound",
         requests=requests,

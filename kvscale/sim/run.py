@@ -40,7 +40,7 @@ class SimSetup:
             max_batch=self.max_batch,
             kv_capacity_tokens=self.cfg.memory.kv_capacity_tokens,
             token_budget=self.cfg.max_num_batched_tokens,
-            gpus_per_replica=self.cfg.tensor_parallel,
+            gpus_per_replica=self.cfg.gpus,
             cold_start_s=self.cold_start_s,
             routing=self.routing,
             seed=self.seed,

@@ -24,7 +24,7 @@ from kvscale.sizing.memory import (
     shared_bytes_per_param,
     weight_bytes,
 )
-from kvscale.sizing.parallel import allreduce_terms_s, pipeline_terms_s
+from kvscale.sizing.parallel import allreduce_terms_s, data_parallel_moe_terms_s, pipeline_terms_s
 
 
 def default_chunk_budget_tokens(engine: EngineProfile, gpu: GpuSpec) -> int:
@@ -82,6 +82,11 @@ class Rates:
     # even spread (the busiest rank does more: roofline.step).
     expert_ranks: int = 0
     routed_flops_per_token: float = 0.0
+    # Data-parallel attention (roofline.step): ranks, and the MoE all-gather/reduce-scatter
+    # as fixed + per token of all ranks.
+    data_parallel: int = 1
+    dispatch_fixed_s: float = 0.0
+    dispatch_s_per_token: float = 0.0
 
 
 class UnsupportedConfig(ValueError):
@@ -100,6 +105,11 @@ class ServingConfig:
     chunk_budget_tokens: int | None = None  # --max-num-batched-tokens; None: the engine's default here
     pipeline_parallel: int = 1  # pipeline stages; > 1 when one replica spans nodes (TP within a node)
     expert_parallel: bool = False  # MoE: whole routed experts per rank (vLLM --enable-expert-parallel)
+    # Data-parallel attention (vLLM --data-parallel-size with --enable-expert-parallel, TP 1):
+    # this many engines, each with its own attention weights, KV cache and scheduler, the
+    # experts spread over all of them. Modelled as one replica: batch and KV capacity summed,
+    # each step that of the busiest rank (kvscale.sizing.roofline.step).
+    data_parallel: int = 1
 
     @classmethod
     def build(
@@ -114,11 +124,12 @@ class ServingConfig:
         max_num_batched_tokens: int | None = None,
         pipeline_parallel: int = 1,
         expert_parallel: bool = False,
+        data_parallel: int = 1,
     ) -> ServingConfig:
         return cls(
             model=model,
             gpu=gpu,
-            link=catalog.link(gpu, tensor_parallel),
+            link=catalog.link(gpu, tensor_parallel * data_parallel),
             precision=catalog.precision(precision),
             kv=catalog.kv_precision(kv_cache_precision),
             engine=catalog.engine(engine),
@@ -126,11 +137,18 @@ class ServingConfig:
             chunk_budget_tokens=max_num_batched_tokens,
             pipeline_parallel=pipeline_parallel,
             expert_parallel=expert_parallel,
+            data_parallel=data_parallel,
         )
 
     @property
     def max_num_batched_tokens(self) -> int:
-        """Tokens one engine step may carry: running decodes plus prefill chunks."""
+        """Tokens one engine step may carry: running decodes plus prefill chunks (with data-parallel
+        attention, over all the ranks: each rank's budget times the ranks)."""
+        return self.rank_chunk_budget_tokens * self.data_parallel
+
+    @property
+    def rank_chunk_budget_tokens(self) -> int:
+        """`--max-num-batched-tokens`: one engine's (one data-parallel rank's) step budget."""
         if self.chunk_budget_tokens is not None:
             return self.chunk_budget_tokens
         return default_chunk_budget_tokens(self.engine, self.gpu)
@@ -186,6 +204,7 @@ class ServingConfig:
             self.tensor_parallel,
             self.pipeline_parallel,
             self.expert_parallel,
+            self.data_parallel,
         )
 
     @cached_property
@@ -219,6 +238,8 @@ class ServingConfig:
         # Under expert parallelism a rank reads whole experts (its own); else 1/tp of each.
         ep = self.expert_parallel and m.is_moe
         expert_bytes = m.expert_params * expert_bpp / (1 if ep else tp) if m.is_moe else 0.0
+        dp = self.data_parallel
+        dispatch_fixed, dispatch_per_token = data_parallel_moe_terms_s(m.hidden_size, m.moe_layers, dp, self.link, e)
         return Rates(
             matmul_flops_per_s=self.peak_flops_per_s * self.matmul_efficiency,
             weight_bytes_per_s=kv_bandwidth * self.precision.weight_bandwidth_efficiency,
@@ -243,8 +264,11 @@ class ServingConfig:
             sequence_overhead_s=e.sequence_overhead_s,
             pipeline_fixed_s=pp_fixed,
             pipeline_s_per_token=pp_per_token,
-            expert_ranks=tp if ep else 0,
+            expert_ranks=tp * dp if ep else 0,
             routed_flops_per_token=2.0 * m.active_experts * m.expert_params / tp if ep else 0.0,
+            data_parallel=dp,
+            dispatch_fixed_s=dispatch_fixed,
+            dispatch_s_per_token=dispatch_per_token,
         )
 
     @cached_property
@@ -261,17 +285,18 @@ class ServingConfig:
                 self.kv,
                 self.engine,
                 self.tensor_parallel,
-                self.max_num_batched_tokens,
+                self.rank_chunk_budget_tokens,
                 self.pipeline_parallel,
                 self.expert_parallel,
+                self.data_parallel,
             )
             hit = _MEMORY[key] = (self._parts(), budget)
         return hit[1]
 
     @property
     def gpus(self) -> int:
-        """GPUs one replica uses: tensor parallel x pipeline parallel."""
-        return self.tensor_parallel * self.pipeline_parallel
+        """GPUs one replica uses: tensor x pipeline x data parallel."""
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
 
     @property
     def nodes(self) -> int:
@@ -312,10 +337,23 @@ class ServingConfig:
                 )
             if self.gpu.internode_bandwidth_bytes_per_s is None:
                 return f"{self.gpu.name} has no inter-node fabric in the catalog for a replica spanning nodes"
+        dp = self.data_parallel
+        if dp > 1:
+            if not (self.expert_parallel and self.model.is_moe):
+                return "data-parallel attention is modelled for MoE models with expert parallelism"
+            if tp != 1 or pp != 1:
+                return "data-parallel attention is modelled at tensor and pipeline parallel 1 per rank"
+            if self.engine.name != "vllm":
+                return (
+                    "data-parallel attention is modelled as vLLM runs it (--data-parallel-size, attention and dense "
+                    "layers whole per rank); SGLang's --attn-dp-size keeps its FFN tensor parallel"
+                )
+            if self.nodes > 1:
+                return "data-parallel attention is planned within one node"
         if self.expert_parallel:
             if not self.model.is_moe:
                 return f"expert parallelism needs a mixture-of-experts model; {self.model.name} is dense"
-            if tp < 2:
+            if tp * dp < 2:
                 return "expert parallelism needs tensor parallel 2 or more (the experts are split over those ranks)"
             if self.engine.name not in ("vllm", "sglang"):
                 return f"kvscale deploys expert parallelism on vLLM and SGLang, not {self.engine.name}"

@@ -2,7 +2,10 @@
 
 Flag names checked against the engines' source:
 - vLLM 0.11.0 (`vllm serve MODEL`, vllm/engine/arg_utils.py): --tensor-parallel-size,
-  --pipeline-parallel-size, --enable-expert-parallel, --max-num-seqs, --max-model-len, --max-num-batched-tokens, --gpu-memory-utilization,
+  --pipeline-parallel-size, --data-parallel-size (ParallelConfig: "MoE layers will be sharded
+  according to the product of the tensor parallel size and data parallel size"; each data-parallel
+  engine has its own scheduler, so --max-num-seqs and --max-num-batched-tokens are per engine),
+  --enable-expert-parallel, --max-num-seqs, --max-model-len, --max-num-batched-tokens, --gpu-memory-utilization,
   --dtype, --quantization, --kv-cache-dtype, --port.
 - SGLang 0.5.23 (`python -m sglang.launch_server`, sglang/srt/arg_groups/fields/*.py, flags
   are the field names with dashes): --model-path, --tp-size (alias --tensor-parallel-size),
@@ -54,6 +57,9 @@ class EngineLaunch:
     port: int
     pipeline_parallel: int = 1  # stages (vLLM --pipeline-parallel-size, SGLang --pp-size)
     expert_parallel: bool = False  # MoE experts whole per rank (vLLM --enable-expert-parallel, SGLang --ep-size)
+    data_parallel: int = (
+        1  # vLLM --data-parallel-size: engines (attention ranks); max_batch and the budget are each one's
+    )
 
 
 def launch_for(
@@ -70,9 +76,9 @@ def launch_for(
         engine=engine,
         source=checkpoint.source,
         tensor_parallel=cfg.tensor_parallel,
-        max_batch=max_batch,
+        max_batch=-(-max_batch // cfg.data_parallel),  # --max-num-seqs is each engine's
         max_model_len=max_model_len,
-        chunk_budget_tokens=cfg.max_num_batched_tokens,
+        chunk_budget_tokens=cfg.rank_chunk_budget_tokens,
         memory_fraction=cfg.engine.gpu_memory_utilization,
         dtype=dtype,
         quantization=quantization_flag(engine, checkpoint, cfg.gpu),
@@ -80,6 +86,7 @@ def launch_for(
         port=port,
         pipeline_parallel=cfg.pipeline_parallel,
         expert_parallel=cfg.expert_parallel,
+        data_parallel=cfg.data_parallel,
     )
 
 
@@ -96,6 +103,7 @@ def vllm_args(launch: EngineLaunch) -> list[str]:
         "--tensor-parallel-size",
         str(launch.tensor_parallel),
         *(["--pipeline-parallel-size", str(launch.pipeline_parallel)] if launch.pipeline_parallel > 1 else []),
+        *(["--data-parallel-size", str(launch.data_parallel)] if launch.data_parallel > 1 else []),
         *(["--enable-expert-parallel"] if launch.expert_parallel else []),
         "--max-num-seqs",
         str(launch.max_batch),
@@ -248,6 +256,6 @@ def plan_launch(
         launch=launch_for(cfg, checkpoint, max_batch, context.max_model_len_tokens, port),
         checkpoint=checkpoint,
         context=context,
-        cold_start=cold_start(size, cfg.tensor_parallel, cfg.engine, cached=cached),
-        first_start=cold_start(size, cfg.tensor_parallel, cfg.engine, cached=False),
+        cold_start=cold_start(size, cfg.tensor_parallel * cfg.data_parallel, cfg.engine, cached=cached),
+        first_start=cold_start(size, cfg.tensor_parallel * cfg.data_parallel, cfg.engine, cached=False),
     )

@@ -320,10 +320,21 @@ def command_config(
         )
     if updates:
         engine = engine.model_copy(update=updates)
-    if command.data_parallel > 1:
-        notes.append(f"data parallel {command.data_parallel}: modelled as one of {command.data_parallel} equal engines")
+    dp = command.data_parallel
+    # vLLM's --data-parallel-size with --enable-expert-parallel at TP 1 on a MoE model: the
+    # data-parallel attention replica (experts over the dp ranks); otherwise one engine of dp.
+    dp_attention = command.engine == "vllm" and dp > 1 and command.expert_parallel and model.is_moe and tp == 1
+    if dp_attention:
+        notes.append(
+            f"data parallel {dp} with expert parallelism: modelled as one replica of {dp} attention ranks (each its own "
+            "KV cache and --max-num-seqs), the experts over all, the busiest rank setting each step"
+        )
+    elif dp > 1:
+        notes.append(f"data parallel {dp}: modelled as one of {dp} equal engines")
     expert_parallel = command.expert_parallel and model.is_moe and tp > 1
-    if expert_parallel:
+    if dp_attention:
+        expert_parallel = True
+    elif expert_parallel:
         notes.append(
             f"expert parallel: whole experts per GPU over the {tp} tensor-parallel ranks, the busiest rank setting "
             "each step"
@@ -340,7 +351,7 @@ def command_config(
     cfg = ServingConfig(
         model=model,
         gpu=gpu,
-        link=catalog.link(gpu, tp),
+        link=catalog.link(gpu, tp * (dp if dp_attention else 1)),
         precision=catalog.precision(precision),
         kv=catalog.kv_precision(kv),
         engine=engine,
@@ -348,6 +359,7 @@ def command_config(
         chunk_budget_tokens=chunk,
         pipeline_parallel=pp,
         expert_parallel=expert_parallel,
+        data_parallel=dp if dp_attention else 1,
     )
     max_model_len = command.max_model_len or model.max_context_tokens
     mem = cfg.memory
@@ -360,6 +372,8 @@ def command_config(
         kv_tokens = max(mem.kv_capacity_tokens, 0)
         max_reqs = min(max(int(kv_tokens / max_model_len * 512), 2048), 4096)
         max_batch = max(1, min(kv_tokens // 2, max_reqs))
+    if dp_attention:
+        max_batch *= dp  # each engine's --max-num-seqs
     return CommandConfig(command, cfg, max_batch, max_model_len, tuple(notes))
 
 

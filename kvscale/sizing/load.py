@@ -224,7 +224,7 @@ class ReplicaModel:
         if not mem.fits:
             return 0
         by_kv = mem.max_batch_for_context(self.workload.context_tokens)
-        return min(by_kv, self.cfg.engine.max_num_seqs_limit)
+        return min(by_kv, self.cfg.engine.max_num_seqs_limit * self.cfg.data_parallel)  # per engine (rank)
 
     @property
     def slot_limit(self) -> int:
@@ -236,8 +236,9 @@ class ReplicaModel:
     @property
     def max_context_fits(self) -> bool:
         """vLLM refuses to start unless one sequence of max-model-len fits in the KV cache."""
-        mem = self.cfg.memory
-        return mem.kv_capacity_tokens >= mem.sequence_tokens(self.workload.engine_max_context_tokens)
+        mem = self.cfg.memory  # with data-parallel attention, in one rank's cache
+        rank = mem.kv_capacity_tokens // self.cfg.data_parallel
+        return rank >= mem.sequence_tokens(self.workload.engine_max_context_tokens)
 
     def tpot_batch_limit(self, tpot_target_s: float) -> int:
         """Largest batch (<= KV and budget limits) whose decode step alone meets TPOT.

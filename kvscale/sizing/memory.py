@@ -38,15 +38,17 @@ def weight_bytes_per_gpu(
     tensor_parallel: int,
     pipeline_parallel: int = 1,
     expert_parallel: bool = False,
+    data_parallel: int = 1,
 ) -> float:
     """One GPU's weights: 1/(tp x pp) of all; under expert parallelism the routed experts go
-    whole, ceil(experts / tp) to the fullest rank (vLLM determine_expert_map, experts.py)."""
+    whole, ceil(experts / (tp x dp)) to the fullest rank (vLLM determine_expert_map,
+    experts.py); with data-parallel attention every rank holds the rest whole (tp 1)."""
     if not (expert_parallel and model.is_moe):
         return weight_bytes(model, precision) / (tensor_parallel * pipeline_parallel)
     routed = model.routed_expert_params
     rest = (model.params - routed) * shared_bytes_per_param(model, precision) / tensor_parallel
     local = (
-        experts_per_rank(model.experts, tensor_parallel)
+        experts_per_rank(model.experts, tensor_parallel * data_parallel)
         * model.expert_params
         * expert_bytes_per_param(model, precision)
     )
@@ -162,12 +164,15 @@ def memory_budget(
     chunk_budget_tokens: int,
     pipeline_parallel: int = 1,
     expert_parallel: bool = False,
+    data_parallel: int = 1,
 ) -> MemoryBudget:
     """One GPU's split. With pipeline parallelism each stage holds 1/pp of the layers (weights
     and KV); the KV capacity in tokens is then the same on every stage. With expert
-    parallelism a rank holds whole routed experts, the most on one rank sizing the group."""
+    parallelism a rank holds whole routed experts, the most on one rank sizing the group. With
+    data-parallel attention each of the `data_parallel` ranks (one GPU each) keeps its own
+    KV cache: the capacity is the ranks' sum (chunk_budget_tokens is one rank's)."""
     total = gpu.memory_bytes
-    weights = weight_bytes_per_gpu(model, precision, tensor_parallel, pipeline_parallel, expert_parallel)
+    weights = weight_bytes_per_gpu(model, precision, tensor_parallel, pipeline_parallel, expert_parallel, data_parallel)
     reserve = (
         activation_peak_bytes(model, engine, tensor_parallel, chunk_budget_tokens)
         + engine.cuda_graph_memory_bytes
@@ -189,7 +194,7 @@ def memory_budget(
         reserve_bytes=reserve,
         kv_bytes=kv_left,
         kv_bytes_per_token=per_token,
-        kv_capacity_tokens=kv_capacity_tokens(kv_left, per_token, engine.kv_block_tokens),
+        kv_capacity_tokens=kv_capacity_tokens(kv_left, per_token, engine.kv_block_tokens) * data_parallel,
         layout=layout if layout.window_groups else None,
         block_tokens=engine.kv_block_tokens,
     )

@@ -44,6 +44,24 @@ def forward_communication_s(
     return layers * ALLREDUCES_PER_LAYER * allreduce_time_s(message, tensor_parallel, link, engine)
 
 
+def data_parallel_moe_terms_s(
+    hidden_size: int, moe_layers: int, data_parallel: int, link: LinkSpec, engine: EngineProfile
+) -> tuple[float, float]:
+    """Data-parallel attention with expert parallelism, as fixed + per_token x tokens summed over
+    the data-parallel ranks: vLLM 0.11.0's default all-to-all (envs.py VLLM_ALL2ALL_BACKEND
+    "allgather_reducescatter"; distributed/device_communicators/all2all.py AgRsAll2AllManager)
+    all-gathers every rank's hidden states before each MoE layer and reduce-scatters the
+    expert outputs after it: two collectives per MoE layer, each moving (n-1)/n of all ranks'
+    16-bit activations through every link, with a latency per hop."""
+    if data_parallel <= 1:
+        return 0.0, 0.0
+    n = data_parallel
+    count = moe_layers * 2
+    latency = link.latency_s + engine.allreduce_hop_latency_s * (n - 1)
+    bandwidth = link.bandwidth_bytes_per_s_per_direction * engine.allreduce_efficiency
+    return count * latency, count * (n - 1) / n * hidden_size * ACTIVATION_BYTES / bandwidth
+
+
 def pipeline_terms_s(hidden_size: int, pipeline_parallel: int, gpu: GpuSpec) -> tuple[float, float]:
     """A forward pass's pipeline hand-offs as fixed + per_token x tokens: each of the pp - 1
     stage boundaries sends the tokens' 16-bit activations once, over the inter-node fabric

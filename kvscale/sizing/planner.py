@@ -22,6 +22,7 @@ TENSOR_PARALLEL_DEGREES = (1, 2, 4, 8)
 DEFAULT_HEADROOM = 0.10
 BUDGET_RATE_TOLERANCE = 0.02  # chunk budgets carrying within 2% of the best rate count as equal
 FULLY_RANKED = 5  # alternatives evaluated in full, beyond the chosen one
+DATA_PARALLEL_DEGREES = (2, 4, 8)  # data-parallel attention ranks per replica (one node)
 MAX_PIPELINE_NODES = 4  # most nodes one replica may span (pipeline stages of a whole node each)
 
 
@@ -70,6 +71,10 @@ class _Configured:
         return self.config.expert_parallel
 
     @property
+    def data_parallel(self) -> int:
+        return self.config.data_parallel
+
+    @property
     def precision(self) -> str:
         return self.config.precision.name
 
@@ -79,12 +84,26 @@ class _Configured:
 
     @property
     def label(self) -> str:
-        return _label(self.gpu, self.tensor_parallel, self.pipeline_parallel, self.precision, self.expert_parallel)
+        return _label(
+            self.gpu,
+            self.tensor_parallel,
+            self.pipeline_parallel,
+            self.precision,
+            self.expert_parallel,
+            self.data_parallel,
+        )
 
 
 def _label(
-    gpu: str, tensor_parallel: int, pipeline_parallel: int, precision: str, expert_parallel: bool = False
+    gpu: str,
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    precision: str,
+    expert_parallel: bool = False,
+    data_parallel: int = 1,
 ) -> str:
+    if data_parallel > 1:  # data-parallel attention, experts over the ranks
+        return f"{gpu} x{data_parallel}dp {precision}"
     ep = " ep" if expert_parallel else ""
     if pipeline_parallel > 1:
         return f"{gpu} x{tensor_parallel}x{pipeline_parallel}pp{ep} {precision}"
@@ -106,8 +125,9 @@ class Feasible(_Configured):
 
     @property
     def max_num_batched_tokens(self) -> int:
-        """The chunked-prefill token budget the prediction assumed (`--max-num-batched-tokens`)."""
-        return self.config.max_num_batched_tokens
+        """The chunked-prefill token budget the prediction assumed (`--max-num-batched-tokens`:
+        each engine's, with data-parallel attention)."""
+        return self.config.rank_chunk_budget_tokens
 
     @property
     def total_gpus(self) -> int:
@@ -133,10 +153,18 @@ class Rejected:
     replicas_needed: int | None = None
     limit: Literal["max_replicas", "free_gpus"] | None = None
     expert_parallel: bool = False
+    data_parallel: int = 1
 
     @property
     def label(self) -> str:
-        return _label(self.gpu, self.tensor_parallel, self.pipeline_parallel, self.precision, self.expert_parallel)
+        return _label(
+            self.gpu,
+            self.tensor_parallel,
+            self.pipeline_parallel,
+            self.precision,
+            self.expert_parallel,
+            self.data_parallel,
+        )
 
 
 @dataclass(frozen=True)
@@ -167,6 +195,9 @@ class PlanRequest:
     max_replicas: int | None = None
     gpu_limits: Mapping[str, int] | None = None  # free GPUs per type (cluster inventory)
     engine: str = "vllm"
+    # MoE: also replicas of 2, 4 or 8 data-parallel attention ranks (vLLM --data-parallel-size
+    # with --enable-expert-parallel); the operator does not deploy them yet.
+    data_parallel_attention: bool = False
 
 
 @dataclass(frozen=True)
@@ -202,6 +233,7 @@ def _reject(
         pipeline_parallel=cfg.pipeline_parallel,
         nodes=cfg.nodes,
         expert_parallel=cfg.expert_parallel,
+        data_parallel=cfg.data_parallel,
     )
 
 
@@ -243,6 +275,7 @@ def _physics_key(cfg: ServingConfig) -> tuple[object, ...]:
         cfg.tensor_parallel,
         cfg.pipeline_parallel,
         cfg.expert_parallel,
+        cfg.data_parallel,
         p.bytes_per_param,
         p.applies_to,
         p.compute,
@@ -471,6 +504,7 @@ def _rank_key(candidate: Feasible, objective: Objective, output_tokens: int) -> 
         candidate.tensor_parallel,
         candidate.pipeline_parallel,
         candidate.expert_parallel,  # at a tie, experts split by tensor parallelism (the engine's default)
+        candidate.data_parallel,
         candidate.precision,
     )
     if objective == "latency":
@@ -622,7 +656,26 @@ def configurations(catalog: Catalog, request: PlanRequest) -> list[ServingConfig
         for precision in request.precisions
     ]
     configs += _multi_node(configs)
-    return configs + _expert_parallel(configs)
+    configs += _expert_parallel(configs)
+    if request.data_parallel_attention and request.model.is_moe:
+        configs += [
+            ServingConfig.build(
+                catalog,
+                request.model,
+                gpu,
+                precision,
+                1,
+                request.kv_cache_precision,
+                request.engine,
+                expert_parallel=True,
+                data_parallel=ranks,
+            )
+            for gpu in gpus
+            for ranks in DATA_PARALLEL_DEGREES
+            if ranks <= gpu.max_gpus_per_node
+            for precision in request.precisions
+        ]
+    return configs
 
 
 def _expert_parallel(configs: list[ServingConfig]) -> list[ServingConfig]:
@@ -685,9 +738,9 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
     split: dict[tuple[str, int, int, str], Rejected | _Screened] = {}  # experts split by TP: the verdicts
     for cfg in configurations(catalog, request):
         key = (cfg.gpu.name, cfg.tensor_parallel, cfg.pipeline_parallel, cfg.precision.name)
-        dominated = _dominated(cfg, split.get(key)) if cfg.expert_parallel else None
+        dominated = _dominated(cfg, split.get(key)) if cfg.expert_parallel and cfg.data_parallel == 1 else None
         verdict = dominated if dominated is not None else _screen_once(cfg, request, twins)
-        if not cfg.expert_parallel:
+        if not cfg.expert_parallel and cfg.data_parallel == 1:
             split[key] = verdict
         if isinstance(verdict, Rejected):
             rejected.append(verdict)
@@ -717,7 +770,9 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
         else:
             feasible.append(candidate)
             bisect.insort(metrics, _metric(candidate, request.objective, out))
-    rejected.sort(key=lambda c: (c.gpu, c.tensor_parallel, c.pipeline_parallel, c.expert_parallel, c.precision))
+    rejected.sort(
+        key=lambda c: (c.gpu, c.data_parallel, c.tensor_parallel, c.pipeline_parallel, c.expert_parallel, c.precision)
+    )
     feasible.sort(key=lambda c: _rank_key(c, request.objective, out))
     if not feasible:
         node_gpus = {g.name: g.max_gpus_per_node for g in catalog.gpus.values()}
@@ -752,6 +807,8 @@ def _outranked(s: _Screened, best: Feasible, objective: Objective) -> Outranked:
 
 
 def _replica_shape(c: Feasible) -> str:
+    if c.data_parallel > 1:
+        return f"{c.config.gpus} {c.gpu} (data-parallel attention x{c.data_parallel}, expert parallel)"
     ep = ", expert parallel" if c.expert_parallel else ""
     if c.nodes > 1:
         return f"{c.config.gpus} {c.gpu} over {c.nodes} nodes (TP {c.tensor_parallel} x PP {c.pipeline_parallel}{ep})"

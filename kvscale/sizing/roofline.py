@@ -129,6 +129,10 @@ def step(
     if tokens <= 0:
         raise ValueError("a step carries at least one token")
     r = cfg.rates  # the terms below are those of _flops_per_gpu, gemm_efficiency and parallel.py
+    if r.data_parallel > 1:
+        return _data_parallel_step(
+            cfg, decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens, prefill_seqs
+        )
     kv_token = r.kv_full_bytes_per_token
     attention = r.attention_flops_per_token_per_context
     flops = tokens * r.linear_flops_per_token + attention * (
@@ -166,6 +170,72 @@ def step(
     overhead = r.prefill_overhead_s if prefill_tokens > 0 else r.decode_overhead_s
     if r.sequence_overhead_s:
         overhead += r.sequence_overhead_s * (decode_seqs + (prefill_seqs if prefill_tokens > 0 else 0.0))
+    return StepTime(
+        seconds=max(compute_s, memory_s) + comm + overhead,
+        compute_s=compute_s,
+        memory_s=memory_s,
+        communication_s=comm,
+        overhead_s=overhead,
+        flops_per_gpu=flops,
+        bytes_per_gpu=weights + kv,
+        peak_flops_per_s=cfg.peak_flops_per_s,
+        peak_bandwidth_bytes_per_s=cfg.gpu.hbm_bandwidth_bytes_per_s,
+    )
+
+
+def _data_parallel_step(
+    cfg: ServingConfig,
+    decode_seqs: float,
+    decode_context_tokens: float,
+    prefill_tokens: float,
+    prefill_context_tokens: float,
+    prefill_seqs: float,
+) -> StepTime:
+    """A step of a replica of data-parallel attention ranks (one GPU each), as its busiest rank
+    runs it: the running sequences spread evenly over the ranks (vLLM's data-parallel load
+    balancing), a chunk's prompts each on one rank (a lone prompt's chunk on a single rank, no
+    rank more than its own --max-num-batched-tokens);
+    attention, the dense and shared layers and the KV reads for the rank's own tokens; the
+    routed experts for its share of every rank's tokens (all-gathered before each MoE layer,
+    reduce-scattered after it), with the busiest rank's imbalance; no all-reduce (TP 1)."""
+    r, m = cfg.rates, cfg.model
+    n = r.data_parallel
+    decode = decode_seqs / n
+    # a rank's chunk is at most its own budget: more prompt tokens than that are other ranks'
+    budget_ranks = math.ceil(prefill_tokens / cfg.rank_chunk_budget_tokens)
+    prefilling = min(float(n), max(1.0, prefill_seqs, float(budget_ranks))) if prefill_tokens > 0 else 1.0
+    chunk = prefill_tokens / prefilling
+    rank_seqs = max(prefill_seqs / prefilling, 1.0) if prefill_tokens > 0 else 1.0
+    rank_tokens = decode + chunk
+    everyone = decode_seqs + prefill_tokens
+    routed = r.routed_flops_per_token
+    flops = rank_tokens * (r.linear_flops_per_token - routed) + r.attention_flops_per_token_per_context * (
+        decode * decode_context_tokens + chunk * prefill_context_tokens
+    )
+    flops += everyone / n * routed * busiest_rank_load_factor(m.active_experts, everyone, r.expert_ranks)
+    window = r.window_tokens
+    if window:
+        flops += r.attention_window_flops_per_token_per_context * (
+            decode * min(decode_context_tokens, window) + chunk * min(prefill_context_tokens, window)
+        )
+    per_layer = max(rank_tokens, GEMM_TILE_TOKENS) * r.linear_flops_per_token_per_layer
+    half = r.gemm_half_flops
+    efficiency = r.matmul_efficiency * (per_layer / (per_layer + half) if half > 0 else 1.0)
+    compute_s = flops / (r.peak_flops_per_s * efficiency)
+    local = busiest_rank_experts_touched(m.experts, m.active_experts, everyone, r.expert_ranks)
+    weights = r.shared_weight_bytes + local * r.expert_weight_bytes
+    prior = prefill_context_tokens - chunk / rank_seqs / 2.0
+    prior = prior * rank_seqs if prior > 0 and chunk > 0 else 0.0
+    kv = (decode * decode_context_tokens + prior + rank_tokens) * r.kv_full_bytes_per_token
+    if window:
+        kv += (decode * min(decode_context_tokens, window) + min(prior, window) + rank_tokens) * (
+            r.kv_window_bytes_per_token
+        )
+    memory_s = weights / r.weight_bytes_per_s + kv / r.kv_bytes_per_s
+    comm = r.dispatch_fixed_s + r.dispatch_s_per_token * everyone
+    overhead = r.prefill_overhead_s if prefill_tokens > 0 else r.decode_overhead_s
+    if r.sequence_overhead_s:
+        overhead += r.sequence_overhead_s * (decode + (rank_seqs if prefill_tokens > 0 else 0.0))
     return StepTime(
         seconds=max(compute_s, memory_s) + comm + overhead,
         compute_s=compute_s,

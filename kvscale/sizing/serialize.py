@@ -23,6 +23,7 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
         "pipeline_parallel": c.pipeline_parallel,
         "nodes": c.nodes,
         "expert_parallel": c.expert_parallel,
+        "data_parallel": c.data_parallel,
         "precision": c.precision,
         "kv_cache_precision": c.kv_cache_precision,
         "verdict": c.verdict,

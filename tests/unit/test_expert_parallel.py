@@ -8,6 +8,7 @@ quantization/fp8.py; SGLang 0.5.23 arg_groups/fields/parallel.py)."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -253,3 +254,100 @@ def test_the_operator_deploys_and_records_expert_parallelism() -> None:
     dep = deployment("svc", "uid", intent.spec, planned.model, cfg, planned.chosen, planned.pool, 1, 8000)
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--enable-expert-parallel" in args and args[0] == "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8"
+
+
+# --- data-parallel attention (vLLM --data-parallel-size N --enable-expert-parallel, TP 1) ------
+
+
+def _dp(model: str, gpu: str, precision: str, ranks: int, engine: str = "vllm") -> ServingConfig:
+    return ServingConfig.build(
+        CAT, CAT.model(model), CAT.gpu(gpu), precision, 1, engine=engine, expert_parallel=True, data_parallel=ranks
+    )
+
+
+def test_data_parallel_attention_keeps_mla_kv_once_per_gpu_and_weights_whole_but_experts() -> None:
+    dp8, tp8 = (
+        _dp("deepseek-r1", "H200", "fp8", 8),
+        ServingConfig.build(CAT, CAT.model("deepseek-r1"), CAT.gpu("H200"), "fp8", 8),
+    )
+    assert dp8.unsupported_reason() is None and dp8.gpus == 8 and dp8.nodes == 1
+    m = dp8.model
+    rest = m.params - m.routed_expert_params  # attention, dense and shared layers, embeddings: whole on every rank
+    assert dp8.memory.weights_bytes == pytest.approx(rest * 1.0 + 32 * m.expert_params * 1.0)  # fp8: 1 byte
+    # MLA's latent is cached whole on every tensor-parallel rank; data-parallel ranks each cache their own sequences
+    assert dp8.memory.kv_bytes_per_token == pytest.approx(tp8.memory.kv_bytes_per_token)
+    assert dp8.memory.kv_capacity_tokens > 4 * tp8.memory.kv_capacity_tokens
+    assert not _dp("deepseek-r1", "H100-SXM", "fp8", 8).memory.fits  # 92 GiB per GPU
+
+
+def test_a_data_parallel_step_is_its_busiest_ranks() -> None:
+    dp8 = _dp("deepseek-r1", "H200", "fp8", 8)
+    lone = prefill(dp8, 1, 2000)  # one prompt: one rank prefills it, whole
+    m = dp8.model
+    shared_flops = 2.0 * (m.params_per_token - m.active_experts * m.expert_params) * 2000
+    assert lone.flops_per_gpu > shared_flops
+    step = decode_step(dp8, 64, 2000)
+    assert step.communication_s > 0  # all-gather and reduce-scatter around each MoE layer
+    assert dp8.rates.allreduce_fixed_s == 0.0
+    with_one = decode_step(dp8, 8, 2000)  # one sequence per rank
+    assert with_one.seconds < step.seconds
+
+
+def test_data_parallel_attention_is_vllm_moe_only() -> None:
+    assert "SGLang" in (_dp("deepseek-r1", "H200", "fp8", 8, "sglang").unsupported_reason() or "")
+    dense = ServingConfig.build(
+        CAT, CAT.model("llama-3.1-70b"), CAT.gpu("H100-SXM"), "bf16", 1, expert_parallel=True, data_parallel=4
+    )
+    assert "MoE" in (dense.unsupported_reason() or "")
+
+
+def test_plan_with_data_parallel_attention_for_deepseek_on_h200() -> None:
+    request = PlanRequest(
+        model=CAT.model("deepseek-r1"),
+        workload=Workload(2000, 500, 20.0),
+        slo=Slo(2.0, 0.08),
+        gpus=("H200",),
+        precisions=("fp8",),
+        data_parallel_attention=True,
+    )
+    result = plan(CAT, request)
+    assert result.chosen is not None and result.chosen.data_parallel == 8, result.chosen
+    assert result.chosen.label == "H200 x8dp fp8"
+    tp8 = next(c for c in result.alternatives if c.tensor_parallel == 8 and c.data_parallel == 1)
+    assert result.chosen.prediction.rate_per_replica_max > tp8.prediction.rate_per_replica_max
+    out = candidate_to_dict(result.chosen)
+    assert (out["data_parallel"], out["expert_parallel"], out["tensor_parallel"]) == (8, True, 1)
+    checkpoint = resolve_checkpoint(CAT.model("deepseek-r1"), CAT.precision("fp8"), None)
+    launch = launch_for(result.chosen.config, checkpoint, result.chosen.prediction.max_batch, 163840, 8000)
+    args = vllm_args(launch)
+    assert args[args.index("--tensor-parallel-size") + 1] == "1"
+    assert args[args.index("--data-parallel-size") + 1] == "8" and "--enable-expert-parallel" in args
+    assert int(args[args.index("--max-num-seqs") + 1]) == math.ceil(result.chosen.prediction.max_batch / 8)
+    assert int(args[args.index("--max-num-batched-tokens") + 1]) == result.chosen.max_num_batched_tokens
+    without = plan(CAT, PlanRequest(**{**request.__dict__, "data_parallel_attention": False}))
+    assert all(c.label != "H200 x8dp fp8" for c in without.candidates)
+
+
+def test_engine_command_with_data_parallel_attention() -> None:
+    text = "vllm serve deepseek-ai/DeepSeek-R1 -dp 8 --enable-expert-parallel"
+    cc = command_config(CAT, parse_engine_command(text), CAT.gpu("H200"))
+    assert (cc.config.data_parallel, cc.config.expert_parallel, cc.config.gpus) == (8, True, 8)
+    assert cc.max_batch == 8 * 1024  # vLLM's default --max-num-seqs per engine on a >= 70 GiB GPU
+    assert cc.config.memory.fits and any("attention ranks" in n for n in cc.notes)
+    plain = command_config(CAT, parse_engine_command("vllm serve Qwen/Qwen3-30B-A3B -dp 2"), CAT.gpu("H200"))
+    assert plain.config.data_parallel == 1 and any("one of 2 equal engines" in n for n in plain.notes)
+
+
+def test_kvscale_plan_dp_attention() -> None:
+    from typer.testing import CliRunner
+
+    from kvscale.cli import app
+
+    args = ["plan", "--model", "deepseek-ai/DeepSeek-R1", "--gpu", "H200", "--ttft", "2s", "--tpot", "80ms"]
+    args += ["--rps", "20", "--input", "2000", "--output", "500", "--json"]
+    result = CliRunner().invoke(app, [*args, "--dp-attention"])
+    assert result.exit_code == 0, result.output
+    chosen = json.loads(result.output)["chosen"]
+    assert chosen["data_parallel"] == 8 and "--data-parallel-size" in chosen["engine_args"]
+    plain = json.loads(CliRunner().invoke(app, args).output)["chosen"]
+    assert plain["data_parallel"] == 1 and plain["tensor_parallel"] == 8
