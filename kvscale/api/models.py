@@ -382,6 +382,14 @@ class BurstinessStatus(_Status):
 
     index_of_dispersion: float = Field(description="Variance over mean of the requests arriving per window.")
     window_seconds: float = Field(description="The window the arrivals are counted over, in seconds.")
+    burst_share: float | None = Field(
+        default=None,
+        description="Share of the requests that arrive in bursts (the rest arrive alone); unset: all of them.",
+    )
+    burst_requests: float | None = Field(
+        default=None,
+        description="Requests in the burst a request of one finds (size-biased mean); unset: from the dispersion.",
+    )
 
 
 class PlannedWorkloadStatus(_Status):

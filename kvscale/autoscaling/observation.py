@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kvscale.sizing.workload import Burstiness
+from kvscale.sizing.workload import BURST_SHARE_MIN_DISPERSION, Burstiness
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,11 @@ class ObservedWorkload:
     # (1: Poisson; see kvscale.metrics.promql.arrival_dispersion): None when unread.
     arrival_dispersion: float | None = None
     burst_window_s: float | None = None
+    # Of the arrivals over the window, the share in burst windows far above the mean before
+    # them (None: no window was), and the size-biased mean of those windows' arrivals above
+    # that mean: the burst a request of one finds.
+    arrivals_in_bursts: float | None = None
+    burst_requests: float | None = None
 
     @property
     def burst_windows(self) -> float:
@@ -102,11 +107,19 @@ class ObservedWorkload:
         d, b = self.arrival_dispersion, self.burst_window_s
         if d is None or b is None or not math.isfinite(d) or d < 0 or self.burst_windows < MIN_BURST_WINDOWS:
             return None
-        return Burstiness(max(d, MIN_DISPERSION), b)
+        d = max(d, MIN_DISPERSION)
+        share, size = self.arrivals_in_bursts, self.burst_requests
+        # The rule of Burstiness.from_arrivals (what `plan --trace` fits): near Poisson, or no
+        # window far above its neighbours, every request is taken as in a burst of D.
+        if d < BURST_SHARE_MIN_DISPERSION or share is None or size is None or not (share > 0.0 and size > 0.0):
+            return Burstiness(d, b)
+        if not (math.isfinite(share) and math.isfinite(size)):
+            return Burstiness(d, b)
+        return Burstiness(d, b, min(1.0, share), max(1.0, size))
 
 
 MIN_BURST_WINDOWS = 8  # burst windows in the workload window before their dispersion says anything
-MIN_DISPERSION = 0.05  # as kvscale.sizing.workload.Burstiness.from_arrivals floors it
+MIN_DISPERSION = 0.05  # as Burstiness.from_arrivals floors it
 
 
 def dispersion_of_counts(counts: Sequence[float]) -> float | None:

@@ -118,6 +118,14 @@ def _histogram(reading: list[Sample] | Missing) -> LengthHistogram | None:
     return LengthHistogram.from_cumulative(pairs)
 
 
+# The burstiness's reads: the heaviest (nested subqueries); one that fails leaves only its part unread.
+BURST_KEYS = ("arrival_dispersion", "arrivals_in_bursts", "burst_requests")
+
+
+def _number(value: float | Missing | None) -> float | None:
+    return None if value is None or isinstance(value, Missing) else value
+
+
 def _window_s(window: str) -> float:
     return float(window[:-1]) * {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}[window[-1]]
 
@@ -130,7 +138,7 @@ def assemble_workload(
     Errors leave the workload out entirely (None): a re-plan never follows a half-read. The
     burstiness alone may fail (its nested subqueries are the heaviest read): it is then unread."""
     values = dict(values)
-    burst = values.pop("arrival_dispersion", None)
+    burst = {k: values.pop(k, None) for k in BURST_KEYS}
     errors = [f"{k}: {v.reason}" for k, v in (values | histograms).items() if isinstance(v, Missing) and v.is_error]
     if errors:
         return None, errors[0] + (f" (and {len(errors) - 1} more queries)" if len(errors) > 1 else "")
@@ -162,7 +170,9 @@ def assemble_workload(
         # The window's hit ratio applied to the peak: the cache hits of the peak are not read.
         peak_prefill_tokens_per_s_1h=scaled(f"peak_prompt_tokens_{lookbacks[0]}"),
         peak_prefill_tokens_per_s_1d=scaled(f"peak_prompt_tokens_{lookbacks[1]}"),
-        arrival_dispersion=None if burst is None or isinstance(burst, Missing) else burst,
+        arrival_dispersion=_number(burst["arrival_dispersion"]),
+        arrivals_in_bursts=_number(burst["arrivals_in_bursts"]),
+        burst_requests=_number(burst["burst_requests"]),
         burst_window_s=None if burst_window is None else _window_s(burst_window),
     )
     missing = [k for k in ("rate", "input_tokens", "output_tokens") if k not in n]

@@ -7,6 +7,7 @@ import re
 from kvscale.autoscaling.observation import MIN_BURST_WINDOWS
 from kvscale.metrics.engines import EngineMetrics
 from kvscale.sizing.units import parse_duration_s
+from kvscale.sizing.workload import BURST_WINDOW_SDS
 
 
 def escape_label_value(value: str) -> str:
@@ -179,16 +180,35 @@ def arrivals_per_pod(engine: EngineMetrics, selector: str, burst: str) -> str:
     return f"clamp_min({' + '.join(terms)}, 0)"
 
 
-def arrival_dispersion(engine: EngineMetrics, selector: str, window: str, burst: str) -> str:
-    """The index of dispersion of the requests arriving per `burst` over `window`, as
-    kvscale.autoscaling.observation.dispersion_of_counts computes it: the mean squared
-    difference of neighbouring windows' counts (idelta over two points of a subquery) over
-    twice their mean. Evaluated at steps of `burst`, so the counts are of disjoint windows;
-    `burst` must be at least twice the scrape interval."""
+def burst_queries(engine: EngineMetrics, selector: str, window: str, burst: str) -> dict[str, str]:
+    """The arrivals' burstiness over `window`, from the requests arriving per `burst`
+    (evaluated at steps of `burst`, so the counts are of disjoint windows; `burst` must be at
+    least twice the scrape interval):
+    - `arrival_dispersion`: the index of dispersion, as
+      kvscale.autoscaling.observation.dispersion_of_counts computes it: the mean squared
+      difference of neighbouring windows' counts (idelta over two points of a subquery) over
+      twice their mean;
+    - `arrivals_in_bursts`: the share of the arrivals in windows far above the mean of the
+      windows before them (BURST_WINDOW_SDS Poisson standard deviations and one more above
+      the last BURST_MEAN_SPAN_S's mean, as Burstiness.from_arrivals judges a window against
+      its minute); no answer when no window is;
+    - `burst_requests`: those windows' arrivals above that mean, size-biased (sum of squares
+      over sum): the burst a request of one finds (a burst split by a window edge counts as
+      two here, where from_arrivals joins the run)."""
     b = parse_duration_s(burst)
-    count = f"sum({arrivals_per_pod(engine, selector, burst)})"
-    change = f"idelta(({count})[{_ms(2 * b)}:{burst}])"
-    return f"avg_over_time(({change} ^ 2)[{window}:{burst}]) / (2 * avg_over_time(({count})[{window}:{burst}]))"
+    count = f"(sum({arrivals_per_pod(engine, selector, burst)}))"
+    change = f"idelta({count}[{_ms(2 * b)}:{burst}])"
+    local = f"avg_over_time({count}[{_ms(max(BURST_MEAN_SPAN_S, 4 * b))}:{burst}])"
+    far = f"({count} > ({local} + {BURST_WINDOW_SDS:g} * sqrt({local}) + 1))"
+    excess = f"({far} - {local})"
+    return {
+        "arrival_dispersion": f"avg_over_time(({change} ^ 2)[{window}:{burst}]) / (2 * avg_over_time({count}[{window}:{burst}]))",
+        "arrivals_in_bursts": f"sum_over_time({far}[{window}:{burst}]) / sum_over_time({count}[{window}:{burst}])",
+        "burst_requests": f"sum_over_time(({excess} ^ 2)[{window}:{burst}]) / sum_over_time({excess}[{window}:{burst}])",
+    }
+
+
+BURST_MEAN_SPAN_S = 120.0  # a burst window is judged against the mean of this long before it (at least 4 windows)
 
 
 def workload_queries(
@@ -216,5 +236,5 @@ def workload_queries(
         for key, expr in short.items():
             out[f"peak_{key}_{lookback}"] = peak(expr, lookback, step)
     if burst_window is not None and parse_duration_s(window) >= MIN_BURST_WINDOWS * parse_duration_s(burst_window):
-        out["arrival_dispersion"] = arrival_dispersion(engine, sel, window, burst_window)
+        out.update(burst_queries(engine, sel, window, burst_window))
     return out

@@ -105,8 +105,12 @@ def planned_workload_status(workload: Workload, source: Literal["spec", "observe
 def burstiness_status(burstiness: Burstiness | None) -> BurstinessStatus | None:
     if burstiness is None:
         return None
+    share = None if burstiness.burst_share >= 1.0 else float(f"{burstiness.burst_share:.3g}")
     return BurstinessStatus(
-        index_of_dispersion=float(f"{burstiness.index_of_dispersion:.3g}"), window_seconds=burstiness.window_s
+        index_of_dispersion=float(f"{burstiness.index_of_dispersion:.3g}"),
+        window_seconds=burstiness.window_s,
+        burst_share=share,
+        burst_requests=float(f"{burstiness.burst_requests:.3g}") if burstiness.burst_requests > 0 else None,
     )
 
 
@@ -114,7 +118,12 @@ def _burstiness(recorded: BurstinessStatus | None) -> Burstiness | None:
     if recorded is None:
         return None
     try:
-        return Burstiness(recorded.index_of_dispersion, recorded.window_seconds)
+        return Burstiness(
+            recorded.index_of_dispersion,
+            recorded.window_seconds,
+            recorded.burst_share or 1.0,
+            recorded.burst_requests or 0.0,
+        )
     except ValueError:
         return None
 

@@ -1,12 +1,14 @@
-"""The observed burstiness against a real Prometheus: an exporter serves two services' vLLM
-request counters and queue gauges, one fed Poisson arrivals and one batches at the same mean
-rate, each request held in flight for a few seconds (so completions alone would smooth the
-batches out); the operator's query reads the index of dispersion of the arrivals from the
-samples at scrape resolution, about 1 for the first and about the batch size for the second."""
+"""The observed burstiness against a real Prometheus: an exporter serves three services' vLLM
+request counters and queue gauges, fed Poisson arrivals, batches, and batches over a base
+load, all at the same mean rate, each request held in flight for a few seconds (so
+completions alone would smooth the batches out); the operator's queries read the index of
+dispersion of the arrivals from the samples at scrape resolution (about 1 for Poisson, about
+the batch size for batches), the share of requests that came in bursts and their size."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import threading
 import time
@@ -24,7 +26,7 @@ from tests.cluster.prometheus import Prometheus
 
 RATE = 4.0  # requests/s, both services
 BATCH = 10  # requests per batch of the bursty service
-WINDOW, BURST = "40s", "2s"  # 20 burst windows: the estimate's standard error is about 0.4x
+WINDOW, BURST = "60s", "2s"  # 30 burst windows: the estimate's standard error is about 0.32x
 
 
 class _Quiet(WSGIRequestHandler):
@@ -34,25 +36,37 @@ class _Quiet(WSGIRequestHandler):
 
 @dataclass
 class _Service:
-    """One pod's arrivals (a batch of `batch` at a time, at RATE requests/s on average), each
-    running for an exponential time of mean 3 s, then counted as a success."""
+    """One pod's arrivals: batches of `batch` at `batched` requests/s on average, and single
+    requests at `single` requests/s, each running for an exponential time of mean 3 s, then
+    counted as a success."""
 
     pod: str
     batch: int
+    batched: float
+    single: float
     rng: random.Random
     finishes: list[float] = field(default_factory=list)
-    next_s: float = 0.0
+    next_batch_s: float = math.inf
+    next_single_s: float = math.inf
 
-    def advance(self, now_s: float) -> tuple[int, int]:
-        """(arrivals, completions) up to `now_s`."""
-        arrived = 0
-        while self.next_s <= now_s:
-            self.finishes += [self.next_s + self.rng.expovariate(1 / 3.0) for _ in range(self.batch)]
-            arrived += self.batch
-            self.next_s += self.rng.expovariate(RATE / self.batch)
+    def __post_init__(self) -> None:
+        self.next_batch_s = self._gap(self.batched / self.batch)
+        self.next_single_s = self._gap(self.single)
+
+    def _gap(self, rate: float) -> float:
+        return self.rng.expovariate(rate) if rate > 0 else math.inf
+
+    def advance(self, now_s: float) -> int:
+        """Completions up to `now_s`."""
+        while self.next_batch_s <= now_s:
+            self.finishes += [self.next_batch_s + self.rng.expovariate(1 / 3.0) for _ in range(self.batch)]
+            self.next_batch_s += self._gap(self.batched / self.batch)
+        while self.next_single_s <= now_s:
+            self.finishes.append(self.next_single_s + self.rng.expovariate(1 / 3.0))
+            self.next_single_s += self._gap(self.single)
         done = [f for f in self.finishes if f <= now_s]
         self.finishes = [f for f in self.finishes if f > now_s]
-        return arrived, len(done)
+        return len(done)
 
 
 def _serve(registry: CollectorRegistry, stop: threading.Event) -> int:
@@ -62,17 +76,17 @@ def _serve(registry: CollectorRegistry, stop: threading.Event) -> int:
     waiting = Gauge("vllm:num_requests_waiting", "waiting", labels, registry=registry)
     start = time.monotonic()
     services = [
-        _Service("calm-5d8f9-abcde", 1, random.Random(1)),
-        _Service("bursty-5d8f9-abcde", BATCH, random.Random(2)),
+        _Service("calm-5d8f9-abcde", 1, 0.0, RATE, random.Random(1)),
+        _Service("bursty-5d8f9-abcde", BATCH, RATE, 0.0, random.Random(2)),
+        # Batch submissions over a base load: half the requests come in batches of 16.
+        _Service("mixed-5d8f9-abcde", 16, 0.5 * RATE, 0.5 * RATE, random.Random(3)),
     ]
-    for s in services:
-        s.next_s = s.rng.expovariate(RATE / s.batch)
 
     def run() -> None:
         while not stop.wait(0.05):
             now = time.monotonic() - start
             for s in services:
-                _, done = s.advance(now)
+                done = s.advance(now)
                 success.labels("ns", s.pod, "m", "stop").inc(done)
                 running.labels("ns", s.pod, "m").set(len(s.finishes))
                 waiting.labels("ns", s.pod, "m").set(0)
@@ -96,7 +110,7 @@ def test_the_burstiness_of_batches_reads_about_the_batch_size(tmp_path: Path) ->
     try:
         with Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{port}"]) as prom:
             prom.wait_for_series('{__name__="vllm:request_success_total",pod=~"bursty-.*"}')
-            time.sleep(45.0)  # a window of 40 s, and the offsets before it
+            time.sleep(65.0)  # a window of 60 s, and the offsets before it
 
             async def read(name: str) -> tuple[ObservedWorkload | None, str | None]:
                 client = AsyncPrometheusClient(prom.url, timeout_s=10.0, retries=0)
@@ -108,13 +122,18 @@ def test_the_burstiness_of_batches_reads_about_the_batch_size(tmp_path: Path) ->
 
             calm, _ = asyncio.run(read("calm"))
             bursty, _ = asyncio.run(read("bursty"))
+            mixed, _ = asyncio.run(read("mixed"))
     finally:
         stop.set()
-    assert calm is not None and bursty is not None
-    assert calm.burst_window_s == 2.0 and calm.burst_windows == 20.0
-    calm_d, bursty_d = calm.burstiness, bursty.burstiness
-    assert calm_d is not None and bursty_d is not None, (calm, bursty)
-    # Poisson reads 1 (its 99th percentile over 20 windows is about 2.2); batches of 10, about 10.
-    assert 0.2 < calm_d.index_of_dispersion < 3.0, calm_d
-    assert 4.0 < bursty_d.index_of_dispersion < 30.0, bursty_d
+    assert calm is not None and bursty is not None and mixed is not None
+    assert calm.burst_window_s == 2.0 and calm.burst_windows == 30.0
+    calm_d, bursty_d, mixed_d = calm.burstiness, bursty.burstiness, mixed.burstiness
+    assert calm_d is not None and bursty_d is not None and mixed_d is not None, (calm, bursty, mixed)
+    # Poisson reads 1 (its 99th percentile over 30 windows is about 1.9); batches of 10, about 10.
+    assert 0.2 < calm_d.index_of_dispersion < 2.5 and calm_d.burst_share == 1.0, calm_d
+    assert 4.0 < bursty_d.index_of_dispersion < 25.0, bursty_d
     assert bursty_d.window_s == 2.0
+    # Half the requests in batches of 16 over a base load: about 8.5, and about half in bursts
+    # of about 16 (the windows holding a batch stand far above the mean of the two minutes before them).
+    assert 3.0 < mixed_d.index_of_dispersion < 25.0, mixed_d
+    assert 0.15 < mixed_d.burst_share < 0.9 and 8 <= mixed_d.burst_requests <= 40, mixed_d

@@ -189,6 +189,9 @@ def test_the_dispersion_query_is_asked_only_with_enough_windows() -> None:
     for name in ("vllm:request_success_total", "vllm:num_requests_running", "vllm:num_requests_waiting"):
         assert f'{{__name__="{name}",namespace="ns"' in q and "offset 30s" in q
     assert "[60000ms:30s]" in q and "[10m:30s]" in q and "rate(" not in q
+    burst_keys = workload_queries(vllm, "ns", "svc", "10m", "1m", "30s")
+    assert "[10m:30s]" in burst_keys["arrivals_in_bursts"] and "[120000ms:30s]" in burst_keys["arrivals_in_bursts"]
+    assert burst_keys["burst_requests"].startswith("sum_over_time(")
 
 
 def test_a_failed_dispersion_read_leaves_the_rest_of_the_workload() -> None:
@@ -240,3 +243,49 @@ def test_the_autoscaler_sizes_for_the_burstiness_planned_for() -> None:
     if replanned.plan.gpu_type == start.plan.gpu_type and replanned.plan.max_batch == start.plan.max_batch:
         assert kept.state is memory.state  # the same configuration: the policy's state stays
     assert capacity(kept, intent, replanned.plan, CAT)[0] is shaped  # cached while the plan stays
+
+
+def test_the_burst_share_follows_the_fitting_rule() -> None:
+    # Batch submissions over a base load: 20% of the arrivals in windows far above their mean,
+    # bursts of about 150 requests.
+    share = dataclasses.replace(bursty(20.0), arrivals_in_bursts=0.2, burst_requests=150.0)
+    assert share.burstiness == Burstiness(20.0, 30.0, 0.2, 150.0)
+    # No window far above its neighbours (no answer), near Poisson, or unreadable parts: every
+    # request is in a burst of D, as Burstiness.from_arrivals says it.
+    assert dataclasses.replace(bursty(20.0), arrivals_in_bursts=None).burstiness == Burstiness(20.0, 30.0)
+    assert dataclasses.replace(bursty(20.0), arrivals_in_bursts=0.2).burstiness == Burstiness(20.0, 30.0)
+    near = dataclasses.replace(bursty(1.2), arrivals_in_bursts=0.3, burst_requests=5.0)
+    assert near.burstiness == Burstiness(1.2, 30.0)
+    bad = dataclasses.replace(bursty(20.0), arrivals_in_bursts=math.nan, burst_requests=150.0)
+    assert bad.burstiness == Burstiness(20.0, 30.0)
+    over = dataclasses.replace(bursty(20.0), arrivals_in_bursts=1.3, burst_requests=0.5)
+    assert over.burstiness == Burstiness(20.0, 30.0, 1.0, 1.0)
+    # A trace's fit says the same kind of thing for batch submissions over a base load.
+    rng = random.Random(RNG_SEED)
+    times: list[float] = []
+    t = 0.0
+    while t < 1800:
+        t += rng.expovariate(3.0)
+        times.append(t)
+    for start in range(60, 1800, 120):
+        times += [start + rng.random() * 2 for _ in range(150)]
+    times.sort()
+    fit = Burstiness.from_arrivals(times, 5.0)
+    assert 0.1 < fit.burst_share < 0.6 and fit.index_of_dispersion > 10 and 100 < fit.burst_requests < 200
+
+
+def test_status_shows_the_burst_share_and_keeps_it_in_the_plan() -> None:
+    w = dataclasses.replace(bursty(20.0), arrivals_in_bursts=0.2, burst_requests=150.0)
+    first = tick(deployed().status, w, 0)
+    shown = first.status.observed_workload
+    assert shown is not None and shown.burstiness is not None
+    assert (shown.burstiness.burst_share, shown.burstiness.burst_requests) == (0.2, 150.0)
+    replanned = tick(first.status, w, 10).status
+    assert replanned.plan is not None and replanned.plan.workload is not None
+    recorded = replanned.plan.workload.burstiness
+    assert recorded is not None
+    assert (recorded.index_of_dispersion, recorded.burst_share, recorded.burst_requests) == (20.0, 0.2, 150.0)
+    back = planned_workload(replanned.plan.workload, None)
+    assert back is not None and back.burstiness == Burstiness(20.0, 30.0, 0.2, 150.0)
+    every = planned_workload_status(Workload(512, 128, 4.0, burstiness=Burstiness(3.0)), "spec").burstiness
+    assert every is not None and every.burst_share is None and every.burst_requests is None  # unset: the defaults
