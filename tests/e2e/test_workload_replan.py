@@ -119,9 +119,20 @@ def test_the_operator_replans_when_the_length_mix_changes(drifting: dict[str, An
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\nstatus: {get(api, ns, 'drifting')['status']}\nlog:\n{op.tail()}") from exc
     assert len(replanned_events(api, ns, "drifting")) == 1
+
     # The peaks: 15s request and prompt-token rates, the highest over the hour, sampled every
     # 30s (aligned to the clock, so a minute of history holds few samples, some taken while the
-    # re-plan rolled the pods): of the order of the rate, and above the short prompts' work.
-    now = _workload(api, ns)
-    assert now["peakRequestsPerSecondLastHour"] >= 0.5 * now["requestsPerSecond"], now
-    assert now["peakPrefillTokensPerSecondLastHour"] >= 1.2 * shown["prefillTokensPerSecond"], (now, shown)
+    # re-plan rolled the pods): of the order of the rate, and above the short prompts' work
+    # once a sample of the long prompts' steady state is in (the first after the re-plan may
+    # be taken mid-rollout).
+    def peaks() -> bool:
+        now = _workload(api, ns)
+        return bool(
+            now["peakRequestsPerSecondLastHour"] >= 0.5 * now["requestsPerSecond"]
+            and now["peakPrefillTokensPerSecondLastHour"] >= 1.2 * shown["prefillTokensPerSecond"]
+        )
+
+    try:
+        wait_until(peaks, 45, "the hour's peaks above the short prompts' work")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\nnow: {_workload(api, ns)}\nbefore: {shown}") from exc
