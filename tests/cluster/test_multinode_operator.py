@@ -150,6 +150,13 @@ def test_a_model_larger_than_a_node_runs_as_groups_of_nodes(
     patch_spec(api, namespace, name, {"model": {"name": "llama-3.1-405b", "precision": "fp8"}})
     wait_for(lambda: deployment(api, namespace, name) is not None, "the Deployment", operator, api, namespace)
     wait_for(lambda: read(api, namespace, name) is None, "the LeaderWorkerSet deleted", operator, api, namespace)
+    wait_for(  # the status is written after the children are applied
+        lambda: get(api, namespace, name)["status"]["plan"]["nodes"] == 1,
+        "the plan on one node",
+        operator,
+        api,
+        namespace,
+    )
     plan = get(api, namespace, name)["status"]["plan"]
     assert (plan["nodes"], plan["pipelineParallel"]) == (1, 1)
     svc = client.CoreV1Api(api).read_namespaced_service(name, namespace)
@@ -177,6 +184,39 @@ def test_a_native_fp8_checkpoint_is_the_default_precision(
     assert group is not None
     leader = group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
     assert "deepseek-ai/DeepSeek-R1" in leader["args"][0] and "--quantization" not in leader["args"][0]
+
+
+def test_expert_parallelism_deployed_where_tensor_parallelism_cannot_split(
+    operator: Operator, api: client.ApiClient, namespace: str
+) -> None:
+    """A block-FP8 MoE checkpoint given as its config.json (Qwen3-235B-A22B's shapes, 1536-wide
+    experts in 128-wide blocks): one replica for 25 req/s needs a whole H100 node, where vLLM
+    refuses tensor parallel 8 alone; the operator deploys TP 8 with --enable-expert-parallel and
+    the API server keeps status.plan.expertParallel (the CRD's schema)."""
+    from tests.unit.test_expert_parallel import QWEN3_235B_FP8
+
+    body = copy.deepcopy(BIG)
+    name = body["metadata"]["name"] = "qwen3-235b-fp8"
+    body["spec"]["model"] = {
+        "name": "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8",
+        "architecture": {"huggingFaceConfig": QWEN3_235B_FP8},
+    }
+    body["spec"]["workload"] = {"inputTokens": 1000, "outputTokens": 300, "requestsPerSecond": 25}
+    body["spec"]["scaling"] = {"maxReplicas": 1}
+    create(api, namespace, body)
+    wait_for(
+        lambda: deployment(api, namespace, name) is not None and "plan" in get(api, namespace, name).get("status", {}),
+        "the Deployment and the plan in status",
+        operator,
+        api,
+        namespace,
+        name,
+    )
+    plan = get(api, namespace, name)["status"]["plan"]
+    assert (plan["tensorParallel"], plan["expertParallel"], plan["precision"]) == (8, True, "fp8")
+    container = deployment(api, namespace, name).spec.template.spec.containers[0]
+    assert "--enable-expert-parallel" in container.args
+    assert container.resources.limits["nvidia.com/gpu"] == "8"
 
 
 def h100_node(name: str) -> dict[str, Any]:
