@@ -120,13 +120,17 @@ def capacity(
         plan.max_batch,
         intent.spec.model,
         intent.slo,
+        intent.spec.routing.inference_pool is not None,
     )
     key = (*configuration, plan.workload)
     if memory.key == key and memory.capacity is not None:
         return memory.capacity, memory
     cfg = serving_config(intent, plan, catalog)
     shape = planned_workload(plan.workload, intent.workload.max_context_tokens) if plan.workload else None
-    model = SizingCapacity(cfg, intent.slo, plan.max_batch, shape)
+    # Behind an InferencePool the endpoint picker sends a request to the least-loaded replica.
+    model = SizingCapacity(
+        cfg, intent.slo, plan.max_batch, shape, least_loaded=intent.spec.routing.inference_pool is not None
+    )
     if memory.key is not None and memory.key[:-1] == configuration:
         return model, ScalerMemory(key, model, memory.cold_start_s, memory.state)
     return model, ScalerMemory(key, model, default_cold_start_s(intent, cfg), PolicyState(cold_start_samples=learned))

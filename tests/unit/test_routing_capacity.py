@@ -121,3 +121,16 @@ def test_a_burst_across_a_window_edge_is_counted_whole() -> None:
     fitted = Burstiness.from_arrivals(sorted(times), 5.0)
     assert 45.0 <= fitted.burst_requests <= 60.0
     assert 0.4 <= fitted.burst_share <= 0.6  # 1500 of 3300 arrive in bursts (with the base in their windows)
+
+
+def test_the_operator_sizes_for_the_endpoint_pickers_routing_behind_an_inference_pool() -> None:
+    from kvscale.api.intent import parse_intent
+    from kvscale.operator.scaling import ScalerMemory, capacity
+    from tests.unit.test_reconcile import CAT, deployed, spec
+
+    plan = deployed().status.plan
+    assert plan is not None
+    plain, memory = capacity(ScalerMemory(), parse_intent(spec()), plan, CAT)
+    pooled, _ = capacity(memory, parse_intent(spec(routing={"inferencePool": {}})), plan, CAT)
+    assert not plain.least_loaded
+    assert pooled.least_loaded  # a changed routing builds a new model, not the cached one
