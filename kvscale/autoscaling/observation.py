@@ -134,6 +134,31 @@ def dispersion_of_counts(counts: Sequence[float]) -> float | None:
     return (sum(squares) / len(squares)) / (2.0 * sum(counts) / len(counts))
 
 
+def bursts_of_counts(
+    counts: Sequence[float], mean_windows: int, first: int = 0, sds: float = 3.0
+) -> tuple[float, float] | None:
+    """The burst share and size the operator reads (kvscale.metrics.promql `burst_queries`:
+    `arrivals_in_bursts`, `burst_requests`) from arrivals counted in consecutive windows, over
+    the windows from `first` on (those before only feed the means): a window holds a burst
+    when its count is more than `sds` Poisson standard deviations and one above the mean of
+    the last `mean_windows` windows (itself included); the share is the arrivals in such
+    windows over all, the size their excess over that mean, size-biased (sum of squares over
+    sum). None when no window holds one."""
+    bursty = squares = excess = 0.0
+    for i in range(first, len(counts)):
+        recent = counts[max(0, i - mean_windows + 1) : i + 1]
+        local = sum(recent) / len(recent)
+        c = counts[i]
+        if c > local + sds * math.sqrt(local) + 1.0:
+            bursty += c
+            squares += (c - local) ** 2
+            excess += c - local
+    total = sum(counts[first:])
+    if bursty <= 0 or excess <= 0 or total <= 0:
+        return None
+    return bursty / total, squares / excess
+
+
 def dispersion_noise(windows: float) -> float:
     """The relative standard error of `dispersion_of_counts` over `windows` counts of a
     stationary stream: sqrt(3 / (n - 1)) (neighbouring differences share a count; checked by

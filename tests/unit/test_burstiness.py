@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from kvscale.autoscaling.observation import (
     MIN_BURST_WINDOWS,
     ObservedWorkload,
+    bursts_of_counts,
     dispersion_noise,
     dispersion_of_counts,
 )
@@ -289,3 +290,18 @@ def test_status_shows_the_burst_share_and_keeps_it_in_the_plan() -> None:
     assert back is not None and back.burstiness == Burstiness(20.0, 30.0, 0.2, 150.0)
     every = planned_workload_status(Workload(512, 128, 4.0, burstiness=Burstiness(3.0)), "spec").burstiness
     assert every is not None and every.burst_share is None and every.burst_requests is None  # unset: the defaults
+
+
+def test_the_burst_windows_as_the_promql_reads_them() -> None:
+    # A flat 10 per window with one batch of 90 on top: one far window, share 100/290, excess 90 - its mean.
+    counts = [10.0] * 20
+    counts[12] = 100.0
+    found = bursts_of_counts(counts, 4)
+    assert found is not None
+    share, size = found
+    local = (10 * 3 + 100) / 4
+    assert share == pytest.approx(100 / 290) and size == pytest.approx(100 - local)
+    # Windows before `first` feed the means only; a flat or Poisson stream holds no burst.
+    assert bursts_of_counts(counts, 4, first=13) is None
+    assert bursts_of_counts([10.0] * 20, 4) is None
+    assert bursts_of_counts(_counts(random.Random(RNG_SEED), 200, 20.0), 4) is None
