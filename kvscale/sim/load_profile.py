@@ -171,6 +171,9 @@ def parse_profile(text: str, input_tokens: int, output_tokens: int, seed: int = 
     return arrivals
 
 
+MAX_BURST_REQUESTS = 10_000  # requests at once: more would stall the stand-in on one arrival
+
+
 def parse_bursts(text: str, mod: str) -> tuple[tuple[float, int], ...]:
     """`bursts:N@T,...` as sorted (T, N); N at least 1 request, times >= 0."""
     usage = f"--load {text!r}: write ';bursts:REQUESTS@SECONDS,...', e.g. ';bursts:1@0,16@60'"
@@ -182,8 +185,8 @@ def parse_bursts(text: str, mod: str) -> tuple[tuple[float, int], ...]:
     except ValueError as exc:
         raise ProfileError(usage) from exc
     for at, size in out:
-        if not (math.isfinite(at) and at >= 0) or size < 1:
-            raise ProfileError(f"{usage}; got {size}@{at:g} (at least 1 request, times >= 0 s)")
+        if not (math.isfinite(at) and at >= 0) or not 1 <= size <= MAX_BURST_REQUESTS:
+            raise ProfileError(f"{usage}; got {size}@{at:g} (1 to {MAX_BURST_REQUESTS} requests, times >= 0 s)")
     return tuple(sorted(out))
 
 

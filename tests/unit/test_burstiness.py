@@ -221,7 +221,7 @@ def test_the_standin_sends_batches_at_the_same_mean_rate() -> None:
     both = parse_profile("constant:4;lengths:1024/32@10;bursts:3@0", 256, 64, seed=3).until(20.0)
     assert {(r.input_tokens, r.output_tokens) for r in both if r.arrival_s >= 10} == {(1024, 32)}
     assert all(sum(1 for o in both if o.arrival_s == r.arrival_s) % 3 == 0 for r in both)
-    for bad in ("constant:1;bursts:0@0", "constant:1;bursts:x", "constant:1;bursts:2@-1"):
+    for bad in ("constant:1;bursts:0@0", "constant:1;bursts:x", "constant:1;bursts:2@-1", "constant:1;bursts:20000@0"):
         with pytest.raises(ProfileError, match="bursts"):
             parse_profile(bad, 1, 1)
 
