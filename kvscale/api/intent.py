@@ -176,6 +176,7 @@ def serving_config(intent: Intent, plan: PlanStatus, catalog: Catalog) -> Servin
         plan.max_num_batched_tokens,
         pipeline_parallel=plan.pipeline_parallel,
         expert_parallel=plan.expert_parallel,
+        data_parallel=plan.data_parallel,
     )
 
 
@@ -202,6 +203,7 @@ def plan_request(
         max_replicas=intent.scaling.max_replicas,
         gpu_limits=gpu_limits,
         engine=intent.engine,
+        data_parallel_attention=intent.spec.hardware.data_parallel_attention,
     )
 
 

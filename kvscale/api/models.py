@@ -209,6 +209,12 @@ class HardwareSpec(_Wire):
     objective: Literal["cost", "latency"] = Field(
         default="cost", description="Cheapest plan meeting the SLO, or the fastest."
     )
+    data_parallel_attention: bool = Field(
+        default=False,
+        description="MoE models on vLLM: also consider replicas of 2, 4 or 8 data-parallel attention ranks "
+        "(--data-parallel-size N --enable-expert-parallel: each GPU its own attention and KV cache, the experts "
+        "over all; one node).",
+    )
 
 
 class ScalingSpec(_Wire):
@@ -363,6 +369,7 @@ class CandidateStatus(_Status):
     gpu_type: str = Field(description="GPU type.")
     tensor_parallel: int = Field(description="GPUs per replica.")
     expert_parallel: bool = Field(default=False, description="MoE: whole routed experts per GPU.")
+    data_parallel: int = Field(default=1, description="Data-parallel attention ranks per replica.")
     precision: str = Field(description="Weight precision.")
     reason: str = Field(description="Why it lost, or why it was chosen.")
     replicas: int | None = Field(default=None, description="Replicas it would need.")
@@ -420,6 +427,11 @@ class PlanStatus(_Status):
     expert_parallel: bool = Field(
         default=False,
         description="MoE: whole routed experts per GPU (vLLM --enable-expert-parallel, SGLang --ep-size).",
+    )
+    data_parallel: int = Field(
+        default=1,
+        description="Data-parallel attention ranks per replica (vLLM --data-parallel-size; GPUs = tensor x pipeline x "
+        "data parallel).",
     )
     precision: str = Field(description="Weight precision.")
     max_batch: int = Field(description="Engine batch limit (--max-num-seqs).")

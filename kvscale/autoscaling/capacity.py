@@ -83,5 +83,5 @@ def default_cold_start_s(cfg: ServingConfig, weights_cached: bool = False, sourc
     the engine's start, downloading the checkpoint (`source`, or the 16-bit one) when the pod
     has no weight cache (spec.model.cache), and loading each GPU's shard."""
     return replica_cold_start(
-        cfg.model, cfg.precision, cfg.tensor_parallel, cfg.engine, source, cached=weights_cached
+        cfg.model, cfg.precision, cfg.tensor_parallel * cfg.data_parallel, cfg.engine, source, cached=weights_cached
     ).total_s

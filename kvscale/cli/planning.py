@@ -118,7 +118,7 @@ def plan_cmd(
             "--dp-attention",
             help="MoE models on vLLM: also plan replicas of 2, 4 or 8 data-parallel attention ranks "
             "(--data-parallel-size N --enable-expert-parallel: each GPU its own attention and KV cache, the "
-            "experts over all). The operator does not deploy these yet.",
+            "experts over all; spec.hardware.dataParallelAttention in the operator).",
         ),
     ] = False,
     catalog: CatalogOpt = None,

@@ -45,7 +45,11 @@ def status_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[str]
     if plan is None:
         lines.append("Plan:     none yet (see the Planned condition)")
     else:
-        shape = f"{plan.replicas} x {plan.tensor_parallel * plan.pipeline_parallel} {plan.gpu_type}"
+        shape = (
+            f"{plan.replicas} x {plan.tensor_parallel * plan.pipeline_parallel * plan.data_parallel} {plan.gpu_type}"
+        )
+        if plan.data_parallel > 1:
+            shape += f" (data-parallel attention x{plan.data_parallel})"
         if plan.nodes > 1:
             shape += f" over {plan.nodes} nodes (TP {plan.tensor_parallel} x PP {plan.pipeline_parallel})"
         lines += [

@@ -146,7 +146,7 @@ def govern(
             return replace(done, result=replace(done.result, status=without_condition(status, CONDITION)))
         return done
     plan = fleet_.plan
-    gpr = plan.tensor_parallel * max(plan.nodes, 1)
+    gpr = plan.tensor_parallel * max(plan.nodes, 1) * plan.data_parallel
     wanted = done.decision.replicas
     key = service_key(res.namespace, res.name)
     before_entry = book.entries.get(key)
@@ -265,7 +265,7 @@ def cap_deploy(
         return result
     if intent.scaling.pinned_replicas is not None:
         return result
-    gpr = plan.tensor_parallel * max(plan.nodes, 1)
+    gpr = plan.tensor_parallel * max(plan.nodes, 1) * plan.data_parallel
     current = existing.replicas if existing is not None and existing.gpu_type == plan.gpu_type else 0
     replicas = int((workload.get("spec") or {}).get("replicas") or 0)
     key = service_key(res.namespace, res.name)

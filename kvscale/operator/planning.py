@@ -96,7 +96,11 @@ def _no_capacity(best: Plan, pools: Mapping[str, GpuPool], excluded: tuple[str, 
         c = best.chosen
         need = c.prediction.replicas * c.config.gpus
         shape = (
-            f"TP{c.tensor_parallel}" if c.pipeline_parallel == 1 else f"TP{c.tensor_parallel} x PP{c.pipeline_parallel}"
+            f"DP{c.data_parallel} attention"
+            if c.data_parallel > 1
+            else f"TP{c.tensor_parallel}"
+            if c.pipeline_parallel == 1
+            else f"TP{c.tensor_parallel} x PP{c.pipeline_parallel}"
         )
         nodes = f", {c.nodes} whole nodes each" if c.nodes > 1 else ""
         fits = f"; it would fit on {need} x {c.gpu} ({c.prediction.replicas} replica(s) x {shape}{nodes})"

@@ -116,6 +116,7 @@ def capacity(
         plan.tensor_parallel,
         plan.pipeline_parallel,
         plan.expert_parallel,
+        plan.data_parallel,
         plan.precision,
         plan.max_batch,
         intent.spec.model,
@@ -140,7 +141,7 @@ def cold_start_key(intent: Intent, plan: PlanStatus) -> tuple[str, str, int, str
     """Replicas that start alike: one model (name or shapes), GPU type, tensor parallelism and precision."""
     m = intent.spec.model
     model = m.name or (m.architecture.model_dump_json() if m.architecture else "")
-    return (model, plan.gpu_type, plan.tensor_parallel, plan.precision)
+    return (model, plan.gpu_type, plan.tensor_parallel * plan.data_parallel, plan.precision)
 
 
 def newly_ready(
@@ -165,7 +166,7 @@ def default_cold_start_s(intent: Intent, cfg: ServingConfig) -> float:
         start = replica_cold_start(
             cfg.model,
             cfg.precision,
-            cfg.tensor_parallel,
+            cfg.tensor_parallel * cfg.data_parallel,
             cfg.engine,
             requested_source(m.name, m.source, cfg.precision.name),
             cached=m.cache is not None,

@@ -196,7 +196,7 @@ class PlanRequest:
     gpu_limits: Mapping[str, int] | None = None  # free GPUs per type (cluster inventory)
     engine: str = "vllm"
     # MoE: also replicas of 2, 4 or 8 data-parallel attention ranks (vLLM --data-parallel-size
-    # with --enable-expert-parallel); the operator does not deploy them yet.
+    # with --enable-expert-parallel); spec.hardware.dataParallelAttention in the operator.
     data_parallel_attention: bool = False
 
 

@@ -219,6 +219,45 @@ def test_expert_parallelism_deployed_where_tensor_parallelism_cannot_split(
     assert container.resources.limits["nvidia.com/gpu"] == "8"
 
 
+def test_data_parallel_attention_deployed_when_the_spec_allows_it(
+    operator: Operator, api: client.ApiClient, namespace: str
+) -> None:
+    """DeepSeek-R1 at 12 req/s on one H200 node (TP 8 would need two) with
+    spec.hardware.dataParallelAttention: one pod of 8
+    data-parallel attention ranks (vLLM --data-parallel-size 8 --enable-expert-parallel at TP 1),
+    status.plan.dataParallel kept by the API server."""
+    core = client.CoreV1Api(api)
+    node = h100_node("h200-extra-0")
+    node["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-H200"
+    core.create_node(node)
+    try:
+        body = copy.deepcopy(BIG)
+        name = body["metadata"]["name"] = "deepseek-dp"
+        body["spec"]["model"] = {"name": "deepseek-ai/DeepSeek-R1"}
+        body["spec"]["workload"] = {"inputTokens": 2000, "outputTokens": 500, "requestsPerSecond": 12}
+        body["spec"]["slo"] = {"timeToFirstToken": "2s", "timePerOutputToken": "80ms"}
+        body["spec"]["hardware"] = {"gpuTypes": ["H200"], "dataParallelAttention": True}
+        create(api, namespace, body)
+        wait_for(
+            lambda: (
+                deployment(api, namespace, name) is not None and "plan" in get(api, namespace, name).get("status", {})
+            ),
+            "the Deployment and the plan in status",
+            operator,
+            api,
+            namespace,
+            name,
+        )
+        plan = get(api, namespace, name)["status"]["plan"]
+        assert (plan["dataParallel"], plan["expertParallel"], plan["tensorParallel"]) == (8, True, 1), plan
+        container = deployment(api, namespace, name).spec.template.spec.containers[0]
+        args = container.args
+        assert args[args.index("--data-parallel-size") + 1] == "8" and "--enable-expert-parallel" in args
+        assert container.resources.limits["nvidia.com/gpu"] == "8"
+    finally:
+        core.delete_node("h200-extra-0")
+
+
 def h100_node(name: str) -> dict[str, Any]:
     """One more kwok node like the pool's H100 nodes (8 GPUs)."""
     node = next(n for n in node_objects(NODEPOOL) if n["metadata"]["name"] == "h100-0")

@@ -351,3 +351,42 @@ def test_kvscale_plan_dp_attention() -> None:
     assert chosen["data_parallel"] == 8 and "--data-parallel-size" in chosen["engine_args"]
     plain = json.loads(CliRunner().invoke(app, args).output)["chosen"]
     assert plain["data_parallel"] == 1 and plain["tensor_parallel"] == 8
+
+
+H200_NODES = [
+    {
+        "metadata": {"name": f"h200-{i}", "labels": {"nvidia.com/gpu.product": "NVIDIA-H200"}},
+        "spec": {},
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+    }
+    for i in range(3)
+]
+
+
+def test_the_operator_deploys_data_parallel_attention_when_the_spec_allows_it() -> None:
+    raw: dict[str, Any] = {
+        "model": {"name": "deepseek-ai/DeepSeek-R1"},
+        "workload": {"inputTokens": 2000, "outputTokens": 500, "requestsPerSecond": 20},
+        "slo": {"timeToFirstToken": "2s", "timePerOutputToken": "80ms"},
+        "hardware": {"gpuTypes": ["H200"]},
+    }
+    pools = gpu_inventory(CAT, H200_NODES, [])
+    plain = plan_service(parse_intent(raw), CAT, pools)
+    assert isinstance(plain, Planned) and plain.chosen.data_parallel == 1  # not asked for
+    raw["hardware"]["dataParallelAttention"] = True
+    intent = parse_intent(raw)
+    planned = plan_service(intent, CAT, pools)
+    assert isinstance(planned, Planned), planned.message
+    assert planned.chosen.data_parallel == 8 and planned.prediction.replicas == 2
+    status = plan_status(planned, 163840, ())
+    dumped = status.model_dump(by_alias=True)
+    assert (dumped["dataParallel"], dumped["expertParallel"], dumped["tensorParallel"]) == (8, True, 1)
+    cfg = serving_config(intent, status, CAT)
+    assert (cfg.data_parallel, cfg.gpus) == (8, 8)
+    dep = deployment("svc", "uid", intent.spec, planned.model, cfg, planned.chosen, planned.pool, 2, 8000)
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[args.index("--data-parallel-size") + 1] == "8" and "--enable-expert-parallel" in args
+    assert args[args.index("--tensor-parallel-size") + 1] == "1"
+    assert int(args[args.index("--max-num-seqs") + 1]) == math.ceil(status.max_batch / 8)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
