@@ -260,7 +260,7 @@ def simulate(
         load_text = f"trace {trace.name}{scales}"
     else:
         load_text = f"{concurrency} closed-loop users, {input_tokens} in / {output_tokens} out"
-    head = f"{arch.name} on {setup.cfg.tensor_parallel} x {setup.cfg.gpu.name} ({setup.cfg.precision.name})"
+    head = f"{arch.name} on {setup.cfg.gpus} x {setup.cfg.gpu.name} ({setup.cfg.precision.name})"
     if as_json:
         print_json(rows)
     else:
@@ -276,7 +276,7 @@ def simulate(
 
 def _render(setup: Any, rows: list[dict[str, Any]], slo: Any, percentile: float) -> None:
     console.print(
-        f"{setup.cfg.model.name} on {setup.cfg.tensor_parallel} x {setup.cfg.gpu.name} ({setup.cfg.precision.name}), "
+        f"{setup.cfg.model.name} on {setup.cfg.gpus} x {setup.cfg.gpu.name} ({setup.cfg.precision.name}), "
         f"max batch {setup.max_batch}, chunk budget {setup.cfg.max_num_batched_tokens}, cold start {setup.cold_start_s:.0f}s, routing {setup.routing}; "
         f"SLO p{percentile:g} TTFT <= "
         f"{slo.ttft_s * 1e3:g} ms, TPOT <= {slo.tpot_s * 1e3:g} ms"
