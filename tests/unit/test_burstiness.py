@@ -305,3 +305,17 @@ def test_the_burst_windows_as_the_promql_reads_them() -> None:
     assert bursts_of_counts(counts, 4, first=13) is None
     assert bursts_of_counts([10.0] * 20, 4) is None
     assert bursts_of_counts(_counts(random.Random(RNG_SEED), 200, 20.0), 4) is None
+
+
+@given(st.floats(0.05, 500.0), st.sampled_from([2.0, 5.0, 30.0]), st.floats(1.1, 4.0), st.booleans())
+def test_drift_properties(planned_d: float, burst_s: float, factor: float, drifting: bool) -> None:
+    planned = Workload.of(
+        LengthDistribution.constant(512),
+        LengthDistribution.constant(128),
+        4.0,
+        burstiness=Burstiness(planned_d, burst_s),
+    )
+    since = NOW if drifting else None
+    # What the plan was made for is no drift; an unread burstiness is none either.
+    assert check_drift(planned, bursty(planned_d, burst_s=burst_s), since, NOW, factor, 600).drift is None
+    assert check_drift(planned, bursty(None, burst_s=burst_s), since, NOW, factor, 600).drift is None
