@@ -96,11 +96,26 @@ def leader_labels(name: str) -> dict[str, str]:
 
 
 def multi_node_commands(
-    engine: str, command: list[str], args: list[str], nodes: int
+    engine: str, command: list[str], args: list[str], nodes: int, data_parallel_local: int = 0
 ) -> tuple[tuple[list[str], list[str]], tuple[list[str], list[str]]]:
     """(leader command, args), (worker command, args) for the engine's launch `command args` (its
     own flags with the plan's tensor and pipeline parallelism, spec.engine.args included) spread
-    over `nodes` nodes."""
+    over `nodes` nodes. `data_parallel_local`: data-parallel attention ranks per node (vLLM's
+    multi-node data parallel, no Ray: vllm/entrypoints/cli/serve.py run_headless for the
+    workers; engine/arg_utils.py --data-parallel-size-local, --data-parallel-address,
+    --data-parallel-start-rank, the RPC port left at ParallelConfig's default 29550)."""
+    if engine == "vllm" and data_parallel_local > 0:
+        where = [
+            "--data-parallel-size-local",
+            str(data_parallel_local),
+            "--data-parallel-address",
+            f"$({ENV_LEADER_ADDRESS})",
+        ]
+        leader_args = [*args, *where]
+        # $$ is Kubernetes' escape for $: the shell computes this node's first rank
+        start = f"$$(({ENV_WORKER_INDEX} * {data_parallel_local}))"
+        worker = f"exec {shlex.join([*command, *args, *where, '--headless'])} --data-parallel-start-rank {start}"
+        return (list(command), leader_args), (["/bin/sh", "-c"], [worker])
     if engine == "vllm":
         serve = [*command, *args, "--distributed-executor-backend", "ray"]
         leader = f"ray start --head --port={RAY_PORT} && exec {shlex.join(serve)}"
@@ -145,7 +160,11 @@ def leader_worker_set(
     nodes, gpus = cfg.nodes, cfg.gpus_per_node
     command, engine_args = planned.command
     (lead_cmd, lead_args), (work_cmd, work_args) = multi_node_commands(
-        cfg.engine.name, command, [*engine_args, *spec.engine.args], nodes
+        cfg.engine.name,
+        command,
+        [*engine_args, *spec.engine.args],
+        nodes,
+        cfg.gpus_per_node if cfg.data_parallel > 1 else 0,
     )
     sglang = cfg.engine.name == "sglang"
     leader = pod_template(

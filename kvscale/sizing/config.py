@@ -239,7 +239,14 @@ class ServingConfig:
         ep = self.expert_parallel and m.is_moe
         expert_bytes = m.expert_params * expert_bpp / (1 if ep else tp) if m.is_moe else 0.0
         dp = self.data_parallel
-        dispatch_fixed, dispatch_per_token = data_parallel_moe_terms_s(m.hidden_size, m.moe_layers, dp, self.link, e)
+        link = self.link
+        if dp > 1 and self.nodes > 1 and self.gpu.internode_bandwidth_bytes_per_s:  # the ring crosses the fabric
+            link = LinkSpec(
+                bandwidth_bytes_per_s_per_direction=self.gpu.internode_bandwidth_bytes_per_s,
+                latency_s=self.gpu.internode_latency_s,
+                source="the GPU's inter-node fabric (gpus.yaml)",
+            )
+        dispatch_fixed, dispatch_per_token = data_parallel_moe_terms_s(m.hidden_size, m.moe_layers, dp, link, e)
         return Rates(
             matmul_flops_per_s=self.peak_flops_per_s * self.matmul_efficiency,
             weight_bytes_per_s=kv_bandwidth * self.precision.weight_bandwidth_efficiency,
@@ -348,8 +355,8 @@ class ServingConfig:
                     "data-parallel attention is modelled as vLLM runs it (--data-parallel-size, attention and dense "
                     "layers whole per rank); SGLang's --attn-dp-size keeps its FFN tensor parallel"
                 )
-            if self.nodes > 1:
-                return "data-parallel attention is planned within one node"
+            if self.nodes > 1 and self.gpus_per_node != self.gpu.max_gpus_per_node:
+                return "data-parallel attention across nodes takes whole nodes"
         if self.expert_parallel:
             if not self.model.is_moe:
                 return f"expert parallelism needs a mixture-of-experts model; {self.model.name} is dense"

@@ -22,7 +22,7 @@ TENSOR_PARALLEL_DEGREES = (1, 2, 4, 8)
 DEFAULT_HEADROOM = 0.10
 BUDGET_RATE_TOLERANCE = 0.02  # chunk budgets carrying within 2% of the best rate count as equal
 FULLY_RANKED = 5  # alternatives evaluated in full, beyond the chosen one
-DATA_PARALLEL_DEGREES = (2, 4, 8)  # data-parallel attention ranks per replica (one node)
+DATA_PARALLEL_DEGREES = (2, 4, 8)  # data-parallel attention ranks per replica in one node; also two whole nodes
 MAX_PIPELINE_NODES = 4  # most nodes one replica may span (pipeline stages of a whole node each)
 
 
@@ -671,8 +671,8 @@ def configurations(catalog: Catalog, request: PlanRequest) -> list[ServingConfig
                 data_parallel=ranks,
             )
             for gpu in gpus
-            for ranks in DATA_PARALLEL_DEGREES
-            if ranks <= gpu.max_gpus_per_node
+            for ranks in (*DATA_PARALLEL_DEGREES, 2 * gpu.max_gpus_per_node)
+            if ranks <= gpu.max_gpus_per_node or (ranks > 8 and gpu.internode_bandwidth_bytes_per_s is not None)
             for precision in request.precisions
         ]
     return configs

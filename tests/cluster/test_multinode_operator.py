@@ -174,7 +174,14 @@ def test_a_native_fp8_checkpoint_is_the_default_precision(
     body["spec"]["model"] = {"name": "deepseek-r1"}
     body["spec"]["workload"]["requestsPerSecond"] = 0.2
     create(api, namespace, body)
-    wait_for(lambda: read(api, namespace, name) is not None, "the LeaderWorkerSet", operator, api, namespace, name)
+    wait_for(
+        lambda: read(api, namespace, name) is not None and "plan" in get(api, namespace, name).get("status", {}),
+        "the LeaderWorkerSet and the plan in status",
+        operator,
+        api,
+        namespace,
+        name,
+    )
     obj = get(api, namespace, name)
     assert "precision" not in obj["spec"]["model"]
     plan = obj["status"]["plan"]

@@ -353,6 +353,11 @@ def test_kvscale_plan_dp_attention() -> None:
     assert plain["data_parallel"] == 1 and plain["tensor_parallel"] == 8
 
 
+CHAT_SPEC: dict[str, Any] = {
+    "model": {"name": "llama-3.1-8b"},
+    "workload": {"inputTokens": 2000, "outputTokens": 500, "requestsPerSecond": 2},
+    "slo": {"timeToFirstToken": "2s", "timePerOutputToken": "80ms"},
+}
 H200_NODES = [
     {
         "metadata": {"name": f"h200-{i}", "labels": {"nvidia.com/gpu.product": "NVIDIA-H200"}},
@@ -390,3 +395,36 @@ def test_the_operator_deploys_data_parallel_attention_when_the_spec_allows_it() 
     assert args[args.index("--tensor-parallel-size") + 1] == "1"
     assert int(args[args.index("--max-num-seqs") + 1]) == math.ceil(status.max_batch / 8)
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_data_parallel_attention_across_two_nodes_runs_as_a_leader_worker_set() -> None:
+    from kvscale.api import labels
+    from kvscale.operator import leader_worker_set as lws
+    from kvscale.operator.inventory import GpuPool
+    from kvscale.sizing.engine_args import plan_launch
+
+    h100 = CAT.gpu("H100-SXM")
+    dp16 = _dp("deepseek-r1", "H100-SXM", "fp8", 16)
+    assert dp16.unsupported_reason() is None and (dp16.nodes, dp16.gpus_per_node) == (2, 8)
+    assert dp16.memory.fits  # 16 experts per GPU: 58 GiB of weights
+    within = _dp("deepseek-r1", "H100-SXM", "fp8", 8)  # NVLink only (it does not fit, but its rates exist)
+    assert dp16.rates.dispatch_s_per_token > within.rates.dispatch_s_per_token  # the ring crosses the fabric
+    planned = plan_launch(dp16, "deepseek-ai/DeepSeek-R1", 163840, 2500, 1024, 100_000, 8000, cached=False)
+    intent = parse_intent({**copy.deepcopy(CHAT_SPEC), "model": {"name": "deepseek-ai/DeepSeek-R1"}})
+    pool = GpuPool("H100-SXM", h100.node_labels[0], h100.label_key, h100.resource_name, 32, 0, 8)
+    obj = lws.leader_worker_set("ds", intent.spec, dp16, planned, pool, 1, 8000, labels("ds"))
+    t = obj["spec"]["leaderWorkerTemplate"]
+    assert t["size"] == 2
+    leader = t["leaderTemplate"]["spec"]["containers"][0]
+    worker = t["workerTemplate"]["spec"]["containers"][0]
+    assert leader["command"] == ["vllm", "serve"]
+    args = leader["args"]
+    assert args[args.index("--data-parallel-size") + 1] == "16"
+    assert args[args.index("--data-parallel-size-local") + 1] == "8"
+    assert args[args.index("--data-parallel-address") + 1] == "$(LWS_LEADER_ADDRESS)"
+    assert "--enable-expert-parallel" in args and "--distributed-executor-backend" not in args
+    assert args[args.index("--max-num-seqs") + 1] == "64"  # 1024 over 16 engines
+    script = worker["args"][0]
+    assert worker["command"] == ["/bin/sh", "-c"] and "--headless" in script
+    assert script.endswith("--data-parallel-start-rank $$((LWS_WORKER_INDEX * 8))")
+    assert leader["resources"]["limits"]["nvidia.com/gpu"] == worker["resources"]["limits"]["nvidia.com/gpu"] == "8"
