@@ -240,9 +240,14 @@ def allocate(
         choice = _choose(d, room, floor_got, config)
         opt = d.options[choice]
         want = max(opt.wanted, d.min_replicas)
+        before = (dict(ledger.used), dict(ledger.ns_used), dict(at), dict(held))
         _make_room(ledger, d, opt, want * opt.gpus_per_replica, lower, at, held)
         got = ledger.fits(d.namespace, opt, want)
         if got < floor_got and choice != floor_at:  # never below the floor it already had
+            # ... and the floors moved for it go back: it stays where it was.
+            ledger.used, ledger.ns_used = before[0], before[1]
+            at.update(before[2])
+            held.update(before[3])
             choice, opt = floor_at, d.options[floor_at]
             got = ledger.fits(d.namespace, opt, max(opt.wanted, d.min_replicas))
         ledger.take(d.namespace, opt, got)

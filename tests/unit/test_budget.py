@@ -270,3 +270,32 @@ def test_idle_window_releases_the_last_replica_and_a_wait_brings_it_back() -> No
     assert replicas == 1 and why is not None and "3 requests wait" in why
     assert idle_replicas(0, 0, None, 300.0, None)[0] == 1  # unknown never releases
     assert idle_replicas(2, 0, 9999.0, 300.0, None) == (2, None)
+
+
+def test_a_failed_attempt_to_make_room_leaves_the_floors_where_they_were() -> None:
+    # Found by test_floors_first: s2 tried the cheaper H100 and moved s1's floor to L40S for it,
+    # found too little room there and went back to L40S, where s1 now held what its floor needed.
+    budget = Budget("b", {"H100-SXM": 5, "A100-80GB": 0, "L40S": 4})
+    h100 = (Option("H100-SXM", 1, 0),)
+    demands = [
+        Demand("s0", (Option("H100-SXM", 1, 1),)),
+        Demand("s1", (Option("H100-SXM", 1, 1), Option("L40S", 1, 1)), min_replicas=1),
+        Demand(
+            "s2",
+            (Option("A100-80GB", 1, 0), Option("H100-SXM", 1, 0), Option("L40S", 2, 0)),
+            priority=1,
+            min_replicas=2,
+            current_gpu_type="L40S",
+        ),
+        Demand("s3", h100),
+        Demand("s4", h100),
+        Demand("s5", h100),
+        Demand(
+            "s6",
+            (Option("H100-SXM", 2, 0), Option("L40S", 2, 0), Option("A100-80GB", 1, 0)),
+            min_replicas=2,
+            slo_gap=1.0,
+        ),
+    ]
+    a = allocate(budget, demands)
+    assert all(g.replicas >= g.min_replicas for g in a.grants), [(g.name, g.gpu_type, g.replicas) for g in a.grants]
