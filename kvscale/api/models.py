@@ -374,6 +374,10 @@ class CandidateStatus(_Status):
     reason: str = Field(description="Why it lost, or why it was chosen.")
     replicas: int | None = Field(default=None, description="Replicas it would need.")
     cost_per_hour: float | None = Field(default=None, description="USD per hour for those replicas.")
+    rate_per_replica: float | None = Field(
+        default=None, description="Requests/s one replica sustains within the SLO (a GPUBudget converts wants with it)."
+    )
+    gpus_per_replica: int | None = Field(default=None, description="GPUs one replica holds (all its nodes).")
 
 
 class LengthsStatus(_Status):
@@ -458,6 +462,11 @@ class PlanStatus(_Status):
     )
     workload: PlannedWorkloadStatus | None = Field(default=None, description="The workload the plan was made for.")
     alternatives: list[CandidateStatus] = Field(default_factory=list, description="Runners-up, best first.")
+    budget_moved_from: str | None = Field(
+        default=None,
+        description="The GPU type the planner chose when a GPUBudget moved the service off it to this plan, the "
+        "best on the type it granted (the service moves back when that type has room).",
+    )
     rejected: list[CandidateStatus] = Field(
         default_factory=list,
         description="The closest few candidates that cannot meet the SLO or fit, with reasons (`kvscale plan` lists all).",

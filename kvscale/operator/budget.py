@@ -17,9 +17,18 @@ change, a re-plan) starts it with no more replicas than the budget has free then
 its GPUs at once (cap_deploy), so services created together do not each count the same free
 GPUs before their first tick.
 
-Without a GPUBudget selecting a service nothing here changes its tick. The operator holds a
-service on its planned GPU type: the allocator's moves to another type are the simulator's
-(`kvscale simulate --fleet`) for now.
+Moves: a service's demand lists every GPU type its plan's alternatives cover (the want
+converted by per-replica capacity), the planner's choice first. When the allocation grants it
+another type (its own is wanted by a higher priority, or has no room), its tick re-plans on
+that type (reconcile with prefer_gpu) at the granted replicas within what that type has free,
+marks the plan with the type it left (status.plan.budgetMovedFrom, so that type stays its
+first option and it moves back when that has room), and posts a MovedByBudget Event. The
+Deployment rolls over: the pods on the old type go as the new ones become ready, and until
+they are gone their GPUs count against the old type. (The simulator drains the old type at
+once.) A spec change re-plans from the planner's choice; the next tick moves it again if the
+budget still says so.
+
+Without a GPUBudget selecting a service nothing here changes its tick.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from typing import Any
 
 from kvscale.api.budget import BudgetServiceStatus, GPUBudgetSpec, GPUBudgetStatus, budget_of, service_key
 from kvscale.api.intent import Intent
-from kvscale.api.models import InferenceServiceStatus
+from kvscale.api.models import InferenceServiceStatus, PlanStatus
 from kvscale.autoscaling.budget import Allocation, Demand, Grant, Option, allocate
 from kvscale.autoscaling.observation import DecisionKind, Observation
 from kvscale.operator import leader_worker_set as lws
@@ -52,6 +61,10 @@ class Entry:
     held_gpus: int  # GPUs its workload holds now
     gpu_type: str
     seen_s: float
+    draining: tuple[tuple[str, int], ...] = ()  # GPUs per type its pods of a former plan still hold (a move)
+
+    def holds(self, gpu_type: str) -> int:
+        return (self.held_gpus if self.gpu_type == gpu_type else 0) + sum(n for t, n in self.draining if t == gpu_type)
 
 
 @dataclass
@@ -96,14 +109,14 @@ def free_gpus(book: BudgetBook, budget: str, key: str, namespace: str, gpu_type:
     """GPUs of a type the budget has free now for the service `key` (its own not counted):
     the limit, and the namespace's where the budget sets one, less what the other governed
     services' workloads hold (draining or not). Unlimited types: infinity."""
-    others = [e for k, e in book.entries.items() if k != key and e.gpu_type == gpu_type and e.budget == budget]
+    others = [e for k, e in book.entries.items() if k != key and e.budget == budget]
     rooms = [math.inf]
     limit = book.specs[budget].limits.get(gpu_type)
     if limit is not None:
-        rooms.append(limit - sum(e.held_gpus for e in others))
+        rooms.append(limit - sum(e.holds(gpu_type) for e in others))
     ns_limit = book.specs[budget].namespace_limits.get(namespace, {}).get(gpu_type)
     if ns_limit is not None:
-        rooms.append(ns_limit - sum(e.held_gpus for e in others if e.namespace == namespace))
+        rooms.append(ns_limit - sum(e.holds(gpu_type) for e in others if e.namespace == namespace))
     return min(rooms)
 
 
@@ -114,6 +127,52 @@ def _within_free(
     if math.isinf(free):
         return target
     return current + max(0, min(target - current, math.floor(free / gpr)))
+
+
+def options(plan: PlanStatus, wanted: int, max_replicas: int) -> tuple[Option, ...]:
+    """The ways the service can run, preferred first: the planner's choice (the GPU type a
+    budget moved it off, if one did), then the best alternative on each other GPU type its
+    spec accepts, the cheapest per request/s first, as the plan's alternatives recorded them.
+    The policy's want is converted between types by per-replica capacity."""
+
+    def per_rate(cost_per_hour: float | None, replicas: int | None, rate: float | None) -> float:
+        if not cost_per_hour or not replicas or not rate:
+            return math.inf
+        return cost_per_hour / replicas / rate
+
+    gpr = plan.tensor_parallel * max(plan.nodes, 1)
+    by_type = {
+        plan.gpu_type: (
+            per_rate(plan.cost_per_hour, plan.replicas, plan.rate_per_replica),
+            Option(plan.gpu_type, gpr, wanted),
+        )
+    }
+    for alt in plan.alternatives:
+        if (
+            alt.gpu_type in by_type
+            or not alt.rate_per_replica
+            or not alt.gpus_per_replica
+            or plan.rate_per_replica <= 0
+        ):
+            continue
+        n = min(max_replicas, math.ceil(wanted * plan.rate_per_replica / alt.rate_per_replica - 1e-9))
+        cost = per_rate(alt.cost_per_hour, alt.replicas, alt.rate_per_replica)
+        by_type[alt.gpu_type] = (cost, Option(alt.gpu_type, alt.gpus_per_replica, n))
+    first = plan.budget_moved_from if plan.budget_moved_from in by_type else plan.gpu_type
+    rest = sorted((v for t, v in by_type.items() if t != first), key=lambda v: v[0])
+    return (by_type[first][1], *(o for _, o in rest))
+
+
+def moving_to(book: BudgetBook, res: Resource, labels: Mapping[str, str], plan: PlanStatus) -> Grant | None:
+    """The service's latest grant when it is on another GPU type than its plan's (a move to
+    make), else None."""
+    budget = book.governing(res.namespace, labels)
+    if budget is None:
+        return None
+    grant = book.previous.get(budget, {}).get(service_key(res.namespace, res.name))
+    if grant is None or grant.gpu_type == plan.gpu_type or grant.replicas == 0:
+        return None
+    return grant
 
 
 def slo_gap(obs: Observation, intent: Intent) -> float:
@@ -136,9 +195,11 @@ def govern(
     done: Tick,
     now: dt.datetime,
     ttl_s: float,
+    draining: Mapping[str, int] | None = None,
 ) -> Tick:
     """The tick under the budget that governs the service (unchanged without one): its want
-    recorded, its grant taken, the scale capped, the HeldByBudget condition and Event."""
+    recorded, its grant taken, the scale capped, the HeldByBudget condition and Event.
+    `draining`: GPUs per type the service's pods of a former plan still hold (after a move)."""
     budget = book.governing(res.namespace, labels)
     status = done.result.status
     if budget is None or intent.scaling.mode != "auto":
@@ -156,18 +217,29 @@ def govern(
     now_s = now.timestamp()
     demand = Demand(
         key,
-        (Option(plan.gpu_type, gpr, wanted),),
+        options(plan, wanted, intent.scaling.max_replicas),
         intent.spec.scaling.priority,
         intent.scaling.min_replicas,
         res.namespace,
         slo_gap(obs, intent),
         plan.gpu_type,
     )
-    book.entries[key] = Entry(budget, demand, res.namespace, res.name, fleet_.current * gpr, plan.gpu_type, now_s)
+    book.entries[key] = Entry(
+        budget,
+        demand,
+        res.namespace,
+        res.name,
+        fleet_.current * gpr,
+        plan.gpu_type,
+        now_s,
+        tuple(sorted((t, n) for t, n in (draining or {}).items() if n > 0)),
+    )
     allocation = book.allocation(budget, now_s, ttl_s)
     grant = allocation.grant(key)
     target = grant.replicas
-    if target > fleet_.current:  # only into GPUs free now, globally and in the namespace
+    if grant.gpu_type != plan.gpu_type:  # a move: the handler re-plans on the granted type (moving_to)
+        target = fleet_.current
+    elif target > fleet_.current:  # only into GPUs free now, globally and in the namespace
         target = _within_free(book, budget, key, res.namespace, plan.gpu_type, gpr, fleet_.current, target)
     held = target < wanted
     message = (
@@ -287,7 +359,20 @@ def cap_deploy(
         prior.demand.slo_gap if prior is not None else 0.0,
         plan.gpu_type,
     )
-    book.entries[key] = Entry(budget, demand, res.namespace, res.name, capped * gpr, plan.gpu_type, now.timestamp())
+    draining: dict[str, int] = {}
+    if prior is not None:  # a new GPU type: what it held on the old one drains (counted until the next tick)
+        for t, n in (*prior.draining, (prior.gpu_type, prior.held_gpus if prior.gpu_type != plan.gpu_type else 0)):
+            draining[t] = draining.get(t, 0) + n
+    book.entries[key] = Entry(
+        budget,
+        demand,
+        res.namespace,
+        res.name,
+        capped * gpr,
+        plan.gpu_type,
+        now.timestamp(),
+        tuple(sorted((t, n) for t, n in draining.items() if n > 0)),
+    )
     if capped == replicas:
         return result
     message = (
@@ -303,3 +388,38 @@ def cap_deploy(
     applied = sized if result.applied_deployment is workload else result.applied_deployment
     events = (*result.events, Event("Warning", CONDITION, message[:1000]))
     return replace(result, status=new, apply=apply, applied_deployment=applied, events=events)
+
+
+MOVED = "MovedByBudget"
+
+
+def moved(result: Result, before: PlanStatus, grant: Grant, budget: str) -> Result | None:
+    """A re-plan for a budget's move (reconcile with prefer_gpu = the granted type) as the
+    tick applies it: the workload on the granted type at the granted replicas, the plan
+    marked with the type the planner chose (the service moves back when that has room), one
+    Event. None when no plan on the granted type fits the cluster now (the service stays)."""
+    plan = result.status.plan
+    workload = next((o for o in result.apply if o.get("kind") in (DEPLOYMENT, lws.KIND)), None)
+    if result.retry is not None or plan is None or plan.gpu_type != grant.gpu_type or workload is None:
+        return None
+    origin = before.budget_moved_from or before.gpu_type
+    marked = plan.model_copy(update={"budget_moved_from": None if plan.gpu_type == origin else origin})
+    sized = {**workload, "spec": {**workload["spec"], "replicas": grant.replicas}}
+    status = result.status.model_copy(
+        update={"plan": marked, "replicas": grant.replicas, "desired_replicas": grant.replicas}
+    )
+    back = " back" if plan.gpu_type == origin else ""
+    message = (
+        f"budget {budget}: moved{back} from {before.gpu_type} TP{before.tensor_parallel} to {plan.gpu_type} "
+        f"TP{plan.tensor_parallel} with {grant.replicas} replica(s) (the pods on {before.gpu_type} go as the new "
+        f"ones become ready): {grant.reason}"
+    )
+    events = (Event("Normal", MOVED, message[:1000]), *(e for e in result.events if e.reason != "Planned"))
+    return replace(
+        result,
+        status=status,
+        apply=tuple(sized if o is workload else o for o in result.apply),
+        applied_deployment=sized if result.applied_deployment is workload else result.applied_deployment,
+        events=events,
+        scale_to=None,
+    )

@@ -33,12 +33,13 @@ import kopf
 
 from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.api.intent import Intent, SpecError, parse_intent
-from kvscale.api.models import InferenceServiceStatus, parse_status
+from kvscale.api.models import InferenceServiceStatus, PlanStatus, parse_status
+from kvscale.autoscaling.budget import Grant
 from kvscale.autoscaling.observation import Observation
 from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.metrics.observe import observe_async, observe_workload_async
 from kvscale.operator import effects, telemetry
-from kvscale.operator.budget import BudgetBook, cap_deploy, govern
+from kvscale.operator.budget import BudgetBook, cap_deploy, govern, moved, moving_to
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
 from kvscale.operator.informers import Inventory
 from kvscale.operator.inventory import pools
@@ -415,7 +416,47 @@ async def _zero_and_budget(
     cold_start_s = done.decision.cold_start_s or done.memory.cold_start_s
     done = scale_zero(intent, call.res, call.before, start, obs, queue, done, call.memo, cold_start_s, now)
     labels = (call.body.get("metadata") or {}).get("labels") or {}
-    return govern(rt.budgets, call.res, labels, intent, call.before, start, obs, done, now, budget_ttl_s(rt))
+    draining = _draining(call, start)
+    ttl_s = budget_ttl_s(rt)
+    done = govern(rt.budgets, call.res, labels, intent, call.before, start, obs, done, now, ttl_s, draining)
+    grant = moving_to(rt.budgets, call.res, labels, start.plan)
+    if grant is None:
+        return done
+    budget = rt.budgets.governing(call.res.namespace, labels) or ""
+    result = await rt.io(_move, rt, call, done.result.status, start.plan, grant, budget, now)
+    if result is None:
+        return done
+    call.memo["budget_draining"] = (start.plan.gpu_type, start.plan.tensor_parallel)
+    return replace(done, decision=replace(done.decision, replicas=grant.replicas), result=result)
+
+
+def _draining(call: Call, start: Fleet) -> dict[str, int]:
+    """GPUs the service's pods of the plan before a budget's move still hold, per type."""
+    former = call.memo.get("budget_draining")
+    if former is None:
+        return {}
+    gpu, per_pod = former
+    pods = sum(1 for p in call.observed().pods if p.gpu_type == gpu and gpu != start.plan.gpu_type)
+    if pods == 0:
+        call.memo.pop("budget_draining", None)
+    return {gpu: pods * int(per_pod)}
+
+
+def _move(
+    rt: Runtime,
+    call: Call,
+    status: InferenceServiceStatus,
+    before: PlanStatus,
+    grant: Grant,
+    budget: str,
+    now: dt.datetime,
+) -> Result | None:
+    """A budget's move: the plan re-made on the granted GPU type, at the granted replicas
+    within what that type has free now."""
+    seen = call.observed(rt)
+    result = reconcile(call.spec, call.res, status, seen, rt.catalog, rt.settings, now=now, prefer_gpu=grant.gpu_type)
+    out = moved(result, before, grant, budget)
+    return None if out is None else under_budget(rt, call, out, seen)
 
 
 async def _observe(

@@ -4,7 +4,7 @@ why not (pure: no Kubernetes calls)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvscale.api.intent import Intent, SpecError, allowed_gpus, plan_request, resolve_model, weight_precision
 from kvscale.operator.inventory import GpuPool
@@ -137,7 +137,10 @@ def plan_service(
     catalog: Catalog,
     pools: Mapping[str, GpuPool],
     excluded: tuple[str, ...] = (),
+    prefer_gpu: str | None = None,
 ) -> Planned | Unplanned:
+    """The best plan that fits the cluster's free GPUs; with `prefer_gpu` (a GPUBudget's move),
+    the best one on that type where one fits, the others kept as alternatives."""
     usable = _usable(intent, catalog)
     if isinstance(usable, Unplanned):
         return usable
@@ -169,4 +172,10 @@ def plan_service(
         in_cluster = plan(sized, plan_request(intent, model, present, limits))
     if in_cluster.chosen is None:
         return _no_capacity(everywhere, pools, excluded)
-    return Planned(in_cluster, in_cluster.chosen, model, pools[in_cluster.chosen.gpu])
+    chosen = in_cluster.chosen
+    moved = next((c for c in in_cluster.alternatives if c.gpu == prefer_gpu), None)
+    if prefer_gpu is not None and chosen.gpu != prefer_gpu and moved is not None:
+        rest = tuple(c for c in in_cluster.alternatives if c is not moved)
+        in_cluster = replace(in_cluster, chosen=moved, alternatives=(chosen, *rest))
+        chosen = moved
+    return Planned(in_cluster, chosen, model, pools[chosen.gpu])

@@ -227,9 +227,11 @@ def reconcile(
     excluded: tuple[str, ...] | None = None,
     now: dt.datetime | None = None,
     traffic: Workload | None = None,
+    prefer_gpu: str | None = None,
 ) -> Result:
     """Plan, then build the children (mode auto) or only record the plan (mode recommend).
-    `traffic` (the observed workload, on drift) replaces spec.workload for the planner."""
+    `traffic` (the observed workload, on drift) replaces spec.workload for the planner;
+    `prefer_gpu` (a GPUBudget's move) picks the best plan on that GPU type where one fits."""
     try:
         intent = parse_intent(spec)
     except SpecError as exc:
@@ -242,7 +244,7 @@ def reconcile(
         intent = replace(intent, workload=traffic)
     planned_for = planned_workload_status(intent.workload, "spec" if traffic is None else "observed")
     excluded = tuple(status.plan.excluded_gpu_types) if excluded is None and status.plan else excluded or ()
-    outcome = plan_service(intent, catalog, observed.pools, excluded)
+    outcome = plan_service(intent, catalog, observed.pools, excluded, prefer_gpu)
     if isinstance(outcome, Unplanned):
         delay = settings.retry_backoff_s if outcome.retry else None
         return _failed(status, res, outcome.reason, outcome.message, delay, now)

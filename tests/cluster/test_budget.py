@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from kvscale.api import GROUP, PLURAL, VERSION
+from kvscale.api import GROUP, LABEL_GPU_TYPE, PLURAL, VERSION
 from tests.cluster.harness import Cluster, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.test_operator import condition, create, engine_pods, events, get
@@ -167,3 +167,69 @@ def test_three_priorities_on_a_budget_smaller_than_their_sum(
         assert condition(get(api, namespace, "batch"), "HeldByBudget")["status"] == "True"
     finally:
         objects.delete_cluster_custom_object(GROUP, VERSION, "gpubudgets", BUDGET)
+
+
+def pods_by_gpu(api: client.ApiClient, namespace: str, name: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for pod in engine_pods(api, namespace, name):
+        if pod.metadata.deletion_timestamp is None:
+            gpu = (pod.metadata.labels or {}).get(LABEL_GPU_TYPE, "?")
+            out[gpu] = out.get(gpu, 0) + 1
+    return out
+
+
+def test_a_lower_priority_moves_to_another_gpu_type_it_accepts(
+    operator: Operator, api: client.ApiClient, namespace: str
+) -> None:
+    """chat (priority 100) wants two H100s; batch (priority 1) accepts H100 and A100: on a budget
+    of two H100 and four A100, batch moves to A100 rather than sit at its floor on H100."""
+    objects = client.CustomObjectsApi(api)
+    body = budget_body(namespace)
+    body["metadata"]["name"] = "mixed"
+    body["spec"]["limits"] = {"H100-SXM": 2, "A100-80GB": 4}
+    objects.create_cluster_custom_object(GROUP, VERSION, "gpubudgets", body)
+    try:
+        wait_until(
+            lambda: (
+                "allocated"
+                in objects.get_cluster_custom_object(GROUP, VERSION, "gpubudgets", "mixed").get("status", {})
+            ),
+            30,
+            "the budget's first status",
+        )
+        for name, priority, rps in (("chat", 100, 80), ("batch", 1, 30)):
+            svc = service(name, priority)
+            svc["spec"]["hardware"]["gpuTypes"] = ["H100-SXM", "A100-80GB"]
+            svc["spec"]["workload"]["requestsPerSecond"] = rps
+            create(api, namespace, svc)
+
+        def moved() -> bool:
+            plan = get(api, namespace, "batch").get("status", {}).get("plan", {})
+            return plan.get("gpuType") == "A100-80GB" and set(pods_by_gpu(api, namespace, "batch")) == {"A100-80GB"}
+
+        try:
+            wait_until(moved, 90, "batch moved to A100")
+            wait_until(lambda: pods_by_gpu(api, namespace, "chat") == {"H100-SXM": 2}, 60, "chat on two H100s")
+        except TimeoutError as exc:
+            seen = {
+                n: (
+                    get(api, namespace, n).get("status", {}).get("plan", {}).get("gpuType"),
+                    pods_by_gpu(api, namespace, n),
+                )
+                for n in ("chat", "batch")
+            }
+            raise AssertionError(f"{exc}: {seen}\n{operator.tail()}") from exc
+        batch = get(api, namespace, "batch")
+        assert batch["status"]["plan"]["budgetMovedFrom"] == "H100-SXM"
+        assert 1 <= deployment_replicas(api, namespace, "batch") <= 4  # type: ignore[operator]
+        reasons = [(r, m) for r, m in events(api, namespace, "batch") if r == "MovedByBudget"]
+        assert reasons and "moved from H100-SXM TP1 to A100-80GB TP1" in reasons[0][1]
+        time.sleep(5)  # five scale intervals: it stays where it moved (no move back and forth)
+        assert [r for r, _ in events(api, namespace, "batch")].count("MovedByBudget") == len(reasons) == 1
+        assert get(api, namespace, "batch")["status"]["plan"]["gpuType"] == "A100-80GB"
+        held = condition(batch, "HeldByBudget")
+        assert "next-cheapest feasible plan" in held["message"]
+        status = objects.get_cluster_custom_object(GROUP, VERSION, "gpubudgets", "mixed")["status"]
+        assert status["allocated"]["H100-SXM"] <= 2 and status["allocated"]["A100-80GB"] <= 4
+    finally:
+        objects.delete_cluster_custom_object(GROUP, VERSION, "gpubudgets", "mixed")

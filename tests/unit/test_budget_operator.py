@@ -3,6 +3,7 @@ scale-up is capped by the grant and by GPUs free now, the condition and one Even
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from kvscale.api.budget import parse_budget_spec
@@ -37,7 +38,9 @@ def test_a_budget_caps_the_scale_up_and_says_why_once() -> None:
     gpu = start.plan.gpu_type
     wanted = done.decision.replicas
     assert wanted > start.current + 1
-    book.set_budget("b", parse_budget_spec({"limits": {gpu: (start.current + 1) * start.plan.tensor_parallel}}))
+    elsewhere = {a.gpu_type: 0 for a in start.plan.alternatives if a.gpu_type != gpu}  # nowhere to move
+    limits = {gpu: (start.current + 1) * start.plan.tensor_parallel, **elsewhere}
+    book.set_budget("b", parse_budget_spec({"limits": limits}))
     _, governed, _ = _tick_under_load(book)
     assert governed.result.scale_to == start.current + 1
     c = get_condition(governed.result.status, CONDITION)
@@ -80,7 +83,9 @@ def test_a_scale_up_stays_within_the_namespaces_limit_while_a_neighbour_still_ho
     _, _, start = _tick_under_load(BudgetBook())
     gpu, tp = start.plan.gpu_type, start.plan.tensor_parallel
     ns_limit = (start.current + 2) * tp
-    spec = {"limits": {gpu: 100 * tp}, "namespaceLimits": {RES.namespace: {gpu: ns_limit}}}
+    # No room on the plan's alternative types: chat cannot move off its own.
+    elsewhere = {a.gpu_type: 0 for a in start.plan.alternatives if a.gpu_type != gpu}
+    spec = {"limits": {gpu: 100 * tp, **elsewhere}, "namespaceLimits": {RES.namespace: {gpu: ns_limit}}}
     book.set_budget("b", parse_budget_spec(spec))
     _tick_under_load(book)  # records chat's want
     # A lower priority in the same namespace still holds two replicas' GPUs (it shrinks at its own
@@ -140,3 +145,70 @@ def test_a_new_service_starts_with_what_the_budget_has_free_and_is_counted_at_on
     assert cap_deploy(book, other, {}, parse_intent(pinned), deployed(pinned, other), None, NOW) == deployed(
         pinned, other
     )
+
+
+def test_a_service_whose_type_is_full_moves_to_its_next_option_and_back() -> None:
+    from kvscale.operator.budget import MOVED, moved, moving_to, options
+    from kvscale.operator.reconcile import Observed, reconcile
+    from tests.unit.test_reconcile import POOLS, SETTINGS
+
+    book = BudgetBook()
+    _, _, start = _tick_under_load(BudgetBook())
+    plan = start.plan
+    gpu, tp = plan.gpu_type, plan.tensor_parallel
+    # The want on every accepted type: the plan's own first, each other type once, converted by capacity.
+    opts = options(plan, 10, 100)
+    assert opts[0].gpu_type == gpu and opts[0].wanted == 10
+    assert len({o.gpu_type for o in opts}) == len(opts) > 1
+    alt = next(a for a in plan.alternatives if a.gpu_type == opts[1].gpu_type)
+    assert alt.rate_per_replica is not None
+    assert opts[1].wanted == math.ceil(10 * plan.rate_per_replica / alt.rate_per_replica - 1e-9)
+    # The plan's type holds only its current replicas; another type has room: it moves.
+    to = opts[1].gpu_type
+    limits = {o.gpu_type: 0 for o in opts} | {gpu: start.current * tp, to: 100}
+    book.set_budget("b", parse_budget_spec({"limits": limits}))
+    _, governed, _ = _tick_under_load(book)
+    assert governed.result.scale_to is None  # the current Deployment is not scaled: it moves
+    grant = moving_to(book, RES, {}, plan)
+    assert grant is not None and grant.gpu_type == to and grant.replicas > 0
+    c = get_condition(governed.result.status, CONDITION)
+    assert c is not None and "next-cheapest feasible plan" in c.message
+    # The move: re-planned on the granted type at the granted replicas, marked, one Event.
+    replanned = reconcile(SPEC, RES, governed.result.status, Observed(POOLS), CAT, SETTINGS, now=NOW, prefer_gpu=to)
+    out = moved(replanned, plan, grant, "b")
+    assert out is not None and out.status.plan is not None
+    assert (out.status.plan.gpu_type, out.status.plan.budget_moved_from) == (to, gpu)
+    (workload,) = [o for o in out.apply if o["kind"] == "Deployment"]
+    assert workload["spec"]["replicas"] == grant.replicas == out.status.replicas
+    assert out.applied_deployment == workload
+    assert [e.reason for e in out.events].count(MOVED) == 1 and "Planned" not in [e.reason for e in out.events]
+    assert f"moved from {gpu} TP{tp} to {to}" in next(e.message for e in out.events if e.reason == MOVED)
+    # Moved, its options start with the type the planner chose: it goes back when that has room.
+    assert options(out.status.plan, 2, 100)[0].gpu_type == gpu
+    back_grant = replace(grant, gpu_type=gpu, replicas=1)
+    again = reconcile(SPEC, RES, out.status, Observed(POOLS), CAT, SETTINGS, now=NOW, prefer_gpu=gpu)
+    back = moved(again, out.status.plan, back_grant, "b")
+    assert back is not None and back.status.plan is not None
+    assert (back.status.plan.gpu_type, back.status.plan.budget_moved_from) == (gpu, None)
+    assert "moved back from" in next(e.message for e in back.events if e.reason == MOVED)
+    # No plan on the granted type fits the cluster: nothing moves.
+    nowhere = replace(grant, gpu_type="MI300X")
+    stay = reconcile(SPEC, RES, governed.result.status, Observed(POOLS), CAT, SETTINGS, now=NOW, prefer_gpu="MI300X")
+    assert moved(stay, plan, nowhere, "b") is None
+
+
+def test_gpus_a_moved_service_still_holds_on_its_old_type_count_against_the_budget() -> None:
+    book = BudgetBook()
+    _, _, start = _tick_under_load(BudgetBook())
+    gpu, tp = start.plan.gpu_type, start.plan.tensor_parallel
+    elsewhere = {a.gpu_type: 0 for a in start.plan.alternatives if a.gpu_type != gpu}
+    book.set_budget("b", parse_budget_spec({"limits": {gpu: 100 * tp, **elsewhere}}))
+    _tick_under_load(book)
+    mine = book.entries["ns/chat"]
+    # Another service moved off this type: its pods there drain, holding all but one replica's GPUs.
+    other = replace(mine.demand, name="ns/low", priority=-1, min_replicas=0)
+    book.entries["ns/low"] = Entry("b", other, "ns", "low", 0, "L4", NOW.timestamp(), ((gpu, 100 * tp - tp),))
+    _, governed, _ = _tick_under_load(book)
+    assert governed.result.scale_to is None
+    c = get_condition(governed.result.status, CONDITION)
+    assert c is not None and "once other services release their GPUs" in c.message
