@@ -97,8 +97,8 @@ def fleet(
         return Result(with_conditions(status, unread, desired_replicas=pinned))
     if intent.scaling.mode == "auto" and seen is None:
         return None
-    if seen is not None and seen.replicas == 0 and intent.scaling.min_replicas == 0:
-        return Fleet(0, 0, plan)  # scaled to zero
+    if seen is not None and seen.replicas == 0 and (intent.scaling.min_replicas == 0 or status.desired_replicas == 0):
+        return Fleet(0, 0, plan)  # scaled to zero, or started with none (a GPUBudget had no GPUs free)
     current = (seen.replicas if seen else 0) or status.desired_replicas or plan.replicas
     return Fleet(current, seen.ready_replicas if seen else 0, plan)
 

@@ -7,8 +7,9 @@ import math
 from dataclasses import replace
 
 from kvscale.api.budget import parse_budget_spec
+from kvscale.autoscaling.budget import Demand, Option
 from kvscale.operator.budget import CONDITION, BudgetBook, Entry, budget_status, govern
-from kvscale.operator.reconcile import Resource
+from kvscale.operator.reconcile import Resource, Result
 from kvscale.operator.scaling import ScalerMemory, tick
 from kvscale.operator.status import get_condition
 from tests.unit.test_reconcile import CAT, NOW, RES, SETTINGS, SPEC, _obs, _planned
@@ -212,3 +213,28 @@ def test_gpus_a_moved_service_still_holds_on_its_old_type_count_against_the_budg
     assert governed.result.scale_to is None
     c = get_condition(governed.result.status, CONDITION)
     assert c is not None and "once other services release their GPUs" in c.message
+
+
+def test_a_service_started_with_no_replicas_reads_as_none_and_waits_for_free_gpus() -> None:
+    from kvscale.api.intent import parse_intent
+    from kvscale.operator.budget import cap_deploy
+    from kvscale.operator.reconcile import DeploymentView
+    from kvscale.operator.scaling import fleet
+    from tests.unit.test_reconcile import deployed
+
+    created = deployed(SPEC)
+    plan = created.status.plan
+    assert plan is not None
+    gpu, tp = plan.gpu_type, plan.tensor_parallel
+    book = BudgetBook()
+    elsewhere = {a.gpu_type: 0 for a in plan.alternatives if a.gpu_type != gpu}
+    book.set_budget("b", parse_budget_spec({"limits": {gpu: tp, **elsewhere}}))
+    book.entries["ns/big"] = Entry(
+        "b", Demand("ns/big", (Option(gpu, tp, 1),), 5), "ns", "big", tp, gpu, NOW.timestamp()
+    )
+    started = cap_deploy(book, RES, {}, parse_intent(SPEC), created, None, NOW)
+    assert started.status.desired_replicas == 0
+    # Its Deployment at 0 replicas is 0, not the plan's count (a scale-"down" to its floor would
+    # otherwise skip the check for free GPUs).
+    start = fleet(parse_intent(SPEC), started.status, DeploymentView(0, 0, gpu))
+    assert start is not None and not isinstance(start, Result) and start.current == 0
