@@ -97,9 +97,12 @@ def fleet(
         return Result(with_conditions(status, unread, desired_replicas=pinned))
     if intent.scaling.mode == "auto" and seen is None:
         return None
-    if seen is not None and seen.replicas == 0 and (intent.scaling.min_replicas == 0 or status.desired_replicas == 0):
-        return Fleet(0, 0, plan)  # scaled to zero, or started with none (a GPUBudget had no GPUs free)
-    current = (seen.replicas if seen else 0) or status.desired_replicas or plan.replicas
+    if seen is not None:
+        # What the workload says, 0 included (scaled to zero, or a GPUBudget had no GPUs free
+        # when it was created): reading 0 as the plan's count skipped the budget's check for
+        # free GPUs, and reading it as status.desiredReplicas left it at 0 for good.
+        return Fleet(seen.replicas, seen.ready_replicas, plan)
+    current = status.desired_replicas or plan.replicas
     return Fleet(current, seen.ready_replicas if seen else 0, plan)
 
 

@@ -112,7 +112,8 @@ def test_three_priorities_on_a_budget_smaller_than_their_sum(
             wait_until(settled, 90, "replicas within the budget by priority")
         except TimeoutError as exc:
             seen = {n: deployment_replicas(api, namespace, n) for n in want}
-            raise AssertionError(f"{exc}: {seen}\n{operator.tail()}") from exc
+            said = {n: get(api, namespace, n).get("status", {}).get("conditions") for n in want}
+            raise AssertionError(f"{exc}: {seen}\n{said}\n{operator.tail()}") from exc
         assert peak[0] <= 5, f"the Deployments asked for {peak[0]} A100s on a budget of 5"
         chat, rag, batch = (get(api, namespace, n) for n in ("chat", "rag", "batch"))
         for pod in engine_pods(api, namespace, "chat"):  # what an llm-d router or WVA selects on

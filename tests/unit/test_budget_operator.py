@@ -238,3 +238,7 @@ def test_a_service_started_with_no_replicas_reads_as_none_and_waits_for_free_gpu
     # otherwise skip the check for free GPUs).
     start = fleet(parse_intent(SPEC), started.status, DeploymentView(0, 0, gpu))
     assert start is not None and not isinstance(start, Result) and start.current == 0
+    # ... also once a tick that found no free GPUs has recorded the policy's 1 as desired.
+    wanting = started.status.model_copy(update={"desired_replicas": 1})
+    again = fleet(parse_intent(SPEC), wanting, DeploymentView(0, 0, gpu))
+    assert again is not None and not isinstance(again, Result) and again.current == 0
