@@ -140,7 +140,7 @@ def options(plan: PlanStatus, wanted: int, max_replicas: int) -> tuple[Option, .
             return math.inf
         return cost_per_hour / replicas / rate
 
-    gpr = plan.tensor_parallel * max(plan.nodes, 1)
+    gpr = plan.tensor_parallel * max(plan.nodes, 1) * plan.data_parallel
     by_type = {
         plan.gpu_type: (
             per_rate(plan.cost_per_hour, plan.replicas, plan.rate_per_replica),

@@ -81,7 +81,7 @@ def candidate_status(c: Candidate) -> CandidateStatus:
         replicas=p.replicas if p is not None else None,
         cost_per_hour=round(p.cost_usd_per_hour, 4) if p is not None else None,
         rate_per_replica=round(p.rate_per_replica_max, 4) if p is not None else None,
-        gpus_per_replica=c.tensor_parallel * c.pipeline_parallel if p is not None else None,
+        gpus_per_replica=c.tensor_parallel * c.pipeline_parallel * c.data_parallel if p is not None else None,
     )
 
 
