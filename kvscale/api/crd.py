@@ -23,6 +23,9 @@ DNS_LABEL_1035 = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Kubernetes' own check of environment variable names (IsEnvVarName).
 ENV_VAR_NAME = "^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# The variable each engine reads its weights cache from (kvscale sets it: spec.model.cache); the
+# catalog's engines.yaml `cache_env`, which a unit test keeps equal (kvscale.api imports no catalog).
+ENGINE_CACHE_ENV = {"vllm": "HF_HOME", "sglang": "HF_HOME", "tgi": "HUGGINGFACE_HUB_CACHE"}
 # A duration of zero (0s, 0.0ms, 00m): the pattern allows it, the operator cannot use it.
 ZERO_DURATION = "^[0.]+[a-z]+$"
 _MIN_REPLICAS = ScalingSpec.model_fields["min_replicas"].default
@@ -39,6 +42,17 @@ def _positive(field: str, label: str) -> dict[str, str]:
         "message": f"{label} must be a positive duration such as 500ms or 2m, not zero",
         "fieldPath": f".{field}",
     }
+
+
+def _cache_env() -> str:
+    """CEL: the cache variable of the engine in spec.engine.type (default vllm)."""
+    engine = "(has(self.type) ? self.type : 'vllm')"
+    default = ENGINE_CACHE_ENV["vllm"]
+    choices = [(t, v) for t, v in ENGINE_CACHE_ENV.items() if v != default]
+    expr = f"'{default}'"
+    for engine_type, variable in choices:
+        expr = f"({engine} == '{engine_type}' ? '{variable}' : {expr})"
+    return expr
 
 
 def _dns_name(field: str, label: str, what: str) -> dict[str, str]:
@@ -71,6 +85,20 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     ],
     ("model", "cache"): [
         _dns_name("persistentVolumeClaim", "spec.model.cache.persistentVolumeClaim", "a PersistentVolumeClaim"),
+        {
+            "rule": "has(self.persistentVolumeClaim) != has(self.hostPath)",
+            "message": "set exactly one of spec.model.cache.persistentVolumeClaim or spec.model.cache.hostPath",
+        },
+    ],
+    ("engine",): [
+        {
+            "rule": f"!has(self.env) || !self.env.exists(e, e.name == {_cache_env()})",
+            "message": (
+                "spec.engine.env must not set the weights cache variable (HF_HOME; HUGGINGFACE_HUB_CACHE for tgi): "
+                "kvscale sets it; use spec.model.cache instead"
+            ),
+            "fieldPath": ".env",
+        }
     ],
     ("engine", "env", "[]"): [
         {
@@ -124,6 +152,9 @@ BOUNDS: dict[tuple[str, ...], dict[str, int]] = {
     ("scaling", "scaleDownStabilization"): {"maxLength": 32},
     ("scaling", "idleWindow"): {"maxLength": 32},
 }
+
+# Lists keyed by a field: the API server refuses two entries with one key (duplicate env names).
+LIST_MAPS: dict[tuple[str, ...], list[str]] = {("engine", "env"): ["name"]}
 
 PRINTER_COLUMNS = [
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
@@ -205,6 +236,8 @@ def _add_rules(spec_schema: dict[str, Any]) -> None:
         _node(spec_schema, path).update(bounds)
     for path, rules in CEL_RULES.items():
         _node(spec_schema, path)["x-kubernetes-validations"] = rules
+    for path, keys in LIST_MAPS.items():
+        _node(spec_schema, path).update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": keys})
 
 
 def crd() -> dict[str, Any]:

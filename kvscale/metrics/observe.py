@@ -11,9 +11,10 @@ import asyncio
 import math
 
 from kvscale.autoscaling.observation import LengthHistogram, Observation, ObservedWorkload
+from kvscale.metrics.batch import Builder, FleetReader
 from kvscale.metrics.client import AsyncPrometheusClient, Missing, MissingKind, Sample
 from kvscale.metrics.engines import ENGINES, EngineMetrics
-from kvscale.metrics.promql import PEAK_LOOKBACKS, queries, workload_queries
+from kvscale.metrics.promql import PEAK_LOOKBACKS, Scope, queries, scoped_queries, workload_queries
 
 # Values each query may take below zero: the sample age may read slightly negative when
 # clocks differ; every other quantity (rates, latencies, counts, usage) is non-negative.
@@ -102,6 +103,37 @@ async def observe_async(
     return _assemble(
         ENGINES[engine], dict(zip(keys, answers, strict=True)), ready_replicas, starting_replicas, now_s, stale_after_s
     )
+
+
+def tick_queries(window: str) -> Builder:
+    """The tick's queries for a batched reader; the group key is the SLO percentile."""
+
+    def build(engine: EngineMetrics, scope: Scope, percentile: str) -> dict[str, str]:
+        return scoped_queries(engine, scope, float(percentile) / 100.0, window)
+
+    return build
+
+
+async def observe_batched(
+    reader: FleetReader,
+    engine: str,
+    namespace: str,
+    name: str,
+    percentile: float,
+    ready_replicas: int,
+    starting_replicas: int,
+    now_s: float,
+    stale_after_s: float,
+    deadline_s: float,
+) -> tuple[Observation, str | None]:
+    """`observe_async` from the reader's batch (every service's answer from one query per key):
+    the same Observation and reason as asking for this service alone."""
+    got = await reader.answers(engine, f"{percentile:g}", namespace, deadline_s)
+    if isinstance(got, Missing):
+        values: dict[str, float | Missing] = {"batch": got}
+    else:
+        values = {k: got.value(k, (namespace, name), _MINIMUM.get(k, 0.0)) for k in got.queries}
+    return _assemble(ENGINES[engine], values, ready_replicas, starting_replicas, now_s, stale_after_s)
 
 
 def _histogram(reading: list[Sample] | Missing) -> LengthHistogram | None:

@@ -1,13 +1,26 @@
-"""PromQL for one InferenceService's pods. Every label value is escaped."""
+"""PromQL for the engine pods of one InferenceService, or of every service in some namespaces
+at once, one series per service (the operator's batched reads). Every label value is escaped.
+
+Each builder takes a `Scope`: which pods, and how the answer is grouped. A service's scope gives
+exactly the single-service query (`sum(...)`); a fleet scope tags each series with its service
+(from the pod name, as the Deployment names its pods) and aggregates `by (namespace, service)`,
+so one query answers for every service. A builder written with `Scope.agg` batches for free.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from kvscale.autoscaling.observation import MIN_BURST_WINDOWS
 from kvscale.metrics.engines import EngineMetrics
 from kvscale.sizing.units import parse_duration_s
 from kvscale.sizing.workload import BURST_WINDOW_SDS
+
+SERVICE_LABEL = "kvscale_service"  # the InferenceService a series belongs to, in batched answers
+# A Deployment's pods are <name>-<pod-template-hash>-<suffix>; the name is what comes before.
+POD_NAME_SUFFIX = "-[a-z0-9]+-[a-z0-9]+"
 
 
 def escape_label_value(value: str) -> str:
@@ -17,7 +30,7 @@ def escape_label_value(value: str) -> str:
 
 def pod_selector(namespace: str, name: str) -> str:
     """The engine pods of one InferenceService: its Deployment's pods are <name>-<hash>-<id>."""
-    pods = re.escape(name) + "-[a-z0-9]+-[a-z0-9]+"
+    pods = re.escape(name) + POD_NAME_SUFFIX
     return f'namespace="{escape_label_value(namespace)}",pod=~"{escape_label_value(pods)}"'
 
 
@@ -32,45 +45,99 @@ def escaped(name: str) -> str:
     return name.replace(":", "_")
 
 
+@dataclass(frozen=True)
+class Scope:
+    """The pods a query reads (`matchers`) and the labels its answer is grouped by (none: one
+    service, one value)."""
+
+    matchers: str
+    by: tuple[str, ...] = ()
+
+    @classmethod
+    def service(cls, namespace: str, name: str) -> Scope:
+        return cls(pod_selector(namespace, name))
+
+    @classmethod
+    def fleet(cls, namespaces: tuple[str, ...]) -> Scope:
+        """Every engine pod in `namespaces`, answered per (namespace, service)."""
+        names = "|".join(re.escape(n) for n in sorted(set(namespaces)))
+        pods = ".+" + POD_NAME_SUFFIX
+        return cls(
+            f'namespace=~"{escape_label_value(names)}",pod=~"{escape_label_value(pods)}"', ("namespace", SERVICE_LABEL)
+        )
+
+    def series(self, metric: str) -> str:
+        """The vector selector of `metric` within the scope."""
+        return f'{{__name__="{metric}",{self.matchers}}}'
+
+    def agg(self, op: str, inner: str, by: tuple[str, ...] = ()) -> str:
+        """`op` over the instant vector `inner`, grouped by `by` and, batched, by service."""
+        labels = (*by, *self.by)
+        if self.by:
+            inner = f'label_replace({inner}, "{SERVICE_LABEL}", "$1", "pod", "(.+){POD_NAME_SUFFIX}")'
+        return f"{op} by ({', '.join(labels)}) ({inner})" if labels else f"{op}({inner})"
+
+
+Selector = Scope | str  # a bare string: label matchers of one service (pod_selector)
+
+
+def _scope(selector: Selector) -> Scope:
+    return selector if isinstance(selector, Scope) else Scope(selector)
+
+
 def _first(names: tuple[str, ...], build: str) -> str:
-    """`build` for each alternative metric name, joined with `or` (older engine names), each
-    name as served and as escaped (see `escaped`)."""
+    """`build` (a format string over `m`) for each alternative metric name, as served and as
+    escaped, joined with `or`: the single-service form of `_each`."""
+    return _each(names, lambda m: build.format(m=m))
+
+
+def _each(names: tuple[str, ...], build: Callable[[str], str]) -> str:
+    """`build(metric)` for each alternative metric name, joined with `or` (older engine names):
+    per service in a batched answer, the first name that has data wins. Each name as served
+    and as escaped (see `escaped`)."""
     alternatives = dict.fromkeys(n for m in names for n in (m, escaped(m)))
-    return " or ".join(build.format(m=m) for m in alternatives)
+    return " or ".join(build(m) for m in alternatives)
 
 
-def histogram_quantile(names: tuple[str, ...], selector: str, quantile: float, window: str) -> str:
-    return _first(
-        names,
-        f'histogram_quantile({quantile}, sum by (le) (rate({{{{__name__="{{m}}_bucket",{selector}}}}}[{window}])))',
-    )
+def histogram_quantile(names: tuple[str, ...], selector: Selector, quantile: float, window: str) -> str:
+    sc = _scope(selector)
+
+    def one(m: str) -> str:
+        buckets = sc.agg("sum", f"rate({sc.series(m + '_bucket')}[{window}])", ("le",))
+        return f"histogram_quantile({quantile}, {buckets})"
+
+    return _each(names, one)
 
 
-def gauge_sum(names: tuple[str, ...], selector: str) -> str:
-    return _first(names, f'sum({{{{__name__="{{m}}",{selector}}}}})')
+def gauge_sum(names: tuple[str, ...], selector: Selector) -> str:
+    sc = _scope(selector)
+    return _each(names, lambda m: sc.agg("sum", sc.series(m)))
 
 
-def gauge_avg(names: tuple[str, ...], selector: str) -> str:
-    return _first(names, f'avg({{{{__name__="{{m}}",{selector}}}}})')
+def gauge_avg(names: tuple[str, ...], selector: Selector) -> str:
+    sc = _scope(selector)
+    return _each(names, lambda m: sc.agg("avg", sc.series(m)))
 
 
-def gauge_max(names: tuple[str, ...], selector: str) -> str:
+def gauge_max(names: tuple[str, ...], selector: Selector) -> str:
     """The largest value of one pod (the longest per-pod queue)."""
-    return _first(names, f'max({{{{__name__="{{m}}",{selector}}}}})')
+    sc = _scope(selector)
+    return _each(names, lambda m: sc.agg("max", sc.series(m)))
 
 
-def counter_rate(names: tuple[str, ...], selector: str, window: str) -> str:
+def counter_rate(names: tuple[str, ...], selector: Selector, window: str) -> str:
     """A counter's per-second rate, summed over the pods (and over any label the engine adds)."""
-    return _first(names, f'sum(rate({{{{__name__="{{m}}",{selector}}}}}[{window}]))')
+    sc = _scope(selector)
+    return _each(names, lambda m: sc.agg("sum", f"rate({sc.series(m)}[{window}])"))
 
 
-def token_rate(counter: tuple[str, ...], histogram: tuple[str, ...], selector: str, window: str) -> str:
+def token_rate(counter: tuple[str, ...], histogram: tuple[str, ...], selector: Selector, window: str) -> str:
     """Tokens per second from the engine's token counter, else from its length histogram's
     `_sum` (which counts a request only when it finishes)."""
     return counter_rate(counter + tuple(f"{m}_sum" for m in histogram), selector, window)
 
 
-def prefix_cache_hit_ratio(engine: EngineMetrics, selector: str, window: str) -> str | None:
+def prefix_cache_hit_ratio(engine: EngineMetrics, selector: Selector, window: str) -> str | None:
     """Prompt tokens found in the prefix cache over those looked up (every prompt token where
     the engine counts no lookups); None when the engine exports no hit counter."""
     if not engine.prefix_cache_hits_counter:
@@ -82,9 +149,10 @@ def prefix_cache_hit_ratio(engine: EngineMetrics, selector: str, window: str) ->
     return f"({hits}) / ({counter_rate(looked_up, selector, window)})"
 
 
-def length_histogram(names: tuple[str, ...], selector: str, window: str) -> str:
+def length_histogram(names: tuple[str, ...], selector: Selector, window: str) -> str:
     """Requests per second by length bucket (cumulative, one series per `le`)."""
-    return _first(names, f'sum by (le) (rate({{{{__name__="{{m}}_bucket",{selector}}}}}[{window}]))')
+    sc = _scope(selector)
+    return _each(names, lambda m: sc.agg("sum", f"rate({sc.series(m + '_bucket')}[{window}])", ("le",)))
 
 
 def peak(expr: str, over: str, step: str) -> str:
@@ -93,30 +161,46 @@ def peak(expr: str, over: str, step: str) -> str:
     return f"max_over_time(({expr})[{over}:{step}])"
 
 
-def mean_from_histogram(names: tuple[str, ...], selector: str, window: str) -> str:
-    return _first(
-        names,
-        f'sum(rate({{{{__name__="{{m}}_sum",{selector}}}}}[{window}])) / sum(rate({{{{__name__="{{m}}_count",{selector}}}}}[{window}]))',
-    )
+def mean_from_histogram(names: tuple[str, ...], selector: Selector, window: str) -> str:
+    sc = _scope(selector)
+
+    def one(m: str) -> str:
+        total = sc.agg("sum", f"rate({sc.series(m + '_sum')}[{window}])")
+        count = sc.agg("sum", f"rate({sc.series(m + '_count')}[{window}])")
+        return f"{total} / {count}"
+
+    return _each(names, one)
 
 
-def arrival_rate(engine: EngineMetrics, selector: str, window: str) -> str:
+def arrival_rate(engine: EngineMetrics, selector: Selector, window: str) -> str:
     """Completions per second plus the queue's growth: arrivals, even when the fleet lags."""
-    done = _first(engine.success_counter, f'sum(rate({{{{__name__="{{m}}",{selector}}}}}[{window}]))')
-    growth = _first(engine.waiting_gauge, f'sum(deriv({{{{__name__="{{m}}",{selector}}}}}[{window}]))')
+    sc = _scope(selector)
+    done = counter_rate(engine.success_counter, sc, window)
+    growth = _each(engine.waiting_gauge, lambda m: sc.agg("sum", f"deriv({sc.series(m)}[{window}])"))
     return f"({done}) + clamp_min(({growth}), 0)"
 
 
-def freshness(engine: EngineMetrics, selector: str) -> str:
+def freshness(engine: EngineMetrics, selector: Selector) -> str:
     """Age in seconds of the newest sample of the running gauge."""
-    return _first(engine.running_gauge, f'time() - max(timestamp({{{{__name__="{{m}}",{selector}}}}}))')
+    sc = _scope(selector)
+    return _each(engine.running_gauge, lambda m: f"time() - {sc.agg('max', f'timestamp({sc.series(m)})')}")
+
+
+def requests_counted(names: tuple[str, ...], selector: Selector, window: str) -> str:
+    """How many pods counted requests in the histogram over the window (0 or absent: none)."""
+    sc = _scope(selector)
+    return _each(names, lambda m: sc.agg("count", f"rate({sc.series(m + '_count')}[{window}]) > 0"))
 
 
 def queries(engine: EngineMetrics, namespace: str, name: str, quantile: float, window: str) -> dict[str, str]:
+    """PromQL per observation key for one service (see `scoped_queries`)."""
+    return scoped_queries(engine, Scope.service(namespace, name), quantile, window)
+
+
+def scoped_queries(engine: EngineMetrics, sel: Scope, quantile: float, window: str) -> dict[str, str]:
     """PromQL per observation key. TPOT reads the per-request histogram and falls back to
     inter-token latency (`or`); `tpot_per_request` says whether the per-request one had data.
     No `ttft` key for an engine without a TTFT histogram (TGI)."""
-    sel = pod_selector(namespace, name)
     out = {
         "tpot": histogram_quantile(engine.tpot_histogram + engine.itl_histogram, sel, quantile, window),
         "running": gauge_sum(engine.running_gauge, sel),
@@ -130,16 +214,14 @@ def queries(engine: EngineMetrics, namespace: str, name: str, quantile: float, w
     if engine.ttft_histogram:
         out["ttft"] = histogram_quantile(engine.ttft_histogram, sel, quantile, window)
     if engine.itl_histogram:
-        out["tpot_per_request"] = _first(
-            engine.tpot_histogram, f'count(rate({{{{__name__="{{m}}_count",{sel}}}}}[{window}]) > 0)'
-        )
+        out["tpot_per_request"] = requests_counted(engine.tpot_histogram, sel, window)
     if engine.kv_usage_gauge:
         out["kv_usage"] = gauge_avg(engine.kv_usage_gauge, sel)
     out.update(work_queries(engine, sel, window))
     return out
 
 
-def work_queries(engine: EngineMetrics, sel: str, window: str) -> dict[str, str]:
+def work_queries(engine: EngineMetrics, sel: Selector, window: str) -> dict[str, str]:
     """Work units: prompt and generated tokens per second and the prefix-cache hit ratio."""
     out = {
         "prompt_tokens_rate": token_rate(engine.prompt_tokens_counter, engine.prompt_tokens_histogram, sel, window),

@@ -36,9 +36,11 @@ from kvscale.api.intent import Intent, SpecError, parse_intent
 from kvscale.api.models import InferenceServiceStatus, PlanStatus, parse_status
 from kvscale.autoscaling.budget import Grant
 from kvscale.autoscaling.observation import Observation
+from kvscale.metrics.batch import FleetReader
 from kvscale.metrics.client import AsyncPrometheusClient
-from kvscale.metrics.observe import observe_async, observe_workload_async
-from kvscale.operator import effects, telemetry
+from kvscale.metrics.observe import observe_batched, observe_workload_async, tick_queries
+from kvscale.operator import children as owned
+from kvscale.operator import effects, inference_pool, telemetry
 from kvscale.operator.budget import BudgetBook, cap_deploy, govern, moved, moving_to
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
 from kvscale.operator.informers import Inventory
@@ -54,9 +56,20 @@ from kvscale.operator.reconcile import (
     reconcile,
     refresh,
     replans,
+    settled,
 )
 from kvscale.operator.scale_zero import gateway_queue, queue_queries, scale_zero, wants_zero
-from kvscale.operator.scaling import Fleet, ScalerMemory, Tick, cold_start_key, fleet, newly_ready, planned, tick
+from kvscale.operator.scaling import (
+    NO_ENGINE_PODS,
+    Fleet,
+    ScalerMemory,
+    Tick,
+    cold_start_key,
+    fleet,
+    newly_ready,
+    planned,
+    tick,
+)
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import mark_synced
 from kvscale.operator.workload import predates, workload_tick
@@ -64,8 +77,10 @@ from kvscale.sizing.catalog import Catalog
 
 INVENTORY_SYNC_S = 300.0
 T = TypeVar("T")
-KUBE_WORKERS = 8
-COLD_START_SAMPLES = 8  # start-to-ready times kept per model and GPU type  # threads for Kubernetes calls; the client's connection pool has as many
+KUBE_WORKERS = 8  # threads for Kubernetes calls; the client's connection pool has as many
+COLD_START_SAMPLES = 8  # start-to-ready times kept per model and GPU type
+BATCHES_PER_INTERVAL = 3  # batched Prometheus reads per scale interval: a tick's data is at most a third of it old
+RESUME_WORKERS = 2  # threads for resuming objects at startup: a new or changed one never waits behind them
 
 
 @dataclass
@@ -79,21 +94,30 @@ class Runtime:
     workers: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(KUBE_WORKERS, thread_name_prefix="kube")
     )
+    resume_workers: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(RESUME_WORKERS, thread_name_prefix="kube-resume")
+    )
     inventory: Inventory | None = None  # made with the runtime (run.runtime), started at startup
     prometheus: AsyncPrometheusClient | None = None
     # The workload's queries (a day of rates in a subquery) get a longer deadline of their own.
     workload_prometheus: AsyncPrometheusClient | None = None
+    reader: FleetReader | None = None  # the ticks' batched Prometheus reads, made with the client
     stopping: bool = False  # set at cleanup: a tick still in flight then writes nothing
     budgets: BudgetBook = field(default_factory=BudgetBook)  # GPUBudgets and their services' wants
     # Observed start-to-ready seconds by (model, GPU type, TP, precision), newest last: a new
     # service (or a re-plan) starts its policy with the cold starts other replicas showed.
     cold_starts: dict[tuple[str, str, int, str], tuple[float, ...]] = field(default_factory=dict)
 
-    async def io(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` in the Kubernetes workers, with kopf's context (its Events need it)."""
+    async def io(self, fn: Callable[..., T], *args: Any, pool: ThreadPoolExecutor | None = None) -> T:
+        """`fn(*args)` in the Kubernetes workers (or `pool`), with kopf's context (its Events need it)."""
         context = contextvars.copy_context()
         call = functools.partial(context.run, fn, *args)
-        return await asyncio.get_running_loop().run_in_executor(self.workers, call)
+        return await asyncio.get_running_loop().run_in_executor(pool or self.workers, call)
+
+    def pool(self, resumed: bool) -> ThreadPoolExecutor:
+        """At startup every object resumes at once: those queue in their own small pool, so a
+        create or an edit meanwhile is handled at once instead of after all of them."""
+        return self.resume_workers if resumed else self.workers
 
     def observation_deadline_s(self) -> float:
         """Each tick's observation ends within this: a third of the tick, at most 2 s."""
@@ -112,7 +136,7 @@ def resource(meta: Mapping[str, Any], namespace: str | None, name: str) -> Resou
 def observed(res: Resource, memo: Any, inventory: Inventory | None, pool: PoolView | None = None) -> Observed:
     """The cluster from the informers (memory, no API request), and the pool if looked at."""
     if inventory is None:
-        return Observed(pools={}, applied=memo.get("applied"), pool=pool)
+        return Observed(pools={}, applied=memo.get("applied"), pool=pool, applied_children=applied_children(memo))
     key = (res.namespace, res.name)
     deployments = inventory.deployments.get(key)
     sets = inventory.leader_worker_sets.get(key)
@@ -123,7 +147,41 @@ def observed(res: Resource, memo: Any, inventory: Inventory | None, pool: PoolVi
         applied=memo.get("applied"),
         pool=pool,
         leader_worker_set=sets[0] if sets else None,
+        children=tuple(inventory.children_of(*key)),
+        applied_children=applied_children(memo),
     )
+
+
+def applied_children(memo: Any) -> tuple[dict[str, Any], ...]:
+    """The children kvscale last applied (memo["children"]); the Deployment as memo["applied"],
+    which the scale tick keeps at the replicas it set."""
+    bodies = [b for (kind, _), b in (memo.get("children") or {}).items() if kind != "Deployment"]
+    deployment = memo.get("applied")
+    return (*bodies, *((deployment,) if deployment is not None else ()))
+
+
+def remember(memo: Any, result: Result) -> None:
+    """What `result` applied, deleted or pruned, in memo["children"]."""
+    known: dict[tuple[str, str], dict[str, Any]] = memo.setdefault("children", {})
+    for kind, name in list(known):
+        deleted = kind in result.delete
+        pruned = result.prune_pools and kind == inference_pool.KIND and name != result.keep_pool
+        if deleted or pruned:
+            del known[kind, name]
+            if kind == "Deployment":
+                memo.pop("applied", None)
+    for body in result.apply:
+        known[owned.key(body)] = body
+    if result.applied_deployment is not None:
+        memo["applied"] = result.applied_deployment
+
+
+def confirmed(rt: Runtime, res: Resource, seen: Observed, names: list[tuple[str, str]]) -> Observed:
+    """The informers' view with `names` (kind, name) read from the API server: a watch may lag
+    behind a child just applied, and does not see objects without kvscale's labels."""
+    read = [rt.kube.read(owned.BY_KIND[kind], res.namespace, name) for kind, name in names if kind in owned.BY_KIND]
+    kept = [v for v in seen.children if (v.kind, v.name) not in names]
+    return replace(seen, children=(*kept, *(v for v in read if v is not None)))
 
 
 def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
@@ -151,8 +209,19 @@ class Call:
         return cls(kw["body"], kw["spec"], kw["patch"], kw["memo"], res, parse_status(kw["status"]), rt.inventory)
 
     def observed(self, rt: Runtime | None = None) -> Observed:
-        """The informers' view; with `rt`, also the InferencePool the spec asks for (API reads)."""
-        return observed(self.res, self.memo, self.inventory, self._pool(rt) if rt is not None else None)
+        """The informers' view; with `rt`, also the InferencePool the spec asks for and, in mode
+        auto, any object holding a child's name that the informers do not show as this
+        resource's (API reads: such an object is someone else's, and is left alone)."""
+        seen = observed(self.res, self.memo, self.inventory, self._pool(rt) if rt is not None else None)
+        if rt is None or (self.spec.get("scaling") or {}).get("mode") == "recommend":
+            return seen
+        names = [(k.kind, owned.child_name(k.kind, self.res.name)) for k in owned.KINDS if k.named_as_owner]
+        unknown = [
+            (kind, name)
+            for kind, name in names
+            if not ((v := owned.find(seen.children, kind, name)) and v.owned_by(self.res.uid))
+        ]
+        return confirmed(rt, self.res, seen, unknown) if unknown else seen
 
     def _pool(self, rt: Runtime) -> PoolView | None:
         routing = (self.spec.get("routing") or {}).get("inferencePool")
@@ -161,8 +230,7 @@ class Call:
         return rt.kube.pool_view(self.res.namespace, str(routing.get("name") or self.res.name))
 
     def apply(self, rt: Runtime, result: Result) -> None:
-        if result.applied_deployment is not None:
-            self.memo["applied"] = result.applied_deployment
+        remember(self.memo, result)
         effects.apply(rt.kube, self.body, self.patch, self.before, result, self.res)
 
     async def apply_async(self, rt: Runtime, result: Result) -> None:
@@ -183,8 +251,6 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         configure(settings)
         if rt.settings.prometheus_url:
             prometheus_clients(rt, rt.settings.prometheus_url)
-        if rt.settings.metrics_port:
-            telemetry.serve(rt.settings.metrics_port)
         if rt.inventory is not None:
             unsynced = await asyncio.to_thread(rt.inventory.start, INVENTORY_SYNC_S)
             if unsynced:
@@ -198,13 +264,15 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         for prometheus in (rt.prometheus, rt.workload_prometheus):
             if prometheus is not None:
                 await prometheus.aclose()
-        rt.workers.shutdown(wait=False, cancel_futures=True)
+        for pool in (rt.workers, rt.resume_workers):
+            pool.shutdown(wait=False, cancel_futures=True)
 
     @kopf.on.create(GROUP, VERSION, PLURAL, id="on_spec", registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, id="on_spec", field="spec", registry=registry)
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="on_spec", registry=registry)
-    async def on_spec(**kwargs: Any) -> None:
-        await rt.io(spec_changed, rt, Call.of(rt, kwargs))
+    async def on_spec(reason: str, **kwargs: Any) -> None:
+        resumed = reason == kopf.Reason.RESUME  # on their own pool: see spec_changed
+        await rt.io(spec_changed, rt, Call.of(rt, kwargs), resumed, pool=rt.pool(resumed))
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="forget", optional=True, registry=registry)
     async def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
@@ -214,11 +282,14 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
 
 
 def prometheus_clients(rt: Runtime, url: str) -> None:
-    """The ticks' client and the workload reads' (a longer deadline), one count of errors."""
+    """The ticks' client with its batched reader, and the workload reads' (a longer deadline),
+    one count of errors."""
     rt.prometheus = AsyncPrometheusClient(url, timeout_s=rt.observation_deadline_s(), retries=1)
     telemetry.count_prometheus_errors(rt.prometheus.errors)
     rt.workload_prometheus = AsyncPrometheusClient(url, timeout_s=rt.workload_deadline_s(), retries=1)
     rt.workload_prometheus.errors = rt.prometheus.errors
+    batch_age_s = rt.settings.scale_interval_s / BATCHES_PER_INTERVAL
+    rt.reader = FleetReader(rt.prometheus, tick_queries(rt.settings.metrics_window), batch_age_s)
 
 
 def _timers(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
@@ -269,8 +340,9 @@ def spread(interval_s: float) -> Callable[..., float]:
     return delay
 
 
-def spec_changed(rt: Runtime, call: Call) -> None:
-    """Create, spec change, resume: plan and build the children."""
+def spec_changed(rt: Runtime, call: Call, resumed: bool = False) -> None:
+    """Create, spec change, resume: plan and build the children. A resume that would change
+    nothing (same status, every child in place as built) writes nothing and posts no Event."""
     with telemetry.RECONCILE_SECONDS.time():
         seen = call.observed(rt)
         result = under_budget(
@@ -278,6 +350,9 @@ def spec_changed(rt: Runtime, call: Call) -> None:
         )
     if result.retry is not None and result.retry.delay_s is None:
         telemetry.ERRORS.labels("reconcile").inc()
+    if resumed and settled(result, call.before, seen, call.res):
+        remember(call.memo, result)  # what the status tick restores if a child goes
+        return
     call.apply(rt, result)
 
 
@@ -300,6 +375,10 @@ async def status_tick(rt: Runtime, call: Call) -> None:
     try:
         now = dt.datetime.now(dt.UTC)
         seen = call.observed()
+        suspects = owned.check(seen.applied_children, seen.children, call.res.uid)
+        if suspects.missing or suspects.foreign:  # the informers may lag, and do not see foreign objects
+            names = [owned.key(b) for b in suspects.missing] + [(v.kind, v.name) for v in suspects.foreign]
+            seen = await rt.io(confirmed, rt, call.res, seen, names)
         if pool_api_missing(call.before) or replans(call.before, seen, rt.settings, now):
             seen = await rt.io(call.observed, rt)  # the InferencePool too: a reconcile follows
             result = await rt.io(refresh, call.spec, call.res, call.before, seen, rt.catalog, rt.settings, now)
@@ -323,7 +402,8 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
         intent = parse_intent(call.spec)
         start = fleet(intent, call.before, call.observed().workload(multi_node(call.before)), call.res.generation)
         if isinstance(start, Fleet):
-            obs, missing = await _observe(rt, call.res, intent.engine, intent.slo.percentile, start)
+            podless = intent.scaling.mode == "auto" and rt.inventory is not None and not call.observed().pods
+            obs, missing = await _observe(rt, call.res, intent.engine, intent.slo.percentile, start, podless)
             obs, learned = cold_starts(rt, call, intent, start, obs)
             memory = call.memo.get("scaler", ScalerMemory())
             now = dt.datetime.now(dt.UTC)
@@ -460,16 +540,20 @@ def _move(
 
 
 async def _observe(
-    rt: Runtime, res: Resource, engine: str, percentile: float, start: Fleet
+    rt: Runtime, res: Resource, engine: str, percentile: float, start: Fleet, podless: bool = False
 ) -> tuple[Observation, str | None]:
+    """From the batched reader: one query per metric for every service, not ~13 per service.
+    A deployed service without engine pods asks nothing (there is nothing to read)."""
     now = time.time()
     starting = max(0, start.current - start.ready)
-    if rt.prometheus is None:
-        obs = Observation(time_s=now, ready_replicas=start.ready, starting_replicas=starting, stale=True)
-        return obs, "KVSCALE_PROMETHEUS_URL is not set"
+    unread = Observation(time_s=now, ready_replicas=start.ready, starting_replicas=starting, stale=True)
+    if rt.reader is None:
+        return unread, "KVSCALE_PROMETHEUS_URL is not set"
+    if podless:
+        return unread, NO_ENGINE_PODS
     s = rt.settings
-    return await observe_async(
-        rt.prometheus,
+    return await observe_batched(
+        rt.reader,
         engine,
         res.namespace,
         res.name,
@@ -477,9 +561,8 @@ async def _observe(
         start.ready,
         starting,
         now,
-        s.metrics_window,
         s.metrics_stale_after_s,
-        deadline_s=rt.observation_deadline_s(),
+        rt.observation_deadline_s(),
     )
 
 

@@ -23,7 +23,9 @@ from kubernetes.client.rest import ApiException
 
 from kvscale.api import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
 from kvscale.operator import leader_worker_set as lws
+from kvscale.operator.children import KINDS, ChildKind, ChildView, instance_of
 from kvscale.operator.inventory import EnginePod, NodeGpus, PodGpus, engine_pod, node_entry, pod_entry
+from kvscale.operator.k8s import raw_get
 from kvscale.operator.reconcile import DeploymentView
 from kvscale.sizing.catalog import Catalog
 
@@ -32,7 +34,14 @@ log = logging.getLogger("kvscale.operator")
 WATCH_TIMEOUT_S = 240  # the server ends each watch after this; the informer resumes from its version
 RETRY_S = 2.0
 OPTIONAL_RETRY_S = 30.0  # how often an informer of an optional kind looks for its API again
-INFORMERS = ("nodes", "gpu-pods", "engine-pods", "deployments", "leaderworkersets")
+INFORMERS = (
+    "nodes",
+    "gpu-pods",
+    "engine-pods",
+    "deployments",
+    "leaderworkersets",
+    *(f"children-{k.plural}" for k in KINDS),
+)
 Entry = Callable[[Mapping[str, Any]], "tuple[Hashable, V] | None"]
 
 
@@ -154,6 +163,44 @@ class Informer(Generic[V]):
                 time.sleep(RETRY_S)  # back off before watching again
 
 
+class Merged(Informer[V]):
+    """Several informers of one kind read as one: a kind watched namespace by namespace (the
+    operator's Role is granted only in its watched namespaces)."""
+
+    def __init__(self, name: str, parts: list[Informer[V]]) -> None:
+        super().__init__(name, lambda **_: None, lambda _: None)
+        self.parts = parts
+
+    def values(self) -> list[V]:
+        return [v for part in self.parts for v in part.values()]
+
+    def get(self, key: Hashable) -> list[V]:
+        return [v for part in self.parts for v in part.get(key)]
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        return all(part.wait_synced(max(0.0, deadline - time.monotonic())) for part in self.parts)
+
+    def start(self) -> None:
+        for part in self.parts:
+            part.start()
+
+    def stop(self) -> None:
+        for part in self.parts:
+            part.stop()
+
+
+def scoped(
+    name: str,
+    namespaces: tuple[str, ...],
+    make: Callable[[str | None], Informer[V]],
+) -> Informer[V]:
+    """One informer across all namespaces, or one per watched namespace, merged."""
+    if not namespaces:
+        return make(None)
+    return Merged(name, [make(ns) for ns in namespaces])
+
+
 @dataclass(frozen=True)
 class Inventory:
     """The operator's watched view of the cluster."""
@@ -163,10 +210,15 @@ class Inventory:
     engine_pods: Informer[EnginePod]
     deployments: Informer[DeploymentView]
     leader_worker_sets: Informer[DeploymentView]  # optional: empty where the LWS CRD is not installed
+    children: tuple[Informer[ChildView], ...] = ()  # one per owned kind (children.KINDS)
 
     @property
     def all(self) -> tuple[Informer[Any], ...]:
-        return (self.nodes, self.gpu_pods, self.engine_pods, self.deployments, self.leader_worker_sets)
+        return (self.nodes, self.gpu_pods, self.engine_pods, self.deployments, self.leader_worker_sets, *self.children)
+
+    def children_of(self, namespace: str, name: str) -> list[ChildView]:
+        """Every labelled object of an owned kind that names this InferenceService as its instance."""
+        return [v for informer in self.children for v in informer.get((namespace, name))]
 
     def start(self, timeout_s: float) -> list[str]:
         """Starts every informer; the names of those not synced within `timeout_s`."""
@@ -204,7 +256,48 @@ def _leader_worker_set(obj: Mapping[str, Any]) -> tuple[Hashable, DeploymentView
     return (meta.get("namespace", ""), instance), DeploymentView.of(obj)
 
 
-def inventory(api: client.ApiClient, catalog: Catalog) -> Inventory:
+def lister(api: client.ApiClient, kind: ChildKind, namespace: str | None = None) -> Callable[..., Any]:
+    """A list (and, with watch=True, watch) call for any owned kind across namespaces (or in
+    one), answering the raw response as the typed clients' `_preload_content=False` does."""
+
+    def list_fn(**kwargs: Any) -> Any:
+        query = [(_camel(k), v) for k, v in kwargs.items() if not k.startswith("_") and v is not None]
+        return raw_get(api, kind.path(namespace), query, kwargs.get("_request_timeout"))
+
+    return list_fn
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _child(kind: ChildKind) -> Callable[[Mapping[str, Any]], tuple[Hashable, ChildView]]:
+    def entry(obj: Mapping[str, Any]) -> tuple[Hashable, ChildView]:
+        view = ChildView.of(obj, kind)
+        return (view.namespace, instance_of(obj)), view
+
+    return entry
+
+
+def child_informers(api: client.ApiClient, namespaces: tuple[str, ...] = ()) -> tuple[Informer[ChildView], ...]:
+    """One informer per owned kind (per watched namespace, when given), selecting kvscale's
+    labelled objects server-side."""
+    managed = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+
+    def one(kind: ChildKind) -> Callable[[str | None], Informer[ChildView]]:
+        def make(ns: str | None) -> Informer[ChildView]:
+            name = f"children-{kind.plural}" + (f"-{ns}" if ns else "")
+            return Informer(name, lister(api, kind, ns), _child(kind), optional=kind.optional, label_selector=managed)
+
+        return make
+
+    return tuple(scoped(f"children-{k.plural}", namespaces, one(k)) for k in KINDS)
+
+
+def inventory(api: client.ApiClient, catalog: Catalog, namespaces: tuple[str, ...] = ()) -> Inventory:
+    """The watches: nodes and pods cluster-wide (GPUs held in any namespace are not free), the
+    operator's own workloads and children across namespaces, or only in `namespaces`."""
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     resources = {g.resource_name for g in catalog.gpus.values()}
     managed = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
@@ -218,14 +311,30 @@ def inventory(api: client.ApiClient, catalog: Catalog) -> Inventory:
             field_selector=bound,
         ),
         engine_pods=Informer("engine-pods", core.list_pod_for_all_namespaces, engine_pod, label_selector=managed),
-        deployments=Informer(
-            "deployments", apps.list_deployment_for_all_namespaces, _deployment, label_selector=managed
+        deployments=scoped(
+            "deployments",
+            namespaces,
+            lambda ns: Informer(
+                "deployments" + (f"-{ns}" if ns else ""),
+                functools.partial(apps.list_namespaced_deployment, ns)
+                if ns
+                else apps.list_deployment_for_all_namespaces,
+                _deployment,
+                label_selector=managed,
+            ),
         ),
-        leader_worker_sets=Informer(
+        leader_worker_sets=scoped(
             "leaderworkersets",
-            functools.partial(custom.list_cluster_custom_object, lws.GROUP, lws.VERSION, lws.PLURAL),
-            _leader_worker_set,
-            optional=True,
-            label_selector=managed,
+            namespaces,
+            lambda ns: Informer(
+                "leaderworkersets" + (f"-{ns}" if ns else ""),
+                functools.partial(custom.list_namespaced_custom_object, lws.GROUP, lws.VERSION, ns, lws.PLURAL)
+                if ns
+                else functools.partial(custom.list_cluster_custom_object, lws.GROUP, lws.VERSION, lws.PLURAL),
+                _leader_worker_set,
+                optional=True,
+                label_selector=managed,
+            ),
         ),
+        children=child_informers(api, namespaces),
     )

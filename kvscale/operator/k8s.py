@@ -21,6 +21,7 @@ from urllib3.exceptions import HTTPError
 
 from kvscale.operator import inference_pool
 from kvscale.operator import leader_worker_set as lws
+from kvscale.operator.children import ChildKind, ChildView
 from kvscale.operator.reconcile import PoolView
 
 FIELD_MANAGER = "kvscale-operator"
@@ -47,6 +48,24 @@ def _invalid_apply(status: int, exc: ApiException) -> bool:
     """A server-side apply whose body does not fit the object's schema (e.g. a list with two
     entries of one key) is answered HTTP 500, yet retrying cannot fix it."""
     return status == 500 and "failed to create typed patch object" in _detail(exc)
+
+
+def raw_get(api: client.ApiClient, path: str, query: list[tuple[str, Any]] | None = None, timeout: Any = None) -> Any:
+    """GET `path` for any kind (the typed clients know only theirs): the raw urllib3 response,
+    as the typed calls give with `_preload_content=False` (a watch streams from it); an
+    ApiException for an answer outside 2xx."""
+    request = api.param_serialize(
+        method="GET",
+        resource_path=path,
+        query_params=query or [],
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(*request, _request_timeout=timeout)
+    if not 200 <= response.status <= 299:
+        response.read()
+        raise ApiException.from_response(http_resp=response, body=None, data=None)
+    return response.response
 
 
 def new_api_client(connections: int = 8) -> client.ApiClient:
@@ -144,6 +163,18 @@ class Kube:
                     return False
                 raise
         return True
+
+    def read(self, kind: ChildKind, namespace: str, name: str) -> ChildView | None:
+        """The object of an owned kind by name, whoever owns it; None when there is none."""
+        with self.errors(f"reading {kind.kind} {namespace}/{name}"):
+            try:
+                response = raw_get(self.api, kind.path(namespace, name))
+            except ApiException as exc:
+                # An optional kind's API may be absent or not granted: then there is none to see.
+                if exc.status == 404 or (kind.optional and exc.status == 403):
+                    return None
+                raise
+        return ChildView.of(json.loads(response.data), kind)
 
     def scale(self, namespace: str, name: str, replicas: int, kind: str = "Deployment") -> None:
         """Through the scale subresource, so only the replica count changes (a LeaderWorkerSet's

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from kvscale.api import LABEL_GPU_TYPE, selector
 from kvscale.api.intent import Intent, SpecError, child_name_problems, parse_intent
-from kvscale.api.models import InferenceServiceStatus
+from kvscale.api.models import InferenceServiceStatus, status_patch
+from kvscale.operator import children as owned
 from kvscale.operator import leader_worker_set as lws
 from kvscale.operator.inference_pool import CONDITION as POOL_CONDITION
 from kvscale.operator.inference_pool import PoolPlan, plan_pool
@@ -48,6 +49,7 @@ from kvscale.sizing.workload import Workload
 
 CHILD_KINDS = ("Service", "PodDisruptionBudget", "Deployment")  # the Deployment last: never without its Service
 DEPLOYMENT = "Deployment"
+NAME_CONFLICT = "NameConflict"
 POOL_FORBIDDEN = (
     "the operator may not read or manage inferencepools (inference.networking.k8s.io): "
     "install the chart with inferencePool.enabled=true; the engines are deployed without a pool"
@@ -114,13 +116,17 @@ class PoolView:
 class Observed:
     """The cluster as reconcile sees it: GPU pools (already without this resource's own pods),
     its Deployment, its engine pods, the Deployment body kvscale last applied, and the
-    InferencePool view (None when not looked at)."""
+    InferencePool view (None when not looked at). `children`: the objects of owned kinds under
+    this resource's labels or its children's names, whoever owns them; `applied_children`: the
+    bodies kvscale last applied (the status tick re-applies those missing or edited)."""
 
     pools: Mapping[str, GpuPool]
     deployment: DeploymentView | None = None
     pods: tuple[EnginePod, ...] = ()
     applied: Mapping[str, Any] | None = None
     pool: PoolView | None = None
+    children: tuple[owned.ChildView, ...] = ()
+    applied_children: tuple[Mapping[str, Any], ...] = ()
     leader_worker_set: DeploymentView | None = None
 
     def workload(self, multi_node: bool) -> DeploymentView | None:
@@ -280,8 +286,11 @@ def reconcile(
         new = with_conditions(without_condition(base, POOL_CONDITION), planned, not_ready, phase="Recommended")
         summary = _summary(outcome, outcome.prediction.replicas)
         event = Event("Normal", "Recommended", f"Recommend {summary}")
-        gone = CHILD_KINDS + ((lws.KIND,) if _had_set(status, observed) else ())
-        return Result(new, delete=gone, events=(event,), prune_pools=_had_pool(status))
+        candidates = CHILD_KINDS + ((lws.KIND,) if _had_set(status, observed) else ())
+        mine = tuple(k for k in candidates if _owns(observed, res, k))  # never another team's object
+        return Result(
+            without_condition(new, NAME_CONFLICT), delete=mine, events=(event,), prune_pools=_had_pool(status)
+        )
     multi = outcome.config.nodes > 1
     too_long = lws.name_problem(res.name) if multi else None
     if too_long is not None:
@@ -301,6 +310,7 @@ def reconcile(
         stale: tuple[str, ...] = (DEPLOYMENT,) if observed.deployment is not None else ()
     else:
         stale = (lws.KIND,) if _had_set(status, observed) else ()
+    stale = tuple(k for k in stale if not _foreign(observed, res, k))
     new = with_conditions(base, planned, phase="Deploying", replicas=replicas, desired_replicas=replicas)
     message = f"Deployed {_summary(outcome, replicas)}: {outcome.chosen.reason}"
     result = Result(
@@ -310,7 +320,53 @@ def reconcile(
         events=(Event("Normal", "Planned", message[:1000]),),
         applied_deployment=workload,
     )
-    return _with_routing(result, status, res, routing, now)
+    taken = owned.foreign(children, observed.children, res.uid)
+    if taken:
+        return name_conflict(status, res, taken, settings.retry_backoff_s, now)
+    return _with_routing(replace(result, status=without_condition(new, NAME_CONFLICT)), status, res, routing, now)
+
+
+def _owns(observed: Observed, res: Resource, kind: str) -> bool:
+    view = owned.find(observed.children, kind, owned.child_name(kind, res.name))
+    return view is not None and view.owned_by(res.uid)
+
+
+def _foreign(observed: Observed, res: Resource, kind: str) -> bool:
+    view = owned.find(observed.children, kind, owned.child_name(kind, res.name))
+    return view is not None and not view.owned_by(res.uid)
+
+
+def name_conflict(
+    status: InferenceServiceStatus,
+    res: Resource,
+    taken: tuple[owned.ChildView, ...],
+    retry_s: float,
+    now: dt.datetime | None = None,
+) -> Result:
+    """Objects of the children's names that are not kvscale's: nothing is applied (another team's
+    Service keeps its selector and gains no owner reference), the NameConflict condition names
+    them, one Event (none when the condition already said so), and a retry after the backoff
+    in case the object goes away."""
+    message = owned.conflict_message(taken)
+    before = get_condition(status, NAME_CONFLICT)
+    new = with_conditions(
+        status,
+        condition(status, NAME_CONFLICT, True, "ForeignObject", message, res.generation, now),
+        condition(
+            status,
+            "Ready",
+            False,
+            NAME_CONFLICT,
+            f"not deployed: {owned.describe(taken)} is not kvscale's",
+            res.generation,
+            now,
+        ),
+        phase="Pending",
+        observed_generation=res.generation,
+    )
+    said = before is not None and before.status == "True" and before.message == message
+    events = () if said else (Event("Warning", NAME_CONFLICT, message[:1000]),)
+    return Result(new, events=events, retry=Retry(message, retry_s))
 
 
 def _had_set(status: InferenceServiceStatus, observed: Observed) -> bool:
@@ -439,6 +495,22 @@ def drift(applied: Mapping[str, Any] | None, seen: DeploymentView | None) -> lis
     return out
 
 
+def settled(result: Result, before: InferenceServiceStatus, observed: Observed, res: Resource) -> bool:
+    """Whether applying `result` would change nothing: the same status, no retry or deletion,
+    and every child in place as built (owned, the Deployment without drift). Reconcile marks
+    the phase Deploying as it applies; with nothing to apply a Ready service stays Ready."""
+    after = result.status
+    if before.phase == "Ready" and after.phase == "Deploying":
+        after = after.model_copy(update={"phase": before.phase})
+    if status_patch(before, after) or result.retry is not None or result.delete:
+        return False
+    found = owned.check(result.apply, observed.children, res.uid)
+    if found.reapply or found.foreign:
+        return False
+    seen = observed.workload(multi_node(result.status))
+    return result.applied_deployment is None or (seen is not None and not drift(result.applied_deployment, seen))
+
+
 def refresh(
     spec: Mapping[str, Any],
     res: Resource,
@@ -465,10 +537,56 @@ def refresh(
         return replace(replanned, events=(Event("Warning", "GPUTypeUnschedulable", message), *replanned.events))
     if pool_api_missing(status) and observed.pool is not None and observed.pool.api_installed:
         return reconcile(spec, res, status, observed, catalog, settings, now=now)  # the CRD arrived
+    found = owned.check(observed.applied_children, observed.children, res.uid)
+    if found.reapply or found.foreign or get_condition(status, NAME_CONFLICT) is not None:
+        return _restore(status, res, observed, found, now)
     seen = observed.workload(multi_node(status))
     if seen is None:
         return None
     return _readiness(status, res, observed, seen, now)
+
+
+def _restore(
+    status: InferenceServiceStatus, res: Resource, observed: Observed, found: owned.ChildCheck, now: dt.datetime
+) -> Result:
+    """Children deleted or edited outside kvscale are applied again (the Deployment with the
+    replicas it last had), and the Children condition and an Event say which; an object of a
+    child's name that is not kvscale's is left alone and named in NameConflict."""
+    order = {kind: i for i, kind in enumerate((*CHILD_KINDS, lws.KIND))}
+    bodies = sorted(found.reapply, key=lambda b: order.get(str(b["kind"]), len(order)))
+    notes = [f"{owned.describe([_view(b, res)])} (deleted outside kvscale)" for b in found.missing]
+    notes += [f"{owned.describe([_view(b, res)])} (edited outside kvscale)" for b in found.edited]
+    events: list[Event] = []
+    new = status
+    if notes:
+        message = f"re-applied {'; '.join(notes)}"
+        new = with_conditions(new, condition(new, "Children", True, "Restored", message, res.generation, now))
+        events.append(Event("Warning", "ChildrenRestored", message[:1000]))
+    if found.foreign:
+        conflict = name_conflict(new, res, found.foreign, 0.0, now)
+        events.extend(conflict.events)
+        new = with_conditions(new, *(c for c in conflict.status.conditions if c.type == NAME_CONFLICT))
+    else:
+        new = without_condition(new, NAME_CONFLICT)
+    seen = observed.workload(multi_node(status))
+    kind = workload_kind(status)
+    gone = any(b["kind"] == kind for b in found.missing)
+    if gone:
+        message = f"the {kind} of {res.namespace}/{res.name} was deleted outside kvscale: re-created, 0 ready"
+        new = with_conditions(
+            new,
+            condition(new, "Ready", False, "DeploymentMissing", message, res.generation, now),
+            phase="Deploying",
+            ready_replicas=0,
+        )
+    if seen is None or gone:
+        return Result(new, apply=tuple(bodies), events=tuple(events))
+    ready = _readiness(new, res, observed, seen, now)
+    return replace(ready, apply=tuple(bodies) + ready.apply, events=tuple(events) + ready.events)
+
+
+def _view(body: Mapping[str, Any], res: Resource) -> owned.ChildView:
+    return owned.ChildView(str(body["kind"]), res.namespace, str(body["metadata"]["name"]))
 
 
 def pool_api_missing(status: InferenceServiceStatus) -> bool:

@@ -1,48 +1,118 @@
 """Runs the operator (`kvscale operator`): settings, catalog, clients and handlers are made
-here, at startup, and nowhere at import."""
+here, at startup, and nowhere at import. With leader election (the default) the process first
+takes the Lease (kvscale.operator.leader), standing by until then, and stops when it loses it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+from urllib.parse import urlsplit
 
 import kopf
+from aiohttp import web
 
-from kvscale.operator.handlers import KUBE_WORKERS, Runtime, register
+from kvscale.operator import leader, telemetry
+from kvscale.operator.handlers import KUBE_WORKERS, RESUME_WORKERS, Runtime, register
 from kvscale.operator.informers import INFORMERS, inventory
 from kvscale.operator.k8s import Kube, new_api_client
-from kvscale.operator.settings import Settings
+from kvscale.operator.settings import Settings, SettingsError
 from kvscale.sizing.catalog import load_catalog
 
+log = logging.getLogger("kvscale.operator")
+LOST_LEASE_EXIT = 3  # the exit status after losing the Lease: the pod restarts and stands by
 
-def runtime(settings: Settings) -> Runtime:
+
+def runtime(settings: Settings, namespaces: tuple[str, ...] = ()) -> Runtime:
     catalog = load_catalog(*settings.catalog_overlays)
     return Runtime(
         settings=settings,
         catalog=catalog,
-        kube=Kube(new_api_client(KUBE_WORKERS), settings.retry_backoff_s),
+        kube=Kube(new_api_client(KUBE_WORKERS + RESUME_WORKERS), settings.retry_backoff_s),
         # Its own connections: each informer holds one for its watch.
-        inventory=inventory(new_api_client(len(INFORMERS)), catalog),
+        inventory=inventory(new_api_client(len(INFORMERS) * max(1, len(namespaces))), catalog, namespaces),
     )
 
 
 def run_operator(namespaces: tuple[str, ...], liveness: str | None = None) -> None:
     settings = Settings.from_env()
+    serve_metrics(settings.metrics_port)
+    watched = list(namespaces or settings.namespaces)
     registry = kopf.OperatorRegistry()
-    register(registry, runtime(settings))
+    register(registry, runtime(settings, tuple(watched)))
     # kopf's own log format, to stderr; per-object lines (a failing handler) start with [namespace/name].
     kopf.configure(verbose=False, log_prefix=True)
     logging.getLogger().setLevel(settings.log_level.upper())
     # Per-object INFO lines ("Timer 'refresh' succeeded" every interval) drown real news.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prometheus query otherwise
-    watched = list(namespaces or settings.namespaces)
-    asyncio.run(
-        kopf.operator(
+    if asyncio.run(_serve(settings, registry, watched, liveness)):
+        sys.exit(LOST_LEASE_EXIT)
+
+
+def serve_metrics(port: int) -> None:
+    """The operator's /metrics, first of all: a port in use stops the start at once, naming it
+    (inside kopf's startup it failed and was retried every minute while nothing was handled)."""
+    if not port:
+        return
+    try:
+        telemetry.serve(port)
+    except OSError as exc:
+        raise SettingsError(
+            f"KVSCALE_METRICS_PORT: port {port} cannot be served ({exc.strerror or exc}): free it, "
+            "choose another port, or set 0 to serve no metrics"
+        ) from exc
+
+
+async def _serve(settings: Settings, registry: kopf.OperatorRegistry, watched: list[str], liveness: str | None) -> bool:
+    """kopf's operator, behind the Lease when leader election is on; True when the Lease was lost."""
+    stop = asyncio.Event()
+    elector = None
+    if settings.leader_election:
+        namespace = leader.lease_namespace(settings.lease_namespace)
+        elector = leader.Elector(
+            new_api_client(1), namespace, settings.lease_name, settings.lease_duration_s, leader.identity()
+        )
+        probe = await _standby_probe(liveness) if liveness else None
+        try:
+            await leader.acquire(elector)
+        finally:
+            if probe is not None:
+                await probe.cleanup()
+    lost = asyncio.Event()
+
+    def on_lost() -> None:
+        lost.set()
+        stop.set()
+
+    renewing = asyncio.create_task(leader.keep(elector, on_lost)) if elector is not None else None
+    try:
+        await kopf.operator(
             registry=registry,
             clusterwide=not watched,
             namespaces=watched,
             standalone=True,
             liveness_endpoint=liveness,
+            stop_flag=stop,
         )
-    )
+    finally:
+        if renewing is not None:
+            renewing.cancel()
+        if elector is not None and not lost.is_set():
+            await asyncio.to_thread(elector.release)
+    return lost.is_set()
+
+
+async def _standby_probe(liveness: str) -> web.AppRunner:
+    """While standing by, the liveness endpoint answers (kopf serves it once leading)."""
+    url = urlsplit(liveness)
+
+    async def alive(_: web.Request) -> web.Response:
+        return web.json_response({"standby": True})
+
+    app = web.Application()
+    app.router.add_get(url.path or "/", alive)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, url.hostname, url.port).start()
+    return runner

@@ -20,7 +20,7 @@ from kvscale.autoscaling.policy import PolicyState, decide
 from kvscale.operator.inventory import EnginePod
 from kvscale.operator.reconcile import DeploymentView, Event, Resource, Result, workload_kind
 from kvscale.operator.settings import Settings
-from kvscale.operator.status import condition, now_rfc3339, observed_status, planned_workload, with_conditions
+from kvscale.operator.status import condition, now_rfc3339, observed_status, planned_workload, steady, with_conditions
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.checkpoints import CheckpointError, replica_cold_start
 from kvscale.sizing.config import ServingConfig
@@ -179,6 +179,11 @@ def default_cold_start_s(intent: Intent, cfg: ServingConfig) -> float:
     return start.total_s
 
 
+# Why a deployed service's tick read nothing: it has no engine pods (a reason of its own, so the
+# first real reading replaces this message: a tick condition keeps its message while its reason holds).
+NO_ENGINE_PODS = "no engine pods: no metrics to read"
+
+
 def decision_kind(decision: Decision) -> str:
     """The decision's kind for telemetry: the policy's own, never parsed from its prose."""
     return decision.kind.value
@@ -226,7 +231,7 @@ def _conditions(
             status,
             "MetricsAvailable",
             available,
-            "MetricsAvailable" if available else "MetricsMissing",
+            "MetricsAvailable" if available else ("NoEnginePods" if missing == NO_ENGINE_PODS else "MetricsMissing"),
             missing or "engine metrics present and fresh",
             res.generation,
             now,
@@ -263,8 +268,11 @@ def tick(
     config = policy_config(intent, memory.cold_start_s, settings.scale_interval_s, settings.metrics_window_s)
     decision, state = decide(obs, memory.state, model, config)
     memory = ScalerMemory(memory.key, model, memory.cold_start_s, state)
-    new = _conditions(intent, res, status, obs, missing, now).model_copy(
-        update={"observed": observed_status(obs, decision), "desired_replicas": decision.replicas}
+    new = steady(
+        status,
+        _conditions(intent, res, status, obs, missing, now).model_copy(
+            update={"observed": observed_status(obs, decision), "desired_replicas": decision.replicas}
+        ),
     )
     gauges = _gauges(intent, plan, fleet_, obs, decision, missing is None)
     current, target = fleet_.current, decision.replicas

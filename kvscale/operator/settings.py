@@ -58,12 +58,22 @@ def _factor(name: str, text: str) -> float | None:
     return value
 
 
+def _bool(name: str, text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise SettingsError(f"{name} must be true or false, got {text!r}")
+    return text.lower() == "true"
+
+
 def _names(_: str, text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
 def _paths(_: str, text: str) -> tuple[Path, ...]:
     return tuple(Path(p.strip()) for p in text.split(",") if p.strip())
+
+
+def _text(_: str, text: str) -> str:
+    return text.strip()
 
 
 def _optional(_: str, text: str) -> str | None:
@@ -176,6 +186,29 @@ class Settings:
         "KVSCALE_METRICS_PORT", "8081", "Port of the operator's own /metrics (0 disables).", _port
     )
     log_level: str = setting("KVSCALE_LOG_LEVEL", "info", "debug, info, warning or error.", _level)
+    leader_election: bool = setting(
+        "KVSCALE_LEADER_ELECTION",
+        "true",
+        "Act only while holding a coordination.k8s.io Lease, so replicas (or a second operator) stand by; "
+        "false runs without (one operator only).",
+        _bool,
+    )
+    lease_name: str = setting(
+        "KVSCALE_LEASE_NAME",
+        "kvscale-operator",
+        "Name of the Lease; operators that share it elect one leader (give installs watching other "
+        "namespaces their own).",
+        _text,
+    )
+    lease_namespace: str = setting(
+        "KVSCALE_LEASE_NAMESPACE", "", "Namespace of the Lease; empty: the operator pod's own, else default.", _text
+    )
+    lease_duration_s: float = setting(
+        "KVSCALE_LEASE_DURATION",
+        "15s",
+        "How long a Lease not renewed stays its holder's; a standby takes over after this when the leader dies.",
+        _duration,
+    )
 
     @property
     def metrics_window_s(self) -> float:

@@ -19,12 +19,14 @@ from kvscale.api.models import (
 from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.operator.planning import Planned
 from kvscale.sizing.planner import Candidate, Feasible, Rejected
-from kvscale.sizing.units import format_duration
+from kvscale.sizing.units import format_duration, parse_duration_s
 from kvscale.sizing.workload import Burstiness, LengthDistribution, Slo, Workload
 
 TOP_ALTERNATIVES = 5
 MAX_REJECTED = 5  # the closest few in status (kubectl describe stays readable); `kvscale plan` lists all
 MAX_MESSAGE = 1000
+TICK_CONDITIONS = ("MetricsAvailable", "SLOMet")  # rewritten by every scaling tick
+MEANINGFUL = 0.05  # a relative change in status.observed worth a status write
 
 
 def now_rfc3339(now: dt.datetime | None = None) -> str:
@@ -236,3 +238,42 @@ def mark_synced(stage: str, status: InferenceServiceStatus, generation: int | No
     if synced is None or synced.status != "False" or synced.reason != f"{stage.capitalize()}Failed":
         return status
     return with_conditions(status, condition(status, "Synced", True, "Synced", f"{stage} succeeded", generation))
+
+
+def _number(value: str | float | None) -> float | None:
+    if isinstance(value, str):
+        try:
+            return parse_duration_s(value)
+        except ValueError:
+            return None
+    return value
+
+
+def _moved(before: ObservedStatus, after: ObservedStatus) -> bool:
+    """Whether any observed value appeared, went, or changed by MEANINGFUL or more."""
+    for name in type(after).model_fields:
+        old, new = getattr(before, name), getattr(after, name)
+        if (old is None) != (new is None):
+            return True
+        a, b = _number(old), _number(new)
+        if a is None or b is None:
+            if old != new:
+                return True
+        elif abs(b - a) > MEANINGFUL * max(abs(a), abs(b)):
+            return True
+    return False
+
+
+def steady(before: InferenceServiceStatus, after: InferenceServiceStatus) -> InferenceServiceStatus:
+    """`after` without the churn of a tick: a tick condition whose status and reason held keeps
+    its message (a timeout message naming another query each tick is not news), and
+    status.observed keeps its values unless one moved meaningfully, appeared or went."""
+    kept = []
+    for c in after.conditions:
+        old = get_condition(before, c.type)
+        same = old is not None and c.type in TICK_CONDITIONS and (old.status, old.reason) == (c.status, c.reason)
+        kept.append(old if same and old is not None else c)
+    observed = after.observed
+    if before.observed is not None and observed is not None and not _moved(before.observed, observed):
+        observed = before.observed
+    return after.model_copy(update={"conditions": kept, "observed": observed})

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from tests.cluster.harness import Cluster, free_port
@@ -44,7 +45,8 @@ class KvscaleProcess:
 
 class Operator(KvscaleProcess):
     """`kvscale operator` with test-sized intervals, tolerating kwok's taint; `extra_env` adds
-    or overrides settings (Prometheus, scale interval)."""
+    or overrides settings (Prometheus, scale interval). Each one elects itself on a Lease of its
+    own (a test that runs two operators against one Lease sets KVSCALE_LEASE_NAME for both)."""
 
     def __init__(self, cluster: Cluster, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
         self.cluster = cluster
@@ -57,6 +59,8 @@ class Operator(KvscaleProcess):
             "KVSCALE_STATUS_INTERVAL": "1s",
             "KVSCALE_UNSCHEDULABLE_TIMEOUT": "4s",
             "KVSCALE_RETRY_BACKOFF": "2s",
+            "KVSCALE_LEASE_NAME": f"kvscale-test-{uuid.uuid4().hex[:8]}",
+            "KVSCALE_LEASE_NAMESPACE": "default",
             **(extra_env or {}),
         }
         super().__init__(["operator"], env, workdir / "operator.log")

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
-from tests.cluster.harness import Cluster, find_bins
+from tests.cluster.harness import Cluster, find_bins, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.test_inference_pool import routed, wait_condition
 from tests.cluster.test_operator import SAMPLES, create, wait_phase
@@ -61,8 +62,9 @@ def test_chart_files_match_the_sources() -> None:
         if d["kind"] == "ClusterRole"
     )
     chart_rules = yaml.safe_load((files / "rbac-rules.yaml").read_text())
+    cluster_rules = yaml.safe_load((files / "rbac-cluster-rules.yaml").read_text())
     pool_rules = yaml.safe_load((files / "rbac-inferencepool-rules.yaml").read_text())
-    assert chart_rules + pool_rules == role["rules"]
+    assert chart_rules + cluster_rules + pool_rules == role["rules"]
 
 
 def test_inference_pool_rbac_follows_its_value(cluster: Cluster) -> None:
@@ -75,7 +77,7 @@ def test_inference_pool_rbac_follows_its_value(cluster: Cluster) -> None:
         {
             "apiGroups": ["inference.networking.k8s.io"],
             "resources": ["inferencepools"],
-            "verbs": ["get", "list", "create", "patch", "delete"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
         }
     ]
     assert pool_rules("inferencePool.enabled=false") == []
@@ -100,7 +102,7 @@ def test_helm_lint(cluster: Cluster) -> None:
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("operator.logLevel=loud", "logLevel"),
         ("operator.prometheusUrl=ftp://x", "prometheusUrl"),
-        ("replicaCount=3", "replicaCount"),
+        ("replicaCount=-1", "replicaCount"),
         ("nonsense=1", "nonsense"),
         ("inferencePool.enabled=maybe", "inferencePool"),
     ],
@@ -182,7 +184,8 @@ def test_install_runs_the_operator_under_the_charts_account(
         assert core.read_namespaced_service_account("kvscale-operator", release_ns)
         # kwok runs no containers, so the operator runs here, with the chart's ServiceAccount token.
         kubeconfig = service_account_kubeconfig(cluster, api, tmp_path / "chart-sa.kubeconfig", namespace=release_ns)
-        operator = Operator(Cluster(workdir=tmp_path, bins=cluster.bins, external_kubeconfig=kubeconfig), tmp_path)
+        restricted = Cluster(workdir=tmp_path, bins=cluster.bins, external_kubeconfig=kubeconfig)
+        operator = Operator(restricted, tmp_path, {"KVSCALE_LEASE_NAMESPACE": release_ns})
         operator.start()
         try:
             body = SAMPLES["custom-architecture"]
@@ -209,3 +212,70 @@ def test_install_runs_the_operator_under_the_charts_account(
             operator.stop()
     finally:
         helm(cluster, "uninstall", "kvscale", "--namespace", release_ns, "--wait")
+
+
+def test_watched_namespaces_get_roles_and_nothing_else_is_writable(
+    cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """With operator.watchNamespaces the chart's ServiceAccount can write children only there
+    (checked by impersonation: `kubectl auth can-i --as`), still reads Nodes and pods
+    cluster-wide, and the operator runs under it watching that namespace alone."""
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    release_ns = f"{namespace}-rbac"
+    helm(
+        cluster,
+        "install",
+        "scoped",
+        str(CHART),
+        "--namespace",
+        release_ns,
+        "--create-namespace",
+        "--set",
+        "crds.install=false",
+        "--set",
+        "serviceAccount.name=kvscale-scoped",
+        "--set",
+        f"operator.watchNamespaces={{{namespace}}}",
+    )
+    try:
+        account = f"system:serviceaccount:{release_ns}:kvscale-scoped"
+
+        def can(*args: str) -> bool:
+            return cluster.kubectl_ok("auth", "can-i", f"--as={account}", *args)
+
+        for verb, what in [("patch", "services"), ("patch", "deployments"), ("delete", "poddisruptionbudgets")]:
+            assert can(verb, what, "-n", namespace), f"{verb} {what} in the watched namespace"
+            assert not can(verb, what, "-n", "kube-system"), f"{verb} {what} in kube-system"
+            assert not can(verb, what, "-n", release_ns), f"{verb} {what} in the release namespace"
+        assert not can("create", "events", "-n", "kube-system")
+        assert not can("patch", "inferenceservices.kvscale.io", "-n", "default")
+        assert can("list", "nodes") and can("watch", "pods", "--all-namespaces")
+        assert can("update", "leases.coordination.k8s.io", "-n", release_ns)
+        kubeconfig = service_account_kubeconfig(
+            cluster, api, tmp_path / "scoped.kubeconfig", namespace=release_ns, name="kvscale-scoped"
+        )
+        restricted = Cluster(workdir=tmp_path, bins=cluster.bins, external_kubeconfig=kubeconfig)
+        operator = Operator(
+            restricted, tmp_path, {"KVSCALE_LEASE_NAMESPACE": release_ns, "KVSCALE_NAMESPACES": namespace}
+        )
+        operator.start()
+        try:
+            body = SAMPLES["custom-architecture"]
+            name = body["metadata"]["name"]
+            create(api, namespace, body)
+            wait_phase(api, namespace, name, "Ready", operator)
+            core = client.CoreV1Api(api)
+            first = core.read_namespaced_service(name, namespace).metadata.uid
+            core.delete_namespaced_service(name, namespace)  # the namespaced watch sees it go
+
+            def recreated() -> bool:
+                try:
+                    return bool(core.read_namespaced_service(name, namespace).metadata.uid != first)
+                except ApiException:
+                    return False
+
+            wait_until(recreated, 30, "the Service re-created under the namespaced Role")
+        finally:
+            operator.stop()
+    finally:
+        helm(cluster, "uninstall", "scoped", "--namespace", release_ns, "--wait")

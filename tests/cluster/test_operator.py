@@ -211,6 +211,13 @@ def test_unusable_specs_get_a_condition_and_an_event(
         ({"scaling": {"minReplicas": 5, "maxReplicas": 2}}, "minReplicas must be <= maxReplicas"),
         ({"slo": {"timeToFirstToken": "soon", "timePerOutputToken": "50ms"}}, "spec.slo.timeToFirstToken"),
         ({"model": {"name": "x", "precision": "fp4"}}, "spec.model.precision"),
+        (
+            {"model": {"name": "llama-3.1-8b", "cache": {"persistentVolumeClaim": "w", "hostPath": "/w"}}},
+            "set exactly one of spec.model.cache.persistentVolumeClaim or spec.model.cache.hostPath",
+        ),
+        ({"engine": {"env": [{"name": "HF_HOME", "value": "/x"}]}}, "must not set the weights cache variable"),
+        ({"engine": {"type": "tgi", "env": [{"name": "HUGGINGFACE_HUB_CACHE"}]}}, "weights cache variable"),
+        ({"engine": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}}, "Duplicate value"),
     ],
 )
 def test_api_server_rejects_invalid_specs(

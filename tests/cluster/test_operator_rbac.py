@@ -69,7 +69,7 @@ def test_operator_works_under_its_written_rbac(
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac" / "operator.yaml"))
     kubeconfig = service_account_kubeconfig(cluster, api, tmp_path / "sa.kubeconfig")
     restricted = Cluster(workdir=tmp_path, bins=cluster.bins, external_kubeconfig=kubeconfig)
-    operator = Operator(restricted, tmp_path)
+    operator = Operator(restricted, tmp_path, {"KVSCALE_LEASE_NAMESPACE": "kvscale-system"})
     operator.start()
     try:
         body = SAMPLES["custom-architecture"]

@@ -138,3 +138,16 @@ def test_the_gpubudget_sample_is_valid() -> None:
     assert sample["kind"] == "GPUBudget"
     spec = parse_budget_spec(sample["spec"])
     assert spec.limits == {"H100-SXM": 64, "L40S": 32} and spec.selector.selects("serving", {"tier": "prod"})
+
+
+def test_the_crds_cache_variables_are_the_catalogs() -> None:
+    import typing
+
+    from kvscale.api.crd import ENGINE_CACHE_ENV
+    from kvscale.api.models import EngineSpec
+    from kvscale.sizing.catalog import default_catalog
+
+    engines = default_catalog().engines
+    served = set(typing.get_args(EngineSpec.model_fields["type"].annotation))
+    assert set(ENGINE_CACHE_ENV) == served
+    assert {name: engines[name].cache_env for name in served} == ENGINE_CACHE_ENV

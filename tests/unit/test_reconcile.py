@@ -13,6 +13,7 @@ import pytest
 from kvscale.api.intent import parse_intent
 from kvscale.api.models import InferenceServiceStatus, status_dict, status_patch
 from kvscale.autoscaling.observation import Observation
+from kvscale.operator.children import ChildView
 from kvscale.operator.inventory import EnginePod, gpu_inventory
 from kvscale.operator.reconcile import CHILD_KINDS, DeploymentView, Observed, Resource, Result, reconcile, refresh
 from kvscale.operator.scaling import Fleet, ScalerMemory, fleet, tick
@@ -73,8 +74,10 @@ def test_reconcile_twice_writes_nothing_the_second_time() -> None:
     assert again.apply == first.apply
 
 
-def test_recommend_mode_deletes_children_and_deploys_nothing() -> None:
-    result = deployed(spec(scaling={"mode": "recommend"}))
+def test_recommend_mode_deletes_its_own_children_and_deploys_nothing() -> None:
+    mine = tuple(ChildView(kind, "ns", "chat", (RES.uid,)) for kind in CHILD_KINDS)
+    seen = Observed(POOLS, children=mine)
+    result = reconcile(spec(scaling={"mode": "recommend"}), RES, InferenceServiceStatus(), seen, CAT, SETTINGS, now=NOW)
     assert result.apply == () and result.delete == CHILD_KINDS
     assert result.status.phase == "Recommended"
     assert condition_of(result.status, "Ready")[1] == "RecommendOnly"

@@ -1,0 +1,143 @@
+"""Prometheus queries/s and status PATCH/s from the operator at 200 and 1,000 InferenceServices
+(not a test: prints a table). Issue 21, item 5: every service asked ~13 queries per tick, also
+recommend-mode services with no pods, and a timing-out Prometheus rewrote MetricsAvailable's
+message (a status PATCH) every tick.
+
+- The test cluster, a fake Prometheus on 127.0.0.1 (tests/cluster/test_reliability.py) counting
+  the queries it is asked, and N recommend-mode InferenceServices (planned, ticking, no pods).
+- The operator at the default intervals (scale 15 s, status 10 s). After a warm-up (every
+  service ticked at least once since the phase began), over `--window` seconds: queries/s the
+  fake answered and status PATCH/s from the API server's own request counters, in two phases:
+  Prometheus answering at once with no series, and Prometheus too slow for the deadline.
+- `--compare DIR`: the same runs with the operator from another checkout (e.g. a worktree of
+  the commit before batching), for the before/after table.
+
+Run: KVSCALE_CLUSTER_BINS=... .venv/bin/python -m benchmarks.prometheus_load [--services 200,1000]
+    [--window 60] [--compare /tmp/kvscale-before]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+from kubernetes import client, config
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.cluster_probes import request_counts
+from kvscale.api import GROUP, PLURAL, VERSION
+from tests.cluster.harness import Cluster, find_bins, wait_until
+from tests.cluster.processes import Operator
+from tests.cluster.test_reliability import FakePrometheus
+
+ROOT = Path(__file__).resolve().parents[1]
+RECOMMEND = yaml.safe_load((ROOT / "deploy" / "samples" / "mistral-7b-recommend.yaml").read_text())
+EMPTY = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
+SLOW_S = 10.0  # far past the observation deadline (2 s)
+
+
+def tick_count(operator: Operator) -> float:
+    try:
+        text = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return 0.0
+    name = "kvscale_tick_duration_seconds_count"
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def status_patches(cluster: Cluster) -> int:
+    counts = request_counts(cluster, watches=False)
+    return sum(v for (verb, resource), v in counts.items() if verb == "PATCH" and resource == f"{PLURAL}/status")
+
+
+def measure(
+    cluster: Cluster, fake: FakePrometheus, operator: Operator, services: int, window_s: float
+) -> tuple[float, float]:
+    """(queries/s, status PATCH/s) over the window, after every service ticked in this phase."""
+    ticked = tick_count(operator)
+    # Ticks are spread over one to two intervals from each object's start; a phase waits for as
+    # many ticks as services (each one at least once, on average) before it counts.
+    wait_until(lambda: tick_count(operator) >= ticked + services, 1800, "a tick per service", interval_s=2.0)
+    asked, patched, start = fake.requests, status_patches(cluster), time.monotonic()
+    time.sleep(window_s)  # the window being measured
+    took = time.monotonic() - start
+    return (fake.requests - asked) / took, (status_patches(cluster) - patched) / took
+
+
+def run(
+    cluster: Cluster, fake: FakePrometheus, workdir: Path, services: int, window_s: float, checkout: str | None
+) -> dict[str, tuple[float, float]]:
+    env = {"KVSCALE_PROMETHEUS_URL": fake.url, "KVSCALE_STATUS_INTERVAL": "10s", "KVSCALE_SCALE_INTERVAL": "15s"}
+    label = "before" if checkout else "now"
+    (workdir / f"{label}-{services}").mkdir(parents=True, exist_ok=True)
+    operator = Operator(cluster, workdir / f"{label}-{services}", env)
+    here = Path.cwd()
+    if checkout:
+        os.chdir(checkout)  # `python -m` puts the working directory first on sys.path
+    try:
+        operator.start()
+    finally:
+        os.chdir(here)
+    out = {}
+    try:
+        fake.delay_s, fake.answer = 0.0, EMPTY
+        out["answered (no series)"] = measure(cluster, fake, operator, services, window_s)
+        fake.delay_s = SLOW_S
+        out[f"timing out ({SLOW_S:.0f} s)"] = measure(cluster, fake, operator, services, window_s)
+    finally:
+        fake.delay_s = 0.0
+        operator.stop()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--services", default="200,1000", help="comma-separated service counts, ascending")
+    parser.add_argument("--window", type=float, default=60.0, help="seconds of each measurement")
+    parser.add_argument("--compare", help="another checkout's root, run as the 'before' operator")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the cluster on `kill` too
+    counts = [int(n) for n in args.services.split(",")]
+    workdir = Path(tempfile.mkdtemp(prefix="kvscale-promload-"))
+    cluster = Cluster(workdir, find_bins()).start()
+    fake = FakePrometheus(0.0, EMPTY).__enter__()
+    rows: list[tuple[str, ...]] = []
+    try:
+        cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        objs = client.CustomObjectsApi(config.new_client_from_config(config_file=str(cluster.kubeconfig)))
+        made = 0
+        for services in counts:
+            for i in range(made, services):
+                body = copy.deepcopy(RECOMMEND)
+                body["metadata"] = {"name": f"many-{i}", "namespace": "default"}
+                objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+            made = services
+            variants = {"this checkout": None, **({"before": args.compare} if args.compare else {})}
+            for name, checkout in variants.items():
+                for phase, (qps, patches) in run(cluster, fake, workdir, services, args.window, checkout).items():
+                    rows.append((str(services), name, phase, f"{qps:.1f}", f"{patches:.2f}"))
+                    print(rows[-1], flush=True)
+    finally:
+        fake.__exit__(None, None, None)
+        cluster.stop()
+    table = Table(title=f"Prometheus load: recommend-mode services, scale interval 15 s, {args.window:.0f} s windows")
+    for col in ("services", "operator", "Prometheus", "queries/s", "status PATCH/s"):
+        table.add_column(col, justify="right" if col in ("queries/s", "status PATCH/s", "services") else "left")
+    for row in rows:
+        table.add_row(*row)
+    Console(width=140).print(table)
+
+
+if __name__ == "__main__":
+    main()
