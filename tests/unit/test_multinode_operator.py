@@ -22,6 +22,7 @@ from kvscale.autoscaling.observation import Observation
 from kvscale.operator import leader_worker_set as lws
 from kvscale.operator import planning
 from kvscale.operator import reconcile as reconcile_module
+from kvscale.operator.children import ChildView
 from kvscale.operator.inventory import gpu_inventory
 from kvscale.operator.planning import Planned
 from kvscale.operator.reconcile import DeploymentView, Observed, Resource, Result, reconcile, refresh
@@ -99,7 +100,13 @@ def test_back_to_one_node_deletes_the_leader_worker_set() -> None:
     assert [c["kind"] for c in result.apply][-1] == "Deployment" and result.delete == (lws.KIND,)
     assert result.apply[0]["spec"]["selector"] == labels("big")  # every pod serves on one node
     recommend = copy.deepcopy(SPEC) | {"scaling": {"mode": "recommend"}}
-    gone = deployed(recommend, observed=Observed(POOLS, leader_worker_set=group))
+    # Recommend mode deletes the children this resource owns (the watches see them), never
+    # another object of their names (issue 21).
+    mine = (
+        ChildView(lws.KIND, "ns", lws.set_name("big"), (RES.uid,)),
+        ChildView("Deployment", "ns", "big", (RES.uid,)),
+    )
+    gone = deployed(recommend, observed=Observed(POOLS, leader_worker_set=group, children=mine))
     assert lws.KIND in gone.delete and "Deployment" in gone.delete
 
 
