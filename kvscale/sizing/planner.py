@@ -585,7 +585,10 @@ def _suggestions(
             f"{c.label}: best TTFT {format_duration(c.best_ttft_s)}, TPOT {format_duration(c.best_tpot_s)}; "
             f"feasible with {' '.join(needs)} ({_bigger(c, node_gpus)})"
         )
-    lines = _limit_suggestions(request, rejected) + lines
+    limits = _limit_suggestions(request, rejected)
+    # When a replica or GPU limit binds, relaxing TTFT/TPOT does not help: the latencies above are
+    # a replica's at batch 1, which serves the load with even more replicas. The limit is the fix.
+    lines = limits or lines
     if not lines:
         whole_node = all(c.tensor_parallel >= node_gpus.get(c.gpu, 8) for c in rejected if "does not fit" in c.reason)
         more = "more nodes per replica" if whole_node else "a higher tensor-parallel degree"

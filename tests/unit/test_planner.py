@@ -141,3 +141,12 @@ def test_prefill_heavy_load_is_limited_by_prefill_compute() -> None:
     assert result.chosen is not None
     assert result.chosen.prediction.limited_by == "prefill-compute"
     assert result.chosen.prediction.mfu > 0.3
+
+
+def test_at_a_load_beyond_the_replica_limit_no_latency_relaxation_is_suggested() -> None:
+    """Issue 21, item 7: at 1e6 req/s with --max-replicas 8 a looser TPOT would not help (a
+    replica at its batch-1 TPOT serves even less); the binding limit is what to change."""
+    result = plan(CAT, request(rps=1e6, ttft=0.5, tpot=0.015, max_replicas=8))
+    assert result.chosen is None and result.suggestions
+    assert not any("--tpot" in s or "--ttft" in s for s in result.suggestions), result.suggestions
+    assert any("--max-replicas 8 binds" in s for s in result.suggestions)
