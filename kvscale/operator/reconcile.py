@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from kvscale.api import LABEL_GPU_TYPE, selector
 from kvscale.api.intent import Intent, SpecError, child_name_problems, parse_intent
-from kvscale.api.models import InferenceServiceStatus, status_patch
+from kvscale.api.models import Condition, InferenceServiceStatus, status_patch
 from kvscale.operator import children as owned
 from kvscale.operator import leader_worker_set as lws
 from kvscale.operator.inference_pool import CONDITION as POOL_CONDITION
@@ -543,7 +543,7 @@ def refresh(
     seen = observed.workload(multi_node(status))
     if seen is None:
         return None
-    return _readiness(status, res, observed, seen, now)
+    return _readiness(status, res, observed, seen, now, settings.unschedulable_timeout_s)
 
 
 def _restore(
@@ -596,14 +596,45 @@ def pool_api_missing(status: InferenceServiceStatus) -> bool:
     return c is not None and c.reason == "APINotInstalled"
 
 
-def _readiness(
-    status: InferenceServiceStatus, res: Resource, observed: Observed, seen: DeploymentView, now: dt.datetime
-) -> Result:
+def _scheduled(
+    status: InferenceServiceStatus, res: Resource, observed: Observed, now: dt.datetime, timeout_s: float | None
+) -> tuple[Condition, tuple[Event, ...]]:
+    """Scheduled, and whether some pods wait while others serve. Partly placed past the
+    unschedulable timeout, kvscale does not re-plan (that would move the pods that serve); the
+    condition says so (PartiallyPlaced) and one Event, when it becomes so."""
     gpu = status.plan.gpu_type if status.plan else ""
+    pods = [p for p in observed.pods if p.gpu_type == gpu and not p.deleting]
+    stuck = [p.unschedulable_since for p in pods if p.unschedulable_since is not None]
+    placed = sum(1 for p in pods if p.node_name)
+    if not stuck:
+        return condition(status, "Scheduled", True, "Scheduled", f"pods scheduled on {gpu}", res.generation, now), ()
+    waited_s = (now - min(stuck)).total_seconds()
+    if placed and timeout_s is not None and waited_s >= timeout_s:
+        message = (
+            f"{placed} pod(s) serve on {gpu}; {len(stuck)} waited {waited_s:.0f}s for free {gpu} GPUs: kvscale keeps "
+            "the placed pods and does not re-plan (a new GPU type would move them); free or add GPUs, or lower "
+            "spec.scaling.maxReplicas"
+        )
+        partial = condition(status, "Scheduled", False, "PartiallyPlaced", message, res.generation, now)
+        before = get_condition(status, "Scheduled")
+        news = before is None or before.reason != "PartiallyPlaced"
+        return partial, ((Event("Warning", "PartiallyPlaced", message[:1000]),) if news else ())
+    message = f"{len(stuck)} pod(s) waiting for free {gpu} GPUs"
+    return condition(status, "Scheduled", False, "WaitingForGPUs", message, res.generation, now), ()
+
+
+def _readiness(
+    status: InferenceServiceStatus,
+    res: Resource,
+    observed: Observed,
+    seen: DeploymentView,
+    now: dt.datetime,
+    timeout_s: float | None = None,
+) -> Result:
     wanted, ready = seen.replicas, seen.ready_replicas
     is_ready = ready >= wanted > 0
-    waiting = sum(1 for p in observed.pods if p.gpu_type == gpu and p.unschedulable_since is not None)
-    events: list[Event] = []
+    scheduled, notices = _scheduled(status, res, observed, now, timeout_s)
+    events: list[Event] = list(notices)
     fields: dict[str, Any] = {"replicas": wanted, "ready_replicas": ready}
     # Across nodes a replica is a LeaderWorkerSet group: ready when all of its pods are.
     unit = f"groups of {status.plan.nodes} nodes" if status.plan and multi_node(status) else "replicas"
@@ -622,15 +653,7 @@ def _readiness(
             res.generation,
             now,
         ),
-        condition(
-            status,
-            "Scheduled",
-            not waiting,
-            "WaitingForGPUs" if waiting else "Scheduled",
-            f"{waiting} pod(s) waiting for free {gpu} GPUs" if waiting else f"pods scheduled on {gpu}",
-            res.generation,
-            now,
-        ),
+        scheduled,
         **fields,
     )
     changed = drift(observed.applied, seen)
