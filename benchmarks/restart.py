@@ -1,0 +1,140 @@
+"""An operator restart with many InferenceServices (not a test: prints a table). Issue 21,
+item 4: after a restart with ~1,000 resources a new InferenceService waited 78 s behind the
+resumed ones, and every resume re-posted its Event.
+
+- The test cluster and N recommend-mode InferenceServices (planned, no pods), made by a first
+  operator that is then stopped.
+- A second operator starts; 2 s later one InferenceService is created: the time from its
+  `create` to its Deployment, and the Events the resumes posted within `--settle` seconds of
+  the start (Recommended/Planned Events about the N, which a resume that changes nothing
+  should not post).
+- `--compare DIR`: the same restart with the operator from another checkout, for the table.
+
+Run: KVSCALE_CLUSTER_BINS=... .venv/bin/python -m benchmarks.restart [--services 1000] [--compare DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from rich.console import Console
+from rich.table import Table
+
+from kvscale.api import GROUP, PLURAL, VERSION
+from tests.cluster.harness import Cluster, find_bins, wait_until
+from tests.cluster.processes import Operator
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = yaml.safe_load((ROOT / "deploy" / "samples" / "custom-architecture.yaml").read_text())
+RECOMMEND = yaml.safe_load((ROOT / "deploy" / "samples" / "mistral-7b-recommend.yaml").read_text())
+
+
+def started(workdir: Path, cluster: Cluster, label: str, checkout: str | None) -> Operator:
+    (workdir / label).mkdir(parents=True, exist_ok=True)
+    operator = Operator(cluster, workdir / label, {"KVSCALE_STATUS_INTERVAL": "10s"})
+    here = Path.cwd()
+    if checkout:
+        os.chdir(checkout)  # `python -m` puts the working directory first on sys.path
+    try:
+        operator.start()
+    finally:
+        os.chdir(here)
+    return operator
+
+
+def resume_events(core: client.CoreV1Api, since: dt.datetime) -> int:
+    items = core.list_namespaced_event("default").items
+    return sum(
+        1
+        for e in items
+        if e.reason in ("Recommended", "Planned")
+        and e.involved_object.name.startswith("many-")
+        and (e.last_timestamp or e.event_time or e.metadata.creation_timestamp) >= since
+    )
+
+
+def restart(cluster: Cluster, workdir: Path, label: str, checkout: str | None, settle_s: float) -> tuple[float, int]:
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    objs, apps, core = client.CustomObjectsApi(api), client.AppsV1Api(api), client.CoreV1Api(api)
+    since = dt.datetime.now(dt.UTC)
+    operator = started(workdir, cluster, label, checkout)
+    name = f"new-{label}"
+    try:
+        time.sleep(2)  # the operator is listing and resuming
+        body = copy.deepcopy(SAMPLE)
+        body["metadata"] = {"name": name, "namespace": "default"}
+        start = time.monotonic()
+        objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+
+        def deployed() -> bool:
+            try:
+                apps.read_namespaced_deployment(name, "default")
+            except ApiException:
+                return False
+            return True
+
+        wait_until(deployed, 600, "the new service's Deployment", interval_s=0.05)
+        took = time.monotonic() - start
+        time.sleep(max(0.0, settle_s - (time.monotonic() - start)))  # let the resumes finish
+        events = resume_events(core, since)
+    finally:
+        operator.stop()
+    objs.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)
+    return took, events
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--settle", type=float, default=120.0, help="seconds after the start to count Events")
+    parser.add_argument("--compare", help="another checkout's root, run as the 'before' operator")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the cluster on `kill` too
+    workdir = Path(tempfile.mkdtemp(prefix="kvscale-restart-"))
+    cluster = Cluster(workdir, find_bins()).start()
+    rows = []
+    try:
+        cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        objs = client.CustomObjectsApi(api)
+        first = started(workdir, cluster, "first", None)
+        for i in range(args.services):
+            body = copy.deepcopy(RECOMMEND)
+            body["metadata"] = {"name": f"many-{i}", "namespace": "default"}
+            objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+
+        def all_recommended() -> bool:
+            items = objs.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"]
+            return sum(1 for o in items if o.get("status", {}).get("phase") == "Recommended") >= args.services
+
+        wait_until(all_recommended, 1800, f"{args.services} plans", interval_s=2.0)
+        first.stop()
+        variants = {"this checkout": None, **({"before": args.compare} if args.compare else {})}
+        for label, checkout in variants.items():
+            took, events = restart(cluster, workdir, label.split()[0], checkout, args.settle)
+            rows.append((label, f"{took:.2f} s", str(events)))
+            print(rows[-1], flush=True)
+    finally:
+        cluster.stop()
+    table = Table(title=f"Operator restart with {args.services} recommend-mode InferenceServices")
+    for col in ("operator", "new service: create -> Deployment", f"resume Events in {args.settle:.0f} s"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    Console(width=140).print(table)
+
+
+if __name__ == "__main__":
+    main()
