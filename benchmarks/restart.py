@@ -117,7 +117,7 @@ def main() -> None:
 
         def all_recommended() -> bool:
             items = objs.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"]
-            return sum(1 for o in items if o.get("status", {}).get("phase") == "Recommended") >= args.services
+            return bool(sum(1 for o in items if o.get("status", {}).get("phase") == "Recommended") >= args.services)
 
         wait_until(all_recommended, 1800, f"{args.services} plans", interval_s=2.0)
         first.stop()
