@@ -114,7 +114,8 @@ def main() -> None:
     rows: list[tuple[str, ...]] = []
     try:
         cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        established = ("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        wait_until(lambda: cluster.kubectl_ok(*established), 120, "the CRD established", interval_s=1.0)
         objs = client.CustomObjectsApi(config.new_client_from_config(config_file=str(cluster.kubeconfig)))
         made = 0
         for services in counts:

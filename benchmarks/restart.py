@@ -106,7 +106,8 @@ def main() -> None:
     rows = []
     try:
         cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        established = ("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        wait_until(lambda: cluster.kubectl_ok(*established), 120, "the CRD established", interval_s=1.0)
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         objs = client.CustomObjectsApi(api)
         first = started(workdir, cluster, "first", None)
