@@ -25,7 +25,7 @@ from kvscale.sim.fleet import FleetSpec
 from kvscale.sim.load_profile import parse_profile
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.standin.exposition import EngineCollector, serve_text_metrics
+from kvscale.standin.exposition import EngineCollector, serve_metrics
 from kvscale.standin.fleet import PodFleet
 from tests.cluster.harness import free_port, wait_until
 from tests.cluster.prometheus import Prometheus
@@ -53,7 +53,7 @@ def test_a_batch_answers_each_service_as_its_own_queries_do(tmp_path: Path) -> N
         registry = CollectorRegistry()
         registry.register(EngineCollector(fleet, namespace, "llama"))
         port = free_port()
-        servers.append(serve_text_metrics(registry, port))
+        servers.append(serve_metrics(registry, port))
         fleets.append(fleet)
         targets.append(f"127.0.0.1:{port}")
     running = threading.Event()
