@@ -116,4 +116,12 @@ def test_idle_window_releases_the_last_replica_and_the_gateway_queue_brings_one_
         wait_until(lambda: replicas(api, ns) >= 1, 60, "scaled back from zero")
     except TimeoutError as exc:
         raise AssertionError(f"{exc}: {get(api, ns, NAME).get('status')}\n{op.tail()}") from exc
-    assert "requests wait for a replica" in get(api, ns, NAME)["status"]["lastScaleReason"]
+    # The Deployment is scaled before the tick's status patch lands: wait for the reason too.
+
+    def reason() -> str:
+        return str(get(api, ns, NAME)["status"].get("lastScaleReason", ""))
+
+    try:
+        wait_until(lambda: "requests wait for a replica" in reason(), 20, "the scale-back reason in status")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}: {reason()!r}\n{op.tail()}") from exc
