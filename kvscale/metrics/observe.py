@@ -14,7 +14,14 @@ from kvscale.autoscaling.observation import LengthHistogram, Observation, Observ
 from kvscale.metrics.batch import Builder, FleetReader
 from kvscale.metrics.client import AsyncPrometheusClient, Missing, MissingKind, Sample
 from kvscale.metrics.engines import ENGINES, EngineMetrics
-from kvscale.metrics.promql import PEAK_LOOKBACKS, Scope, queries, scoped_queries, workload_queries
+from kvscale.metrics.promql import (
+    PEAK_LOOKBACKS,
+    Scope,
+    queries,
+    scoped_queries,
+    scoped_workload_queries,
+    workload_queries,
+)
 
 # Values each query may take below zero: the sample age may read slightly negative when
 # clocks differ; every other quantity (rates, latencies, counts, usage) is non-negative.
@@ -241,4 +248,38 @@ async def observe_workload_async(
     for key, answer in zip(vectors, answers[len(scalars) :], strict=True):
         assert not isinstance(answer, float)
         histograms[key] = answer
+    return assemble_workload(values, histograms, now_s, window, peak_window, burst_window)
+
+
+def workload_reads(window: str, peak_window: str, burst_window: str | None) -> Builder:
+    """The workload's queries for a batched reader (the windows are the operator's; no group key)."""
+
+    def build(engine: EngineMetrics, scope: Scope, _group: str) -> dict[str, str]:
+        return scoped_workload_queries(engine, scope, window, peak_window, burst_window)
+
+    return build
+
+
+async def observe_workload_batched(
+    reader: FleetReader,
+    engine: str,
+    namespace: str,
+    name: str,
+    now_s: float,
+    window: str,
+    peak_window: str,
+    deadline_s: float,
+    burst_window: str | None = None,
+) -> tuple[ObservedWorkload | None, str | None]:
+    """`observe_workload_async` from the reader's batch (built by `workload_reads` with the same
+    windows): one query per key for every service, each service's share read as its own."""
+    got = await reader.answers(engine, "", namespace, deadline_s)
+    if isinstance(got, Missing):
+        return assemble_workload({"batch": got}, {}, now_s, window, peak_window, burst_window)
+    service = (namespace, name)
+    values = {k: got.value(k, service) for k in got.queries if not k.endswith("_lengths")}
+    histograms: dict[str, list[Sample] | Missing] = {}
+    for key in (k for k in got.queries if k.endswith("_lengths")):
+        samples = got.samples_of(key, service)
+        histograms[key] = samples or Missing(MissingKind.EMPTY, f"no data for {key}")  # as `vector` answers
     return assemble_workload(values, histograms, now_s, window, peak_window, burst_window)

@@ -85,12 +85,6 @@ def _scope(selector: Selector) -> Scope:
     return selector if isinstance(selector, Scope) else Scope(selector)
 
 
-def _first(names: tuple[str, ...], build: str) -> str:
-    """`build` (a format string over `m`) for each alternative metric name, as served and as
-    escaped, joined with `or`: the single-service form of `_each`."""
-    return _each(names, lambda m: build.format(m=m))
-
-
 def _each(names: tuple[str, ...], build: Callable[[str], str]) -> str:
     """`build(metric)` for each alternative metric name, joined with `or` (older engine names):
     per service in a batched answer, the first name that has data wins. Each name as served
@@ -244,16 +238,18 @@ def _ms(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
 
-def arrivals_per_pod(engine: EngineMetrics, selector: str, burst: str) -> str:
+def arrivals_per_pod(engine: EngineMetrics, selector: Selector, burst: str) -> str:
     """Requests that arrived at each pod over the last `burst`, from its samples at scrape
     resolution: its completions plus the growth of its requests in flight (running and
     waiting): every request the engine took in, whether it finished yet or not. No rate():
     exact differences of scraped values, no extrapolation. Clamped at zero (a restart resets
     the counter and the gauges at once)."""
 
+    sc = _scope(selector)
+
     def per_pod(names: tuple[str, ...], offset: str) -> str:
         off = f" offset {offset}" if offset else ""
-        return "(" + _first(names, f'sum by (namespace, pod) ({{{{__name__="{{m}}",{selector}}}}}{off})') + ")"
+        return "(" + _each(names, lambda m: f"sum by (namespace, pod) ({sc.series(m)}{off})") + ")"
 
     terms = [
         f"{per_pod(names, '')} - {per_pod(names, burst)}"
@@ -262,7 +258,7 @@ def arrivals_per_pod(engine: EngineMetrics, selector: str, burst: str) -> str:
     return f"clamp_min({' + '.join(terms)}, 0)"
 
 
-def burst_queries(engine: EngineMetrics, selector: str, window: str, burst: str) -> dict[str, str]:
+def burst_queries(engine: EngineMetrics, selector: Selector, window: str, burst: str) -> dict[str, str]:
     """The arrivals' burstiness over `window`, from the requests arriving per `burst`
     (evaluated at steps of `burst`, so the counts are of disjoint windows; `burst` must be at
     least twice the scrape interval):
@@ -278,7 +274,7 @@ def burst_queries(engine: EngineMetrics, selector: str, window: str, burst: str)
       over sum): the burst a request of one finds (a burst split by a window edge counts as
       two here, where from_arrivals joins the run)."""
     b = parse_duration_s(burst)
-    count = f"(sum({arrivals_per_pod(engine, selector, burst)}))"
+    count = f"({_scope(selector).agg('sum', arrivals_per_pod(engine, selector, burst))})"
     change = f"idelta({count}[{_ms(2 * b)}:{burst}])"
     local = f"avg_over_time({count}[{_ms(max(BURST_MEAN_SPAN_S, 4 * b))}:{burst}])"
     far = f"({count} > ({local} + {BURST_WINDOW_SDS:g} * sqrt({local}) + 1))"
@@ -296,12 +292,19 @@ BURST_MEAN_SPAN_S = 120.0  # a burst window is judged against the mean of this l
 def workload_queries(
     engine: EngineMetrics, namespace: str, name: str, window: str, peak_window: str, burst_window: str | None = None
 ) -> dict[str, str]:
+    """PromQL per key for one service's observed workload (see `scoped_workload_queries`)."""
+    return scoped_workload_queries(engine, Scope.service(namespace, name), window, peak_window, burst_window)
+
+
+def scoped_workload_queries(
+    engine: EngineMetrics, sel: Scope, window: str, peak_window: str, burst_window: str | None = None
+) -> dict[str, str]:
     """PromQL per key for the observed workload over `window` (minutes): completions/s, mean
     lengths, token rates, the prefix-cache hit ratio, the peaks over the last hour and day
     of the request and prompt-token rates over `peak_window`, and the arrivals' index of
     dispersion over `burst_window` (when the window holds MIN_BURST_WINDOWS of them). The
-    `*_lengths` keys answer a vector (one series per bucket bound); the others one value."""
-    sel = pod_selector(namespace, name)
+    `*_lengths` keys answer a vector (one series per bucket bound); the others one value
+    (per service, batched)."""
     out = {
         "rate": counter_rate(engine.success_counter, sel, window),
         "input_tokens": mean_from_histogram(engine.prompt_tokens_histogram, sel, window),

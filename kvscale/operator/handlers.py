@@ -38,7 +38,7 @@ from kvscale.autoscaling.budget import Grant
 from kvscale.autoscaling.observation import Observation
 from kvscale.metrics.batch import FleetReader
 from kvscale.metrics.client import AsyncPrometheusClient
-from kvscale.metrics.observe import observe_batched, observe_workload_async, tick_queries
+from kvscale.metrics.observe import observe_batched, observe_workload_batched, tick_queries, workload_reads
 from kvscale.operator import children as owned
 from kvscale.operator import effects, inference_pool, telemetry
 from kvscale.operator.budget import BudgetBook, cap_deploy, govern, moved, moving_to
@@ -102,6 +102,7 @@ class Runtime:
     # The workload's queries (a day of rates in a subquery) get a longer deadline of their own.
     workload_prometheus: AsyncPrometheusClient | None = None
     reader: FleetReader | None = None  # the ticks' batched Prometheus reads, made with the client
+    workload_reader: FleetReader | None = None  # the workload's, with the workload client
     stopping: bool = False  # set at cleanup: a tick still in flight then writes nothing
     budgets: BudgetBook = field(default_factory=BudgetBook)  # GPUBudgets and their services' wants
     # Observed start-to-ready seconds by (model, GPU type, TP, precision), newest last: a new
@@ -290,6 +291,11 @@ def prometheus_clients(rt: Runtime, url: str) -> None:
     rt.workload_prometheus.errors = rt.prometheus.errors
     batch_age_s = rt.settings.scale_interval_s / BATCHES_PER_INTERVAL
     rt.reader = FleetReader(rt.prometheus, tick_queries(rt.settings.metrics_window), batch_age_s)
+    s = rt.settings
+    # Each service reads its workload once per interval at its own phase; a batch at most half
+    # an interval old serves them all (a 10-minute window moves little in that time).
+    reads = workload_reads(s.workload_window, s.metrics_window, s.burst_window)
+    rt.workload_reader = FleetReader(rt.workload_prometheus, reads, s.workload_interval_s / 2)
 
 
 def _timers(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
@@ -449,15 +455,15 @@ def cold_starts(
 async def observe_workload(rt: Runtime, call: Call) -> None:
     """The observed workload into status, and a re-plan when it drifted long enough (the
     planner and the API reads in the workers)."""
-    if not planned(call.before) or call.before.phase == "Recommended" or rt.workload_prometheus is None:
+    if not planned(call.before) or call.before.phase == "Recommended" or rt.workload_reader is None:
         return  # nothing runs in recommend mode: no engine to read
     if predates(call.memo.get("replanned"), call.before, call.res.generation):
         return  # the status handed in is older than this operator's own re-plan: wait for the watch
     try:
         intent = parse_intent(call.spec)
         s = rt.settings
-        workload, missing = await observe_workload_async(
-            rt.workload_prometheus,
+        workload, missing = await observe_workload_batched(
+            rt.workload_reader,
             intent.engine,
             call.res.namespace,
             call.res.name,

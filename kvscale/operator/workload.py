@@ -1,9 +1,9 @@
 """The observed workload in status, and a re-plan when it drifts from the planned one (pure).
 
 Every workload tick (KVSCALE_WORKLOAD_INTERVAL) the handler reads what the engines saw over
-KVSCALE_WORKLOAD_WINDOW (kvscale.metrics.observe.observe_workload_async); `workload_tick`
-shows it in status.observedWorkload and compares it with the workload the plan was made for
-(status.plan.workload: spec.workload at first). When the mean prompt or output length, or
+KVSCALE_WORKLOAD_WINDOW (kvscale.metrics.observe.observe_workload_batched: one query per key
+for every service); `workload_tick` shows it in status.observedWorkload and compares it
+with the workload the plan was made for (status.plan.workload: spec.workload at first). When the mean prompt or output length, or
 the prompt's p90 where the plan had a distribution, or the arrivals' burstiness (the index of
 dispersion of the requests arriving per KVSCALE_BURST_WINDOW), stays KVSCALE_REPLAN_DRIFT
 times away from the planned value (either way) for KVSCALE_REPLAN_AFTER, the service is

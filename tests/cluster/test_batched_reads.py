@@ -6,20 +6,30 @@ is a prefix of the other (`svc`, `svc-v2`), one in another namespace."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvscale.autoscaling.observation import Observation
+from kvscale.autoscaling.observation import Observation, ObservedWorkload
 from kvscale.metrics.batch import FleetReader
 from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.metrics.engines import ENGINES
-from kvscale.metrics.observe import observe_async, observe_batched, tick_queries
-from kvscale.metrics.promql import queries
+from kvscale.metrics.observe import (
+    observe_async,
+    observe_batched,
+    observe_workload_async,
+    observe_workload_batched,
+    tick_queries,
+    workload_reads,
+)
+from kvscale.metrics.promql import queries, workload_queries
 from kvscale.sim.engine import StepTimes
 from kvscale.sim.fleet import FleetSpec
 from kvscale.sim.load_profile import parse_profile
@@ -37,7 +47,11 @@ WINDOW = "30s"
 SETTLE_S = 40.0
 
 
-def test_a_batch_answers_each_service_as_its_own_queries_do(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def serving(tmp_path: Path) -> Iterator[tuple[Prometheus, threading.Event]]:
+    """The three stand-ins with traffic (simulated time 4x the wall clock, as in
+    test_standin_quantiles), scraped every second by a real Prometheus; clearing the event
+    freezes them (gauges hold, rates move only as the window slides)."""
     cat = default_catalog()
     cfg = ServingConfig.build(cat, cat.model("llama-3.1-8b"), cat.gpu("A100-80GB"))
     clock = {"t": 0.0}
@@ -59,7 +73,7 @@ def test_a_batch_answers_each_service_as_its_own_queries_do(tmp_path: Path) -> N
     running = threading.Event()
     running.set()
 
-    def advance() -> None:  # simulated time 4x the wall clock, as in test_standin_quantiles
+    def advance() -> None:
         start = time.monotonic()
         while running.is_set():
             clock["t"] = 4 * (time.monotonic() - start)
@@ -68,32 +82,37 @@ def test_a_batch_answers_each_service_as_its_own_queries_do(tmp_path: Path) -> N
             time.sleep(0.02)  # the stand-in's own pacing
 
     threading.Thread(target=advance, daemon=True).start()
-    started = time.monotonic()
     try:
         with Prometheus(tmp_path / "prom", targets=targets) as prom:
             prom.wait_for_series('vllm:request_time_per_output_token_seconds_count{namespace="ns2"}')
-            got: dict[str, object] = {}
-
-            def complete() -> bool:
-                got.update(asyncio.run(_both(prom.url)))
-                if time.monotonic() - started < SETTLE_S:
-                    return False
-                answers = [got["alone"], got["batched"]]
-                assert all(isinstance(a, dict) for a in answers)
-                return all(
-                    o.tpot_p_s is not None and o.arrival_rate_per_s and why is None
-                    for a in answers
-                    for o, why in a.values()  # type: ignore[attr-defined]
-                )
-
-            wait_until(complete, 60 + SETTLE_S, "every service observed with traffic", interval_s=1.0)
-            running.clear()  # frozen: gauges hold and rates move only as the window slides
-            time.sleep(3)  # two scrapes of the frozen values
-            got.update(asyncio.run(_both(prom.url)))
+            yield prom, running
     finally:
         running.clear()
         for server in servers:
             server.shutdown()
+
+
+def test_a_batch_answers_each_service_as_its_own_queries_do(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with serving(tmp_path) as (prom, running):
+        got: dict[str, object] = {}
+
+        def complete() -> bool:
+            got.update(asyncio.run(_both(prom.url)))
+            if time.monotonic() - started < SETTLE_S:
+                return False
+            answers = [got["alone"], got["batched"]]
+            assert all(isinstance(a, dict) for a in answers)
+            return all(
+                o.tpot_p_s is not None and o.arrival_rate_per_s and why is None
+                for a in answers
+                for o, why in a.values()  # type: ignore[attr-defined]
+            )
+
+        wait_until(complete, 60 + SETTLE_S, "every service observed with traffic", interval_s=1.0)
+        running.clear()  # frozen: gauges hold and rates move only as the window slides
+        time.sleep(3)  # two scrapes of the frozen values
+        got.update(asyncio.run(_both(prom.url)))
     alone, batched, sent = got["alone"], got["batched"], got["sent"]
     assert isinstance(alone, dict) and isinstance(batched, dict)
     assert sent == len(queries(ENGINES["vllm"], "ns", "svc", 0.95, WINDOW))  # one query per key, 3 services
@@ -132,5 +151,72 @@ async def _both(url: str) -> dict[str, object]:
                 client, "vllm", namespace, name, 95, 1, 0, now, window=WINDOW, deadline_s=5
             )
         return {"alone": alone, "batched": batched, "sent": reader.queries_sent - sent}
+    finally:
+        await client.aclose()
+
+
+# The workload's windows, short enough for a test: 16 burst windows of 2 s (1 s scrapes).
+WORK_WINDOW, PEAK_WINDOW, BURST_WINDOW = "32s", "5s", "2s"
+
+
+def test_a_workload_batch_answers_each_service_as_its_own_queries_do(tmp_path: Path) -> None:
+    """The workload's reads (lengths, token rates, peaks, burstiness), batched: every key once
+    for the three services, each service's ObservedWorkload the one its own queries give.
+    Both are evaluated at one instant (Prometheus's `time` parameter), so they read the same
+    samples and must agree to rounding."""
+    with serving(tmp_path) as (prom, _running):
+        time.sleep(SETTLE_S)  # the window full of samples
+        alone, batched, sent = asyncio.run(_workloads(prom.url, time.time() - 2))
+    built = workload_queries(ENGINES["vllm"], "ns", "svc", WORK_WINDOW, PEAK_WINDOW, BURST_WINDOW)
+    assert sent == len(built)  # one query per key for the three services
+    assert any(k.startswith("arrival") for k in built) and any(k.startswith("peak_") for k in built)
+    for service in SERVICES:
+        (one, why_one), (many, why_many) = alone[service], batched[service]
+        assert why_one == why_many, service
+        assert one is not None and many is not None, (service, why_one)
+        assert one.requests_per_s and one.prompt_lengths is not None and one.arrival_dispersion is not None
+        for f in fields(ObservedWorkload):
+            a, b = getattr(one, f.name), getattr(many, f.name)
+            if f.name == "time_s":
+                continue
+            assert (a is None) == (b is None), (service, f.name, a, b)
+            if isinstance(a, float) and isinstance(b, float):
+                assert b == pytest.approx(a, rel=1e-6), (service, f.name)
+            else:
+                assert a == b, (service, f.name)
+    rates = {s: (batched[s][0] or ObservedWorkload(0, 1)).requests_per_s or 0.0 for s in SERVICES}
+    assert rates[("ns", "svc")] > 2 * rates[("ns", "svc-v2")]  # each service got its own series
+
+
+Workloads = dict[tuple[str, str], tuple[ObservedWorkload | None, str | None]]
+
+
+async def batched_read(
+    reader: FleetReader, namespace: str, name: str, at_s: float
+) -> tuple[ObservedWorkload | None, str | None]:
+    return await observe_workload_batched(
+        reader, "vllm", namespace, name, at_s, WORK_WINDOW, PEAK_WINDOW, 10.0, BURST_WINDOW
+    )
+
+
+async def _workloads(url: str, at_s: float) -> tuple[Workloads, Workloads, int]:
+    client = AsyncPrometheusClient(url, timeout_s=10, retries=1, backoff_s=0.05)
+    # Every query evaluated at `at_s` (httpx merges the client's params into each request's).
+    client._http.params = httpx.QueryParams({"time": f"{at_s:.3f}"})
+    reader = FleetReader(client, workload_reads(WORK_WINDOW, PEAK_WINDOW, BURST_WINDOW), max_age_s=60)
+    try:
+        for namespace, name in SERVICES:  # the reader learns the namespaces (a read per new one)
+            await batched_read(reader, namespace, name, at_s)
+        reader.max_age_s, sent = 0.0, reader.queries_sent
+        await batched_read(reader, "ns2", "svc", at_s)  # one read for both namespaces
+        reader.max_age_s = 60.0
+        batched = {(ns, name): await batched_read(reader, ns, name, at_s) for ns, name in SERVICES}
+        alone = {
+            (ns, name): await observe_workload_async(
+                client, "vllm", ns, name, at_s, WORK_WINDOW, PEAK_WINDOW, 10.0, BURST_WINDOW
+            )
+            for ns, name in SERVICES
+        }
+        return alone, batched, reader.queries_sent - sent
     finally:
         await client.aclose()
