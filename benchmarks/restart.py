@@ -8,7 +8,9 @@ resumed ones, and every resume re-posted its Event.
   `create` to its Deployment, and the Events the resumes posted within `--settle` seconds of
   the start (Recommended/Planned Events about the N, which a resume that changes nothing
   should not post).
-- `--compare DIR`: the same restart with the operator from another checkout, for the table.
+- `--compare DIR`: the same restart with the operator from another checkout, for the table:
+  a cluster of its own, with that checkout's CRD and samples (an older operator refuses
+  fields a newer CRD defaults), its own first operator and N resources.
 
 Run: KVSCALE_CLUSTER_BINS=... .venv/bin/python -m benchmarks.restart [--services 1000] [--compare DIR]
 """
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 from kubernetes import client, config
@@ -36,8 +39,11 @@ from tests.cluster.harness import Cluster, find_bins, wait_until
 from tests.cluster.processes import Operator
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = yaml.safe_load((ROOT / "deploy" / "samples" / "custom-architecture.yaml").read_text())
-RECOMMEND = yaml.safe_load((ROOT / "deploy" / "samples" / "mistral-7b-recommend.yaml").read_text())
+
+
+def sample(root: Path, name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((root / "deploy" / "samples" / f"{name}.yaml").read_text())
+    return loaded
 
 
 def started(workdir: Path, cluster: Cluster, label: str, checkout: str | None) -> Operator:
@@ -65,6 +71,8 @@ def resume_events(core: client.CoreV1Api, since: dt.datetime) -> int:
 
 
 def restart(cluster: Cluster, workdir: Path, label: str, checkout: str | None, settle_s: float) -> tuple[float, int]:
+    """An operator (of `checkout`, default this one) started over the resources: the time from
+    a new resource's create to its Deployment, and the resume Events."""
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     objs, apps, core = client.CustomObjectsApi(api), client.AppsV1Api(api), client.CoreV1Api(api)
     since = dt.datetime.now(dt.UTC)
@@ -72,7 +80,7 @@ def restart(cluster: Cluster, workdir: Path, label: str, checkout: str | None, s
     name = f"new-{label}"
     try:
         time.sleep(2)  # the operator is listing and resuming
-        body = copy.deepcopy(SAMPLE)
+        body = sample(Path(checkout) if checkout else ROOT, "custom-architecture")
         body["metadata"] = {"name": name, "namespace": "default"}
         start = time.monotonic()
         objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
@@ -94,6 +102,36 @@ def restart(cluster: Cluster, workdir: Path, label: str, checkout: str | None, s
     return took, events
 
 
+def variant(label: str, checkout: str | None, services: int, settle_s: float) -> tuple[float, int]:
+    """A cluster with the checkout's CRD, N recommend-mode resources planned by a first operator
+    of the checkout, then the restart measured."""
+    root = Path(checkout) if checkout else ROOT
+    workdir = Path(tempfile.mkdtemp(prefix=f"kvscale-restart-{label}-"))
+    cluster = Cluster(workdir, find_bins()).start()
+    try:
+        cluster.kubectl("apply", "-f", str(root / "crds"))
+        established = ("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        wait_until(lambda: cluster.kubectl_ok(*established), 120, "the CRD established", interval_s=1.0)
+        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        objs = client.CustomObjectsApi(api)
+        first = started(workdir, cluster, "first", checkout)
+        recommend = sample(root, "mistral-7b-recommend")
+        for i in range(services):
+            body = copy.deepcopy(recommend)
+            body["metadata"] = {"name": f"many-{i}", "namespace": "default"}
+            objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+
+        def all_recommended() -> bool:
+            items = objs.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"]
+            return bool(sum(1 for o in items if o.get("status", {}).get("phase") == "Recommended") >= services)
+
+        wait_until(all_recommended, 1800, f"{services} plans", interval_s=2.0)
+        first.stop()
+        return restart(cluster, workdir, label, checkout, settle_s)
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--services", type=int, default=1000)
@@ -101,34 +139,12 @@ def main() -> None:
     parser.add_argument("--compare", help="another checkout's root, run as the 'before' operator")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the cluster on `kill` too
-    workdir = Path(tempfile.mkdtemp(prefix="kvscale-restart-"))
-    cluster = Cluster(workdir, find_bins()).start()
     rows = []
-    try:
-        cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-        established = ("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-        wait_until(lambda: cluster.kubectl_ok(*established), 120, "the CRD established", interval_s=1.0)
-        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        objs = client.CustomObjectsApi(api)
-        first = started(workdir, cluster, "first", None)
-        for i in range(args.services):
-            body = copy.deepcopy(RECOMMEND)
-            body["metadata"] = {"name": f"many-{i}", "namespace": "default"}
-            objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
-
-        def all_recommended() -> bool:
-            items = objs.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"]
-            return bool(sum(1 for o in items if o.get("status", {}).get("phase") == "Recommended") >= args.services)
-
-        wait_until(all_recommended, 1800, f"{args.services} plans", interval_s=2.0)
-        first.stop()
-        variants = {"this checkout": None, **({"before": args.compare} if args.compare else {})}
-        for label, checkout in variants.items():
-            took, events = restart(cluster, workdir, label.split()[0], checkout, args.settle)
-            rows.append((label, f"{took:.2f} s", str(events)))
-            print(rows[-1], flush=True)
-    finally:
-        cluster.stop()
+    variants = {"this checkout": None, **({"before": args.compare} if args.compare else {})}
+    for label, checkout in variants.items():
+        took, events = variant(label.split()[0], checkout, args.services, args.settle)
+        rows.append((label, f"{took:.2f} s", str(events)))
+        print(rows[-1], flush=True)
     table = Table(title=f"Operator restart with {args.services} recommend-mode InferenceServices")
     for col in ("operator", "new service: create -> Deployment", f"resume Events in {args.settle:.0f} s"):
         table.add_column(col)
