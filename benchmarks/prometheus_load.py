@@ -10,7 +10,9 @@ message (a status PATCH) every tick.
   fake answered and status PATCH/s from the API server's own request counters, in two phases:
   Prometheus answering at once with no series, and Prometheus too slow for the deadline.
 - `--compare DIR`: the same runs with the operator from another checkout (e.g. a worktree of
-  the commit before batching), for the before/after table.
+  the commit before batching), for the before/after table, in a cluster of its own with that
+  checkout's CRD and sample.
+- A phase starts once every service is planned and two status intervals have passed.
 
 Run: KVSCALE_CLUSTER_BINS=... .venv/bin/python -m benchmarks.prometheus_load [--services 200,1000]
     [--window 60] [--compare /tmp/kvscale-before]
@@ -41,7 +43,6 @@ from tests.cluster.processes import Operator
 from tests.cluster.test_reliability import FakePrometheus
 
 ROOT = Path(__file__).resolve().parents[1]
-RECOMMEND = yaml.safe_load((ROOT / "deploy" / "samples" / "mistral-7b-recommend.yaml").read_text())
 EMPTY = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
 SLOW_S = 10.0  # far past the observation deadline (2 s)
 
@@ -91,6 +92,8 @@ def run(
     out = {}
     try:
         fake.delay_s, fake.answer = 0.0, EMPTY
+        planned(cluster, services)
+        time.sleep(20.0)  # two status intervals: the first ticks' writes are not the steady state
         out["answered (no series)"] = measure(cluster, fake, operator, services, window_s)
         fake.delay_s = SLOW_S
         out[f"timing out ({SLOW_S:.0f} s)"] = measure(cluster, fake, operator, services, window_s)
@@ -98,6 +101,48 @@ def run(
         fake.delay_s = 0.0
         operator.stop()
     return out
+
+
+def planned(cluster: Cluster, services: int) -> None:
+    """Wait until every service is planned (phase Recommended)."""
+    objs = client.CustomObjectsApi(config.new_client_from_config(config_file=str(cluster.kubeconfig)))
+
+    def all_recommended() -> bool:
+        items = objs.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"]
+        return sum(1 for o in items if o.get("status", {}).get("phase") == "Recommended") >= services
+
+    wait_until(all_recommended, 1800, f"{services} plans", interval_s=2.0)
+
+
+def variant(checkout: str | None, counts: list[int], window_s: float) -> list[tuple[str, ...]]:
+    """A cluster with the checkout's CRD and sample (an older operator refuses fields today's
+    CRD defaults), the services created in steps, each step measured."""
+    root = Path(checkout) if checkout else ROOT
+    recommend = yaml.safe_load((root / "deploy" / "samples" / "mistral-7b-recommend.yaml").read_text())
+    name = "before" if checkout else "this checkout"
+    workdir = Path(tempfile.mkdtemp(prefix="kvscale-promload-"))
+    cluster = Cluster(workdir, find_bins()).start()
+    fake = FakePrometheus(0.0, EMPTY).__enter__()
+    rows: list[tuple[str, ...]] = []
+    try:
+        cluster.kubectl("apply", "-f", str(root / "crds"))
+        established = ("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        wait_until(lambda: cluster.kubectl_ok(*established), 120, "the CRD established", interval_s=1.0)
+        objs = client.CustomObjectsApi(config.new_client_from_config(config_file=str(cluster.kubeconfig)))
+        made = 0
+        for services in counts:
+            for i in range(made, services):
+                body = copy.deepcopy(recommend)
+                body["metadata"] = {"name": f"many-{i}", "namespace": "default"}
+                objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+            made = services
+            for phase, (qps, patches) in run(cluster, fake, workdir, services, window_s, checkout).items():
+                rows.append((str(services), name, phase, f"{qps:.1f}", f"{patches:.2f}"))
+                print(rows[-1], flush=True)
+    finally:
+        fake.__exit__(None, None, None)
+        cluster.stop()
+    return rows
 
 
 def main() -> None:
@@ -108,30 +153,9 @@ def main() -> None:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the cluster on `kill` too
     counts = [int(n) for n in args.services.split(",")]
-    workdir = Path(tempfile.mkdtemp(prefix="kvscale-promload-"))
-    cluster = Cluster(workdir, find_bins()).start()
-    fake = FakePrometheus(0.0, EMPTY).__enter__()
     rows: list[tuple[str, ...]] = []
-    try:
-        cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-        established = ("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-        wait_until(lambda: cluster.kubectl_ok(*established), 120, "the CRD established", interval_s=1.0)
-        objs = client.CustomObjectsApi(config.new_client_from_config(config_file=str(cluster.kubeconfig)))
-        made = 0
-        for services in counts:
-            for i in range(made, services):
-                body = copy.deepcopy(RECOMMEND)
-                body["metadata"] = {"name": f"many-{i}", "namespace": "default"}
-                objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
-            made = services
-            variants = {"this checkout": None, **({"before": args.compare} if args.compare else {})}
-            for name, checkout in variants.items():
-                for phase, (qps, patches) in run(cluster, fake, workdir, services, args.window, checkout).items():
-                    rows.append((str(services), name, phase, f"{qps:.1f}", f"{patches:.2f}"))
-                    print(rows[-1], flush=True)
-    finally:
-        fake.__exit__(None, None, None)
-        cluster.stop()
+    for checkout in (None, *([args.compare] if args.compare else [])):
+        rows += variant(checkout, counts, args.window)
     table = Table(title=f"Prometheus load: recommend-mode services, scale interval 15 s, {args.window:.0f} s windows")
     for col in ("services", "operator", "Prometheus", "queries/s", "status PATCH/s"):
         table.add_column(col, justify="right" if col in ("queries/s", "status PATCH/s", "services") else "left")
