@@ -306,8 +306,14 @@ class ReplicaModel:
         slot_rate = batch / (self.own_prefill_s(batch) + out * dec.seconds)
         return min(prefill_rate, slot_rate)
 
-    def at_rate(self, rate_per_s: float, max_batch: int, percentile: float) -> LoadPoint:
-        """Steady state at an arrival rate: running concurrency by fixed point, then queues."""
+    def at_rate(
+        self, rate_per_s: float, max_batch: int, percentile: float, tpot_against_s: float | None = None
+    ) -> LoadPoint:
+        """Steady state at an arrival rate: running concurrency by fixed point, then queues.
+
+        `tpot_against_s`: only whether the TPOT percentile is within this matters (`meets`):
+        the percentile is then resolved only that far (at most it when within, above it when
+        not), one evaluation of its tail where the full search takes twenty."""
         out = self.workload.output_tokens
         batch_cap = max(1, max_batch)
         if rate_per_s <= 0:  # an idle engine: the prompt's own chunks, then decode alone
@@ -357,7 +363,9 @@ class ReplicaModel:
         arrivals = self._replica_arrivals(rate_per_s)
         ttft, prefill_wait = self._ttft_percentile(n, prefill_util, slot_wait + gap / 2.0, arrivals, percentile)
         gaps = max(out - 1, 0)
-        tpot_p = self._tpot_percentile(rate_per_s, n, dec.seconds, per_token_s, arrivals, percentile, hold)
+        tpot_p = self._tpot_percentile(
+            rate_per_s, n, dec.seconds, per_token_s, arrivals, percentile, hold, tpot_against_s
+        )
         itl_p = mix.seconds if share > 1.0 - percentile / 100.0 else dec.seconds
         prefill_time_share = rate_per_s * per_prompt_s
         return LoadPoint(
@@ -455,8 +463,10 @@ class ReplicaModel:
         arrivals: Burstiness,
         percentile: float,
         hold_s: float = 0.0,
+        against_s: float | None = None,
     ) -> float:
-        """Per-request TPOT at the percentile over the output-length mix.
+        """Per-request TPOT at the percentile over the output-length mix (resolved only as far
+        as a comparison with `against_s` needs, when given: see `at_rate`).
 
         A request with g token gaps waits g decode steps plus the chunks of the prompt tokens
         computed during its life (g x its TPOT: a slower request sees more arrivals): those
@@ -538,7 +548,7 @@ class ReplicaModel:
                     )
             return total
 
-        return _bisect_percentile(over, decode_s, full_s, tail)
+        return _bisect_percentile(over, decode_s, full_s, tail, against_s)
 
     def zero_load(self, percentile: float) -> LoadPoint:
         return self.at_rate(0.0, 1, percentile)
@@ -594,7 +604,7 @@ class ReplicaModel:
 
     def meets(self, slo: Slo, max_batch: int, rate_per_s: float) -> bool:
         """Whether p-TTFT and p-TPOT both meet the SLO at this arrival rate."""
-        point = self.at_rate(rate_per_s, max_batch, slo.percentile)
+        point = self.at_rate(rate_per_s, max_batch, slo.percentile, tpot_against_s=slo.tpot_s)
         return point.ttft_p_s <= slo.ttft_s and point.tpot_p_s <= slo.tpot_s
 
     def max_rate_meeting(
@@ -625,10 +635,16 @@ class ReplicaModel:
         return lo
 
 
-def _bisect_percentile(over: Callable[[float], float], lo: float, hi: float, tail: float) -> float:
+def _bisect_percentile(
+    over: Callable[[float], float], lo: float, hi: float, tail: float, against: float | None = None
+) -> float:
     """The smallest x in [lo, hi] with over(x) <= tail, for a non-increasing tail function
-    (a mass exactly at the tail, as at a bin edge, counts as within it)."""
+    (a mass exactly at the tail, as at a bin edge, counts as within it). With `against`
+    inside (lo, hi), only the side of it the answer lies on: `against` when within, `hi`
+    (above it) when not."""
     tail += 1e-9
+    if against is not None and lo < against < hi:
+        return against if over(against) <= tail else hi
     if over(lo) <= tail:
         return lo
     if over(hi) > tail:
@@ -719,12 +735,36 @@ def _arrival_tokens_tail(
     else:
         r, p, grow = 0.0, math.exp(-mean_count), 0.0
     total, seen, n = 0.0, 0.0, 0
+    # The planner's innermost loop: `_uniform_plus_normal_tail` inlined (the same arithmetic,
+    # so the same answers), with the math functions bound locally.
+    erfc, exp, sqrt, root2, root2pi = math.erfc, math.exp, math.sqrt, _SQRT_2, _SQRT_2PI
     while seen < 1.0 - 1e-7 and n < 400:
-        total += p * _uniform_plus_normal_tail(y, n * mean_in, math.sqrt(n * var_in), width)
+        mean, sd = n * mean_in, sqrt(n * var_in)
+        # The tail grows with n (each arrival adds non-negative tokens): a term far below y
+        # adds nothing, and once one is certain every later one is (their mass at once).
+        if mean - _TAIL_SDS * sd > y:
+            return min(1.0, total + max(0.0, 1.0 - seen))
+        if mean + width + _TAIL_SDS * sd >= y:
+            if sd <= 0.0:
+                total += p * _uniform_plus_normal_tail(y, mean, sd, width)
+            elif width <= 0.0:
+                total += p * 0.5 * erfc((y - mean) / sd / root2)
+            else:
+                z0 = (y - mean) / sd
+                z1 = (y - width - mean) / sd
+                i0 = z0 * (0.5 * erfc(z0 / root2)) - exp(-0.5 * z0 * z0) / root2pi
+                i1 = z1 * (0.5 * erfc(z1 / root2)) - exp(-0.5 * z1 * z1) / root2pi
+                total += p * min(1.0, max(0.0, sd / width * (i0 - i1)))
         seen += p
         p *= ((n + r) * grow if grow else mean_count) / (n + 1)
         n += 1
     return min(1.0, total + max(0.0, 1.0 - seen))
+
+
+_SQRT_2, _SQRT_2PI = math.sqrt(2.0), math.sqrt(2.0 * math.pi)
+
+
+_TAIL_SDS = 9.0  # a normal beyond this many standard deviations is certain (its tail < 1e-18)
 
 
 def _normal_tail(z: float) -> float:
