@@ -307,13 +307,17 @@ class ReplicaModel:
         return min(prefill_rate, slot_rate)
 
     def at_rate(
-        self, rate_per_s: float, max_batch: int, percentile: float, tpot_against_s: float | None = None
+        self,
+        rate_per_s: float,
+        max_batch: int,
+        percentile: float,
+        against: tuple[float, float] | None = None,
     ) -> LoadPoint:
         """Steady state at an arrival rate: running concurrency by fixed point, then queues.
 
-        `tpot_against_s`: only whether the TPOT percentile is within this matters (`meets`):
-        the percentile is then resolved only that far (at most it when within, above it when
-        not), one evaluation of its tail where the full search takes twenty."""
+        `against` (TTFT, TPOT seconds): only whether the percentiles are within these matters
+        (`meets`): each is then resolved only that far (at most the target when within, above
+        it when not), one evaluation of its tail where the full search takes twenty."""
         out = self.workload.output_tokens
         batch_cap = max(1, max_batch)
         if rate_per_s <= 0:  # an idle engine: the prompt's own chunks, then decode alone
@@ -361,10 +365,13 @@ class ReplicaModel:
         per_token_s = (self.mixed(n, one).seconds - dec.seconds) / one
         per_prompt_s = self.workload.input_tokens * per_token_s
         arrivals = self._replica_arrivals(rate_per_s)
-        ttft, prefill_wait = self._ttft_percentile(n, prefill_util, slot_wait + gap / 2.0, arrivals, percentile)
+        ttft_against, tpot_against = against if against is not None else (None, None)
+        ttft, prefill_wait = self._ttft_percentile(
+            n, prefill_util, slot_wait + gap / 2.0, arrivals, percentile, ttft_against
+        )
         gaps = max(out - 1, 0)
         tpot_p = self._tpot_percentile(
-            rate_per_s, n, dec.seconds, per_token_s, arrivals, percentile, hold, tpot_against_s
+            rate_per_s, n, dec.seconds, per_token_s, arrivals, percentile, hold, tpot_against
         )
         itl_p = mix.seconds if share > 1.0 - percentile / 100.0 else dec.seconds
         prefill_time_share = rate_per_s * per_prompt_s
@@ -409,9 +416,16 @@ class ReplicaModel:
         return Burstiness(1.0 + (fleet.index_of_dispersion - 1.0) * share, fleet.window_s, fleet.burst_share, requests)
 
     def _ttft_percentile(
-        self, batch: int, prefill_util: float, fixed_s: float, arrivals: Burstiness, percentile: float
+        self,
+        batch: int,
+        prefill_util: float,
+        fixed_s: float,
+        arrivals: Burstiness,
+        percentile: float,
+        against_s: float | None = None,
     ) -> tuple[float, float]:
-        """TTFT at the percentile over the prompt-length mix, and its wait behind other prompts.
+        """TTFT at the percentile over the prompt-length mix, and its wait behind other prompts
+        (resolved only as far as a comparison with `against_s` needs, when given: see `at_rate`).
 
         A request's TTFT is `fixed_s` (slot wait, the step in flight) + its own chunk steps +
         its wait behind other prompts' chunks: the burst companions that arrived just before
@@ -448,7 +462,7 @@ class ReplicaModel:
         queue_top = mean_wait * math.log(prefill_util / tail) if prefill_util > tail and mean_wait > 0 else 0.0
         hi = fixed_s + longest + width + queue_top + 1e-9
         lo = fixed_s + min(own for own, _ in owns)
-        ttft = _bisect_percentile(over, lo, hi, tail)
+        ttft = _bisect_percentile(over, lo, hi, tail, against_s)
         own_p = (
             self.length_prefill_s(batch, inputs.quantile(percentile / 100.0)) if not inputs.is_constant else owns[0][0]
         )
@@ -604,7 +618,7 @@ class ReplicaModel:
 
     def meets(self, slo: Slo, max_batch: int, rate_per_s: float) -> bool:
         """Whether p-TTFT and p-TPOT both meet the SLO at this arrival rate."""
-        point = self.at_rate(rate_per_s, max_batch, slo.percentile, tpot_against_s=slo.tpot_s)
+        point = self.at_rate(rate_per_s, max_batch, slo.percentile, against=(slo.ttft_s, slo.tpot_s))
         return point.ttft_p_s <= slo.ttft_s and point.tpot_p_s <= slo.tpot_s
 
     def max_rate_meeting(
@@ -639,11 +653,13 @@ def _bisect_percentile(
     over: Callable[[float], float], lo: float, hi: float, tail: float, against: float | None = None
 ) -> float:
     """The smallest x in [lo, hi] with over(x) <= tail, for a non-increasing tail function
-    (a mass exactly at the tail, as at a bin edge, counts as within it). With `against`
-    inside (lo, hi), only the side of it the answer lies on: `against` when within, `hi`
-    (above it) when not."""
+    (a mass exactly at the tail, as at a bin edge, counts as within it). With `against`, only
+    the side of it the answer lies on: a value at most `against` when within, above it when
+    not (`hi` and `lo` bound the answer, so outside them no tail is evaluated)."""
     tail += 1e-9
-    if against is not None and lo < against < hi:
+    if against is not None:
+        if against >= hi or against < lo:
+            return hi if against >= hi else lo
         return against if over(against) <= tail else hi
     if over(lo) <= tail:
         return lo
@@ -747,8 +763,8 @@ def _arrival_tokens_tail(
         if mean + width + _TAIL_SDS * sd >= y:
             if sd <= 0.0:
                 total += p * _uniform_plus_normal_tail(y, mean, sd, width)
-            elif width <= 0.0:
-                total += p * 0.5 * erfc((y - mean) / sd / root2)
+            elif width <= _NARROW * sd:  # (see _uniform_plus_normal_tail)
+                total += p * 0.5 * erfc((y - mean - width / 2.0) / sd / root2)
             else:
                 z0 = (y - mean) / sd
                 z1 = (y - width - mean) / sd
@@ -762,6 +778,7 @@ def _arrival_tokens_tail(
 
 
 _SQRT_2, _SQRT_2PI = math.sqrt(2.0), math.sqrt(2.0 * math.pi)
+_NARROW = 1e-6  # a uniform this narrow against the normal's deviation adds only its mean
 
 
 _TAIL_SDS = 9.0  # a normal beyond this many standard deviations is certain (its tail < 1e-18)
@@ -782,8 +799,8 @@ def _uniform_plus_normal_tail(y: float, mean: float, sd: float, width: float) ->
         if width <= 0.0:
             return 1.0 if mean > y else 0.0
         return min(1.0, max(0.0, (width - (y - mean)) / width))
-    if width <= 0.0:
-        return _normal_tail((y - mean) / sd)
+    if width <= _NARROW * sd:  # the difference below would cancel to noise: the normal, shifted
+        return _normal_tail((y - mean - width / 2.0) / sd)
     z0, z1 = (y - mean) / sd, (y - width - mean) / sd
     return min(1.0, max(0.0, sd / width * (_normal_tail_integral(z0) - _normal_tail_integral(z1))))
 
@@ -801,8 +818,12 @@ def _queue_tail(t: float, width: float, busy: float, mean_wait: float) -> float:
         return background(t)
     sure = max(0.0, width - t) / width  # the companions alone exceed t
     inner = min(t, width)
+    # exp(-(t - inner)/m) - exp(-t/m), written so that a tiny width (a dispersion a rounding
+    # error above 1) does not cancel to noise that the division by the width then magnifies.
     queued = (
-        busy * mean_wait * (math.exp(-(t - inner) / mean_wait) - math.exp(-t / mean_wait)) if mean_wait > 0 else 0.0
+        busy * mean_wait * math.exp(-(t - inner) / mean_wait) * -math.expm1(-inner / mean_wait)
+        if mean_wait > 0
+        else 0.0
     )
     return min(1.0, sure + queued / width)
 

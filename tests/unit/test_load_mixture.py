@@ -158,3 +158,80 @@ def test_the_issues_rag_example_plans_like_an_engineer() -> None:
 def test_max_num_seqs_stays_well_below_the_budget() -> None:
     replica = ReplicaModel(config(budget=512), Workload(256, 256, 1.0))
     assert replica.slot_limit <= 256
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.floats(0.05, 1.0),  # the rate as a share of the replica's capacity
+    st.sampled_from([1.0, 8.0, 30.0]),  # index of dispersion
+    st.floats(0.2, 5.0),  # TTFT target, s
+    st.floats(0.01, 0.2),  # TPOT target, s
+)
+def test_meets_agrees_with_the_fully_resolved_percentiles(
+    share: float, dispersion: float, ttft_s: float, tpot_s: float
+) -> None:
+    # meets() resolves each percentile only against its target (one tail evaluation): the
+    # answer must be the one the full search gives, away from the search's resolution.
+    cfg = config(budget=2048)
+    inputs = LengthDistribution((300, 2000, 9000), (0.6, 0.3, 0.1))
+    outputs = LengthDistribution((4, 60, 400), (0.3, 0.5, 0.2))
+    replica = ReplicaModel(cfg, Workload.of(inputs, outputs, 8.0, burstiness=Burstiness(dispersion, 5.0, 0.5)))
+    slo = Slo(ttft_s, tpot_s, 99)
+    rate = share * replica.capacity_rate_per_s(128)
+    full = replica.at_rate(rate, 128, 99)
+    near = [abs(full.ttft_p_s - ttft_s) / ttft_s, abs(full.tpot_p_s - tpot_s) / tpot_s]
+    if min(near) < 1e-4:
+        return  # at a target within the search's resolution either answer is right
+    assert replica.meets(slo, 128, rate) == (full.ttft_p_s <= ttft_s and full.tpot_p_s <= tpot_s)
+
+
+def _arrival_tokens_tail_summed(
+    y: float, mean_count: float, dispersion: float, mean_in: float, var_in: float, width: float
+) -> float:
+    """The compound tail as a plain sum over every count (no terms skipped, none cut short)."""
+    if dispersion > 1.0 + 1e-9:
+        r, q = mean_count / (dispersion - 1.0), 1.0 / dispersion
+        p, grow = math.exp(r * math.log(q)), 1.0 - q
+    else:
+        r, p, grow = 0.0, math.exp(-mean_count), 0.0
+    total, seen = 0.0, 0.0
+    for n in range(400):
+        total += p * load._uniform_plus_normal_tail(y, n * mean_in, math.sqrt(n * var_in), width)
+        seen += p
+        p *= ((n + r) * grow if grow else mean_count) / (n + 1)
+    return min(1.0, total + max(0.0, 1.0 - seen))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.floats(0.0, 1e5),
+    st.floats(0.1, 29.0),
+    st.sampled_from([1.0, 3.0, 20.0]),
+    st.floats(10.0, 5000.0),
+    st.floats(0.0, 4e6),
+    st.sampled_from([0.0, 2000.0]),
+)
+def test_the_compound_arrival_tail_skips_only_terms_that_add_nothing(
+    y: float, count: float, dispersion: float, mean_in: float, var_in: float, width: float
+) -> None:
+    got = load._arrival_tokens_tail(y, count, dispersion, mean_in, var_in, width)
+    assert got == pytest.approx(_arrival_tokens_tail_summed(y, count, dispersion, mean_in, var_in, width), abs=1e-6)
+
+
+def test_a_dispersion_a_rounding_error_above_one_is_poisson() -> None:
+    # Found by hypothesis (dispersion 1.0000000000000002): a burst width of ~1e-16 s made the
+    # uniform-plus-queue tail cancel to noise, and TTFT fell as the load doubled.
+    cfg = config()
+    inputs, outputs = (
+        LengthDistribution((256, 1024, 4096), (0.5, 0.4, 0.1)),
+        LengthDistribution((4, 64, 512), (0.3, 0.5, 0.2)),
+    )
+    points = []
+    for d in (1.0, 1.0 + 2.2e-16):
+        replica = ReplicaModel(cfg, Workload.of(inputs, outputs, 8.0, burstiness=Burstiness(d, 5.0)))
+        top = replica.capacity_rate_per_s(128)
+        points.append([replica.at_rate(top * share, 128, 99) for share in (0.28, 0.56)])
+    (poisson_lo, poisson_hi), (nudged_lo, nudged_hi) = points
+    assert nudged_lo.ttft_p_s == pytest.approx(poisson_lo.ttft_p_s, rel=1e-6)
+    assert nudged_hi.ttft_p_s == pytest.approx(poisson_hi.ttft_p_s, rel=1e-6)
+    assert nudged_hi.ttft_p_s > nudged_lo.ttft_p_s
