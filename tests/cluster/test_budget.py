@@ -5,13 +5,14 @@ budget's status says what is allocated, to whom and what is wanted."""
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvscale.api import GROUP, LABEL_GPU_TYPE, PLURAL, VERSION
 from tests.cluster.harness import Cluster, wait_until
@@ -59,6 +60,34 @@ def budget_body(namespace: str) -> dict[str, Any]:
             "selector": {"namespaces": [namespace], "matchLabels": {"tier": "budgeted"}},
         },
     }
+
+
+def ticks(operator: Operator, namespace: str) -> dict[str, float]:
+    """Autoscaling ticks the operator has completed, by InferenceService in `namespace`: each
+    one counts one decision (kvscale_decisions_total, summed over its kinds) on /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "kvscale_decisions_total" and sample.labels.get("namespace") == namespace:
+                name = sample.labels["inferenceservice"]
+                out[name] = out.get(name, 0.0) + sample.value
+    return out
+
+
+def ticked(operator: Operator, namespace: str, names: Iterable[str], count: int) -> None:
+    """Waits until each of `names` has completed `count` more ticks, however long the machine
+    takes for them."""
+    start = ticks(operator, namespace)
+
+    def done() -> bool:
+        now = ticks(operator, namespace)
+        return all(now.get(n, 0.0) >= start.get(n, 0.0) + count for n in names)
+
+    try:
+        wait_until(done, 30 + 10 * count, f"{count} ticks of each of {sorted(names)}")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}: {start} -> {ticks(operator, namespace)}\n{operator.tail()}") from exc
 
 
 def deployed(api: client.ApiClient, namespace: str, name: str) -> bool:
@@ -156,7 +185,7 @@ def test_three_priorities_on_a_budget_smaller_than_their_sum(
             return {n: [r for r, _ in events(api, namespace, n)].count("HeldByBudget") for n in want}
 
         counted, before = held_events(), {n: deployment_replicas(api, namespace, n) for n in want}
-        time.sleep(8)  # eight scale intervals
+        ticked(operator, namespace, want, 8)  # eight ticks of each service
         assert {n: deployment_replicas(api, namespace, n) for n in want} == before
         assert held_events() == counted, f"{counted} -> {held_events()}"
         # The budget grows: rag gets its replicas, batch keeps its floor.
@@ -225,7 +254,7 @@ def test_a_lower_priority_moves_to_another_gpu_type_it_accepts(
         assert 1 <= deployment_replicas(api, namespace, "batch") <= 4  # type: ignore[operator]
         reasons = [(r, m) for r, m in events(api, namespace, "batch") if r == "MovedByBudget"]
         assert reasons and "moved from H100-SXM TP1 to A100-80GB TP1" in reasons[0][1]
-        time.sleep(5)  # five scale intervals: it stays where it moved (no move back and forth)
+        ticked(operator, namespace, ("chat", "batch"), 5)  # it stays where it moved (no move back and forth)
         assert [r for r, _ in events(api, namespace, "batch")].count("MovedByBudget") == len(reasons) == 1
         assert get(api, namespace, "batch")["status"]["plan"]["gpuType"] == "A100-80GB"
         held = condition(batch, "HeldByBudget")
