@@ -93,6 +93,14 @@ class Live:
         base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
         return self._get_json(f"{base}/namespaces/{namespace}/{plural}/{name}", [], f"{kind} {namespace}/{name}")
 
+    def serves(self, api_version: str, kind: str) -> bool:
+        """Whether the API server serves `kind` at `api_version` (its discovery document lists the
+        resource): False where its CRD is not installed."""
+        plural = PLURALS[(api_version, kind)]
+        base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+        data = self._get_json(base, [], f"the API server's discovery of {api_version}")
+        return any(r.get("name") == plural for r in (data or {}).get("resources") or [])
+
     def events(self, namespace: str, name: str, limit: int = 5) -> list[dict[str, Any]]:
         """The latest Events about `name` in `namespace`, newest last."""
         data = self._get_json(

@@ -109,6 +109,12 @@ def status(
     live = Live(kubeconfig)
     ns = namespace or live.namespace
     obj = live.get("kvscale.io/v1alpha1", "InferenceService", ns, name)
+    if obj is None and not live.serves("kvscale.io/v1alpha1", "InferenceService"):
+        fail(
+            "the InferenceService CRD (inferenceservices.kvscale.io) is not installed in this cluster; install "
+            "it with `kubectl apply -f crds/` from a kvscale checkout, or with the Helm chart "
+            "(`helm install kvscale charts/kvscale`, crds.install=true by default)"
+        )
     if obj is None:
         fail(f"InferenceService {ns}/{name} not found; list them with `kubectl get kvis -n {ns}` (or pass -n)")
     events = live.events(ns, name)

@@ -200,16 +200,19 @@ class Cluster:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 120.0) -> Cluster:
+    def start(self, timeout_s: float = 120.0, control_plane_only: bool = False) -> Cluster:
+        """Starts the cluster; `control_plane_only`: etcd and the API server alone (no
+        controllers, no nodes), a bare cluster to test what a client sees before anything is installed."""
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         self.pki = make_pki(self.workdir / "pki")
         try:
             self._start_etcd(timeout_s)
             self._start_apiserver(timeout_s)
             self._write_kubeconfig()
-            self._start_controllers(timeout_s)
-            self._start_kwok()
-            self.create_node_pool(timeout_s)
+            if not control_plane_only:
+                self._start_controllers(timeout_s)
+                self._start_kwok()
+                self.create_node_pool(timeout_s)
         except Exception as exc:
             report = self.logs_report()
             self.stop()

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from kvscale.api import GROUP, PLURAL
 from kvscale.cli import app
-from tests.cluster.harness import Cluster
+from tests.cluster.harness import Cluster, find_bins
 from tests.cluster.processes import Operator
 from tests.cluster.test_operator import SAMPLES, create, wait_phase
 
@@ -31,6 +31,19 @@ def operator(cluster: Cluster, api: client.ApiClient, tmp_path_factory: pytest.T
     op.start()
     yield op
     op.stop()
+
+
+def test_status_without_the_crd_says_how_to_install_it(tmp_path: Path) -> None:
+    """A bare API server (no CRDs applied): not "not found", but that the CRD is missing and how to install it."""
+    bare = Cluster(tmp_path, find_bins()).start(control_plane_only=True)
+    try:
+        out = runner.invoke(app, ["status", "chat", "--kubeconfig", str(bare.kubeconfig), "-n", "default"])
+    finally:
+        bare.stop()
+    assert out.exit_code == 2, out.output
+    assert "the InferenceService CRD (inferenceservices.kvscale.io) is not installed" in out.output
+    assert "kubectl apply -f crds/" in out.output and "charts/kvscale" in out.output
+    assert "not found" not in out.output
 
 
 def test_status_shows_plan_observed_decision_in_one_screen(
