@@ -193,9 +193,9 @@ def plan_cmd(
     )
     result = plan(cat, request)
     fp8 = _fp8_beside(cat, request, result, served, source)
-    # A custom architecture names no checkpoint: the engine line needs --source (without it the
-    # engine would be told to load the file's name).
-    needs_source = is_architecture_file(model) and source is None
+    # A custom architecture or a config.json file names no checkpoint: the engine line needs
+    # --source (without it the engine would be told to load the file's name).
+    needs_source = names_no_checkpoint(model) and source is None
     launch = None if needs_source else _launch(result, served, source)
     check = None
     if fitted is not None and result.chosen is not None:
@@ -245,13 +245,15 @@ def plan_cmd(
 
 
 NEEDS_SOURCE = (
-    "no engine command: a custom architecture names no checkpoint; add --source hf://org/name "
+    "no engine command: a custom architecture or config.json file names no checkpoint; add --source hf://org/name "
     "(what the engine loads) to get the engine arguments, context limit and cold start"
 )
 
 
-def is_architecture_file(model: str) -> bool:
-    return model.endswith((".yaml", ".yml"))
+def names_no_checkpoint(model: str) -> bool:
+    """A model given as a file (a custom architecture YAML or a Hugging Face config.json): it
+    says the shapes, not what the engine loads (a checkpoint directory holding a config.json does)."""
+    return model.endswith((".yaml", ".yml", ".json"))
 
 
 @dataclass(frozen=True)

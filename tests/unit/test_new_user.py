@@ -117,6 +117,37 @@ def test_custom_architecture_needs_a_source_for_the_engine_line(tmp_path: Path) 
     assert "max_context_tokens" in sourced["max_context_reason"]
 
 
+# meta-llama/Llama-3.1-8B's config.json, the fields the planner reads.
+LLAMA_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_a_config_json_file_needs_a_source_for_the_engine_line_as_an_architecture_does(tmp_path: Path) -> None:
+    config = tmp_path / "in-house-8b" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(LLAMA_CONFIG))
+    chosen = plan_json("-m", str(config), *SLO)["chosen"]
+    assert chosen["engine_args"] is None and "--source" in chosen["engine_args_missing"]
+    human = runner.invoke(app, ["plan", "-m", str(config), *SLO])
+    assert human.exit_code == 0, human.output
+    assert "serve in-house-8b" not in human.stdout and "vllm serve" not in human.stdout
+    assert "add --source" in human.stdout
+    sourced = plan_json("-m", str(config), *SLO, "--source", "hf://acme/in-house-8b")["chosen"]
+    assert sourced["engine_args"][0] == "acme/in-house-8b"
+    # A checkpoint directory holding the config.json is what the engine loads: served as is.
+    directory = plan_json("-m", str(config.parent), *SLO)["chosen"]
+    assert directory["engine_args"][0] == str(config.parent)
+
+
 SAMPLES = ROOT / "deploy" / "samples"
 
 
