@@ -2,7 +2,7 @@
 #   docker build -t ghcr.io/kvscale/kvscale:0.1.0 .
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY kvscale ./kvscale
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[operator]"
 

@@ -123,3 +123,19 @@ def test_operator_starts_without_dev_only_packages() -> None:
         cwd=ROOT,
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_the_license_is_an_spdx_string_and_its_files_ship_in_the_image() -> None:
+    """PEP 639 (setuptools >= 77): `project.license` an SPDX expression, not the deprecated table;
+    each `license-files` pattern matches a file (setuptools refuses a build otherwise), and the
+    Dockerfile's build stage copies it (else the image's `pip wheel` fails)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    assert project["license"] == "Apache-2.0"
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+    backend = next(r for r in pyproject["build-system"]["requires"] if _name(r) == "setuptools")
+    assert re.fullmatch(r"setuptools>=(\d+)[\d.]*", backend) and int(backend.split(">=")[1].split(".")[0]) >= 77
+    copies = [line.split()[1:-1] for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("COPY ")]
+    for pattern in project["license-files"]:
+        assert list(ROOT.glob(pattern)), f"license-files {pattern!r} matches no file"
+        assert any(pattern in files for files in copies), f"the Dockerfile does not COPY {pattern}"
