@@ -162,6 +162,9 @@ PRINTER_COLUMNS = [
     {"name": "TP", "type": "integer", "jsonPath": ".status.plan.tensorParallel"},
     {"name": "Precision", "type": "string", "jsonPath": ".status.plan.precision"},
     {"name": "Nodes", "type": "integer", "jsonPath": ".status.plan.nodes", "priority": 1},
+    # The plan's other parallel dimensions, for `-o wide` (priority 1) to keep the default short.
+    {"name": "EP", "type": "boolean", "jsonPath": ".status.plan.expertParallel", "priority": 1},
+    {"name": "DP", "type": "integer", "jsonPath": ".status.plan.dataParallel", "priority": 1},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
     # What kvscale recommends: the plan's replicas, and the policy's last wish (recommend mode

@@ -69,6 +69,13 @@ def test_status_shows_plan_observed_decision_in_one_screen(
     assert any(line.split()[:2] == ["Ready", "True"] for line in conditions)
     assert any("Planned" in line for line in lines if "Events" not in line)
     assert len(lines) <= 40  # one screen
+    # The API server prints the plan's parallel degrees in the wide view only (priority 1 columns).
+    header, row = (
+        line.split() for line in cluster.kubectl("get", "kvis", name, "-n", namespace, "-o", "wide").splitlines()
+    )
+    assert header[:8] == ["NAME", "MODEL", "GPU", "TP", "PRECISION", "NODES", "EP", "DP"], header
+    assert row[6:8] == [str(plan["expertParallel"]).lower(), str(plan["dataParallel"])] == ["false", "1"]
+    assert "EP" not in cluster.kubectl("get", "kvis", name, "-n", namespace).splitlines()[0].split()
     data = json.loads(runner.invoke(app, ["status", name, *live, "--json"]).stdout)
     assert data["status"]["plan"]["gpuType"] == plan["gpuType"] and data["spec"]["slo"]
     missing = runner.invoke(app, ["status", "nope", *live])

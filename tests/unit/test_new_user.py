@@ -250,6 +250,19 @@ def test_printer_columns_show_the_recommendation_precision_and_cost() -> None:
     assert columns["USD/h"] == ".status.plan.costPerHour"
 
 
+def test_wide_printer_columns_show_the_expert_and_data_parallel_degrees() -> None:
+    from kvscale.api.crd import crd
+    from kvscale.api.models import PlanStatus
+
+    printed = crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    wide = {c["name"]: (c["jsonPath"], c["type"]) for c in printed if c.get("priority", 0) == 1}
+    assert wide["EP"] == (".status.plan.expertParallel", "boolean")
+    assert wide["DP"] == (".status.plan.dataParallel", "integer")
+    fields = {f.alias or f.serialization_alias or n for n, f in PlanStatus.model_fields.items()}
+    assert {"expertParallel", "dataParallel"} <= fields  # what the paths read is in status.plan
+    assert not {"EP", "DP"} & {c["name"] for c in printed if c.get("priority", 0) == 0}  # the default stays short
+
+
 def test_operator_metrics_port_is_not_prometheus_own() -> None:
     from kvscale.operator.settings import Settings
 
