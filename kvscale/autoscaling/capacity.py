@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import lru_cache
 
@@ -13,6 +14,7 @@ from kvscale.sizing.workload import Slo, Workload
 _LENGTH_BUCKET_TOKENS = 16  # observed means are rounded so the cache stays small
 _PERCENTILE_STEP = 0.5  # an SLO percentile no idle replica meets is lowered in these steps
 _LOWEST_PERCENTILE = 50.0
+REACHABLE_LOAD_SHARE = 0.5  # a lowered percentile must let a replica carry this share of its TTFT-free rate
 
 
 class SizingCapacity:
@@ -54,18 +56,28 @@ class SizingCapacity:
         return replica.max_rate_meeting(self.reachable_slo(input_tokens, output_tokens), batch)
 
     def reachable_slo(self, input_tokens: float, output_tokens: float) -> Slo:
-        """The SLO at the highest percentile an idle replica meets for these lengths: where
-        the longest prompts of the mix miss the TTFT target on their own prefill, no number of
-        replicas serves them in time, and the rest of the requests are sized at the percentile
-        that is still reachable (the SLO itself when the idle replica meets it)."""
+        """The SLO at the highest percentile a replica meets for these lengths under load:
+        where the longest prompts of the mix miss the TTFT target on their own prefill, no
+        number of replicas serves them in time, and the rest of the requests are sized at the
+        percentile that is still reachable (the SLO itself when an idle replica meets it).
+        Prompts just inside the target on an idle replica miss it behind any queue, so a lowered
+        percentile goes on down until a replica carries REACHABLE_LOAD_SHARE of the rate it
+        would carry without the TTFT target (else the capacity is ~0 and the fleet unbounded)."""
         replica = self._replica(self._bucket(input_tokens), self._bucket(output_tokens))
+        idle = replica.zero_load(self.slo.percentile)
+        if idle.ttft_p_s <= self.slo.ttft_s and idle.tpot_p_s <= self.slo.tpot_s:
+            return self.slo
+        batch = min(self.max_batch, max(1, replica.kv_max_batch))
         percentile = self.slo.percentile
         while percentile > _LOWEST_PERCENTILE:
+            percentile = max(_LOWEST_PERCENTILE, percentile - _PERCENTILE_STEP)
             slo = replace(self.slo, percentile=percentile)
             idle = replica.zero_load(percentile)
-            if idle.ttft_p_s <= slo.ttft_s and idle.tpot_p_s <= slo.tpot_s:
+            if idle.ttft_p_s > slo.ttft_s or idle.tpot_p_s > slo.tpot_s:
+                continue
+            untimed = replica.max_rate_meeting(replace(slo, ttft_s=math.inf), batch)
+            if replica.max_rate_meeting(slo, batch) >= REACHABLE_LOAD_SHARE * untimed:
                 return slo
-            percentile = max(_LOWEST_PERCENTILE, percentile - _PERCENTILE_STEP)
         return replace(self.slo, percentile=_LOWEST_PERCENTILE)
 
     def rate_per_replica(self, input_tokens: float, output_tokens: float) -> float:

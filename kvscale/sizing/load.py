@@ -693,23 +693,32 @@ def _mg1_tail_scale_s(services: list[tuple[float, float]], utilization: float) -
             known = _MD1_DECAY[key] = 1.0 / _mg1_tail_scale_s([(1.0, 1.0), (1.0, 0.0)], key)
         return mean_s / known
     rate = utilization / mean_s
+    spread = [(s, w) for s, w in services if w > 0.0]
 
-    def excess(theta: float) -> float:
-        return rate * (sum(w * math.exp(min(theta * s, 700.0)) for s, w in services) - 1.0) - theta
+    def slope_and_gap(theta: float) -> tuple[float, float]:
+        """f(theta) = log E[exp(theta S)] - log(1 + theta / rate) and its derivative, the first
+        term by log-sum-exp (a long prefill's exp(theta S) would overflow)."""
+        top = max(theta * s for s, _ in spread)
+        terms = [(s, w * math.exp(theta * s - top)) for s, w in spread]
+        total = sum(t for _, t in terms)
+        gap = top + math.log(total) - math.log1p(theta / rate)
+        return sum(s * t for s, t in terms) / total - 1.0 / (rate + theta), gap
 
-    # The excess is convex, zero at 0 and negative just above it: Newton from a point where it
-    # is positive descends monotonically onto the root.
+    # f is convex (a cumulant generating function less a concave log), zero at 0 and negative
+    # just above it: Newton from a point where it is positive descends monotonically onto the
+    # root, and in this log form it grows about linearly, so a few steps converge (on
+    # rate (E[exp(theta S)] - 1) = theta itself Newton crawls down the exponential of the
+    # longest prefill, about 1/S_max a step).
     theta = 2.0 * (1.0 - utilization) / (utilization * mean_s) + 1.0 / mean_s
-    while excess(theta) <= 0.0:
+    while slope_and_gap(theta)[1] <= 0.0:
         theta *= 2.0
     for _ in range(_NEWTON_STEPS):
-        slope = rate * sum(w * s * math.exp(min(theta * s, 700.0)) for s, w in services) - 1.0
-        step = excess(theta) / slope
+        slope, gap = slope_and_gap(theta)
+        step = gap / slope
         theta -= step
-        if step < 1e-6 * theta:
+        if step < 1e-9 * theta:
             break
-    hi = theta
-    return 1.0 / hi
+    return 1.0 / theta
 
 
 def _poisson_at_least(mean: float, count: float) -> float:
