@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from kvscale.sizing.config import ServingConfig, default_chunk_budget_tokens
-from kvscale.sizing.queueing import mmc_wait_percentile_s
+from kvscale.sizing.queueing import erlang_c, mmc_wait_percentile_s
 from kvscale.sizing.roofline import StepTime, decode_step, mixed_step
 from kvscale.sizing.workload import Burstiness, Slo, Workload
 
@@ -367,7 +367,7 @@ class ReplicaModel:
         arrivals = self._replica_arrivals(rate_per_s)
         ttft_against, tpot_against = against if against is not None else (None, None)
         ttft, prefill_wait = self._ttft_percentile(
-            n, prefill_util, slot_wait + gap / 2.0, arrivals, percentile, ttft_against
+            n, prefill_util, slot_wait + gap / 2.0, arrivals, percentile, ttft_against, self._fleet_size(rate_per_s)
         )
         gaps = max(out - 1, 0)
         tpot_p = self._tpot_percentile(
@@ -391,6 +391,14 @@ class ReplicaModel:
             slot_wait_p_s=slot_wait,
             prefill_wait_p_s=prefill_wait,
         )
+
+    def _fleet_size(self, rate_per_s: float) -> float:
+        """Replicas sharing one queue: behind a least-loaded router, the fleet rate over this
+        replica's (1: a random router, every replica its own queue)."""
+        total = self.workload.requests_per_s
+        if not self.least_loaded or rate_per_s <= 0.0 or total <= rate_per_s:
+            return 1.0
+        return total / rate_per_s
 
     def _joins_share(self, rate_per_s: float, hold_s: float) -> float:
         """Share of the fleet's arrivals during a request's life that join its replica, over the
@@ -423,6 +431,7 @@ class ReplicaModel:
         arrivals: Burstiness,
         percentile: float,
         against_s: float | None = None,
+        fleet: float = 1.0,
     ) -> tuple[float, float]:
         """TTFT at the percentile over the prompt-length mix, and its wait behind other prompts
         (resolved only as far as a comparison with `against_s` needs, when given: see `at_rate`).
@@ -442,6 +451,13 @@ class ReplicaModel:
         width = arrivals.companions_span * inputs.mean * per_token_full_s
         in_burst = arrivals.burst_share
         mean_wait = _mg1_tail_scale_s(owns, prefill_util)
+        busy = prefill_util
+        if fleet > 1.0:
+            # Behind a least-loaded router the fleet's prefill work is one queue: a prompt
+            # waits only when no replica is free of chunks (Erlang C over the fleet, each
+            # replica busy prefill_util), and the wait drains fleet-fold faster (M/M/c).
+            busy = erlang_c(math.ceil(fleet), fleet * prefill_util)
+            mean_wait /= fleet
         tail = 1.0 - percentile / 100.0
 
         def over(x: float) -> float:
@@ -449,17 +465,17 @@ class ReplicaModel:
             return sum(
                 w
                 * (
-                    in_burst * _queue_tail(x - fixed_s - own, width, prefill_util, mean_wait)
-                    + (alone * _queue_tail(x - fixed_s - own, 0.0, prefill_util, mean_wait) if alone else 0.0)
+                    in_burst * _queue_tail(x - fixed_s - own, width, busy, mean_wait)
+                    + (alone * _queue_tail(x - fixed_s - own, 0.0, busy, mean_wait) if alone else 0.0)
                 )
                 for own, w in owns
             )
 
         if len(owns) == 1 and width <= 0.0:  # one prompt length, Poisson: the tail in closed form
-            queued = mean_wait * math.log(prefill_util / tail) if prefill_util > tail and mean_wait > 0 else 0.0
+            queued = mean_wait * math.log(busy / tail) if busy > tail and mean_wait > 0 else 0.0
             return fixed_s + owns[0][0] + queued, queued
         longest = max(own for own, _ in owns)
-        queue_top = mean_wait * math.log(prefill_util / tail) if prefill_util > tail and mean_wait > 0 else 0.0
+        queue_top = mean_wait * math.log(busy / tail) if busy > tail and mean_wait > 0 else 0.0
         hi = fixed_s + longest + width + queue_top + 1e-9
         lo = fixed_s + min(own for own, _ in owns)
         ttft = _bisect_percentile(over, lo, hi, tail, against_s)

@@ -235,3 +235,23 @@ def test_a_dispersion_a_rounding_error_above_one_is_poisson() -> None:
     assert nudged_lo.ttft_p_s == pytest.approx(poisson_lo.ttft_p_s, rel=1e-6)
     assert nudged_hi.ttft_p_s == pytest.approx(poisson_hi.ttft_p_s, rel=1e-6)
     assert nudged_hi.ttft_p_s > nudged_lo.ttft_p_s
+
+
+@pytest.mark.parametrize("fleet", [1.0, 4.0, 16.0])
+def test_a_least_loaded_router_pools_the_prefill_queue(fleet: float) -> None:
+    # Behind a least-loaded router a prompt waits only when no replica is free of chunks
+    # (Erlang C over the fleet): the TTFT tail at one replica's rate shrinks with the fleet,
+    # and a fleet of one is a replica of its own, as behind a random router.
+    cfg = config()
+    inputs, outputs = LengthDistribution((500, 3000, 12000), (0.6, 0.3, 0.1)), LengthDistribution.constant(100)
+    rate = 0.6 * ReplicaModel(cfg, Workload.of(inputs, outputs, 1.0)).capacity_rate_per_s(128)
+    workload = Workload.of(inputs, outputs, rate * fleet)
+    random_router = ReplicaModel(cfg, workload).at_rate(rate, 128, 99)
+    pooled = ReplicaModel(cfg, workload, least_loaded=True).at_rate(rate, 128, 99)
+    assert random_router.prefill_wait_p_s > 0.05 * random_router.ttft_p_s  # a queue worth pooling
+    if fleet == 1.0:
+        assert pooled.ttft_p_s == pytest.approx(random_router.ttft_p_s)
+    else:
+        assert pooled.ttft_p_s < random_router.ttft_p_s
+        smaller = ReplicaModel(cfg, Workload.of(inputs, outputs, rate * fleet / 4), least_loaded=True)
+        assert pooled.ttft_p_s <= smaller.at_rate(rate, 128, 99).ttft_p_s  # a larger pool waits less
