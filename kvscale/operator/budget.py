@@ -50,6 +50,7 @@ from kvscale.operator.scaling import Fleet, Tick
 from kvscale.operator.status import condition, now_rfc3339, with_conditions, without_condition
 
 CONDITION = "HeldByBudget"
+WITHIN = ""  # BudgetBook.posted: the last Event said the service is within its budget
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,9 @@ class BudgetBook:
     specs: dict[str, GPUBudgetSpec] = field(default_factory=dict)
     entries: dict[str, Entry] = field(default_factory=dict)  # by namespace/name
     previous: dict[str, dict[str, Grant]] = field(default_factory=dict)  # by budget, last grants
+    # The HeldByBudget message last posted as an Event, by service: a tick handed a body that
+    # predates the previous tick's status write (a loaded API server) must not post it again.
+    posted: dict[str, str] = field(default_factory=dict)
 
     def set_budget(self, name: str, spec: GPUBudgetSpec | None) -> None:
         if spec is None:
@@ -89,6 +93,7 @@ class BudgetBook:
 
     def forget(self, namespace: str, name: str) -> None:
         self.entries.pop(service_key(namespace, name), None)
+        self.posted.pop(service_key(namespace, name), None)
 
     def members(self, budget: str, now_s: float, ttl_s: float) -> list[Entry]:
         """The budget's services with a want recorded within `ttl_s` (older ones are dropped:
@@ -283,10 +288,16 @@ def govern(
                 }
             )
     was_held = previous is not None and previous.status == "True"
-    if held and (not was_held or previous is None or previous.message != cond.message):
-        events.append(Event("Warning", CONDITION, cond.message[:1000]))
-    elif was_held and not held:
+    # What this operator last posted decides; the status handed in only after a restart.
+    last = book.posted.get(key)
+    if held:
+        said_before = previous.message if was_held and previous is not None else None
+        if cond.message != (last if last is not None else said_before):
+            events.append(Event("Warning", CONDITION, cond.message[:1000]))
+            book.posted[key] = cond.message
+    elif (last != WITHIN) if last is not None else was_held:
         events.append(Event("Normal", "WithinBudget", cond.message[:1000]))
+        book.posted[key] = WITHIN
     return replace(done, result=replace(done.result, status=new, scale_to=scale_to, events=tuple(events)))
 
 

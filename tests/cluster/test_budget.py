@@ -187,7 +187,8 @@ def test_three_priorities_on_a_budget_smaller_than_their_sum(
         counted, before = held_events(), {n: deployment_replicas(api, namespace, n) for n in want}
         ticked(operator, namespace, want, 8)  # eight ticks of each service
         assert {n: deployment_replicas(api, namespace, n) for n in want} == before
-        assert held_events() == counted, f"{counted} -> {held_events()}"
+        said = {n: [m for r, m in events(api, namespace, n) if r == "HeldByBudget"] for n in want}
+        assert held_events() == counted, f"{counted} -> {held_events()}: {said}"
         # The budget grows: rag gets its replicas, batch keeps its floor.
         objects.patch_cluster_custom_object(
             GROUP, VERSION, "gpubudgets", BUDGET, {"spec": {"limits": {"A100-80GB": 7}}}
