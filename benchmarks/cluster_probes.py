@@ -1,15 +1,20 @@
 """What the operator benchmarks read from the test cluster: the operator's memory and the API
-server's request counters. One copy for benchmarks/operator.py and benchmarks/slow_prometheus.py."""
+server's request counters and the operator's metrics, an operator started from another checkout.
+One copy for the operator benchmarks."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from pathlib import Path
 
 import httpx
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from tests.cluster.harness import Cluster
+from tests.cluster.processes import Operator
 
 _REQUEST = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -37,3 +42,32 @@ def request_counts(cluster: Cluster, watches: bool = True) -> Counter[tuple[str,
         resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
         counts[(labels.get("verb", ""), resource)] += int(float(m["value"]))
     return counts
+
+
+def operator_metric(operator: Operator, name: str) -> float:
+    """The operator's own metric `name` (summed over its series; 0 when it does not answer)."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return 0.0
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def start_operator(operator: Operator, checkout: str | None) -> Operator:
+    """Starts `operator` from another checkout's code (None: this one), for before/after runs."""
+    here = Path.cwd()
+    if checkout:
+        os.chdir(checkout)  # `python -m` puts the working directory first on sys.path
+    try:
+        operator.start()
+    finally:
+        os.chdir(here)
+    return operator
+
+
+def deployment_exists(apps: client.AppsV1Api, name: str, namespace: str = "default") -> bool:
+    try:
+        apps.read_namespaced_deployment(name, namespace)
+    except ApiException:
+        return False
+    return True

@@ -23,20 +23,18 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import yaml
 from kubernetes import client, config
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.cluster_probes import request_counts
+from benchmarks.cluster_probes import operator_metric, request_counts, start_operator
 from kvscale.api import GROUP, PLURAL, VERSION
 from tests.cluster.harness import Cluster, find_bins, wait_until
 from tests.cluster.processes import Operator
@@ -48,12 +46,7 @@ SLOW_S = 10.0  # far past the observation deadline (2 s)
 
 
 def tick_count(operator: Operator) -> float:
-    try:
-        text = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return 0.0
-    name = "kvscale_tick_duration_seconds_count"
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+    return operator_metric(operator, "kvscale_tick_duration_seconds_count")
 
 
 def status_patches(cluster: Cluster) -> int:
@@ -81,14 +74,7 @@ def run(
     env = {"KVSCALE_PROMETHEUS_URL": fake.url, "KVSCALE_STATUS_INTERVAL": "10s", "KVSCALE_SCALE_INTERVAL": "15s"}
     label = "before" if checkout else "now"
     (workdir / f"{label}-{services}").mkdir(parents=True, exist_ok=True)
-    operator = Operator(cluster, workdir / f"{label}-{services}", env)
-    here = Path.cwd()
-    if checkout:
-        os.chdir(checkout)  # `python -m` puts the working directory first on sys.path
-    try:
-        operator.start()
-    finally:
-        os.chdir(here)
+    operator = start_operator(Operator(cluster, workdir / f"{label}-{services}", env), checkout)
     out = {}
     try:
         fake.delay_s, fake.answer = 0.0, EMPTY

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as dt
-import os
 import signal
 import sys
 import tempfile
@@ -30,10 +29,10 @@ from typing import Any
 
 import yaml
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.cluster_probes import deployment_exists, start_operator
 from kvscale.api import GROUP, PLURAL, VERSION
 from tests.cluster.harness import Cluster, find_bins, wait_until
 from tests.cluster.processes import Operator
@@ -48,15 +47,7 @@ def sample(root: Path, name: str) -> dict[str, Any]:
 
 def started(workdir: Path, cluster: Cluster, label: str, checkout: str | None) -> Operator:
     (workdir / label).mkdir(parents=True, exist_ok=True)
-    operator = Operator(cluster, workdir / label, {"KVSCALE_STATUS_INTERVAL": "10s"})
-    here = Path.cwd()
-    if checkout:
-        os.chdir(checkout)  # `python -m` puts the working directory first on sys.path
-    try:
-        operator.start()
-    finally:
-        os.chdir(here)
-    return operator
+    return start_operator(Operator(cluster, workdir / label, {"KVSCALE_STATUS_INTERVAL": "10s"}), checkout)
 
 
 def resume_events(core: client.CoreV1Api, since: dt.datetime) -> int:
@@ -84,15 +75,7 @@ def restart(cluster: Cluster, workdir: Path, label: str, checkout: str | None, s
         body["metadata"] = {"name": name, "namespace": "default"}
         start = time.monotonic()
         objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
-
-        def deployed() -> bool:
-            try:
-                apps.read_namespaced_deployment(name, "default")
-            except ApiException:
-                return False
-            return True
-
-        wait_until(deployed, 600, "the new service's Deployment", interval_s=0.05)
+        wait_until(lambda: deployment_exists(apps, name), 600, "the new service's Deployment", interval_s=0.05)
         took = time.monotonic() - start
         time.sleep(max(0.0, settle_s - (time.monotonic() - start)))  # let the resumes finish
         events = resume_events(core, since)

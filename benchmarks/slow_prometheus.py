@@ -27,14 +27,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.cluster_probes import request_counts, rss_mib
+from benchmarks.cluster_probes import deployment_exists, operator_metric, request_counts, rss_mib
 from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.sizing.units import parse_duration_s
 from tests.cluster.harness import Cluster, find_bins, wait_until
@@ -55,25 +54,12 @@ def idle_rates(cluster: Cluster, seconds: float) -> tuple[Counter[tuple[str, str
     return after - before, took
 
 
-def operator_metric(operator: Operator, name: str) -> float:
-    text = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10).text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
-
-
 def create_and_time(objs: client.CustomObjectsApi, apps: client.AppsV1Api, name: str) -> tuple[float, float]:
     body = copy.deepcopy(SAMPLE)
     body["metadata"] = {"name": name, "namespace": "default"}
     start = time.monotonic()
     objs.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
-
-    def deployed() -> bool:
-        try:
-            apps.read_namespaced_deployment(name, "default")
-        except ApiException:
-            return False
-        return True
-
-    wait_until(deployed, 300, f"the Deployment of {name}", interval_s=0.05)
+    wait_until(lambda: deployment_exists(apps, name), 300, f"the Deployment of {name}", interval_s=0.05)
     to_deployment = time.monotonic() - start
 
     def ready() -> bool:
