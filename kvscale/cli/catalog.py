@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from kvscale.cli.app import app
 from kvscale.cli.common import CatalogOpt, JsonOpt, console, load, print_json
+from kvscale.cli.root import app
 from kvscale.sizing.memory import kv_bytes_per_token_per_layer
 
 

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from kvscale.cli.app import app
 from kvscale.cli.common import fail
+from kvscale.cli.root import app
 
 
 @app.command()

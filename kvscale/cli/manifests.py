@@ -12,9 +12,9 @@ import typer
 import yaml
 
 from kvscale.api.crd import DNS_LABEL_1035, MAX_NAME_LENGTH
-from kvscale.cli.app import app
 from kvscale.cli.common import EXIT_BAD_INPUT, EXIT_INFEASIBLE, CatalogOpt, fail, gpu_counts, load
 from kvscale.cli.live import KubeconfigOpt, Live, NamespaceOpt
+from kvscale.cli.root import app
 from kvscale.sizing.catalog import Catalog, load_yaml_all
 
 

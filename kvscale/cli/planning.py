@@ -9,7 +9,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from kvscale.cli.app import app
 from kvscale.cli.common import (
     EXIT_INFEASIBLE,
     MAX_TOKENS,
@@ -43,6 +42,7 @@ from kvscale.cli.common import (
 from kvscale.cli.common import (
     slo as make_slo,
 )
+from kvscale.cli.root import app
 from kvscale.sizing.batching import predict_batch, throughput_latency_curve
 from kvscale.sizing.catalog import Catalog, ModelArch
 from kvscale.sizing.checkpoints import CheckpointError, default_precision, resolve_checkpoint

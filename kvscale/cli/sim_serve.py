@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from kvscale.cli.app import sim_app
 from kvscale.cli.common import EXIT_INFEASIBLE, CatalogOpt, duration, fail, load
+from kvscale.cli.root import sim_app
 
 
 @sim_app.command("serve")

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from kvscale.cli.app import app
 from kvscale.cli.common import (
     EXIT_INFEASIBLE,
     CatalogOpt,
@@ -47,6 +46,7 @@ from kvscale.cli.common import (
 from kvscale.cli.common import (
     slo as make_slo,
 )
+from kvscale.cli.root import app
 from kvscale.sizing.checkpoints import default_precision
 from kvscale.sizing.planner import DEFAULT_HEADROOM, PlanRequest, plan
 from kvscale.sizing.workload import Workload

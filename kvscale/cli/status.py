@@ -10,9 +10,9 @@ import typer
 from pydantic import ValidationError
 from rich.markup import escape
 
-from kvscale.cli.app import app
 from kvscale.cli.common import JsonOpt, console, fail, print_json
 from kvscale.cli.live import KubeconfigOpt, Live, NamespaceOpt
+from kvscale.cli.root import app
 
 
 def _pct(value: float | None) -> str:

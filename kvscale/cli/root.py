@@ -1,8 +1,8 @@
-"""The typer application every command module registers on."""
+"""The typer application every command module registers on (kvscale.cli says which module
+registers which command)."""
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated
 
 import typer
@@ -18,6 +18,8 @@ app = typer.Typer(
 
 def _version(show: bool) -> None:
     if show:
+        from importlib.metadata import PackageNotFoundError, version  # ~25 ms: only for --version
+
         try:
             typer.echo(f"kvscale {version('kvscale')}")
         except PackageNotFoundError:  # run from a source tree that was never installed
