@@ -704,6 +704,8 @@ def _mg1_tail_scale_s(services: list[tuple[float, float]], utilization: float) -
         key = round(utilization, 5)
         if key <= 0.0:  # a utilization below 5e-6 (--rps 1e-300): no queue to wait in
             return 0.0
+        if key >= 1.0:  # within 5e-6 of saturation: its own decay, not the saturated key's (none)
+            return mean_s * _mg1_tail_scale_s([(1.0, 1.0), (1.0, 0.0)], utilization)
         known = _MD1_DECAY.get(key)
         if known is None:
             known = _MD1_DECAY[key] = 1.0 / _mg1_tail_scale_s([(1.0, 1.0), (1.0, 0.0)], key)

@@ -56,6 +56,18 @@ def test_mg1_decay_at_a_vanishing_utilization_is_no_wait() -> None:
     assert 0.0 < load._mg1_tail_scale_s([(1.5, 1.0)], 1e-5) < 1.5
 
 
+def test_mg1_decay_just_below_saturation_is_finite() -> None:
+    # A utilization within 5e-6 of 1 rounded the M/D/1 cache's key to 1 (no decay) and
+    # divided by zero: `plan --model mixtral-8x7b --gpu A100-80GB --ttft 4s --tpot 250ms
+    # --percentile 90 --rps 1 --input 629 --output 13 --headroom 0` crashed (found by
+    # tests/unit/test_planner_speed.py). Its scale is the M/D/1 one, ~1 / (2 (1 - rho)) services.
+    scale = load._mg1_tail_scale_s([(1.5, 1.0)], 0.999996)
+    assert math.isfinite(scale) and scale == pytest.approx(
+        1.5 * load._mg1_tail_scale_s([(1.0, 1.0), (1.0, 0.0)], 0.999996)
+    )
+    assert 1.5 * 0.5 / (1 - 0.999996) * 0.5 < scale < 1.5 * 0.5 / (1 - 0.999996) * 1.5
+
+
 def test_constant_distributions_are_the_mean_value_workload() -> None:
     cfg = config()
     plain = ReplicaModel(cfg, Workload(1024, 128, 5.0))
