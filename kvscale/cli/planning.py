@@ -49,7 +49,7 @@ from kvscale.sizing.checkpoints import CheckpointError, default_precision, resol
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
 from kvscale.sizing.engine_args import ENGINE_TYPES, PlannedLaunch, engine_command, plan_launch, requested_source
-from kvscale.sizing.planner import DEFAULT_HEADROOM, Feasible, Plan, PlanRequest, plan
+from kvscale.sizing.planner import DEFAULT_HEADROOM, Feasible, Plan, PlanRequest, cheapest, plan
 from kvscale.sizing.roofline import ideal_batch, ops_per_byte
 from kvscale.sizing.serialize import candidate_to_dict, plan_to_dict, prediction_to_dict
 from kvscale.sizing.units import GIB
@@ -302,15 +302,22 @@ def _fp8_beside(
         checkpoint = resolve_checkpoint(request.model, cat.precision("fp8"), requested_source(served, None, "fp8"))
     except CheckpointError:
         return None
-    other = plan(cat, replace(request, gpus=(gpu.name,), precisions=("fp8",)))
-    if other.chosen is None:
-        return None
-    p = other.chosen.prediction
+    fp8 = replace(request, gpus=(gpu.name,), precisions=("fp8",))
+    if request.objective == "cost":  # only its chosen plan is shown: the rest is not ranked
+        sized = cheapest(cat, fp8)
+        if sized is None:
+            return None
+        config, replicas, cost = sized.config, sized.replicas, sized.cost_usd_per_hour
+    else:
+        other = plan(cat, fp8).chosen
+        if other is None:
+            return None
+        config, replicas, cost = other.config, other.prediction.replicas, other.prediction.cost_usd_per_hour
     return {
-        "gpu": other.chosen.gpu,
-        "tensor_parallel": other.chosen.tensor_parallel,
-        "replicas": p.replicas,
-        "cost_usd_per_hour": round(p.cost_usd_per_hour, 4),
+        "gpu": config.gpu.name,
+        "tensor_parallel": config.tensor_parallel,
+        "replicas": replicas,
+        "cost_usd_per_hour": round(cost, 4),
         "checkpoint": checkpoint.source + (" quantized online" if checkpoint.online_fp8 else ""),
     }
 

@@ -118,6 +118,10 @@ class ReplicaModel:
         self._mixeds: dict[tuple[int, int], StepTime] = steps_from._mixeds if steps_from else {}
         self._own_prefills: dict[int, StepTime] = {}
         self._length_steps: dict[tuple[int, int, int], float] = {}
+        self._length_prefills: dict[tuple[int, int], float] = {}
+        # (batch, decode step) -> the longest chunk step and, per output length's gaps, the
+        # mean and variance of what one arrival adds to a request's life (_tpot_percentile)
+        self._arrival_moments: dict[tuple[int, float], tuple[float, dict[int, tuple[float, float]]]] = {}
 
     @property
     def prefill_step(self) -> StepTime:
@@ -178,13 +182,18 @@ class ReplicaModel:
     def length_prefill_s(self, batch: int, prompt_tokens: int) -> float:
         """Chunk steps of one prompt of `prompt_tokens` beside `batch` decodes (its attention
         over its own length: a long prompt of the mix costs more per token than the mean)."""
+        known = self._length_prefills.get((batch, prompt_tokens))
+        if known is not None:
+            return known
         room = self.chunk_room(batch)
         prompt = running_bucket(prompt_tokens)
         full, rest = divmod(prompt, room)
         rest = -(-rest // _CHUNK_GRAIN_TOKENS) * _CHUNK_GRAIN_TOKENS if rest else 0
-        return (full * self.length_chunk_s(batch, room, prompt) if full else 0.0) + (
+        seconds = (full * self.length_chunk_s(batch, room, prompt) if full else 0.0) + (
             self.length_chunk_s(batch, rest, prompt) if rest else 0.0
         )
+        self._length_prefills[(batch, prompt_tokens)] = seconds
+        return seconds
 
     def own_prefill(self, batch: int) -> StepTime:
         """The chunk steps one prompt needs beside `batch` running decodes, summed."""
@@ -317,7 +326,8 @@ class ReplicaModel:
 
         `against` (TTFT, TPOT seconds): only whether the percentiles are within these matters
         (`meets`): each is then resolved only that far (at most the target when within, above
-        it when not), one evaluation of its tail where the full search takes twenty."""
+        it when not), one evaluation of its tail where the full search takes twenty; a TTFT
+        already past its target leaves TPOT unresolved (infinite): the answer is no either way."""
         out = self.workload.output_tokens
         batch_cap = max(1, max_batch)
         if rate_per_s <= 0:  # an idle engine: the prompt's own chunks, then decode alone
@@ -370,9 +380,12 @@ class ReplicaModel:
             n, prefill_util, slot_wait + gap / 2.0, arrivals, percentile, ttft_against, self._fleet_size(rate_per_s)
         )
         gaps = max(out - 1, 0)
-        tpot_p = self._tpot_percentile(
-            rate_per_s, n, dec.seconds, per_token_s, arrivals, percentile, hold, tpot_against
-        )
+        if ttft_against is not None and ttft > ttft_against:
+            tpot_p = math.inf  # misses on TTFT: the TPOT tail (the costlier one) cannot change that
+        else:
+            tpot_p = self._tpot_percentile(
+                rate_per_s, n, dec.seconds, per_token_s, arrivals, percentile, hold, tpot_against
+            )
         itl_p = mix.seconds if share > 1.0 - percentile / 100.0 else dec.seconds
         prefill_time_share = rate_per_s * per_prompt_s
         return LoadPoint(
@@ -460,7 +473,7 @@ class ReplicaModel:
             mean_wait /= fleet
         tail = 1.0 - percentile / 100.0
 
-        def over(x: float) -> float:
+        def over(x: float, stop_above: float) -> float:
             alone = 0.0 if in_burst >= 1.0 else (1.0 - in_burst)
             return sum(
                 w
@@ -540,30 +553,38 @@ class ReplicaModel:
         # prompt's chunks attend over more context, so the cost is per prompt length. A request
         # of g gaps shares at most g steps with one prompt: a prompt of more chunks adds only g
         # chunk steps to it (the rest run after it finished).
-        steps = [
-            (t, math.ceil(t / room), self.length_prefill_s(batch, t), self.length_chunk_s(batch, room, t))
-            for t, _ in inputs.points
-        ]
-        full_s = max(full_s, max(chunk_s for _, _, _, chunk_s in steps))
-        moments: dict[int, tuple[float, float, float]] = {}
-        for g, _ in gaps:
-            extras = [
-                (min(own_s - chunks * decode_s, g * (chunk_s - decode_s)), w)
-                for (_, chunks, own_s, chunk_s), (_, w) in zip(steps, inputs.points, strict=True)
+        known = self._arrival_moments.get((batch, decode_s))
+        if known is None:  # the same for every rate at this running batch
+            steps = [
+                (t, math.ceil(t / room), self.length_prefill_s(batch, t), self.length_chunk_s(batch, room, t))
+                for t, _ in inputs.points
             ]
-            mean_x = sum(x * w for x, w in extras)
-            var_x = max(0.0, sum(x * x * w for x, w in extras) - mean_x * mean_x)
-            moments[g] = (mean_x, var_x, arrivals.companions_span * mean_x)
+            per_gaps: dict[int, tuple[float, float]] = {}
+            for g, _ in gaps:
+                extras = [
+                    (min(own_s - chunks * decode_s, g * (chunk_s - decode_s)), w)
+                    for (_, chunks, own_s, chunk_s), (_, w) in zip(steps, inputs.points, strict=True)
+                ]
+                mean_x = sum(x * w for x, w in extras)
+                per_gaps[g] = (mean_x, max(0.0, sum(x * x * w for x, w in extras) - mean_x * mean_x))
+            known = self._arrival_moments[(batch, decode_s)] = (max(chunk_s for *_, chunk_s in steps), per_gaps)
+        longest_chunk_s, per_gaps = known
+        full_s = max(full_s, longest_chunk_s)
+        span = arrivals.companions_span
+        moments = {g: (mean_x, var_x, span * mean_x) for g, (mean_x, var_x) in per_gaps.items()}
         joins = self._joins_share(rate_per_s, hold_s)
         in_burst = arrivals.burst_share
 
-        def over(x: float) -> float:
+        def over(x: float, stop_above: float) -> float:
             """P(TPOT > x): a request whose TPOT is x lives g x, and the prompts that arrive
-            over that life (and join its replica) must add more than (x - decode) g of chunk time."""
+            over that life (and join its replica) must add more than (x - decode) g of chunk time.
+            Once the sum passes `stop_above` the rest is not added (see _bisect_percentile)."""
             if x >= full_s:
                 return 0.0
             total = 0.0
             for g, w in gaps:
+                if total > stop_above:
+                    break
                 life = g * x
                 mean_x, var_x, width_s = moments[g]
                 count, dispersion = rate_per_s * life * joins, arrivals.dispersion_at(life)
@@ -666,24 +687,28 @@ class ReplicaModel:
 
 
 def _bisect_percentile(
-    over: Callable[[float], float], lo: float, hi: float, tail: float, against: float | None = None
+    over: Callable[[float, float], float], lo: float, hi: float, tail: float, against: float | None = None
 ) -> float:
     """The smallest x in [lo, hi] with over(x) <= tail, for a non-increasing tail function
     (a mass exactly at the tail, as at a bin edge, counts as within it). With `against`, only
     the side of it the answer lies on: a value at most `against` when within, above it when
-    not (`hi` and `lo` bound the answer, so outside them no tail is evaluated)."""
+    not (`hi` and `lo` bound the answer, so outside them no tail is evaluated).
+
+    `over(x, stop_above)` sums non-negative terms and may return as soon as its partial sum
+    exceeds `stop_above` (the threshold here): a sum of non-negative floats never decreases,
+    so the comparison comes out as it would with every term added."""
     tail += 1e-9
     if against is not None:
         if against >= hi or against < lo:
             return hi if against >= hi else lo
-        return against if over(against) <= tail else hi
-    if over(lo) <= tail:
+        return against if over(against, tail) <= tail else hi
+    if over(lo, tail) <= tail:
         return lo
-    if over(hi) > tail:
+    if over(hi, tail) > tail:
         return hi
     for _ in range(_PERCENTILE_BISECTION_STEPS):
         mid = (lo + hi) / 2.0
-        if over(mid) <= tail:
+        if over(mid, tail) <= tail:
             hi = mid
         else:
             lo = mid

@@ -399,7 +399,12 @@ def _budget_options(s: _Screened, request: PlanRequest) -> list[_Option]:
     return options or list(s.options)
 
 
-def _best_option(s: _Screened, request: PlanRequest) -> tuple[_Option, float]:
+def _candidate_options(s: _Screened, request: PlanRequest) -> list[_Option]:
+    """The chunk budgets _best_option weighs for a candidate."""
+    return _budget_options(s, request) if s.budget_free else list(s.options)
+
+
+def _best_option(s: _Screened, request: PlanRequest, weighed: list[_Option] | None = None) -> tuple[_Option, float]:
     """The chunk budget (and its batch limit) under which one replica carries the most load
     within the SLO, and that rate.
 
@@ -411,7 +416,7 @@ def _best_option(s: _Screened, request: PlanRequest) -> tuple[_Option, float]:
     """
     slo = request.slo
     options = sorted(
-        _budget_options(s, request) if s.budget_free else s.options,
+        _candidate_options(s, request) if weighed is None else weighed,
         key=lambda o: (-o.capacity_per_s, o.cfg.max_num_batched_tokens),
     )
     tol = BUDGET_RATE_TOLERANCE
@@ -443,11 +448,28 @@ def _best_option(s: _Screened, request: PlanRequest) -> tuple[_Option, float]:
     return chosen, chosen.replica.max_rate_meeting(slo, chosen.max_batch, floor)
 
 
-def _evaluate(s: _Screened, request: PlanRequest) -> Feasible | Rejected:
-    """The load-dependent part: the rate one replica sustains, replicas, predictions."""
-    slo = request.slo
-    option, rate_max = _best_option(s, request)
-    cfg, replica, max_batch = option.cfg, option.replica, option.max_batch
+@dataclass(frozen=True)
+class Sized:
+    """A candidate's replicas and cost, without its predicted latencies (`cheapest`)."""
+
+    option: _Option
+    rate_per_replica_max: float
+    replicas: int
+
+    @property
+    def config(self) -> ServingConfig:
+        return self.option.cfg
+
+    @property
+    def cost_usd_per_hour(self) -> float:
+        return self.replicas * self.option.cfg.price_usd_per_hour
+
+
+def _size(s: _Screened, request: PlanRequest, weighed: list[_Option] | None = None) -> Sized | Rejected:
+    """The load-dependent part up to the replicas: the rate one replica sustains, and how many
+    carry the load within the request's limits."""
+    option, rate_max = _best_option(s, request, weighed)
+    cfg = option.cfg
     if rate_max <= 0:
         return _reject(
             cfg, "meets neither target under any load", best_ttft_s=s.idle.ttft_p_s, best_tpot_s=s.idle.tpot_p_s
@@ -467,6 +489,17 @@ def _evaluate(s: _Screened, request: PlanRequest) -> Feasible | Rejected:
                 replicas_needed=replicas,
                 limit="free_gpus",
             )
+    return Sized(option, rate_max, replicas)
+
+
+def _evaluate(s: _Screened, request: PlanRequest) -> Feasible | Rejected:
+    """The load-dependent part: the rate one replica sustains, replicas, predictions."""
+    slo = request.slo
+    size = _size(s, request)
+    if isinstance(size, Rejected):
+        return size
+    option, rate_max, replicas = size.option, size.rate_per_replica_max, size.replicas
+    cfg, replica, max_batch = option.cfg, option.replica, option.max_batch
     at_load = replica.at_rate(request.workload.requests_per_s / replicas, max_batch, slo.percentile)
     at_max = replica.at_rate(rate_max, max_batch, slo.percentile)
     mem = cfg.memory
@@ -735,30 +768,7 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
     the objective; once that bound exceeds the FULLY_RANKED-th best full result, the rest
     cannot place above it: they are listed as outranked, with the bound as their reason.
     """
-    rejected: list[Rejected] = []
-    screened: list[_Screened] = []
-    twins: dict[tuple[object, ...], Rejected | _Screened] = {}
-    split: dict[tuple[str, int, int, str], Rejected | _Screened] = {}  # experts split by TP: the verdicts
-    for cfg in configurations(catalog, request):
-        key = (cfg.gpu.name, cfg.tensor_parallel, cfg.pipeline_parallel, cfg.precision.name)
-        dominated = _dominated(cfg, split.get(key)) if cfg.expert_parallel and cfg.data_parallel == 1 else None
-        verdict = dominated if dominated is not None else _screen_once(cfg, request, twins)
-        if not cfg.expert_parallel and cfg.data_parallel == 1:
-            split[key] = verdict
-        if isinstance(verdict, Rejected):
-            rejected.append(verdict)
-        else:
-            screened.append(verdict)
-    screened.sort(
-        key=lambda s: (
-            s.bound,
-            s.cfg.gpus,
-            s.cfg.gpu.name,
-            s.cfg.tensor_parallel,
-            s.cfg.expert_parallel,
-            s.cfg.precision.name,
-        )
-    )
+    rejected, screened = _screen_all(catalog, request)
     out = request.workload.output_tokens
     feasible: list[Feasible] = []
     metrics: list[float] = []  # the feasible candidates' objective values, kept sorted
@@ -799,6 +809,119 @@ def plan(catalog: Catalog, request: PlanRequest) -> Plan:
         tuple(rejected),
         outranked=tuple(_outranked(s, best, request.objective) for s in outranked),
     )
+
+
+def _screen_all(catalog: Catalog, request: PlanRequest) -> tuple[list[Rejected], list[_Screened]]:
+    """Every configuration's load-independent verdict: the rejected ones, and the rest in
+    order of their optimistic bound (the order they are evaluated in)."""
+    rejected: list[Rejected] = []
+    screened: list[_Screened] = []
+    twins: dict[tuple[object, ...], Rejected | _Screened] = {}
+    split: dict[tuple[str, int, int, str], Rejected | _Screened] = {}  # experts split by TP: the verdicts
+    for cfg in configurations(catalog, request):
+        key = (cfg.gpu.name, cfg.tensor_parallel, cfg.pipeline_parallel, cfg.precision.name)
+        dominated = _dominated(cfg, split.get(key)) if cfg.expert_parallel and cfg.data_parallel == 1 else None
+        verdict = dominated if dominated is not None else _screen_once(cfg, request, twins)
+        if not cfg.expert_parallel and cfg.data_parallel == 1:
+            split[key] = verdict
+        if isinstance(verdict, Rejected):
+            rejected.append(verdict)
+        else:
+            screened.append(verdict)
+    screened.sort(
+        key=lambda s: (
+            s.bound,
+            s.cfg.gpus,
+            s.cfg.gpu.name,
+            s.cfg.tensor_parallel,
+            s.cfg.expert_parallel,
+            s.cfg.precision.name,
+        )
+    )
+    return rejected, screened
+
+
+def cheapest(catalog: Catalog, request: PlanRequest) -> Sized | None:
+    """The configuration, replicas and cost of `plan(catalog, request).chosen` (None when no
+    candidate is feasible) for the cost objective, without ranking the rest: what a line
+    beside a plan needs (`kvscale plan`'s fp8 comparison).
+
+    A candidate is sized (its best chunk budget searched, its replicas counted) only while
+    the cost of the fewest replicas its no-queueing capacity allows, over every chunk budget
+    it may run with, does not exceed the cheapest found at the planner's rounding: a
+    replica never carries more than that capacity, so such a candidate can only cost more.
+    Predicted latencies are computed only to break a tie on cost and replica size, as the
+    planner's ranking does (tests/unit/test_planner_speed.py checks the answers against
+    plan()).
+    """
+    if request.objective != "cost":
+        raise ValueError("cheapest() ranks by cost: use plan() for the latency objective")
+    _, screened = _screen_all(catalog, request)
+    rate = request.workload.requests_per_s
+    sized: list[Sized] = []
+    best = math.inf
+    for s in screened:  # in the planner's order: the likely cheapest first
+        weighed = _candidate_options(s, request)
+        if not _may_cost_at_most(s, weighed, request, best):
+            continue
+        size = _size(s, request, weighed)
+        if isinstance(size, Sized):
+            sized.append(size)
+            best = min(best, size.cost_usd_per_hour)
+    if not sized:
+        return None
+    key = min((round(c.cost_usd_per_hour, 6), c.config.gpus) for c in sized)
+    tied = [c for c in sized if (round(c.cost_usd_per_hour, 6), c.config.gpus) == key]
+    if len(tied) == 1:
+        return tied[0]
+    # Equal cost and replica size: the planner ranks by predicted latency, then by name.
+    out = request.workload.output_tokens
+    ranked = []
+    for c in tied:
+        point = c.option.replica.at_rate(rate / c.replicas, c.option.max_batch, request.slo.percentile)
+        latency = point.ttft_p_s + out * point.tpot_p_s
+        cfg = c.config
+        ranked.append(
+            (
+                (
+                    round(latency, 6),
+                    cfg.gpus * c.replicas,
+                    cfg.gpu.name,
+                    cfg.tensor_parallel,
+                    cfg.pipeline_parallel,
+                    cfg.expert_parallel,
+                    cfg.data_parallel,
+                    cfg.precision.name,
+                ),
+                c,
+            )
+        )
+    return min(ranked, key=lambda item: item[0])[1]
+
+
+def _may_cost_at_most(s: _Screened, weighed: list[_Option], request: PlanRequest, best_usd_per_hour: float) -> bool:
+    """False when the candidate cannot cost `best_usd_per_hour` or less (at the planner's
+    rounding): at the per-replica rate that the replicas this buys must carry, it meets the
+    SLO under none of its chunk budgets. The rate a candidate is sized at is one where its
+    chosen budget meets the SLO (every search keeps a rate that meets it), and a higher rate
+    only lengthens the queues, so it would need more replicas."""
+    if math.isinf(best_usd_per_hour):
+        return True
+    price = s.cfg.price_usd_per_hour
+    most = math.floor(best_usd_per_hour / price)
+    while round((most + 1) * price, 6) <= round(best_usd_per_hour, 6):
+        most += 1
+    while most >= 1 and round(most * price, 6) > round(best_usd_per_hour, 6):
+        most -= 1
+    if most < 1:
+        return False
+    rate = request.workload.requests_per_s
+    if rate <= 0:
+        return True
+    # Below this per-replica rate, more than `most` replicas are needed (replicas_for_rate's
+    # ceiling; a hair lower, so that rounding never prunes a candidate that would fit).
+    needed = rate * (1.0 + request.headroom) / (most + 1e-9) * (1.0 - 1e-9)
+    return any(o.replica.meets(request.slo, o.max_batch, needed) for o in weighed)
 
 
 def _outranked(s: _Screened, best: Feasible, objective: Objective) -> Outranked:
