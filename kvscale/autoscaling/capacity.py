@@ -15,6 +15,7 @@ _LENGTH_BUCKET_TOKENS = 16  # observed means are rounded so the cache stays smal
 _PERCENTILE_STEP = 0.5  # an SLO percentile no idle replica meets is lowered in these steps
 _LOWEST_PERCENTILE = 50.0
 REACHABLE_LOAD_SHARE = 0.5  # a lowered percentile must let a replica carry this share of its TTFT-free rate
+_FLEET_RATE_STEP = 1.1  # fleet rates are rounded to powers of this (10% steps) so the cache stays small
 
 
 class SizingCapacity:
@@ -39,19 +40,29 @@ class SizingCapacity:
     def _bucket(tokens: float) -> int:
         return max(1, round(tokens / _LENGTH_BUCKET_TOKENS) * _LENGTH_BUCKET_TOKENS)
 
-    def _replica_uncached(self, input_tokens: int, output_tokens: int) -> ReplicaModel:
+    def _fleet_bucket(self, fleet_rate_per_s: float | None) -> float | None:
+        """The fleet rate a replica's share is taken of, rounded (None: the shape's own rate)."""
+        if fleet_rate_per_s is None or not fleet_rate_per_s > 0.0 or self.shape is None:
+            return None
+        return float(_FLEET_RATE_STEP ** round(math.log(fleet_rate_per_s, _FLEET_RATE_STEP)))
+
+    def _replica_uncached(self, input_tokens: int, output_tokens: int, fleet_rate_per_s: float | None) -> ReplicaModel:
         shape = self.shape
         if shape is None or shape.is_mean_value:
-            return ReplicaModel(self.cfg, Workload(input_tokens, output_tokens, 0.0), least_loaded=self.least_loaded)
+            fleet = fleet_rate_per_s if shape is not None and fleet_rate_per_s is not None else 0.0
+            return ReplicaModel(self.cfg, Workload(input_tokens, output_tokens, fleet), least_loaded=self.least_loaded)
         inputs = shape.inputs.scaled(input_tokens / shape.inputs.mean)
         outputs = shape.outputs.scaled(output_tokens / shape.outputs.mean)
-        # The fleet rate the burstiness was measured at: a replica carrying a share of it sees
-        # that share of each burst.
-        workload = Workload.of(inputs, outputs, shape.requests_per_s, burstiness=shape.burstiness)
+        # A replica carrying a share of the fleet's rate sees that share of each burst. The
+        # bursts are the fitted ones, in requests: at a fleet rate above the fitted mean the
+        # rise is already in the rate (the policy holds replicas for it), so more replicas
+        # split the same burst; the shape's own rate when no fleet rate is given.
+        rate = shape.requests_per_s if fleet_rate_per_s is None else fleet_rate_per_s
+        workload = Workload.of(inputs, outputs, rate, burstiness=shape.burstiness)
         return ReplicaModel(self.cfg, workload, least_loaded=self.least_loaded)
 
-    def _rate_uncached(self, input_tokens: int, output_tokens: int) -> float:
-        replica = self._replica(input_tokens, output_tokens)
+    def _rate_uncached(self, input_tokens: int, output_tokens: int, fleet_rate_per_s: float | None) -> float:
+        replica = self._replica(input_tokens, output_tokens, fleet_rate_per_s)
         batch = min(self.max_batch, max(1, replica.kv_max_batch))
         return replica.max_rate_meeting(self.reachable_slo(input_tokens, output_tokens), batch)
 
@@ -62,8 +73,9 @@ class SizingCapacity:
         percentile that is still reachable (the SLO itself when an idle replica meets it).
         Prompts just inside the target on an idle replica miss it behind any queue, so a lowered
         percentile goes on down until a replica carries REACHABLE_LOAD_SHARE of the rate it
-        would carry without the TTFT target (else the capacity is ~0 and the fleet unbounded)."""
-        replica = self._replica(self._bucket(input_tokens), self._bucket(output_tokens))
+        would carry without the TTFT target (else the capacity is ~0 and the fleet unbounded).
+        Judged at the shape's own rate, so the percentile does not move with the load."""
+        replica = self._replica(self._bucket(input_tokens), self._bucket(output_tokens), None)
         idle = replica.zero_load(self.slo.percentile)
         if idle.ttft_p_s <= self.slo.ttft_s and idle.tpot_p_s <= self.slo.tpot_s:
             return self.slo
@@ -80,12 +92,24 @@ class SizingCapacity:
                 return slo
         return replace(self.slo, percentile=_LOWEST_PERCENTILE)
 
-    def rate_per_replica(self, input_tokens: float, output_tokens: float) -> float:
-        """Requests/s one replica sustains with p-TTFT and p-TPOT within the SLO (0: never)."""
-        return self._rate(self._bucket(input_tokens), self._bucket(output_tokens))
+    def rate_per_replica(
+        self, input_tokens: float, output_tokens: float, fleet_rate_per_s: float | None = None
+    ) -> float:
+        """Requests/s one replica sustains with p-TTFT and p-TPOT within the SLO (0: never),
+        in a fleet carrying `fleet_rate_per_s` in all (its share of each burst, and behind a
+        least-loaded router the pool its prefill queue drains into; None: the shape's rate)."""
+        return self._rate(self._bucket(input_tokens), self._bucket(output_tokens), self._fleet_bucket(fleet_rate_per_s))
 
-    def predicted_tpot_s(self, rate_per_replica: float, input_tokens: float, output_tokens: float) -> float:
-        replica = self._replica(self._bucket(input_tokens), self._bucket(output_tokens))
+    def predicted_tpot_s(
+        self,
+        rate_per_replica: float,
+        input_tokens: float,
+        output_tokens: float,
+        fleet_rate_per_s: float | None = None,
+    ) -> float:
+        replica = self._replica(
+            self._bucket(input_tokens), self._bucket(output_tokens), self._fleet_bucket(fleet_rate_per_s)
+        )
         batch = min(self.max_batch, max(1, replica.kv_max_batch))
         return replica.at_rate(rate_per_replica, batch, self.slo.percentile).tpot_p_s
 

@@ -34,9 +34,17 @@ from kvscale.autoscaling.observation import Decision, DecisionKind, Observation
 class Capacity(Protocol):
     max_batch: int
 
-    def rate_per_replica(self, input_tokens: float, output_tokens: float) -> float: ...
+    def rate_per_replica(
+        self, input_tokens: float, output_tokens: float, fleet_rate_per_s: float | None = None
+    ) -> float: ...
 
-    def predicted_tpot_s(self, rate_per_replica: float, input_tokens: float, output_tokens: float) -> float: ...
+    def predicted_tpot_s(
+        self,
+        rate_per_replica: float,
+        input_tokens: float,
+        output_tokens: float,
+        fleet_rate_per_s: float | None = None,
+    ) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -250,7 +258,9 @@ def _calibrate(
         # A queue means the batch is full whatever the model predicts at this rate: what it
         # shows is overload, not a slower engine.
         return state.calibration
-    predicted = capacity.predicted_tpot_s(obs.arrival_rate_per_s / obs.ready_replicas, *lengths)
+    predicted = capacity.predicted_tpot_s(
+        obs.arrival_rate_per_s / obs.ready_replicas, *lengths, fleet_rate_per_s=obs.arrival_rate_per_s
+    )
     if not math.isfinite(predicted) or predicted <= 0:
         return state.calibration
     lo, hi = config.calibration_bounds
@@ -359,7 +369,6 @@ def decide(
     if raised:
         state = replace(state, last_feedback_s=obs.time_s)
     state = replace(state, slo_factor=slo_factor, slo_miss_at_raise=miss_at_raise)
-    per_replica = capacity.rate_per_replica(*lengths) / (calibration * slo_factor)
     state = replace(state, calibration=calibration, history_limit_s=max(config.burst_memory_s, state.history_limit_s))
     rate_now = obs.arrival_rate_per_s
     history = state.remember(obs.time_s, rate_now, 0).rates
@@ -389,6 +398,9 @@ def decide(
         else:
             level, kind = forecast, DecisionKind.FORECAST
             why = f"forecast {forecast:.2f} req/s {horizon_s:.0f}s ahead (now {rate_now:.2f})"
+    # What a replica carries in a fleet sized for `level`: its share of each burst shrinks as
+    # the fleet grows (a burst is requests, not a rate the level already holds).
+    per_replica = capacity.rate_per_replica(*lengths, fleet_rate_per_s=level) / (calibration * slo_factor)
     if per_replica <= 0:
         target, kind = config.max_replicas, DecisionKind.BOUNDS
         why = "no replica meets the SLO at the observed lengths: scaling to the maximum"

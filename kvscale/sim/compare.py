@@ -44,8 +44,8 @@ def _lengths(trace: list[TraceRequest]) -> tuple[float, float]:
 
 def peak_replicas(trace: list[TraceRequest], capacity: SizingCapacity, headroom: float, bucket_s: float = 60.0) -> int:
     """What a cautious team provisions statically: the busiest minute over one replica's capacity."""
-    per_replica = capacity.rate_per_replica(*_lengths(trace))
     peak = max(bucket_rates(trace, bucket_s) or [0.0])
+    per_replica = capacity.rate_per_replica(*_lengths(trace), fleet_rate_per_s=peak)
     return max(1, math.ceil(peak * (1 + headroom) / per_replica)) if per_replica > 0 else 1
 
 
@@ -68,7 +68,9 @@ def oracle_schedule(
         # The bucket's own lengths: a minute of long prompts needs more replicas than a minute
         # of short ones at the same request rate (few requests: the trace's means).
         bucket = by_bucket.get(i, [])
-        per_replica = capacity.rate_per_replica(*(_lengths(bucket) if len(bucket) >= 10 else overall))
+        per_replica = capacity.rate_per_replica(
+            *(_lengths(bucket) if len(bucket) >= 10 else overall), fleet_rate_per_s=rate
+        )
         needed.append(max(1, math.ceil(rate * (1 + headroom) / per_replica)) if per_replica > 0 else 1)
     lead = math.ceil(cold_start_s / bucket_s) + 1
     return [(i * bucket_s, max(needed[i : i + lead + 1])) for i in range(len(needed))]

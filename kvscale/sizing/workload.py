@@ -130,6 +130,7 @@ class LengthDistribution:
 
 
 BURST_WINDOW_SDS = 3.0  # a window this many Poisson standard deviations above its minute's mean holds a burst
+BURST_MAX_WINDOWS = 2  # a burst spans at most this many windows (a batch across one edge); longer is a surge
 BURST_SHARE_MIN_DISPERSION = 1.5  # below this the arrivals are near Poisson: every request is taken as in a burst
 
 
@@ -230,18 +231,25 @@ class Burstiness:
         dispersion = max(weighted / weight, 0.05)
         if dispersion < BURST_SHARE_MIN_DISPERSION or bursty == 0:
             return Burstiness(dispersion, window_s)
-        # A burst: a run of consecutive windows far above their minute's Poisson count (one
-        # that straddles a window edge is counted whole), its size the arrivals above that
-        # count. The share of arrivals in bursts, and the burst a request of one finds: the
+        # A burst: up to BURST_MAX_WINDOWS consecutive windows far above their minute's
+        # Poisson count (a batch that straddles a window edge is counted whole), its size the
+        # arrivals above that count. A longer run is the rate itself surging (a minute-scale
+        # rise the rate measures and the policy follows): each pair of its windows is a burst
+        # of its own, not one burst of the whole surge's excess (bursty-prefill's 90 s surges
+        # read as bursts of ~1,100 requests and sized the fleet for one arriving at once).
+        # The share of arrivals in bursts, and the burst a request of one finds: the
         # size-biased mean size.
         sizes: list[float] = []
         run = 0.0
+        windows = 0
         for e in [*excess, 0.0]:
             if e > 0.0:
                 run += e
-            elif run > 0.0:
+                windows += 1
+            if run > 0.0 and (e <= 0.0 or windows == BURST_MAX_WINDOWS):
                 sizes.append(run)
                 run = 0.0
+                windows = 0
         size = sum(x * x for x in sizes) / sum(sizes)
         return Burstiness(dispersion, window_s, min(1.0, bursty / weight), max(1.0, size))
 

@@ -15,10 +15,18 @@ class FixedCapacity:
     def __init__(self, rate: float = 2.0, max_batch: int = 64, tpot_s: float = 0.03) -> None:
         self.rate, self.max_batch, self.tpot_s = rate, max_batch, tpot_s
 
-    def rate_per_replica(self, input_tokens: float, output_tokens: float) -> float:
+    def rate_per_replica(
+        self, input_tokens: float, output_tokens: float, fleet_rate_per_s: float | None = None
+    ) -> float:
         return self.rate
 
-    def predicted_tpot_s(self, rate_per_replica: float, input_tokens: float, output_tokens: float) -> float:
+    def predicted_tpot_s(
+        self,
+        rate_per_replica: float,
+        input_tokens: float,
+        output_tokens: float,
+        fleet_rate_per_s: float | None = None,
+    ) -> float:
         return self.tpot_s
 
 
@@ -322,7 +330,9 @@ def test_slo_feedback_stops_when_a_raise_does_not_help() -> None:
 class PromptBoundCapacity(FixedCapacity):
     """A replica carries 2000 prompt tokens/s: its request rate falls as prompts grow."""
 
-    def rate_per_replica(self, input_tokens: float, output_tokens: float) -> float:
+    def rate_per_replica(
+        self, input_tokens: float, output_tokens: float, fleet_rate_per_s: float | None = None
+    ) -> float:
         return 2000.0 / input_tokens
 
 
