@@ -221,6 +221,7 @@ def policy_config(intent: Intent, cold_start_s: float, interval_s: float, window
         tick_s=interval_s,
         scale_down_stabilization_s=intent.scaling.scale_down_stabilization_s,
         feedback_cooldown_s=window_s + interval_s,
+        rate_window_s=window_s,
         # Behind an InferencePool the endpoint picker sends requests to the least-loaded pods,
         # so a backlog reaches new replicas; behind the plain Service it stays where it is.
         queue_moves=intent.spec.routing.inference_pool is not None,

@@ -64,6 +64,9 @@ class PolicyConfig:
     # replicas; behind a plain Service it stays on the replica it was routed to.
     queue_moves: bool = False
     forecast_window_s: float = 180.0  # the trend is fitted over this much rate history
+    # The observed rate is a mean over this trailing window (the PromQL range, the simulator's
+    # window): it is the rate of half a window ago, so a trend is read that much behind.
+    rate_window_s: float = 60.0
     trend_damping_s: float = 120.0  # the trend's extrapolation saturates after about this long
     burst_quantile: float = 0.95  # the rise over one cold start the reserve covers
     burst_memory_s: float = 3600.0  # how much arrival history the reserve learns from
@@ -134,10 +137,13 @@ def forecast_rate(
     window_s: float,
     horizon_s: float,
     damping_s: float | None = None,
+    lag_s: float = 0.0,
 ) -> float:
     """The rate `horizon_s` ahead: the latest rate plus the least-squares slope over the
     window, extrapolated over damping_s x (1 - exp(-horizon/damping_s)) seconds (a damped
-    trend; None: linear over the whole horizon). Never below the latest."""
+    trend; None: linear over the whole horizon). Never below the latest. `lag_s`: how far
+    behind each rate sample is (half its trailing window); the line is read that much later
+    before the forecast's damped extrapolation, as that time has already passed."""
     points = [(t, r) for t, r in history if t >= now_s - window_s]
     if not points:
         return 0.0
@@ -151,10 +157,10 @@ def forecast_rate(
         return latest
     slope = sum((t - mean_t) * (r - mean_r) for t, r in points) / var_t
     if damping_s is None:
-        return max(latest, mean_r + slope * (now_s + horizon_s - mean_t))
+        return max(latest, mean_r + slope * (now_s + lag_s + horizon_s - mean_t))
     reach_s = damping_s * (1 - math.exp(-horizon_s / damping_s)) if damping_s > 0 else 0.0
-    # The fitted line at now, then the damped extrapolation from there.
-    return max(latest, mean_r + slope * (now_s - mean_t) + slope * reach_s)
+    # The fitted line at now (the samples' lag taken out), then the damped extrapolation.
+    return max(latest, mean_r + slope * (now_s + lag_s - mean_t) + slope * reach_s)
 
 
 def burst_reserve(
@@ -373,7 +379,9 @@ def decide(
     rate_now = obs.arrival_rate_per_s
     history = state.remember(obs.time_s, rate_now, 0).rates
     horizon_s = cold_start_s + config.tick_s
-    forecast = forecast_rate(history, obs.time_s, config.forecast_window_s, horizon_s, config.trend_damping_s)
+    forecast = forecast_rate(
+        history, obs.time_s, config.forecast_window_s, horizon_s, config.trend_damping_s, config.rate_window_s / 2
+    )
     rise = burst_reserve(history, horizon_s, config.burst_quantile)
     ceiling = burst_ceiling(history, obs.time_s, config)
     recent = [r for t, r in history if t >= obs.time_s - config.burst_memory_s]

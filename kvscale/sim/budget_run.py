@@ -130,6 +130,7 @@ class _ServiceRun:
                 headroom=svc.headroom,
                 cold_start_s=o.setup.cold_start_s,
                 tick_s=tick_s,
+                rate_window_s=window_s,
                 queue_moves=o.setup.routing == "gateway",
             )
             for o in svc.options

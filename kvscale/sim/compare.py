@@ -99,6 +99,7 @@ def make_policies(
         headroom=headroom,
         cold_start_s=setup.cold_start_s,
         tick_s=setup.tick_s,
+        rate_window_s=setup.window_s,
         queue_moves=setup.routing == "gateway",
     )
     built: dict[str, Callable[[], SimPolicy]] = {

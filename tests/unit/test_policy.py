@@ -75,6 +75,17 @@ def test_forecast_looks_ahead_on_a_ramp() -> None:
     assert forecast_rate(falling, 165, 180, 60) == pytest.approx(5.0 - 0.01 * 165)  # never below the latest
 
 
+def test_the_forecast_takes_out_the_trailing_windows_lag() -> None:
+    # Each sample is the mean over the last 60 s of a rate rising 0.01 req/s per second: the
+    # rate of 30 s before. Read with that lag, the forecast 60 s ahead is the true rate then.
+    def true(t: float) -> float:
+        return 1.0 + 0.01 * t
+
+    history = tuple((float(t), true(t - 30.0)) for t in range(30, 210, 15))
+    assert forecast_rate(history, 195, 180, 60, lag_s=30.0) == pytest.approx(true(195 + 60), rel=1e-6)
+    assert forecast_rate(history, 195, 180, 60) == pytest.approx(true(195 + 60 - 30), rel=1e-6)  # 30 s behind
+
+
 def test_never_scales_down_on_missing_or_stale_metrics() -> None:
     decisions = run([obs(15, None, 5), obs(30, 0.1, 5, running=None), obs(45, 0.1, 5, waiting=None)])
     assert decisions == [5, 5, 5]
@@ -354,3 +365,11 @@ def test_missing_work_metrics_fall_back_to_the_means_and_never_scale_down() -> N
     # the arrival rate missing: held, whatever the token counters say
     decisions = run([obs(15 * i, None, 5, prefill_tokens_per_s=10.0) for i in range(1, 20)])
     assert min(decisions) == 5
+
+
+def test_the_operators_policy_reads_its_rates_lag_from_the_metrics_window() -> None:
+    from kvscale.api.intent import parse_intent, policy_config
+    from tests.unit.test_reconcile import spec
+
+    config = policy_config(parse_intent(spec()), 90.0, 15.0, 120.0)
+    assert config.rate_window_s == 120.0 and config.feedback_cooldown_s == 135.0
