@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kvscale.sim.engine import StepTimes
 from kvscale.sim.policies import StaticPolicy
 from kvscale.sim.report import attainment
 from kvscale.sim.run import SimSetup, Source, simulate
@@ -73,10 +74,11 @@ def check_plan(chosen: Feasible, slo: Slo, replay: list[TraceRequest], routing: 
     setup = SimSetup(chosen.config, slo, chosen.prediction.max_batch, 0.0, planned, routing=routing)
     target = slo.percentile / 100.0
     runs: dict[int, float] = {}
+    steps = StepTimes(chosen.config)  # every run's step times: one configuration
 
     def run(n: int) -> float:
         if n not in runs:
-            result = simulate(replace(setup, initial_replicas=n), Source(replay), StaticPolicy(n))
+            result = simulate(replace(setup, initial_replicas=n), Source(replay), StaticPolicy(n), steps=steps)
             runs[n] = attainment(result, slo)
         return runs[n]
 

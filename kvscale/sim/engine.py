@@ -88,6 +88,16 @@ class StepTimes:
         )
 
 
+_GAP_BINS: dict[float, float] = {}  # a step time -> its 0.1 ms bin (step times come from a cache: few values)
+
+
+def _gap_bin(gap_s: float) -> float:
+    known = _GAP_BINS.get(gap_s)
+    if known is None:
+        known = _GAP_BINS[gap_s] = round(gap_s / GAP_RESOLUTION_S) * GAP_RESOLUTION_S
+    return known
+
+
 class Replica:
     def __init__(
         self,
@@ -121,7 +131,7 @@ class Replica:
 
     def _record_gaps(self, gap_s: float, tokens: int) -> None:
         if tokens > 0:
-            self.token_gaps[round(gap_s / GAP_RESOLUTION_S) * GAP_RESOLUTION_S] += tokens
+            self.token_gaps[_gap_bin(gap_s)] += tokens
 
     # -- state -------------------------------------------------------------------------
 
@@ -221,7 +231,7 @@ class Replica:
         while self.clock < until_s:
             if stop_after_finish and len(finished) > done_before:
                 return
-            if self.idle:
+            if not self.running and not self.waiting:  # idle
                 self.clock = until_s
                 return
             admitted = self._admit() if self.waiting else []
@@ -262,12 +272,13 @@ class Replica:
 
     def _decode_bulk(self, until_s: float, finished: list[SimRequest]) -> None:
         n = len(self.running)
-        dt = self.steps.decode(n, self.kv_used / n)
+        used = self._held_base + n * self.step - self._start_sum  # kv_used
+        dt = self.steps._decode(n, int(used / n // _BUCKET_TOKENS))  # StepTimes.decode(n, used / n)
         heap = self._finish_heap
         while heap and heap[0][2] != heap[0][3]._version:
             heapq.heappop(heap)
         k_finish = max(1, heap[0][0] - self.step) if heap else 1
-        k_kv = (self.kv_capacity - self.kv_used) // n
+        k_kv = (self.kv_capacity - used) // n
         if k_kv < 1:
             self._preempt_newest()
             return
@@ -275,7 +286,11 @@ class Replica:
         # Nothing the scheduler decides changes before a finish, a full cache or the next event.
         k = min(k_finish, k_kv, k_time)
         self.clock += k * dt
-        self._record_gaps(dt, k * n)
+        gap_bin = _GAP_BINS.get(dt)
+        self.token_gaps[_gap_bin(dt) if gap_bin is None else gap_bin] += k * n  # _record_gaps: k, n >= 1
         self.step += k
-        self.peak_kv_tokens = max(self.peak_kv_tokens, self.kv_used)
-        self._pop_finished(finished)
+        used += n * k
+        if used > self.peak_kv_tokens:
+            self.peak_kv_tokens = used
+        if heap and heap[0][0] <= self.step:
+            self._pop_finished(finished)

@@ -65,7 +65,8 @@ class Fleet:
     # -- views -------------------------------------------------------------------------
 
     def serving(self, now_s: float) -> list[Replica]:
-        return [r for r in self.replicas if r.is_ready(now_s) and not r.draining]
+        # Replica.is_ready inlined: the simulator asks this on every arrival.
+        return [r for r in self.replicas if r.stopped_s is None and r.ready_s <= now_s and not r.draining]
 
     def starting(self, now_s: float) -> list[Replica]:
         return [r for r in self.replicas if r.stopped_s is None and not r.draining and r.ready_s > now_s]
@@ -194,7 +195,11 @@ class Fleet:
         for replica in self.replicas:
             if replica.stopped_s is not None or replica.ready_s > now_s:
                 continue
-            replica.advance_to(now_s, finished, stop_after_finish)
+            if replica.clock < now_s:  # else the step in flight already ends past now_s
+                if replica.running or replica.waiting:
+                    replica.advance_to(now_s, finished, stop_after_finish)
+                else:
+                    replica.clock = now_s  # idle (Replica.advance_to's first test, inlined)
             if replica.draining and replica.idle:
                 replica.stopped_s = max(replica.clock, now_s)
 

@@ -138,8 +138,11 @@ def simulate(
     source: Source,
     policy: SimPolicy,
     progress: Callable[[float], None] | None = None,
+    steps: StepTimes | None = None,
 ) -> SimResult:
-    fleet = Fleet(setup.fleet_spec(), StepTimes(setup.cfg))
+    """`steps`: step times of setup.cfg cached by an earlier run (several runs of one
+    configuration share them)."""
+    fleet = Fleet(setup.fleet_spec(), steps if steps is not None and steps.cfg == setup.cfg else StepTimes(setup.cfg))
     fleet.start(setup.initial_replicas, 0.0, warm=True)
     requests: list[SimRequest] = []
     arrivals, inputs, outputs = _Window(setup.window_s), _Window(setup.window_s), _Window(setup.window_s)

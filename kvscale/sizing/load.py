@@ -473,16 +473,18 @@ class ReplicaModel:
             mean_wait /= fleet
         tail = 1.0 - percentile / 100.0
 
+        alone = 0.0 if in_burst >= 1.0 else (1.0 - in_burst)
+
         def over(x: float, stop_above: float) -> float:
-            alone = 0.0 if in_burst >= 1.0 else (1.0 - in_burst)
-            return sum(
-                w
-                * (
+            total = 0.0
+            for own, w in owns:
+                if total > stop_above:  # the rest only adds (see _bisect_percentile)
+                    break
+                total += w * (
                     in_burst * _queue_tail(x - fixed_s - own, width, busy, mean_wait)
                     + (alone * _queue_tail(x - fixed_s - own, 0.0, busy, mean_wait) if alone else 0.0)
                 )
-                for own, w in owns
-            )
+            return total
 
         if len(owns) == 1 and width <= 0.0:  # one prompt length, Poisson: the tail in closed form
             queued = mean_wait * math.log(busy / tail) if busy > tail and mean_wait > 0 else 0.0
@@ -737,15 +739,19 @@ def _mg1_tail_scale_s(services: list[tuple[float, float]], utilization: float) -
         return mean_s / known
     rate = utilization / mean_s
     spread = [(s, w) for s, w in services if w > 0.0]
+    exp = math.exp
 
     def slope_and_gap(theta: float) -> tuple[float, float]:
         """f(theta) = log E[exp(theta S)] - log(1 + theta / rate) and its derivative, the first
         term by log-sum-exp (a long prefill's exp(theta S) would overflow)."""
         top = max(theta * s for s, _ in spread)
-        terms = [(s, w * math.exp(theta * s - top)) for s, w in spread]
-        total = sum(t for _, t in terms)
+        total = weighted = 0.0  # sums in the order (and so to the bit) of sum() over the terms
+        for s, w in spread:
+            t = w * exp(theta * s - top)
+            total += t
+            weighted += s * t
         gap = top + math.log(total) - math.log1p(theta / rate)
-        return sum(s * t for s, t in terms) / total - 1.0 / (rate + theta), gap
+        return weighted / total - 1.0 / (rate + theta), gap
 
     # f is convex (a cumulant generating function less a concave log), zero at 0 and negative
     # just above it: Newton from a point where it is positive descends monotonically onto the
@@ -806,13 +812,16 @@ def _arrival_tokens_tail(
     # The planner's innermost loop: `_uniform_plus_normal_tail` inlined (the same arithmetic,
     # so the same answers), with the math functions bound locally.
     erfc, exp, sqrt, root2, root2pi = math.erfc, math.exp, math.sqrt, _SQRT_2, _SQRT_2PI
-    while seen < 1.0 - 1e-7 and n < 400:
-        mean, sd = n * mean_in, sqrt(n * var_in)
+    sds, end = _TAIL_SDS, 1.0 - 1e-7
+    while seen < end and n < 400:
+        mean = n * mean_in
+        sd = sqrt(n * var_in)
+        spread = sds * sd
         # The tail grows with n (each arrival adds non-negative tokens): a term far below y
         # adds nothing, and once one is certain every later one is (their mass at once).
-        if mean - _TAIL_SDS * sd > y:
+        if mean - spread > y:
             return min(1.0, total + max(0.0, 1.0 - seen))
-        if mean + width + _TAIL_SDS * sd >= y:
+        if mean + width + spread >= y:
             if sd <= 0.0:
                 total += p * _uniform_plus_normal_tail(y, mean, sd, width)
             elif width <= _NARROW * sd:  # (see _uniform_plus_normal_tail)
@@ -822,7 +831,8 @@ def _arrival_tokens_tail(
                 z1 = (y - width - mean) / sd
                 i0 = z0 * (0.5 * erfc(z0 / root2)) - exp(-0.5 * z0 * z0) / root2pi
                 i1 = z1 * (0.5 * erfc(z1 / root2)) - exp(-0.5 * z1 * z1) / root2pi
-                total += p * min(1.0, max(0.0, sd / width * (i0 - i1)))
+                share = sd / width * (i0 - i1)  # clamped to [0, 1] (NaN to 0) as min(1, max(0, .))
+                total += p * (1.0 if share > 1.0 else share if share > 0.0 else 0.0)
         seen += p
         p *= ((n + r) * grow if grow else mean_count) / (n + 1)
         n += 1
