@@ -54,11 +54,12 @@ class SizingCapacity:
         inputs = shape.inputs.scaled(input_tokens / shape.inputs.mean)
         outputs = shape.outputs.scaled(output_tokens / shape.outputs.mean)
         # A replica carrying a share of the fleet's rate sees that share of each burst. The
-        # bursts are the fitted ones, in requests: at a fleet rate above the fitted mean the
-        # rise is already in the rate (the policy holds replicas for it), so more replicas
-        # split the same burst; the shape's own rate when no fleet rate is given.
+        # bursts are the fitted ones, in requests: a fleet sized above the fitted mean splits
+        # them over more replicas, and its spare rate carries part of each as it arrives
+        # (Burstiness.beyond); the shape's own rate when no fleet rate is given.
         rate = shape.requests_per_s if fleet_rate_per_s is None else fleet_rate_per_s
-        workload = Workload.of(inputs, outputs, rate, burstiness=shape.burstiness)
+        bursts = shape.burstiness.beyond(rate - shape.requests_per_s) if shape.burstiness is not None else None
+        workload = Workload.of(inputs, outputs, rate, burstiness=bursts)
         return ReplicaModel(self.cfg, workload, least_loaded=self.least_loaded)
 
     def _rate_uncached(self, input_tokens: int, output_tokens: int, fleet_rate_per_s: float | None) -> float:

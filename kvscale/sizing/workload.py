@@ -167,6 +167,23 @@ class Burstiness:
             return self.burst_requests - 1.0
         return max(0.0, self.index_of_dispersion - 1.0) / self.burst_share
 
+    def beyond(self, extra_rate_per_s: float) -> Burstiness:
+        """The bursts a fleet sized for `extra_rate_per_s` above the rate they were fitted at
+        still sees: a burst's excess arrives within about one window, of which the spare
+        rate carries extra x window requests as they come. Where the fleet is sized for the
+        surge itself (the rate the policy holds is the peak the bursts rose to), little or
+        nothing of the burst is left; at the fitted rate, the burst as fitted."""
+        if not extra_rate_per_s > 0.0:
+            return self
+        carried = extra_rate_per_s * self.window_s
+        companions = self.companions_span
+        if companions <= 0.0:
+            return self
+        left = max(0.0, companions - carried)
+        dispersion = 1.0 + (self.index_of_dispersion - 1.0) * left / companions
+        size = 1.0 + left if self.burst_requests > 0.0 else 0.0
+        return Burstiness(max(dispersion, 1e-9), self.window_s, self.burst_share, size)
+
     @classmethod
     def poisson(cls) -> Burstiness:
         return cls()

@@ -6,6 +6,8 @@ import random
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.sim.fit import fit_trace
@@ -173,3 +175,23 @@ def test_a_burst_is_split_over_the_fleet_the_rate_needs_and_that_fleet_meets_the
     poisson = replace(shape, burstiness=None)
     pooled = SizingCapacity(CFG, slo, 128, poisson, least_loaded=True)
     assert pooled.rate_per_replica(2000, 120, peak) >= pooled.rate_per_replica(2000, 120, 1.0)
+
+
+@given(
+    st.floats(1.0, 200.0),
+    st.floats(0.05, 1.0),
+    st.sampled_from([0.0, 2.0, 60.0, 400.0]),
+    st.floats(0.0, 100.0),
+    st.floats(0.0, 100.0),
+)
+def test_a_fleet_sized_above_the_fitted_rate_carries_part_of_each_burst(
+    dispersion: float, share: float, size: float, extra: float, more: float
+) -> None:
+    bursts = Burstiness(dispersion, 5.0, share, size)
+    assert bursts.beyond(0.0) == bursts and bursts.beyond(-3.0) == bursts
+    less, least = bursts.beyond(extra), bursts.beyond(extra + more)
+    assert least.companions_span <= less.companions_span + 1e-9 <= bursts.companions_span + 2e-9
+    assert least.index_of_dispersion <= less.index_of_dispersion + 1e-9
+    # Spare rate for the whole burst within one window: nothing of it is left.
+    gone = bursts.beyond(bursts.companions_span / 5.0 + 1e-6)
+    assert gone.companions_span == pytest.approx(0.0, abs=1e-6)
