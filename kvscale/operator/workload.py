@@ -182,6 +182,15 @@ def _measures(planned: Workload, w: ObservedWorkload) -> list[Measure]:
         want = planned.arrivals.dispersion_at(burst.window_s)
         name = f"burstiness (index of dispersion over {burst.window_s:g}s)"
         out.append(Measure(name, burst.index_of_dispersion, want, "", dispersion_noise(w.burst_windows)))
+        if burst.burst_requests > 0.0 and planned.arrivals.burst_requests > 0.0:
+            # The burst a request finds, in requests (a batch shorter than either window reads
+            # the same over both): batches that grew or shrank, which the dispersion may not
+            # show when fewer of them come. A size-biased mean over the bursts the window
+            # held: an error of about sqrt(2 / bursts) (twice a plain mean's variance).
+            bursts = burst.burst_share * (w.requests_per_s or 0.0) * w.window_s / burst.burst_requests
+            noise = math.sqrt(2.0 / bursts) if bursts > 0.0 else math.inf
+            size = Measure("burst size", burst.burst_requests, planned.arrivals.burst_requests, " requests", noise)
+            out.append(size)
     return out
 
 

@@ -319,3 +319,22 @@ def test_drift_properties(planned_d: float, burst_s: float, factor: float, drift
     # What the plan was made for is no drift; an unread burstiness is none either.
     assert check_drift(planned, bursty(planned_d, burst_s=burst_s), since, NOW, factor, 600).drift is None
     assert check_drift(planned, bursty(None, burst_s=burst_s), since, NOW, factor, 600).drift is None
+
+
+def test_batches_that_grew_at_the_same_dispersion_are_a_drift() -> None:
+    # Planned for batches of 60 among 20% of arrivals; an hour at 4 req/s now brings batches of
+    # 180 as often in share (16 of them: an error of ~0.35x) at the same dispersion.
+    planned = Workload.of(
+        LengthDistribution.constant(512),
+        LengthDistribution.constant(128),
+        4.0,
+        burstiness=Burstiness(20.0, 30.0, 0.2, 60.0),
+    )
+    grown = dataclasses.replace(bursty(20.0, window_s=3600.0), arrivals_in_bursts=0.2, burst_requests=180.0)
+    check = check_drift(planned, grown, None, NOW, 1.5, 600)
+    assert check.drift == "burst size 180 requests vs 60 planned (3x)"
+    same = dataclasses.replace(grown, burst_requests=70.0)
+    assert check_drift(planned, same, None, NOW, 1.5, 600).drift is None
+    # Over ten minutes the same reading comes from ~3 bursts: within its noise, no drift.
+    short = dataclasses.replace(grown, window_s=600.0)
+    assert check_drift(planned, short, None, NOW, 1.5, 600).drift is None
