@@ -46,7 +46,9 @@ class SizingCapacity:
             return None
         return float(_FLEET_RATE_STEP ** round(math.log(fleet_rate_per_s, _FLEET_RATE_STEP)))
 
-    def _replica_uncached(self, input_tokens: int, output_tokens: int, fleet_rate_per_s: float | None) -> ReplicaModel:
+    def _replica_uncached(
+        self, input_tokens: int, output_tokens: int, fleet_rate_per_s: float | None, burst_at_most: float | None
+    ) -> ReplicaModel:
         shape = self.shape
         if shape is None or shape.is_mean_value:
             fleet = fleet_rate_per_s if shape is not None and fleet_rate_per_s is not None else 0.0
@@ -59,11 +61,15 @@ class SizingCapacity:
         # (Burstiness.beyond); the shape's own rate when no fleet rate is given.
         rate = shape.requests_per_s if fleet_rate_per_s is None else fleet_rate_per_s
         bursts = shape.burstiness.beyond(rate - shape.requests_per_s) if shape.burstiness is not None else None
+        if bursts is not None and burst_at_most is not None:
+            bursts = bursts.at_most(burst_at_most)
         workload = Workload.of(inputs, outputs, rate, burstiness=bursts)
         return ReplicaModel(self.cfg, workload, least_loaded=self.least_loaded)
 
-    def _rate_uncached(self, input_tokens: int, output_tokens: int, fleet_rate_per_s: float | None) -> float:
-        replica = self._replica(input_tokens, output_tokens, fleet_rate_per_s)
+    def _rate_uncached(
+        self, input_tokens: int, output_tokens: int, fleet_rate_per_s: float | None, burst_at_most: float | None
+    ) -> float:
+        replica = self._replica(input_tokens, output_tokens, fleet_rate_per_s, burst_at_most)
         batch = min(self.max_batch, max(1, replica.kv_max_batch))
         return replica.max_rate_meeting(self.reachable_slo(input_tokens, output_tokens), batch)
 
@@ -76,7 +82,7 @@ class SizingCapacity:
         percentile goes on down until a replica carries REACHABLE_LOAD_SHARE of the rate it
         would carry without the TTFT target (else the capacity is ~0 and the fleet unbounded).
         Judged at the shape's own rate, so the percentile does not move with the load."""
-        replica = self._replica(self._bucket(input_tokens), self._bucket(output_tokens), None)
+        replica = self._replica(self._bucket(input_tokens), self._bucket(output_tokens), None, None)
         idle = replica.zero_load(self.slo.percentile)
         if idle.ttft_p_s <= self.slo.ttft_s and idle.tpot_p_s <= self.slo.tpot_s:
             return self.slo
@@ -94,12 +100,23 @@ class SizingCapacity:
         return replace(self.slo, percentile=_LOWEST_PERCENTILE)
 
     def rate_per_replica(
-        self, input_tokens: float, output_tokens: float, fleet_rate_per_s: float | None = None
+        self,
+        input_tokens: float,
+        output_tokens: float,
+        fleet_rate_per_s: float | None = None,
+        burst_at_most: float | None = None,
     ) -> float:
         """Requests/s one replica sustains with p-TTFT and p-TPOT within the SLO (0: never),
         in a fleet carrying `fleet_rate_per_s` in all (its share of each burst, and behind a
-        least-loaded router the pool its prefill queue drains into; None: the shape's rate)."""
-        return self._rate(self._bucket(input_tokens), self._bucket(output_tokens), self._fleet_bucket(fleet_rate_per_s))
+        least-loaded router the pool its prefill queue drains into; None: the shape's rate).
+        `burst_at_most`: requests a burst can hold at most (a schedule that knows the span's
+        arrivals; rounded up to the fleet-rate steps)."""
+        cap = None
+        if burst_at_most is not None:
+            cap = float(_FLEET_RATE_STEP ** math.ceil(math.log(max(burst_at_most, 1.0), _FLEET_RATE_STEP) - 1e-9))
+        return self._rate(
+            self._bucket(input_tokens), self._bucket(output_tokens), self._fleet_bucket(fleet_rate_per_s), cap
+        )
 
     def predicted_tpot_s(
         self,
@@ -109,7 +126,7 @@ class SizingCapacity:
         fleet_rate_per_s: float | None = None,
     ) -> float:
         replica = self._replica(
-            self._bucket(input_tokens), self._bucket(output_tokens), self._fleet_bucket(fleet_rate_per_s)
+            self._bucket(input_tokens), self._bucket(output_tokens), self._fleet_bucket(fleet_rate_per_s), None
         )
         batch = min(self.max_batch, max(1, replica.kv_max_batch))
         return replica.at_rate(rate_per_replica, batch, self.slo.percentile).tpot_p_s

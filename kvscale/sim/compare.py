@@ -68,8 +68,10 @@ def oracle_schedule(
         # The bucket's own lengths: a minute of long prompts needs more replicas than a minute
         # of short ones at the same request rate (few requests: the trace's means).
         bucket = by_bucket.get(i, [])
+        # It knows the bucket's arrivals too: no burst larger than they are comes in it (a
+        # quiet bucket is not sized for the surge the next ones bring: the lead covers those).
         per_replica = capacity.rate_per_replica(
-            *(_lengths(bucket) if len(bucket) >= 10 else overall), fleet_rate_per_s=rate
+            *(_lengths(bucket) if len(bucket) >= 10 else overall), fleet_rate_per_s=rate, burst_at_most=len(bucket)
         )
         needed.append(max(1, math.ceil(rate * (1 + headroom) / per_replica)) if per_replica > 0 else 1)
     lead = math.ceil(cold_start_s / bucket_s) + 1

@@ -175,11 +175,20 @@ class Burstiness:
         nothing of the burst is left; at the fitted rate, the burst as fitted."""
         if not extra_rate_per_s > 0.0:
             return self
-        carried = extra_rate_per_s * self.window_s
+        return self._with_companions(self.companions_span - extra_rate_per_s * self.window_s)
+
+    def at_most(self, requests: float) -> Burstiness:
+        """Bursts of no more than `requests` (a span known to hold that few arrivals cannot
+        hold a larger burst)."""
+        return self._with_companions(requests - 1.0)
+
+    def _with_companions(self, others: float) -> Burstiness:
+        """The same bursts with at most `others` companions, the excess dispersion cut in
+        proportion."""
         companions = self.companions_span
-        if companions <= 0.0:
+        if companions <= 0.0 or others >= companions:
             return self
-        left = max(0.0, companions - carried)
+        left = max(0.0, others)
         dispersion = 1.0 + (self.index_of_dispersion - 1.0) * left / companions
         size = 1.0 + left if self.burst_requests > 0.0 else 0.0
         return Burstiness(max(dispersion, 1e-9), self.window_s, self.burst_share, size)

@@ -195,3 +195,20 @@ def test_a_fleet_sized_above_the_fitted_rate_carries_part_of_each_burst(
     # Spare rate for the whole burst within one window: nothing of it is left.
     gone = bursts.beyond(bursts.companions_span / 5.0 + 1e-6)
     assert gone.companions_span == pytest.approx(0.0, abs=1e-6)
+    # A span known to hold n arrivals holds no burst of more than n.
+    assert bursts.at_most(extra + 1.0).companions_span <= extra + 1e-9
+    assert bursts.at_most(bursts.companions_span + 1.0) == bursts
+
+
+def test_the_oracle_knows_a_quiet_spans_arrivals_hold_no_surge() -> None:
+    # The surges above, the quiet between them: 15 arrivals in a 30 s bucket hold no burst of
+    # ~400, so a schedule that knows them asks for fewer replicas there (the lead before the
+    # next surge covers that one).
+    trace = generate(
+        parse_load("bursty:base=0.5,peak=90,on=90s,off=6m,rise=45s,input=2000,output=120,duration=30m"), seed=4
+    )
+    shape = fit_trace(trace).workload.at_rate(len(trace) / trace[-1].arrival_s)
+    capacity = SizingCapacity(CFG, Slo(2.0, 0.06, 99.0), 128, shape)
+    blind = capacity.rate_per_replica(2000, 120, 0.5)
+    knowing = capacity.rate_per_replica(2000, 120, 0.5, burst_at_most=15)
+    assert math.ceil(0.5 / knowing) < math.ceil(0.5 / blind)
