@@ -9,7 +9,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 import yaml
@@ -18,18 +18,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch, load_catalog, load_yaml
-from kvscale.sizing.engine_command import (
-    CommandConfig,
-    EngineCommand,
-    EngineCommandError,
-    command_config,
-    parse_engine_command,
-    resolve_command_model,
-)
-from kvscale.sizing.hf_config import arch_from_hf_config, is_hf_config
 from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES
 from kvscale.sizing.units import UnitError, parse_duration_s
 from kvscale.sizing.workload import Slo
+
+if TYPE_CHECKING:  # --engine-command and config.json models import these when given
+    from kvscale.sizing.engine_command import CommandConfig, EngineCommand
 
 # Wide enough for the plan and policy tables when output goes to a pipe or a file.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -148,6 +142,8 @@ def _hf_model(name: str, path: Path) -> ModelArch:
     if not isinstance(raw, dict):
         fail(f"--model {name}: a config.json is a JSON object with model_type, num_hidden_layers, ...")
     label = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
+    from kvscale.sizing.hf_config import arch_from_hf_config
+
     try:
         return arch_from_hf_config(raw, str(raw.get("_name_or_path") or label), f"config.json: {file}")
     except ValueError as exc:
@@ -165,6 +161,8 @@ def model(cat: Catalog, name: str) -> ModelArch:
             fields: Any = load_yaml(path.read_text())
             if not isinstance(fields, dict):
                 fail(f"--model {name}: expected a mapping of architecture fields (layers, hidden_size, heads, ...)")
+            from kvscale.sizing.hf_config import arch_from_hf_config, is_hf_config
+
             if is_hf_config(fields):
                 return arch_from_hf_config(fields, str(fields.get("name", path.stem)), f"config fields: {path}")
             model_name = str(fields.pop("name", path.stem))
@@ -311,6 +309,8 @@ def parse_command(text: str, gpu: str | None, tp: int | None, precision: str | N
         fail("--engine-command needs --gpu with one GPU type (the engine's defaults depend on it)")
     if tp is not None or precision is not None:
         fail("--engine-command sets the parallelism and precision: leave out --tp and --precision")
+    from kvscale.sizing.engine_command import EngineCommandError, parse_engine_command
+
     try:
         return parse_engine_command(text)
     except EngineCommandError as exc:
@@ -320,6 +320,8 @@ def parse_command(text: str, gpu: str | None, tp: int | None, precision: str | N
 def command_model(cat: Catalog, command: EngineCommand | None) -> ModelArch:
     """The catalog model an engine command serves (an -FP8 checkpoint name resolves to its base)."""
     assert command is not None
+    from kvscale.sizing.engine_command import resolve_command_model
+
     try:
         return resolve_command_model(cat, command.model)[0]
     except CatalogError as exc:
@@ -327,6 +329,8 @@ def command_model(cat: Catalog, command: EngineCommand | None) -> ModelArch:
 
 
 def command_config_or_fail(cat: Catalog, command: EngineCommand, gpu: str, arch: ModelArch) -> CommandConfig:
+    from kvscale.sizing.engine_command import command_config
+
     try:
         cc = command_config(cat, command, cat.gpu(gpu), arch)
     except (CatalogError, ValueError) as exc:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvscale.autoscaling.observation import Decision, DecisionKind, Observation
-from kvscale.autoscaling.policy import Capacity, PolicyConfig, PolicyState, decide
+
+if TYPE_CHECKING:  # imported when a KvscalePolicy is made: `kvscale plan --trace` replays with StaticPolicy
+    from kvscale.autoscaling.policy import Capacity, PolicyConfig, PolicyState
 
 HPA_TOLERANCE = 0.10  # kube-controller-manager --horizontal-pod-autoscaler-tolerance
 HPA_SCALE_DOWN_STABILIZATION_S = 300.0  # behavior.scaleDown.stabilizationWindowSeconds default
@@ -30,15 +32,23 @@ class StaticPolicy:
         return Decision(self.replicas, f"static: always {self.replicas}")
 
 
+def _new_state() -> PolicyState:
+    from kvscale.autoscaling.policy import PolicyState
+
+    return PolicyState()
+
+
 @dataclass
 class KvscalePolicy:
     capacity: Capacity
     config: PolicyConfig
     name: str = "kvscale"
-    state: PolicyState = field(default_factory=PolicyState)
+    state: PolicyState = field(default_factory=_new_state)
     kinds: dict[str, int] = field(default_factory=dict)  # decisions by kind, as the operator counts them
 
     def decide(self, obs: Observation) -> Decision:
+        from kvscale.autoscaling.policy import decide
+
         decision, self.state = decide(obs, self.state, self.capacity, self.config)
         self.kinds[decision.kind.value] = self.kinds.get(decision.kind.value, 0) + 1
         return decision

@@ -4,11 +4,14 @@ true, and a plan does not load what only other commands use."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import typer
 
 import kvscale.cli
 from kvscale.cli import COMMAND_MODULES, COMMANDS, app
+from tests.unit.test_plan_trace import write_trace
 
 
 def _module_of(info: typer.models.CommandInfo) -> str:
@@ -34,9 +37,13 @@ def test_app_is_the_typer_application_not_its_module() -> None:
 
 
 # What `kvscale plan` must not import: the operator's API models, the cluster client, the other
-# commands, the pictures (matplotlib) and the calibration's scipy.
+# commands, the autoscaling policy (the check replays a static fleet), the --engine-command and
+# config.json readers, the pictures (matplotlib) and the calibration's scipy.
 NOT_FOR_PLAN = (
     "kvscale.api",
+    "kvscale.autoscaling.policy",
+    "kvscale.sizing.engine_command",
+    "kvscale.sizing.hf_config",
     "kvscale.cli.manifests",
     "kvscale.cli.simulate",
     "kvscale.cli.status",
@@ -61,16 +68,17 @@ finally:
 """
 
 
-def test_a_plan_loads_only_what_planning_needs() -> None:
-    args = ["plan", "--model", "llama-3.1-8b", "--ttft", "500ms", "--tpot", "50ms", "--rps", "1"]
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, *args, "--input", "100", "--output", "10", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+@pytest.mark.parametrize("workload", ["mean-value", "trace"])
+def test_a_plan_loads_only_what_planning_needs(workload: str, tmp_path: Path) -> None:
+    args = ["plan", "--model", "llama-3.1-8b", "--gpu", "L4", "--ttft", "2s", "--tpot", "80ms"]
+    if workload == "trace":  # fitted, planned and replayed through the simulator
+        args += ["--trace", str(write_trace(tmp_path / "t.jsonl", 2.0, 120.0))]
+    else:
+        args += ["--rps", "1", "--input", "100", "--output", "10"]
+    done = subprocess.run([sys.executable, "-c", PROBE, *args, "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout)["feasible"] is True
+    out = json.loads(done.stdout)
+    assert out["feasible"] is True and ("check" in out) == (workload == "trace")
     loaded = json.loads(done.stderr.strip().splitlines()[-1])
     unwanted = [m for m in loaded if any(m == name or m.startswith(name + ".") for name in NOT_FOR_PLAN)]
     assert not unwanted, f"`kvscale plan` imported {unwanted}"
