@@ -234,10 +234,11 @@ class Replica:
             if not self.running and not self.waiting:  # idle
                 self.clock = until_s
                 return
-            admitted = self._admit() if self.waiting else []
-            if admitted:
-                self._prefill(admitted, finished)
-                continue
+            if self.waiting:
+                admitted = self._admit()
+                if admitted:
+                    self._prefill(admitted, finished)
+                    continue
             if not self.running:
                 # Waiting requests that cannot fit even in an empty cache: serve them alone.
                 self._prefill([self.waiting.popleft()], finished)

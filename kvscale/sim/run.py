@@ -163,20 +163,21 @@ def simulate(
         done += len(finished)
         finished.clear()
 
+    closed_loop = source.closed is not None
     while True:
         arrival_at = source.next_time()
         outstanding = len(requests) - done
         if math.isinf(arrival_at) and outstanding == 0:
             break
         now = min(arrival_at, next_tick)
-        closed_loop = source.closed is not None
         fleet.advance_to(now, finished, stop_after_finish=closed_loop)
         if closed_loop and finished:
             # A user sends the next request the moment the previous one finishes: release
             # it now (at its finish time), before any replica runs past that moment.
             account(now)
             continue
-        account(now)
+        if finished:
+            account(now)
         if now == arrival_at:
             r = source.pop()
             request = SimRequest(len(requests), r.arrival_s, r.input_tokens, r.output_tokens)
