@@ -43,6 +43,7 @@ lint: venv
 bench: venv cluster-bins
 	PYTHONPATH=. $(BIN)/python benchmarks/accuracy.py
 	$(BIN)/python benchmarks/plan_speed.py
+	$(BIN)/python benchmarks/plan_trace_speed.py
 	$(BIN)/python benchmarks/simulate.py
 	PYTHONPATH=. $(BIN)/python benchmarks/operator.py
 
