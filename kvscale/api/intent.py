@@ -204,6 +204,9 @@ def plan_request(
         gpu_limits=gpu_limits,
         engine=intent.engine,
         data_parallel_attention=intent.spec.hardware.data_parallel_attention,
+        # Behind an InferencePool the endpoint picker routes to the least-loaded pods, as the
+        # autoscaler's capacity model takes it (kvscale.operator.scaling.capacity).
+        least_loaded=intent.spec.routing.inference_pool is not None,
     )
 
 

@@ -121,6 +121,14 @@ def plan_cmd(
             "experts over all; spec.hardware.dataParallelAttention in the operator).",
         ),
     ] = False,
+    routing: Annotated[
+        str,
+        typer.Option(
+            help="How requests reach the replicas: service (a plain Service, at random) or gateway (a "
+            "least-loaded endpoint picker, spec.routing.inferencePool in the operator): a new prompt joins a "
+            "busy replica only when none is idle, which long prompts need far fewer replicas for."
+        ),
+    ] = "service",
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -131,6 +139,8 @@ def plan_cmd(
         fail(f"--engine must be one of {', '.join(ENGINE_TYPES)}, got {engine!r}")
     if objective not in ("cost", "latency"):
         fail(f"--objective must be cost or latency, got {objective!r}")
+    if routing not in ("service", "gateway"):
+        fail(f"--routing must be service or gateway, got {routing!r}")
     number(headroom, "--headroom", low=0, high=10, what="spare capacity as a fraction, e.g. 0.2")
     if trace is None and (rps is None or input_tokens is None or output_tokens is None):
         fail("give --rps, --input and --output, or --trace FILE to fit them from a trace")
@@ -190,6 +200,7 @@ def plan_cmd(
         gpu_limits=limits,
         engine=engine,
         data_parallel_attention=dp_attention,
+        least_loaded=routing == "gateway",
     )
     result = plan(cat, request)
     fp8 = _fp8_beside(cat, request, result, served, source)
@@ -201,7 +212,7 @@ def plan_cmd(
     if fitted is not None and result.chosen is not None:
         from kvscale.sim.check import check_plan, sample
 
-        check = check_plan(result.chosen, slo, sample(fitted.trace, workload.requests_per_s))
+        check = check_plan(result.chosen, slo, sample(fitted.trace, workload.requests_per_s), routing)
     command, args = engine_command(launch.launch) if launch else ([], None)
     if as_json:
         out = plan_to_dict(result, args)
@@ -367,6 +378,7 @@ def _render_plan(
         f"[bold]{r.model.name}[/]: {r.workload.requests_per_s:g} req/s, {r.workload.input_tokens} in / "
         f"{r.workload.output_tokens} out; p{r.slo.percentile:g} TTFT <= {r.slo.ttft_s * 1e3:g} ms, "
         f"TPOT <= {r.slo.tpot_s * 1e3:g} ms; objective {r.objective}"
+        + ("; behind a least-loaded gateway" if r.least_loaded else "")
     )
     c = result.chosen
     if c is not None:

@@ -198,6 +198,10 @@ class PlanRequest:
     # MoE: also replicas of 2, 4 or 8 data-parallel attention ranks (vLLM --data-parallel-size
     # with --enable-expert-parallel); spec.hardware.dataParallelAttention in the operator.
     data_parallel_attention: bool = False
+    # Requests reach replicas through a least-loaded router (a gateway's endpoint picker, an
+    # InferencePool): a new prompt joins a busy replica only when none is idle, and the
+    # fleet's prefill work drains as one queue. False: a plain Service, routed at random.
+    least_loaded: bool = False
 
 
 @dataclass(frozen=True)
@@ -313,7 +317,7 @@ def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
     unsupported = cfg.unsupported_reason()
     if unsupported:
         return _reject(cfg, unsupported)
-    steps = ReplicaModel(cfg, request.workload)
+    steps = ReplicaModel(cfg, request.workload, least_loaded=request.least_loaded)
     pinned = cfg.chunk_budget_tokens is not None
     if not pinned:
         cfg = cfg.with_chunk_budget(chunk_budget_for(cfg, request.workload, request.slo.tpot_s, steps))
@@ -324,7 +328,7 @@ def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
             f"does not fit: {_gib(mem.weights_bytes)} of weights + {_gib(mem.reserve_bytes)} engine reserve per GPU "
             f"exceed the {_gib(mem.usable_bytes)} usable of {cfg.gpu.name}",
         )
-    replica = ReplicaModel(cfg, request.workload, steps_from=steps)
+    replica = ReplicaModel(cfg, request.workload, steps_from=steps, least_loaded=request.least_loaded)
     if not replica.max_context_fits:
         return _reject(
             cfg,
@@ -381,7 +385,7 @@ def _option(cfg: ServingConfig, request: PlanRequest, steps: ReplicaModel) -> _O
     """The candidate under one chunk budget, or None when it cannot run with it."""
     if not cfg.memory.fits:
         return None
-    model = ReplicaModel(cfg, request.workload, steps_from=steps)
+    model = ReplicaModel(cfg, request.workload, steps_from=steps, least_loaded=request.least_loaded)
     batch = model.tpot_batch_limit(request.slo.tpot_s)
     if batch < 1 or not model.max_context_fits:
         return None

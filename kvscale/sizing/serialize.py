@@ -65,6 +65,7 @@ def plan_to_dict(plan: Plan, engine_args: list[str] | None = None) -> dict[str, 
         "feasible": plan.feasible,
         "model": r.model.name,
         "objective": r.objective,
+        "routing": "gateway" if r.least_loaded else "service",
         "workload": {
             "input_tokens": r.workload.input_tokens,
             "output_tokens": r.workload.output_tokens,

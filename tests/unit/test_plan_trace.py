@@ -12,7 +12,7 @@ from kvscale.sim.check import check_plan, sample
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.planner import PlanRequest, plan
-from kvscale.sizing.workload import Slo, Workload
+from kvscale.sizing.workload import LengthDistribution, Slo, Workload
 
 runner = CliRunner()
 CAT = default_catalog()
@@ -109,3 +109,52 @@ def test_the_check_finds_the_fewest_replicas_that_reach_the_target() -> None:
     assert check.met and check.attainment >= 0.99
     fewer = replace(chosen, prediction=replace(chosen.prediction, replicas=check.replicas - 1))
     assert check_plan(fewer, request.slo, replay, routing="gateway").planned_attainment < 0.99
+
+
+def test_behind_a_gateway_long_prompts_need_fewer_replicas_and_the_check_replays_that_routing(
+    tmp_path: Path,
+) -> None:
+    # Long prompts (4-20k tokens) with short outputs: behind a plain Service a short request
+    # lands behind another's chunks at random; a least-loaded router keeps new prompts off busy
+    # replicas, so the plan needs fewer of them, and its check replays the gateway's routing.
+    rng = random.Random(7)
+    t, lines = 0.0, []
+    while t < 600.0:
+        t += rng.expovariate(6.0)
+        lines.append(
+            json.dumps({"timestamp": int(t * 1000), "input_length": rng.randint(4000, 20000), "output_length": 60})
+        )
+    trace = tmp_path / "long.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    args = ["plan", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "1", "--ttft", "2s", "--tpot", "60ms"]
+    common = [*args, "--percentile", "99", "--trace", str(trace), "--json"]
+    service = json.loads(runner.invoke(app, common).stdout)
+    gateway = json.loads(runner.invoke(app, [*common, "--routing", "gateway"]).stdout)
+    assert gateway["chosen"]["replicas"] < service["chosen"]["replicas"]
+    assert (service["routing"], gateway["routing"]) == ("service", "gateway")
+    assert gateway["check"]["met"], gateway["check"]
+    # The planner alone, on the same kind of mix.
+    prompts = LengthDistribution.from_samples([rng.randint(4000, 20000) for _ in range(2000)])
+    request = PlanRequest(
+        model=CAT.model("llama-3.1-8b"),
+        workload=Workload.of(prompts, LengthDistribution.constant(60), 6.0),
+        slo=Slo(2.0, 0.06, 99.0),
+        gpus=("H100-SXM",),
+        tensor_parallel=(1,),
+        least_loaded=True,
+    )
+    pooled = plan(CAT, request)
+    random_routed = plan(CAT, replace(request, least_loaded=False))
+    assert pooled.chosen is not None and random_routed.chosen is not None
+    assert pooled.chosen.prediction.replicas < random_routed.chosen.prediction.replicas
+    bad = runner.invoke(app, [*common, "--routing", "mesh"])
+    assert bad.exit_code == 2 and "--routing must be service or gateway" in bad.stderr
+
+
+def test_the_operator_plans_for_the_pickers_routing_behind_an_inference_pool() -> None:
+    from kvscale.api.intent import parse_intent, plan_request
+    from tests.unit.test_reconcile import spec
+
+    plain = plan_request(parse_intent(spec()), CAT.model("llama-3.1-8b"), (), None)
+    pooled = plan_request(parse_intent(spec(routing={"inferencePool": {}})), CAT.model("llama-3.1-8b"), (), None)
+    assert not plain.least_loaded and pooled.least_loaded
