@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import statistics
 import tempfile
 import time
@@ -25,11 +24,11 @@ from typing import Any
 
 import yaml
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.cluster_probes import request_counts, rss_mib
+from benchmarks.cluster_probes import deployment_exists as deployed
+from benchmarks.cluster_probes import request_counts, rss_mib, start_operator
 from kvscale.api import GROUP, PLURAL, VERSION
 from tests.cluster.harness import GPU_TAINT, KWOK_TAINT, Cluster, find_bins, node_objects, wait_until
 from tests.cluster.processes import Operator
@@ -46,14 +45,6 @@ LARGE_POOL = {
     ]
 }
 PODS, GPU_PODS, TIMED = 5000, 3000, 10
-
-
-def deployed(apps: client.AppsV1Api, name: str, namespace: str = "default") -> bool:
-    try:
-        apps.read_namespaced_deployment(name, namespace)
-    except ApiException:
-        return False
-    return True
 
 
 def small(cluster: Cluster, workdir: Path, status_interval: str = "1s") -> Table:
@@ -161,13 +152,7 @@ def timed_reconciles(cluster: Cluster, workdir: Path, label: str, pythonpath: st
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     objs, apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
     started = time.monotonic()
-    here = Path.cwd()
-    if pythonpath:
-        os.chdir(pythonpath)  # `python -m` puts the working directory first on sys.path
-    try:
-        operator.start()
-    finally:
-        os.chdir(here)
+    start_operator(operator, pythonpath)
     try:
         warm = copy.deepcopy(SAMPLE)
         warm["metadata"] = {"name": f"{label}-warm", "namespace": "default"}
