@@ -51,6 +51,7 @@ from kvscale.sizing.context_limit import ContextLimitError, check_requested_cont
 from kvscale.sizing.engine_args import ENGINE_TYPES, PlannedLaunch, engine_command, plan_launch, requested_source
 from kvscale.sizing.planner import DEFAULT_HEADROOM, Feasible, Plan, PlanRequest, cheapest, plan
 from kvscale.sizing.roofline import ideal_batch, ops_per_byte
+from kvscale.sizing.routing_advice import GatewayAdvice, gateway_advice
 from kvscale.sizing.serialize import candidate_to_dict, plan_to_dict, prediction_to_dict
 from kvscale.sizing.units import GIB
 from kvscale.sizing.workload import Workload
@@ -204,6 +205,7 @@ def plan_cmd(
     )
     result = plan(cat, request)
     fp8 = _fp8_beside(cat, request, result, served, source)
+    gateway = gateway_advice(cat, result)
     # A custom architecture or a config.json file names no checkpoint: the engine line needs
     # --source (without it the engine would be told to load the file's name).
     needs_source = names_no_checkpoint(model) and source is None
@@ -218,6 +220,13 @@ def plan_cmd(
         out = plan_to_dict(result, args)
         if fp8 is not None and out["chosen"] is not None:
             out["chosen"]["fp8_beside"] = fp8
+        if gateway is not None and out["chosen"] is not None:
+            out["chosen"]["gateway_beside"] = {
+                "replicas": gateway.gateway_replicas,
+                "gpus": gateway.gateway_gpus,
+                "cost_usd_per_hour": round(gateway.gateway_usd_per_hour, 2),
+                "saving": round(gateway.saving, 3),
+            }
         if needs_source and out["chosen"] is not None:
             out["chosen"].update(engine_args=None, engine_args_missing=NEEDS_SOURCE)
         if launch and out["chosen"] is not None:
@@ -246,7 +255,7 @@ def plan_cmd(
             console.print("[bold]Workload fitted from the trace[/]")
             for line in fitted.fit.describe():
                 console.print(f"  {line}")
-        _render_plan(result, [*command, *args] if args else None, show, launch, fp8)
+        _render_plan(result, [*command, *args] if args else None, show, launch, fp8, gateway)
         if needs_source and result.chosen is not None:
             console.print(f"  engine: {NEEDS_SOURCE}", highlight=False, soft_wrap=True)
         if check is not None:
@@ -371,7 +380,12 @@ def _launch(result: Plan, served: str | None, source: str | None) -> PlannedLaun
 
 
 def _render_plan(
-    result: Plan, args: list[str] | None, show: int, launch: PlannedLaunch | None, fp8: dict[str, Any] | None = None
+    result: Plan,
+    args: list[str] | None,
+    show: int,
+    launch: PlannedLaunch | None,
+    fp8: dict[str, Any] | None = None,
+    gateway: GatewayAdvice | None = None,
 ) -> None:
     r = result.request
     console.print(
@@ -413,6 +427,9 @@ def _render_plan(
                 highlight=False,
                 soft_wrap=True,
             )
+        if gateway is not None:
+            message = gateway.message("plan with --routing gateway and deploy behind an InferencePool")
+            console.print(f"  gateway beside it: {message}", highlight=False, soft_wrap=True)
     else:
         console.print("\n[bold red]No candidate meets the SLO.[/] Closest:")
         for line in result.suggestions:

@@ -14,6 +14,7 @@ from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
 from kvscale.sizing.engine_args import requested_source, unsupported_by_engine
 from kvscale.sizing.planner import Feasible, Plan, Prediction, plan
+from kvscale.sizing.routing_advice import GatewayAdvice, gateway_advice
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class Planned:
     chosen: Feasible
     model: ModelArch
     pool: GpuPool
+    # Behind a plain Service: the same GPU type behind a least-loaded gateway, where markedly cheaper.
+    gateway: GatewayAdvice | None = None
 
     @property
     def prediction(self) -> Prediction:
@@ -178,4 +181,4 @@ def plan_service(
         rest = tuple(c for c in in_cluster.alternatives if c is not moved)
         in_cluster = replace(in_cluster, chosen=moved, alternatives=(chosen, *rest))
         chosen = moved
-    return Planned(in_cluster, chosen, model, pools[chosen.gpu])
+    return Planned(in_cluster, chosen, model, pools[chosen.gpu], gateway_advice(sized, in_cluster))

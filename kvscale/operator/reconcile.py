@@ -278,6 +278,7 @@ def reconcile(
             "selector": selector(res.name),
         }
     )
+    base, advised = _with_gateway_advice(base, status, outcome, res, now)
     planned = condition(status, "Planned", True, "Planned", outcome.chosen.reason, res.generation, now)
     if intent.scaling.mode == "recommend":
         not_ready = condition(
@@ -289,7 +290,10 @@ def reconcile(
         candidates = CHILD_KINDS + ((lws.KIND,) if _had_set(status, observed) else ())
         mine = tuple(k for k in candidates if _owns(observed, res, k))  # never another team's object
         return Result(
-            without_condition(new, NAME_CONFLICT), delete=mine, events=(event,), prune_pools=_had_pool(status)
+            without_condition(new, NAME_CONFLICT),
+            delete=mine,
+            events=(event, *advised),
+            prune_pools=_had_pool(status),
         )
     multi = outcome.config.nodes > 1
     too_long = lws.name_problem(res.name) if multi else None
@@ -317,13 +321,39 @@ def reconcile(
         new,
         apply=children,
         delete=stale,
-        events=(Event("Normal", "Planned", message[:1000]),),
+        events=(Event("Normal", "Planned", message[:1000]), *advised),
         applied_deployment=workload,
     )
     taken = owned.foreign(children, observed.children, res.uid)
     if taken:
         return name_conflict(status, res, taken, settings.retry_backoff_s, now)
     return _with_routing(replace(result, status=without_condition(new, NAME_CONFLICT)), status, res, routing, now)
+
+
+GATEWAY_CONDITION = "GatewayAdvised"
+GATEWAY_FIX = (
+    "set spec.routing.inferencePool (a Gateway API inference extension InferencePool, whose endpoint picker "
+    "routes to the least-loaded pods) and kvscale plans and scales for that router"
+)
+
+
+def _with_gateway_advice(
+    new: InferenceServiceStatus,
+    before: InferenceServiceStatus,
+    outcome: Planned,
+    res: Resource,
+    now: dt.datetime | None,
+) -> tuple[InferenceServiceStatus, tuple[Event, ...]]:
+    """The GatewayAdvised condition where the plan behind a plain Service costs markedly more
+    than behind a gateway; an Event only when the advice is new (a re-plan does not repeat it)."""
+    advice = outcome.gateway
+    if advice is None:
+        return without_condition(new, GATEWAY_CONDITION), ()
+    message = advice.message(GATEWAY_FIX)
+    advised = condition(before, GATEWAY_CONDITION, True, "FewerReplicasBehindGateway", message, res.generation, now)
+    was = get_condition(before, GATEWAY_CONDITION)
+    events = () if was is not None and was.status == "True" else (Event("Normal", GATEWAY_CONDITION, message[:1000]),)
+    return with_conditions(new, advised), events
 
 
 def _owns(observed: Observed, res: Resource, kind: str) -> bool:
