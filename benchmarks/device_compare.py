@@ -26,7 +26,7 @@ from typing import Any
 
 from kvscale.sizing.catalog import Catalog, GpuSpec, default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.roofline import StepTime, decode_step, prefill
+from kvscale.sizing.roofline import GEMM_TILE_TOKENS, StepTime, decode_step, prefill
 
 ENGINE = "vllm"  # the profile kvscale deploys; its overheads appear only in the step column
 
@@ -42,6 +42,22 @@ class Comparison:
     measured_s: float
     predicted: StepTime
     layers: int
+    layer_overhead_s: float  # the engine's per-layer cost x layers (decode or prefill), no per-step cost
+    per_op_s: float  # per_op_floor_s: GEMM and attention rooflines added, not overlapped
+
+    @property
+    def with_layers_s(self) -> float:
+        """The floor plus the engine's per-layer costs: kvscale's step less its per-step
+        (scheduler, sampling, detokenization) cost, which a bare torch stack does not have."""
+        return self.floor_s + self.layer_overhead_s
+
+    @property
+    def with_layers_error(self) -> float:
+        return relative_error(self.with_layers_s, self.measured_s)
+
+    @property
+    def per_op_error(self) -> float:
+        return relative_error(self.per_op_s + self.layer_overhead_s, self.measured_s)
 
     @property
     def label(self) -> str:
@@ -130,6 +146,35 @@ def predict(cfg: ServingConfig, row: dict[str, Any]) -> StepTime:
     return decode_step(cfg, int(row["sequences"]), float(row["context_tokens"]))
 
 
+def per_op_floor_s(cfg: ServingConfig, row: dict[str, Any]) -> float:
+    """A hypothesis beside kvscale's model, not part of it: a step's GEMMs and its attention are
+    separate kernels, so each meets its own roofline and the two add, max(linear FLOPs / GEMM
+    rate, weight bytes / bandwidth) + max(attention FLOPs / GEMM rate, KV bytes / bandwidth),
+    where roofline.step takes one max over the step's sums. Same rates and GEMM-size curve as
+    roofline.step; dense models, a prefill in one chunk."""
+    r = cfg.rates
+    if cfg.model.is_moe or r.window_tokens or cfg.tensor_parallel > 1:
+        raise ValueError("per_op_floor_s covers dense full-attention models at TP 1")
+    if row["kind"] == "prefill":
+        prompt = int(row["prompt_tokens"])
+        tokens = float(int(row["sequences"]) * prompt)
+        if tokens > cfg.max_num_batched_tokens:
+            raise ValueError(f"{tokens:.0f} prompt tokens take more than one chunk")
+        attended, kv_tokens = tokens * prompt / 2.0, tokens  # causal: half the prompt on average
+    else:
+        tokens = float(row["sequences"])
+        attended = tokens * float(row["context_tokens"])
+        kv_tokens = attended + tokens  # the context read and the new token written
+    per_layer = max(tokens, GEMM_TILE_TOKENS) * r.linear_flops_per_token_per_layer
+    rate = r.peak_flops_per_s * r.matmul_efficiency * per_layer / (per_layer + r.gemm_half_flops)
+    gemm = max(tokens * r.linear_flops_per_token / rate, r.dense_weight_bytes / r.weight_bytes_per_s)
+    attention = max(
+        r.attention_flops_per_token_per_context * attended / rate,
+        kv_tokens * r.kv_full_bytes_per_token / r.kv_bytes_per_s,
+    )
+    return gemm + attention
+
+
 def compare(rows: list[dict[str, Any]], catalog: Catalog, gpu: GpuSpec) -> list[Comparison]:
     """One comparison per measured row (rows skipped or failed on the device are left out)."""
     configs: dict[str, ServingConfig] = {}
@@ -152,6 +197,13 @@ def compare(rows: list[dict[str, Any]], catalog: Catalog, gpu: GpuSpec) -> list[
                 measured_s=measured_step_s(row),
                 predicted=predict(cfg, row),
                 layers=cfg.model.layers,
+                layer_overhead_s=cfg.model.layers
+                * (
+                    cfg.engine.prefill_layer_overhead_s
+                    if row["kind"] == "prefill"
+                    else cfg.engine.decode_layer_overhead_s
+                ),
+                per_op_s=per_op_floor_s(cfg, row),
             )
         )
     return out
@@ -167,7 +219,11 @@ def stack_weight_bytes(shape: dict[str, Any]) -> float:
 
 
 def _rate(c: Comparison, value: float) -> str:
-    return f"{value / 1e12:6.0f} TF/s" if c.bound == "compute" else f"{value / 1e12:6.2f} TB/s"
+    return f"{value / 1e12:5.0f} TF/s" if c.bound == "compute" else f"{value / 1e12:5.2f} TB/s"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:7.1f}ms" if seconds >= 0.1 else f"{seconds * 1e3:7.2f}ms"
 
 
 def report(data: dict[str, Any], gpu: GpuSpec, comparisons: list[Comparison], catalog: Catalog) -> str:
@@ -194,18 +250,23 @@ def report(data: dict[str, Any], gpu: GpuSpec, comparisons: list[Comparison], ca
                 f"params), the stack {stack_weight_bytes(shape) / 1e9:.2f} GB (embedding by rows only)."
             )
     header = (
-        f"{'model':<14} {'step':<20} {'mode':<6} {'measured':>10} {'floor':>10} {'bound':<8} {'err':>7} "
-        f"{'vLLM step':>10} {'err':>7} {'achieved':>12} {'modelled':>12} {'gap/layer':>10}"
+        f"{'model':<13} {'step':<20} {'measured':>9} {'floor':>9} {'bound':<7} {'err':>6} {'+layers':>9} {'err':>6} "
+        f"{'vLLM step':>9} {'err':>6} {'per-op':>9} {'err':>6} {'achieved':>11} {'modelled':>11} {'gap/layer':>9}"
     )
     lines += ["", header, "-" * len(header)]
     for c in comparisons:
+        per_op = c.per_op_s + c.layer_overhead_s
         lines.append(
-            f"{c.model:<14} {c.label:<20} {c.mode[:6]:<6} {c.measured_s * 1e3:8.3f}ms {c.floor_s * 1e3:8.3f}ms "
-            f"{c.bound:<8} {c.floor_error:+7.1%} {c.predicted.seconds * 1e3:8.3f}ms {c.step_error:+7.1%} "
-            f"{_rate(c, c.achieved):>12} {_rate(c, c.modelled):>12} {c.gap_per_layer_s * 1e6:8.1f}us"
+            f"{c.model:<13} {c.label:<20} {_ms(c.measured_s)} {_ms(c.floor_s)} {c.bound:<7} {c.floor_error:+6.0%} "
+            f"{_ms(c.with_layers_s)} {c.with_layers_error:+6.0%} {_ms(c.predicted.seconds)} {c.step_error:+6.0%} "
+            f"{_ms(per_op)} {c.per_op_error:+6.0%} {_rate(c, c.achieved):>11} {_rate(c, c.modelled):>11} "
+            f"{c.gap_per_layer_s * 1e6:7.0f}us"
         )
+    modes = sorted({c.mode for c in comparisons})
+    lines.append(f"modes: {', '.join(modes)} (decode in CUDA graphs unless a row says otherwise)")
     lines.append("")
-    lines.append(f"{'|error| median / p90':<34} {'n':>3} {'floor':>16} {'vLLM step':>16}")
+    columns = ("floor", "+layers", "vLLM step", "per-op")
+    lines.append(f"{'|error| median / p90':<24} {'n':>3} " + " ".join(f"{c:>16}" for c in columns))
     groups = [
         ("all", comparisons),
         ("prefill", [c for c in comparisons if c.kind == "prefill"]),
@@ -218,9 +279,16 @@ def report(data: dict[str, Any], gpu: GpuSpec, comparisons: list[Comparison], ca
     ]
     for name, group in groups:
         if group:
-            fm, fp = summary([c.floor_error for c in group])
-            sm, sp = summary([c.step_error for c in group])
-            lines.append(f"{name:<34} {len(group):>3} {fm:7.1%} / {fp:6.1%} {sm:7.1%} / {sp:6.1%}")
+            cells = []
+            for errors in (
+                [c.floor_error for c in group],
+                [c.with_layers_error for c in group],
+                [c.step_error for c in group],
+                [c.per_op_error for c in group],
+            ):
+                median, p90 = summary(errors)
+                cells.append(f"{median:7.1%} / {p90:6.1%}")
+            lines.append(f"{name:<24} {len(group):>3} " + " ".join(f"{c:>16}" for c in cells))
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from benchmarks.device_compare import (
     catalog_gpu,
     compare,
     measured_step_s,
+    per_op_floor_s,
     predict,
     relative_error,
     serving_config,
@@ -116,3 +117,29 @@ def test_stack_weight_bytes_leave_out_the_embedding_table() -> None:
     embedding = model.vocab_size * model.hidden_size * 2.0
     # the catalog's 70.6 B params hold the embedding and the lm_head; the stack reads one of them
     assert math.isclose(stack_weight_bytes(SHAPE_70B), 2.0 * model.params - embedding, rel_tol=0.01)
+
+
+def test_per_op_floor_adds_the_gemm_and_attention_rooflines() -> None:
+    gpu = CATALOG.gpu("H200")
+    for model in ("llama-3.1-8b", "llama-3.1-70b"):
+        cfg = serving_config(CATALOG, model, gpu)
+        for kind, sequences, tokens in (("prefill", 1, 8192), ("decode", 1, 1024), ("decode", 256, 4096)):
+            r = row(model, kind, sequences, tokens, 1.0, 0.0, 8)
+            step = predict(cfg, r)
+            assert per_op_floor_s(cfg, r) >= max(step.compute_s, step.memory_s) * (1 - 1e-12)
+    # batch 1: the GEMMs and the attention both wait on memory, so the sum is the floor
+    cfg = serving_config(CATALOG, "llama-3.1-8b", gpu)
+    r = row("llama-3.1-8b", "decode", 1, 1024, 1.0, 0.0, 32)
+    assert per_op_floor_s(cfg, r) == pytest.approx(predict(cfg, r).memory_s)
+    # 70B batch 256: the GEMMs are compute-bound, the KV reads are not hidden under them
+    cfg = serving_config(CATALOG, "llama-3.1-70b", gpu)
+    r = row("llama-3.1-70b", "decode", 256, 1024, 1.0, 0.0, 8)
+    assert per_op_floor_s(cfg, r) > 1.3 * max(predict(cfg, r).compute_s, predict(cfg, r).memory_s)
+
+
+def test_the_layer_cost_is_the_engines_per_layer_term_without_its_per_step_cost() -> None:
+    gpu = CATALOG.gpu("H100-SXM")
+    cfg = serving_config(CATALOG, "llama-3.1-8b", gpu)
+    (c,) = compare([row("llama-3.1-8b", "decode", 8, 1024, 0.01, 0.0, 32)], CATALOG, gpu)
+    assert c.layer_overhead_s == pytest.approx(32 * cfg.engine.decode_layer_overhead_s)
+    assert c.predicted.seconds == pytest.approx(c.with_layers_s + cfg.engine.step_overhead_s)
