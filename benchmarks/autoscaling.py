@@ -154,6 +154,7 @@ def build_setup(case: Case, trace: list[TraceRequest], routing: str) -> SimSetup
         tensor_parallel=(case.tp,),
         precisions=("bf16",),
         headroom=HEADROOM,
+        least_loaded=routing == "gateway",  # as the operator plans behind an InferencePool
     )
     setup = setup_from_plan(catalog, plan(catalog, request), None, None)
     cold_start_s = default_cold_start_s(setup.cfg, case.weights_cached)

@@ -238,6 +238,9 @@ def simulate(
         tensor_parallel=tps,
         precisions=precisions,
         headroom=headroom,
+        # The plan the operator makes behind that router (an InferencePool plans least-loaded):
+        # its replicas are the fleet every policy starts from, its batch limit the one deployed.
+        least_loaded=routing == "gateway",
     )
     try:
         if command is not None:

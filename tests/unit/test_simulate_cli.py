@@ -47,3 +47,38 @@ def test_all_includes_bound_and_peak_and_rows_compare_against_them() -> None:
         [*BASE, "--concurrency", "4", "--input", "100", "--output", "20", "--duration", "1m", "--policy", "peak"],
     )
     assert closed.exit_code != 0 and "peak needs a trace" in closed.stderr
+
+
+def test_the_fleet_starts_from_the_plan_made_behind_its_router() -> None:
+    # Behind a gateway the operator plans least-loaded (an InferencePool): the simulation
+    # starts from that plan, its batch limit and chunk budget, not from the Service's.
+    from kvscale.sim.fit import fit_trace
+    from kvscale.sim.load_profile import DEFAULT_DURATION_S, load_requests
+    from kvscale.sim.trace import duration_s
+    from kvscale.sizing.catalog import default_catalog
+    from kvscale.sizing.planner import PlanRequest, plan
+    from kvscale.sizing.workload import Slo
+
+    load = "poisson:rate=8,input=8000,output=100,lengths=heavy,duration=3m"
+    args = ["simulate", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--ttft", "2s", "--tpot", "50ms"]
+    args += ["--percentile", "99", "--load", load, "--policy", "static", "--seed", "1"]
+    requests = load_requests(load, 512, 256, 1, DEFAULT_DURATION_S)
+    workload = fit_trace(requests).workload.at_rate(len(requests) / max(duration_s(requests), 1.0))
+    cat = default_catalog()
+    headers = {}
+    for routing in ("service", "gateway"):
+        request = PlanRequest(
+            model=cat.model("llama-3.1-8b"),
+            workload=workload,
+            slo=Slo(2.0, 0.05, 99.0),
+            gpus=("H100-SXM",),
+            least_loaded=routing == "gateway",
+        )
+        chosen = plan(cat, request).chosen
+        assert chosen is not None
+        result = runner.invoke(app, [*args, "--routing", routing])
+        assert result.exit_code == 0, result.output
+        headers[routing] = result.output.splitlines()[0]
+        expected = f"max batch {chosen.prediction.max_batch}, chunk budget {chosen.config.max_num_batched_tokens},"
+        assert expected in headers[routing] and f"routing {routing}" in headers[routing]
+    assert headers["service"].split("routing")[0] != headers["gateway"].split("routing")[0]
