@@ -148,11 +148,11 @@ def _step(
 ) -> np.ndarray:
     """kvscale.sizing.roofline.step, vectorized (keep the two in step)."""
     tokens = n + p
-    flops = n * (c.lin + c.attn * ctx_d) + p * (c.lin + c.attn * ctx_p)
     x = np.maximum(tokens, GEMM_TILE_TOKENS) * c.lin / c.layers
     half = e["prefill_half_efficiency_flops"]
     eff = me * (x / (x + half) if half > 0 else 1.0)
-    compute = flops / (c.peak * eff)
+    gemm_compute = tokens * c.lin / (c.peak * eff)
+    attention_compute = (n * ctx_d + p * ctx_p) * c.attn / (c.peak * eff)
     if np.any(c.experts > 1):
         touched = np.where(c.experts > 1, c.experts * (1.0 - (1.0 - c.active / c.experts) ** tokens), 1.0)
     else:
@@ -161,13 +161,14 @@ def _step(
     prior = np.maximum(ctx_p - p / np.maximum(p_seqs, 1.0) / 2.0, 0.0) * p_seqs
     kv = (n * ctx_d + prior + tokens) * c.kv_token
     kv_bw = c.hbm * be
-    memory = weights / (kv_bw * c.wbe) + kv / kv_bw
+    # each op its own roofline: the weight GEMMs, then the attention (roofline._ops_roofline_s)
+    roofline = np.maximum(gemm_compute, weights / (kv_bw * c.wbe)) + np.maximum(attention_compute, kv / kv_bw)
     wire = 2.0 * (c.tp - 1) / c.tp * tokens * c.hidden * ACTIVATION_BYTES
     per = c.link_lat + c.hop * (c.tp - 1) + wire / (c.link_bw * e["allreduce_efficiency"])
     comm = np.where(c.tp > 1, c.layers * ALLREDUCES_PER_LAYER * per, 0.0)
     layer = np.where(p > 0, e["prefill_layer_overhead_s"], e["decode_layer_overhead_s"])
     overhead = c.layers * layer + e["step_overhead_s"]
-    result: np.ndarray = np.maximum(compute, memory) + comm + overhead
+    result: np.ndarray = roofline + comm + overhead
     return result
 
 

@@ -2,10 +2,12 @@
 
 The measured stack is plain torch (cuBLAS GEMMs, torch's SDPA, unfused norms and rotary, CUDA
 graphs for decode), not vLLM: no scheduler, sampler, detokenizer or paged KV. So the primary
-comparison is the model's roofline floor, max(compute_s, memory_s), for the catalog GPU that
-matches the device (TP 1, bf16, vLLM profile: its GEMM-size curve and chunk budget); the
-vLLM step (floor + the engine's per-layer and per-step overheads) is printed beside it and
-is expected to sit above a stack that has none of the engine's CPU work.
+comparison is the model's roofline floor (StepTime.roofline_s: the GEMMs' and the attention's
+rooflines added) for the catalog GPU that matches the device (TP 1, bf16, vLLM profile: its
+GEMM-size curve and chunk budget); the vLLM step (floor + the engine's per-layer and per-step
+overheads) is printed beside it and is expected to sit above a stack that has none of the
+engine's CPU work. The `one max` column is the form the model had before 2026-11-26, one
+max(compute_s, memory_s) over the whole step, plus the per-layer cost.
 
 Errors are predicted / measured - 1; summaries are of |error| (median and p90, nearest rank,
 as benchmarks/accuracy.py). The 70B rows were measured with 8 layers and are scaled to 80
@@ -26,7 +28,7 @@ from typing import Any
 
 from kvscale.sizing.catalog import Catalog, GpuSpec, default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.roofline import GEMM_TILE_TOKENS, StepTime, decode_step, prefill
+from kvscale.sizing.roofline import StepTime, decode_step, prefill
 
 ENGINE = "vllm"  # the profile kvscale deploys; its overheads appear only in the step column
 
@@ -43,7 +45,6 @@ class Comparison:
     predicted: StepTime
     layers: int
     layer_overhead_s: float  # the engine's per-layer cost x layers (decode or prefill), no per-step cost
-    per_op_s: float  # per_op_floor_s: GEMM and attention rooflines added, not overlapped
 
     @property
     def with_layers_s(self) -> float:
@@ -56,8 +57,15 @@ class Comparison:
         return relative_error(self.with_layers_s, self.measured_s)
 
     @property
-    def per_op_error(self) -> float:
-        return relative_error(self.per_op_s + self.layer_overhead_s, self.measured_s)
+    def one_max_s(self) -> float:
+        """The step's roofline as one max over its summed compute and memory times (the GEMMs'
+        and the attention's together), plus the per-layer cost: the model's form before it
+        added the ops' rooflines."""
+        return max(self.predicted.compute_s, self.predicted.memory_s) + self.layer_overhead_s
+
+    @property
+    def one_max_error(self) -> float:
+        return relative_error(self.one_max_s, self.measured_s)
 
     @property
     def label(self) -> str:
@@ -67,7 +75,7 @@ class Comparison:
 
     @property
     def floor_s(self) -> float:
-        return max(self.predicted.compute_s, self.predicted.memory_s)
+        return self.predicted.roofline_s
 
     @property
     def floor_error(self) -> float:
@@ -79,14 +87,21 @@ class Comparison:
 
     @property
     def bound(self) -> str:
+        """The larger side of the step (its summed compute or memory time)."""
         return "compute" if self.predicted.compute_s >= self.predicted.memory_s else "memory"
 
     @property
+    def mixed(self) -> bool:
+        """The GEMMs wait on one side and the attention on the other (the floor is above both sums'
+        larger one)."""
+        return self.floor_s > max(self.predicted.compute_s, self.predicted.memory_s) * (1 + 1e-9)
+
+    @property
     def achieved(self) -> float:
-        """What the GPU did at the measured time: FLOP/s where the model says compute-bound,
-        bytes/s where it says memory-bound (the model's own FLOPs and bytes)."""
-        work = self.predicted.flops_per_gpu if self.bound == "compute" else self.predicted.bytes_per_gpu
-        return work / self.measured_s
+        """What the GPU did at the measured time on the bound side: the modelled rate x floor /
+        measured (a step bound on one side: the model's own FLOPs, or bytes, over the measured
+        time)."""
+        return self.modelled * self.floor_s / self.measured_s
 
     @property
     def modelled(self) -> float:
@@ -146,35 +161,6 @@ def predict(cfg: ServingConfig, row: dict[str, Any]) -> StepTime:
     return decode_step(cfg, int(row["sequences"]), float(row["context_tokens"]))
 
 
-def per_op_floor_s(cfg: ServingConfig, row: dict[str, Any]) -> float:
-    """A hypothesis beside kvscale's model, not part of it: a step's GEMMs and its attention are
-    separate kernels, so each meets its own roofline and the two add, max(linear FLOPs / GEMM
-    rate, weight bytes / bandwidth) + max(attention FLOPs / GEMM rate, KV bytes / bandwidth),
-    where roofline.step takes one max over the step's sums. Same rates and GEMM-size curve as
-    roofline.step; dense models, a prefill in one chunk."""
-    r = cfg.rates
-    if cfg.model.is_moe or r.window_tokens or cfg.tensor_parallel > 1:
-        raise ValueError("per_op_floor_s covers dense full-attention models at TP 1")
-    if row["kind"] == "prefill":
-        prompt = int(row["prompt_tokens"])
-        tokens = float(int(row["sequences"]) * prompt)
-        if tokens > cfg.max_num_batched_tokens:
-            raise ValueError(f"{tokens:.0f} prompt tokens take more than one chunk")
-        attended, kv_tokens = tokens * prompt / 2.0, tokens  # causal: half the prompt on average
-    else:
-        tokens = float(row["sequences"])
-        attended = tokens * float(row["context_tokens"])
-        kv_tokens = attended + tokens  # the context read and the new token written
-    per_layer = max(tokens, GEMM_TILE_TOKENS) * r.linear_flops_per_token_per_layer
-    rate = r.peak_flops_per_s * r.matmul_efficiency * per_layer / (per_layer + r.gemm_half_flops)
-    gemm = max(tokens * r.linear_flops_per_token / rate, r.dense_weight_bytes / r.weight_bytes_per_s)
-    attention = max(
-        r.attention_flops_per_token_per_context * attended / rate,
-        kv_tokens * r.kv_full_bytes_per_token / r.kv_bytes_per_s,
-    )
-    return gemm + attention
-
-
 def compare(rows: list[dict[str, Any]], catalog: Catalog, gpu: GpuSpec) -> list[Comparison]:
     """One comparison per measured row (rows skipped or failed on the device are left out)."""
     configs: dict[str, ServingConfig] = {}
@@ -203,7 +189,6 @@ def compare(rows: list[dict[str, Any]], catalog: Catalog, gpu: GpuSpec) -> list[
                     if row["kind"] == "prefill"
                     else cfg.engine.decode_layer_overhead_s
                 ),
-                per_op_s=per_op_floor_s(cfg, row),
             )
         )
     return out
@@ -251,21 +236,22 @@ def report(data: dict[str, Any], gpu: GpuSpec, comparisons: list[Comparison], ca
             )
     header = (
         f"{'model':<13} {'step':<20} {'measured':>9} {'floor':>9} {'bound':<7} {'err':>6} {'+layers':>9} {'err':>6} "
-        f"{'vLLM step':>9} {'err':>6} {'per-op':>9} {'err':>6} {'achieved':>11} {'modelled':>11} {'gap/layer':>9}"
+        f"{'vLLM step':>9} {'err':>6} {'one max':>9} {'err':>6} {'achieved':>11} {'modelled':>11} {'gap/layer':>9}"
     )
     lines += ["", header, "-" * len(header)]
     for c in comparisons:
-        per_op = c.per_op_s + c.layer_overhead_s
+        bound = "mixed" if c.mixed else c.bound
         lines.append(
-            f"{c.model:<13} {c.label:<20} {_ms(c.measured_s)} {_ms(c.floor_s)} {c.bound:<7} {c.floor_error:+6.0%} "
+            f"{c.model:<13} {c.label:<20} {_ms(c.measured_s)} {_ms(c.floor_s)} {bound:<7} {c.floor_error:+6.0%} "
             f"{_ms(c.with_layers_s)} {c.with_layers_error:+6.0%} {_ms(c.predicted.seconds)} {c.step_error:+6.0%} "
-            f"{_ms(per_op)} {c.per_op_error:+6.0%} {_rate(c, c.achieved):>11} {_rate(c, c.modelled):>11} "
+            f"{_ms(c.one_max_s)} {c.one_max_error:+6.0%} {_rate(c, c.achieved):>11} {_rate(c, c.modelled):>11} "
             f"{c.gap_per_layer_s * 1e6:7.0f}us"
         )
     modes = sorted({c.mode for c in comparisons})
     lines.append(f"modes: {', '.join(modes)} (decode in CUDA graphs unless a row says otherwise)")
+    lines.append("mixed: the GEMMs wait on compute and the attention on memory; achieved/modelled on the larger side")
     lines.append("")
-    columns = ("floor", "+layers", "vLLM step", "per-op")
+    columns = ("floor", "+layers", "vLLM step", "one max")
     lines.append(f"{'|error| median / p90':<24} {'n':>3} " + " ".join(f"{c:>16}" for c in columns))
     groups = [
         ("all", comparisons),
@@ -284,7 +270,7 @@ def report(data: dict[str, Any], gpu: GpuSpec, comparisons: list[Comparison], ca
                 [c.floor_error for c in group],
                 [c.with_layers_error for c in group],
                 [c.step_error for c in group],
-                [c.per_op_error for c in group],
+                [c.one_max_error for c in group],
             ):
                 median, p90 = summary(errors)
                 cells.append(f"{median:7.1%} / {p90:6.1%}")

@@ -1,7 +1,9 @@
 """Time of one engine step: prefill (compute-bound) and decode (bandwidth-bound).
 
-Each step is the roofline max(compute, memory) plus what does not overlap with it:
-tensor-parallel all-reduces and the engine's fixed per-layer and per-step costs.
+Each step is a roofline per op, max(compute, memory) for the weight GEMMs and for the
+attention (each a kernel of its own, run one after the other in every layer, so neither
+hides under the other), summed, plus what does not overlap with them: tensor-parallel
+all-reduces and the engine's fixed per-layer and per-step costs.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Literal, NamedTuple
 
-from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.config import Rates, ServingConfig
 from kvscale.sizing.experts import busiest_rank_experts_touched, busiest_rank_load_factor
 
 GEMM_TILE_TOKENS = 128  # rows of a tensor-core GEMM tile (CUTLASS/cuBLAS 128 x N tiles)
@@ -19,7 +21,13 @@ LimitedBy = Literal["compute", "bandwidth", "communication", "overhead"]
 
 class StepTime(NamedTuple):
     """One forward pass on one GPU of the tensor-parallel group (a NamedTuple: the planner
-    builds thousands, and a frozen dataclass costs several times more to construct)."""
+    builds thousands, and a frozen dataclass costs several times more to construct).
+
+    compute_s and memory_s are the step's compute and memory times summed over its ops (the
+    GEMMs, the attention): what the step would take if every op waited on that side alone.
+    The step pays each op's larger side, so its roofline part (roofline_s) lies between
+    max(compute_s, memory_s) and their sum; limited_by names the larger side of the step.
+    """
 
     seconds: float
     compute_s: float
@@ -30,6 +38,11 @@ class StepTime(NamedTuple):
     bytes_per_gpu: float
     peak_flops_per_s: float
     peak_bandwidth_bytes_per_s: float
+
+    @property
+    def roofline_s(self) -> float:
+        """The ops' rooflines summed: the step less its communication and overheads."""
+        return self.seconds - self.communication_s - self.overhead_s
 
     @property
     def limited_by(self) -> LimitedBy:
@@ -110,6 +123,33 @@ def gemm_efficiency(cfg: ServingConfig, tokens: float) -> float:
     return cfg.matmul_efficiency * size_factor
 
 
+def _ops_roofline_s(
+    gemm_flops: float,
+    weights: float,
+    attention_flops: float,
+    kv: float,
+    window_flops: float,
+    kv_window: float,
+    rates: Rates,
+    efficiency: float,
+) -> tuple[float, float, float]:
+    """(roofline, compute, memory) seconds of a step's ops: the weight GEMMs (linear FLOPs
+    against weight bytes), the full-attention layers' attention (their FLOPs against their KV
+    bytes) and the sliding-window layers' attention. Each op is its own kernels, run after the
+    others in every layer, so each pays max(compute, memory) and the step pays their sum;
+    attention FLOPs go at the GEMMs' rate (the same tensor cores and size curve)."""
+    flops_s = rates.peak_flops_per_s * efficiency
+    gemm_c, attention_c, window_c = gemm_flops / flops_s, attention_flops / flops_s, window_flops / flops_s
+    gemm_m = weights / rates.weight_bytes_per_s
+    attention_m, window_m = kv / rates.kv_bytes_per_s, kv_window / rates.kv_bytes_per_s
+    roofline = (
+        (gemm_c if gemm_c > gemm_m else gemm_m)
+        + (attention_c if attention_c > attention_m else attention_m)
+        + (window_c if window_c > window_m else window_m)
+    )
+    return roofline, gemm_c + attention_c + window_c, gemm_m + attention_m + window_m
+
+
 def step(
     cfg: ServingConfig,
     decode_seqs: float,
@@ -122,8 +162,9 @@ def step(
     token over `decode_context_tokens` of KV, and `prefill_tokens` prompt tokens (chunks of
     `prefill_seqs` prompts) attend to `prefill_context_tokens` on average.
 
-    Time = max(matmul + attention compute, weight + KV traffic) + the two all-reduces per
-    layer on (decode + prefill) tokens + fixed per-layer and per-step engine costs.
+    Time = max(matmul compute, weight traffic) + max(attention compute, KV traffic) (full and
+    sliding-window layers apart) + the two all-reduces per layer on (decode + prefill) tokens
+    + fixed per-layer and per-step engine costs.
     """
     tokens = decode_seqs + prefill_tokens
     if tokens <= 0:
@@ -134,36 +175,39 @@ def step(
             cfg, decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens, prefill_seqs
         )
     kv_token = r.kv_full_bytes_per_token
-    attention = r.attention_flops_per_token_per_context
-    flops = tokens * r.linear_flops_per_token + attention * (
-        decode_seqs * decode_context_tokens + prefill_tokens * prefill_context_tokens
-    )
-    window = r.window_tokens
-    if window:  # sliding-window layers attend to (and read) at most the window
-        flops += r.attention_window_flops_per_token_per_context * (
-            decode_seqs * min(decode_context_tokens, window) + prefill_tokens * min(prefill_context_tokens, window)
-        )
+    gemm_flops = tokens * r.linear_flops_per_token
     if r.expert_ranks:  # the busiest rank's share of the routed (token, expert) pairs
-        flops += (
+        gemm_flops += (
             tokens
             * r.routed_flops_per_token
             * (busiest_rank_load_factor(cfg.model.active_experts, tokens, r.expert_ranks) - 1.0)
         )
+    attention_flops = r.attention_flops_per_token_per_context * (
+        decode_seqs * decode_context_tokens + prefill_tokens * prefill_context_tokens
+    )
+    window = r.window_tokens
+    window_flops = 0.0
+    if window:  # sliding-window layers attend to (and read) at most the window
+        window_flops = r.attention_window_flops_per_token_per_context * (
+            decode_seqs * min(decode_context_tokens, window) + prefill_tokens * min(prefill_context_tokens, window)
+        )
     per_layer = (tokens if tokens > GEMM_TILE_TOKENS else GEMM_TILE_TOKENS) * r.linear_flops_per_token_per_layer
     half = r.gemm_half_flops
     efficiency = r.matmul_efficiency * (per_layer / (per_layer + half) if half > 0 else 1.0)
-    compute_s = flops / (r.peak_flops_per_s * efficiency)
     weights = weight_bytes_read(cfg, tokens) if r.expert_weight_bytes else r.dense_weight_bytes
     # KV read: every decode reads its context; a chunk reads the prompt's earlier chunks.
     seqs = prefill_seqs if prefill_seqs > 1.0 else 1.0
     prior = prefill_context_tokens - prefill_tokens / seqs / 2.0
     prior = prior * prefill_seqs if prior > 0 else 0.0
     kv = (decode_seqs * decode_context_tokens + prior + tokens) * kv_token
+    kv_window = 0.0
     if window:
-        kv += (decode_seqs * min(decode_context_tokens, window) + min(prior, window) + tokens) * (
+        kv_window = (decode_seqs * min(decode_context_tokens, window) + min(prior, window) + tokens) * (
             r.kv_window_bytes_per_token
         )
-    memory_s = weights / r.weight_bytes_per_s + kv / r.kv_bytes_per_s
+    roofline, compute_s, memory_s = _ops_roofline_s(
+        gemm_flops, weights, attention_flops, kv, window_flops, kv_window, r, efficiency
+    )
     comm = r.allreduce_fixed_s + r.allreduce_s_per_token * tokens if cfg.tensor_parallel > 1 else 0.0
     if cfg.pipeline_parallel > 1:
         comm += r.pipeline_fixed_s + r.pipeline_s_per_token * tokens
@@ -171,13 +215,13 @@ def step(
     if r.sequence_overhead_s:
         overhead += r.sequence_overhead_s * (decode_seqs + (prefill_seqs if prefill_tokens > 0 else 0.0))
     return StepTime(
-        seconds=max(compute_s, memory_s) + comm + overhead,
+        seconds=roofline + comm + overhead,
         compute_s=compute_s,
         memory_s=memory_s,
         communication_s=comm,
         overhead_s=overhead,
-        flops_per_gpu=flops,
-        bytes_per_gpu=weights + kv,
+        flops_per_gpu=gemm_flops + attention_flops + window_flops,
+        bytes_per_gpu=weights + kv + kv_window,
         peak_flops_per_s=cfg.peak_flops_per_s,
         peak_bandwidth_bytes_per_s=cfg.gpu.hbm_bandwidth_bytes_per_s,
     )
@@ -197,7 +241,8 @@ def _data_parallel_step(
     rank more than its own --max-num-batched-tokens);
     attention, the dense and shared layers and the KV reads for the rank's own tokens; the
     routed experts for its share of every rank's tokens (all-gathered before each MoE layer,
-    reduce-scattered after it), with the busiest rank's imbalance; no all-reduce (TP 1)."""
+    reduce-scattered after it), with the busiest rank's imbalance; no all-reduce (TP 1).
+    The ops' rooflines add as in step()."""
     r, m = cfg.rates, cfg.model
     n = r.data_parallel
     decode = decode_seqs / n
@@ -209,41 +254,45 @@ def _data_parallel_step(
     rank_tokens = decode + chunk
     everyone = decode_seqs + prefill_tokens
     routed = r.routed_flops_per_token
-    flops = rank_tokens * (r.linear_flops_per_token - routed) + r.attention_flops_per_token_per_context * (
+    gemm_flops = rank_tokens * (r.linear_flops_per_token - routed)
+    gemm_flops += everyone / n * routed * busiest_rank_load_factor(m.active_experts, everyone, r.expert_ranks)
+    attention_flops = r.attention_flops_per_token_per_context * (
         decode * decode_context_tokens + chunk * prefill_context_tokens
     )
-    flops += everyone / n * routed * busiest_rank_load_factor(m.active_experts, everyone, r.expert_ranks)
     window = r.window_tokens
+    window_flops = 0.0
     if window:
-        flops += r.attention_window_flops_per_token_per_context * (
+        window_flops = r.attention_window_flops_per_token_per_context * (
             decode * min(decode_context_tokens, window) + chunk * min(prefill_context_tokens, window)
         )
     per_layer = max(rank_tokens, GEMM_TILE_TOKENS) * r.linear_flops_per_token_per_layer
     half = r.gemm_half_flops
     efficiency = r.matmul_efficiency * (per_layer / (per_layer + half) if half > 0 else 1.0)
-    compute_s = flops / (r.peak_flops_per_s * efficiency)
     local = busiest_rank_experts_touched(m.experts, m.active_experts, everyone, r.expert_ranks)
     weights = r.shared_weight_bytes + local * r.expert_weight_bytes
     prior = prefill_context_tokens - chunk / rank_seqs / 2.0
     prior = prior * rank_seqs if prior > 0 and chunk > 0 else 0.0
     kv = (decode * decode_context_tokens + prior + rank_tokens) * r.kv_full_bytes_per_token
+    kv_window = 0.0
     if window:
-        kv += (decode * min(decode_context_tokens, window) + min(prior, window) + rank_tokens) * (
+        kv_window = (decode * min(decode_context_tokens, window) + min(prior, window) + rank_tokens) * (
             r.kv_window_bytes_per_token
         )
-    memory_s = weights / r.weight_bytes_per_s + kv / r.kv_bytes_per_s
+    roofline, compute_s, memory_s = _ops_roofline_s(
+        gemm_flops, weights, attention_flops, kv, window_flops, kv_window, r, efficiency
+    )
     comm = r.dispatch_fixed_s + r.dispatch_s_per_token * everyone
     overhead = r.prefill_overhead_s if prefill_tokens > 0 else r.decode_overhead_s
     if r.sequence_overhead_s:
         overhead += r.sequence_overhead_s * (decode + (rank_seqs if prefill_tokens > 0 else 0.0))
     return StepTime(
-        seconds=max(compute_s, memory_s) + comm + overhead,
+        seconds=roofline + comm + overhead,
         compute_s=compute_s,
         memory_s=memory_s,
         communication_s=comm,
         overhead_s=overhead,
-        flops_per_gpu=flops,
-        bytes_per_gpu=weights + kv,
+        flops_per_gpu=gemm_flops + attention_flops + window_flops,
+        bytes_per_gpu=weights + kv + kv_window,
         peak_flops_per_s=cfg.peak_flops_per_s,
         peak_bandwidth_bytes_per_s=cfg.gpu.hbm_bandwidth_bytes_per_s,
     )

