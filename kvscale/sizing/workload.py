@@ -186,7 +186,8 @@ class Burstiness:
         """The same bursts with at most `others` companions, the excess dispersion cut in
         proportion."""
         companions = self.companions_span
-        if companions <= 0.0 or others >= companions:
+        # The tolerance: `at_most(n)` passes n - 1, which rounds below n - 1 in the last bit.
+        if companions <= 0.0 or others >= companions - 1e-9 * max(1.0, companions):
             return self
         left = max(0.0, others)
         dispersion = 1.0 + (self.index_of_dispersion - 1.0) * left / companions
