@@ -26,8 +26,12 @@ class Planned:
     chosen: Feasible
     model: ModelArch
     pool: GpuPool
-    # Behind a plain Service: the same GPU type behind a least-loaded gateway, where markedly cheaper.
-    gateway: GatewayAdvice | None = None
+    catalog: Catalog  # the one planned with: node sizes as the cluster's
+
+    def gateway_advice(self) -> GatewayAdvice | None:
+        """Behind a plain Service: the same GPU type behind a least-loaded gateway, where
+        markedly cheaper (one more candidate's evaluation: asked for only where it is shown)."""
+        return gateway_advice(self.catalog, self.plan)
 
     @property
     def prediction(self) -> Prediction:
@@ -181,4 +185,4 @@ def plan_service(
         rest = tuple(c for c in in_cluster.alternatives if c is not moved)
         in_cluster = replace(in_cluster, chosen=moved, alternatives=(chosen, *rest))
         chosen = moved
-    return Planned(in_cluster, chosen, model, pools[chosen.gpu], gateway_advice(sized, in_cluster))
+    return Planned(in_cluster, chosen, model, pools[chosen.gpu], sized)

@@ -346,7 +346,7 @@ def _with_gateway_advice(
 ) -> tuple[InferenceServiceStatus, tuple[Event, ...]]:
     """The GatewayAdvised condition where the plan behind a plain Service costs markedly more
     than behind a gateway; an Event only when the advice is new (a re-plan does not repeat it)."""
-    advice = outcome.gateway
+    advice = outcome.gateway_advice()
     if advice is None:
         return without_condition(new, GATEWAY_CONDITION), ()
     message = advice.message(GATEWAY_FIX)
