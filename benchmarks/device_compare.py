@@ -278,14 +278,29 @@ def report(data: dict[str, Any], gpu: GpuSpec, comparisons: list[Comparison], ca
     return "\n".join(lines)
 
 
+def load_measurements(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """device_roofline.py's JSON, or an error that names the file and what it lacks."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        parser.error(f"{path}: {exc} (give the device_roofline.json that benchmarks/device_roofline.py wrote)")
+    missing = [k for k in ("device", "rows") if not isinstance(data, dict) or k not in data]
+    if missing:
+        parser.error(f"{path}: no {' or '.join(repr(k) for k in missing)}: not benchmarks/device_roofline.py output")
+    return dict(data)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", type=Path, help="device_roofline.py's output")
     parser.add_argument("--gpu", default=None, help="catalog GPU to predict for (default: from the device name)")
     args = parser.parse_args()
-    data = json.loads(args.json.read_text(encoding="utf-8"))
+    data = load_measurements(args.json, parser)
     catalog = default_catalog()
-    gpu = catalog_gpu(catalog, str(data["device"]), args.gpu)
+    try:
+        gpu = catalog_gpu(catalog, str(data["device"]), args.gpu)
+    except (KeyError, ValueError) as exc:
+        parser.error(f"--gpu: {exc}")
     comparisons = compare(data["rows"], catalog, gpu)
     print(report(data, gpu, comparisons, catalog))
     left_out = [r for r in data["rows"] if "stack_s" not in r]

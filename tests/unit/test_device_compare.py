@@ -3,7 +3,9 @@ measured rows, the error arithmetic and the shape-to-configuration mapping."""
 
 from __future__ import annotations
 
+import argparse
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from benchmarks.device_compare import (
     catalog_gpu,
     compare,
+    load_measurements,
     measured_step_s,
     predict,
     relative_error,
@@ -142,3 +145,20 @@ def test_the_layer_cost_is_the_engines_per_layer_term_without_its_per_step_cost(
     (c,) = compare([row("llama-3.1-8b", "decode", 8, 1024, 0.01, 0.0, 32)], CATALOG, gpu)
     assert c.layer_overhead_s == pytest.approx(32 * cfg.engine.decode_layer_overhead_s)
     assert c.predicted.seconds == pytest.approx(c.with_layers_s + cfg.engine.step_overhead_s)
+
+
+def test_a_file_that_is_not_device_roofline_output_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser(prog="device_compare.py")
+    cases = {"broken.json": '{"rows": 3', "other.json": '{"device": "NVIDIA H200"}', "absent.json": None}
+    for name, text in cases.items():
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(SystemExit) as exc:
+            load_measurements(path, parser)
+        assert exc.value.code == 2 and name in capsys.readouterr().err
+    good = tmp_path / "good.json"
+    good.write_text('{"device": "NVIDIA H200", "rows": []}')
+    assert load_measurements(good, parser) == {"device": "NVIDIA H200", "rows": []}
