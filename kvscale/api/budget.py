@@ -4,7 +4,7 @@ got, what it wanted and why. Without a budget nothing changes: services are size
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, model_validator
@@ -18,16 +18,30 @@ BUDGET_SINGULAR = "gpubudget"
 BUDGET_SHORT_NAMES = ["gpub"]
 
 GpuCount = Annotated[int, Field(ge=0, le=1_000_000)]
+# Bounds on what a budget lists (a cluster-scoped object every tenant's scaling reads).
+MAX_BUDGET_TYPES = 64
+MAX_BUDGET_NAMESPACES = 256
+MAX_LABELS = 32
+NAMESPACE_LENGTH = 63  # a namespace is a DNS-1123 label
+LABEL_KEY_LENGTH = 317  # a 253-character prefix, '/', a 63-character name
+LABEL_VALUE_LENGTH = 63
+Namespace = Annotated[str, Field(max_length=NAMESPACE_LENGTH)]
 
 
 class BudgetSelector(_Wire):
     """Which InferenceServices the budget governs: all of them when empty."""
 
-    namespaces: list[str] = Field(
-        default_factory=list, description="Only InferenceServices in these namespaces; empty: every namespace."
+    namespaces: list[Namespace] = Field(
+        default_factory=list,
+        max_length=MAX_BUDGET_NAMESPACES,
+        description="Only InferenceServices in these namespaces; empty: every namespace.",
     )
-    match_labels: dict[str, str] = Field(
-        default_factory=dict, description="Only InferenceServices carrying all these labels; empty: no label needed."
+    match_labels: dict[
+        Annotated[str, Field(max_length=LABEL_KEY_LENGTH)], Annotated[str, Field(max_length=LABEL_VALUE_LENGTH)]
+    ] = Field(
+        default_factory=dict,
+        max_length=MAX_LABELS,
+        description="Only InferenceServices carrying all these labels; empty: no label needed.",
     )
 
     def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
@@ -38,11 +52,13 @@ class BudgetSelector(_Wire):
 
 class GPUBudgetSpec(_Wire):
     limits: dict[str, GpuCount] = Field(
+        max_length=MAX_BUDGET_TYPES,
         description="GPUs per GPU type (catalog names, e.g. H100-SXM: 64). Types not listed are not limited; "
-        "list a type with 0 to keep governed services off it."
+        "list a type with 0 to keep governed services off it.",
     )
-    namespace_limits: dict[str, dict[str, GpuCount]] = Field(
+    namespace_limits: dict[Namespace, dict[str, GpuCount]] = Field(
         default_factory=dict,
+        max_length=MAX_BUDGET_NAMESPACES,
         description="Optional GPUs per type for one namespace (namespace -> type -> GPUs), within the limits above.",
     )
     selector: BudgetSelector = Field(
@@ -53,7 +69,22 @@ class GPUBudgetSpec(_Wire):
     def _some(self) -> GPUBudgetSpec:
         if not self.limits:
             raise ValueError("spec.limits must name at least one GPU type, e.g. {H100-SXM: 8}")
+        for namespace, limits in self.namespace_limits.items():
+            for gpu, count in limits.items():
+                if gpu in self.limits and count > self.limits[gpu]:
+                    raise ValueError(
+                        f"spec.namespaceLimits.{namespace}.{gpu} is {count}, above spec.limits.{gpu} "
+                        f"({self.limits[gpu]}): a namespace's share lies within the budget's limit; lower it or "
+                        "raise the limit"
+                    )
         return self
+
+    def unknown_gpu_types(self, known: Iterable[str]) -> list[str]:
+        """GPU types named in the limits that are not in the operator's catalog (a typo such as
+        `H100` for `H100-SXM` would otherwise limit nothing, silently)."""
+        names = set(known)
+        named = [*self.limits, *(t for limits in self.namespace_limits.values() for t in limits)]
+        return sorted({t for t in named if t not in names})
 
 
 class BudgetServiceStatus(_Status):

@@ -13,10 +13,16 @@ from kvscale.api.budget import (
     BUDGET_PLURAL,
     BUDGET_SHORT_NAMES,
     BUDGET_SINGULAR,
+    LABEL_KEY_LENGTH,
+    MAX_BUDGET_TYPES,
+    NAMESPACE_LENGTH,
     GPUBudgetSpec,
     GPUBudgetStatus,
 )
 from kvscale.api.crd import openapi_schema
+
+GPU_TYPE_LENGTH = 64
+GPU_TYPE_PATTERN = "^[A-Za-z0-9][-A-Za-z0-9_.]*$"
 
 PRINTER_COLUMNS = [
     {"name": "Limits", "type": "string", "jsonPath": ".spec.limits"},
@@ -29,9 +35,40 @@ PRINTER_COLUMNS = [
 def budget_crd() -> dict[str, Any]:
     spec = openapi_schema(GPUBudgetSpec)
     spec["x-kubernetes-validations"] = [
-        {"rule": "self.limits.size() > 0", "message": "spec.limits must name at least one GPU type, e.g. {H100-SXM: 8}"}
+        {
+            "rule": "self.limits.size() > 0",
+            "message": "spec.limits must name at least one GPU type, e.g. {H100-SXM: 8}",
+        },
+        {
+            "rule": "!has(self.namespaceLimits) || self.namespaceLimits.all(ns, self.namespaceLimits[ns].all(t, "
+            "!(t in self.limits) || self.namespaceLimits[ns][t] <= self.limits[t]))",
+            "message": "a spec.namespaceLimits entry is above spec.limits for its GPU type: a namespace's share lies "
+            "within the budget's limit; lower it or raise the limit",
+            "fieldPath": ".namespaceLimits",
+        },
     ]
-    spec["properties"]["limits"]["maxProperties"] = 64
+    # GPU type names: the schema bounds their form; which names exist is the operator's catalog
+    # (overlays add GPUs), so the operator refuses unknown ones (Ready False, UnknownGPUType).
+    gpu_name = {
+        "rule": f"self.all(t, t.size() <= {GPU_TYPE_LENGTH} && t.matches('{GPU_TYPE_PATTERN}'))",
+        "message": "GPU types are catalog names such as H100-SXM or A100-80GB (`kvscale gpus` lists them)",
+    }
+    spec["properties"]["limits"]["x-kubernetes-validations"] = [gpu_name]
+    per_namespace = spec["properties"]["namespaceLimits"]["additionalProperties"]
+    per_namespace["maxProperties"] = MAX_BUDGET_TYPES
+    per_namespace["x-kubernetes-validations"] = [gpu_name]
+    spec["properties"]["namespaceLimits"]["x-kubernetes-validations"] = [
+        {
+            "rule": f"self.all(ns, ns.size() <= {NAMESPACE_LENGTH})",
+            "message": f"spec.namespaceLimits keys are namespaces: at most {NAMESPACE_LENGTH} characters",
+        }
+    ]
+    spec["properties"]["selector"]["properties"]["matchLabels"]["x-kubernetes-validations"] = [
+        {
+            "rule": f"self.all(k, k.size() <= {LABEL_KEY_LENGTH})",
+            "message": f"spec.selector.matchLabels keys are label keys: at most {LABEL_KEY_LENGTH} characters",
+        }
+    ]
     status = openapi_schema(GPUBudgetStatus)
     spec["description"] = "GPU limits per type and which InferenceServices they govern."
     status["description"] = "What is allocated, to whom, and what is wanted."

@@ -12,7 +12,13 @@ from typing import Any
 import yaml
 
 from kvscale.api import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
-from kvscale.api.models import InferenceServiceSpec, InferenceServiceStatus, ScalingSpec
+from kvscale.api.models import (
+    MAX_ARGS_TOTAL_LENGTH,
+    MAX_ENV_TOTAL_LENGTH,
+    InferenceServiceSpec,
+    InferenceServiceStatus,
+    ScalingSpec,
+)
 
 # Names that must be valid for the children the operator creates from an InferenceService:
 # the Service takes its name (a DNS-1035 label: a letter first, no dots) and the engine pods
@@ -91,6 +97,22 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
         },
     ],
     ("engine",): [
+        # Totals as well as each item's bound: the whole spec stays far below the annotation limit
+        # (kvscale.api.models, MAX_*). sum() is Kubernetes' CEL list library (k8s.io/apiserver
+        # pkg/cel/library/lists.go).
+        {
+            "rule": f"!has(self.args) || self.args.map(a, a.size()).sum() <= {MAX_ARGS_TOTAL_LENGTH}",
+            "message": f"spec.engine.args may hold at most {MAX_ARGS_TOTAL_LENGTH} characters in all: pass long "
+            "settings through a file in the image or a mounted ConfigMap",
+            "fieldPath": ".args",
+        },
+        {
+            "rule": "!has(self.env) || self.env.map(e, e.name.size() + (has(e.value) ? e.value.size() : 0)).sum() "
+            f"<= {MAX_ENV_TOTAL_LENGTH}",
+            "message": f"spec.engine.env may hold at most {MAX_ENV_TOTAL_LENGTH} characters of names and values in "
+            "all: keep large values in a Secret (spec.model.credentialsSecret)",
+            "fieldPath": ".env",
+        },
         {
             "rule": f"!has(self.env) || !self.env.exists(e, e.name == {_cache_env()})",
             "message": (
@@ -98,7 +120,7 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
                 "kvscale sets it; use spec.model.cache instead"
             ),
             "fieldPath": ".env",
-        }
+        },
     ],
     ("engine", "env", "[]"): [
         {
@@ -200,6 +222,9 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
                 node = merged
             node["nullable"] = True
     node.pop("title", None)
+    # Kubernetes' structural schema has no propertyNames: a map's keys are bounded by a CEL rule
+    # where they need it (the models' key bounds still hold in the operator and the CLI).
+    node.pop("propertyNames", None)
     if "const" in node:
         node["enum"] = [node.pop("const")]
     if "exclusiveMaximum" in node and not isinstance(node["exclusiveMaximum"], bool):

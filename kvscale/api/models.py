@@ -3,6 +3,7 @@ enums enforced; camelCase on the wire. The CRD schema is generated from these mo
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -28,6 +29,26 @@ Duration = Annotated[
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 Precision = Literal["bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4"]
 
+# Bounds on every string and list a user writes. kopf keeps the whole spec in an annotation
+# (kvscale.io/last-handled-configuration) and `kubectl apply` another copy; an object's
+# annotations may hold 256 KiB in all, and past that the operator can write neither status nor
+# its finalizer (a 200,000-character image wedged an object). With these bounds the largest
+# spec stays far below that: tests/unit/test_api.py adds the worst case up.
+MAX_IMAGE_LENGTH = 512  # an OCI reference: a registry host and path, a tag of 128, a digest of 71
+MAX_SOURCE_LENGTH = 1024
+MAX_MODEL_NAME_LENGTH = 256
+MAX_PATH_LENGTH = 1024
+MAX_GPU_TYPES = 32
+MAX_GPU_TYPE_LENGTH = 64
+MAX_ARGS = 256
+MAX_ARG_LENGTH = 4096
+MAX_ARGS_TOTAL_LENGTH = 16384  # all of spec.engine.args together
+MAX_ENV = 256
+MAX_ENV_VALUE_LENGTH = 8192
+MAX_ENV_TOTAL_LENGTH = 16384  # every name and value of spec.engine.env together
+MAX_CONFIG_KEYS = 512  # top-level keys of a config.json
+MAX_CONFIG_BYTES = 32768  # a config.json as JSON (no schema can bound a free-form object's depth: the operator checks)
+
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
@@ -46,6 +67,7 @@ class ModelArchitecture(_Wire):
 
     hugging_face_config: dict[str, Any] | None = Field(
         default=None,
+        max_length=MAX_CONFIG_KEYS,
         description="The model's Hugging Face config.json, as is (model_type llama, mistral, qwen2, qwen3, "
         "qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, gemma3, glm4_moe or mixtral); replaces the shape fields.",
     )
@@ -70,6 +92,12 @@ class ModelArchitecture(_Wire):
     @model_validator(mode="after")
     def _shapes_or_config(self) -> ModelArchitecture:
         if self.hugging_face_config is not None:
+            size = len(json.dumps(self.hugging_face_config))
+            if size > MAX_CONFIG_BYTES:
+                raise ValueError(
+                    f"spec.model.architecture.huggingFaceConfig is {size} bytes as JSON, more than {MAX_CONFIG_BYTES}: "
+                    "give the model's config.json as published (no tokenizer or weights index in it)"
+                )
             return self
         missing = [to_camel(f) for f in SHAPE_FIELDS if getattr(self, f) is None]
         if missing:
@@ -92,7 +120,10 @@ class ModelCache(_Wire):
         description="An existing PersistentVolumeClaim in the service's namespace (ReadWriteMany when replicas share it).",
     )
     host_path: str | None = Field(
-        default=None, pattern=r"^/", description="An absolute directory on each node (node-local cache)."
+        default=None,
+        pattern=r"^/",
+        max_length=MAX_PATH_LENGTH,
+        description="An absolute directory on each node (node-local cache).",
     )
 
     @model_validator(mode="after")
@@ -106,7 +137,10 @@ class ModelSpec(_Wire):
     """Which model to serve: a catalog name (or alias such as a Hugging Face id), or an explicit architecture."""
 
     name: str | None = Field(
-        default=None, min_length=1, description="kvscale catalog key or alias, e.g. meta-llama/Llama-3.1-8B-Instruct."
+        default=None,
+        min_length=1,
+        max_length=MAX_MODEL_NAME_LENGTH,
+        description="kvscale catalog key or alias, e.g. meta-llama/Llama-3.1-8B-Instruct.",
     )
     architecture: ModelArchitecture | None = Field(default=None, description="Shapes of a model not in the catalog.")
     precision: Precision | None = Field(
@@ -121,6 +155,7 @@ class ModelSpec(_Wire):
     )
     source: str | None = Field(
         default=None,
+        max_length=MAX_SOURCE_LENGTH,
         description=(
             "What the engine loads, e.g. hf://meta-llama/Llama-3.1-8B-Instruct; defaults to the catalog's "
             "Hugging Face id (16-bit), or the catalog's known checkpoint for int4/int8/fp8. int4 and int8 need a "
@@ -144,7 +179,7 @@ class ModelSpec(_Wire):
 
 class EnvVar(_Wire):
     name: str = Field(min_length=1, description="Variable name.")
-    value: str = Field(default="", description="Variable value.")
+    value: str = Field(default="", max_length=MAX_ENV_VALUE_LENGTH, description="Variable value.")
 
 
 class EngineSpec(_Wire):
@@ -154,15 +189,41 @@ class EngineSpec(_Wire):
     image: str | None = Field(
         default=None,
         min_length=1,
+        max_length=MAX_IMAGE_LENGTH,
         description="Container image on NVIDIA GPUs; default: the catalog's image for the engine (vllm/vllm-openai:v0.11.0 for vllm).",
     )
     rocm_image: str | None = Field(
         default=None,
         min_length=1,
+        max_length=MAX_IMAGE_LENGTH,
         description="Container image on AMD GPUs (ROCm); default: the catalog's (rocm/vllm for vllm).",
     )
-    args: list[str] = Field(default_factory=list, description="Extra engine arguments appended after kvscale's.")
-    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
+    args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=MAX_ARGS,
+        description=f"Extra engine arguments appended after kvscale's (at most {MAX_ARGS_TOTAL_LENGTH} characters in all).",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=MAX_ENV,
+        description=f"Extra environment variables (names and values at most {MAX_ENV_TOTAL_LENGTH} characters in all).",
+    )
+
+    @model_validator(mode="after")
+    def _totals(self) -> EngineSpec:
+        args = sum(len(a) for a in self.args)
+        if args > MAX_ARGS_TOTAL_LENGTH:
+            raise ValueError(
+                f"spec.engine.args hold {args} characters in all, more than {MAX_ARGS_TOTAL_LENGTH}: "
+                "pass long settings through a file in the image or a mounted ConfigMap"
+            )
+        env = sum(len(e.name) + len(e.value) for e in self.env)
+        if env > MAX_ENV_TOTAL_LENGTH:
+            raise ValueError(
+                f"spec.engine.env holds {env} characters in all, more than {MAX_ENV_TOTAL_LENGTH}: "
+                "keep large values in a Secret (spec.model.credentialsSecret)"
+            )
+        return self
 
 
 class WorkloadSpec(_Wire):
@@ -200,8 +261,10 @@ class SloSpec(_Wire):
 class HardwareSpec(_Wire):
     """Which GPUs the planner may use."""
 
-    gpu_types: list[str] = Field(
-        default_factory=list, description="Allowed GPU types (catalog names); empty: every type in the cluster."
+    gpu_types: list[Annotated[str, Field(max_length=MAX_GPU_TYPE_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=MAX_GPU_TYPES,
+        description="Allowed GPU types (catalog names); empty: every type in the cluster.",
     )
     max_tensor_parallel: Literal[1, 2, 4, 8] = Field(
         default=8, description="Largest tensor-parallel degree to consider."

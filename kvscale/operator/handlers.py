@@ -43,6 +43,7 @@ from kvscale.operator import children as owned
 from kvscale.operator import effects, inference_pool, telemetry
 from kvscale.operator.budget import BudgetBook, cap_deploy, govern, moved, moving_to
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
+from kvscale.operator.diffbase import DigestDiffBaseStorage
 from kvscale.operator.informers import Inventory
 from kvscale.operator.inventory import pools
 from kvscale.operator.k8s import Kube
@@ -573,11 +574,10 @@ async def _observe(
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """kopf's own settings: progress in annotations under kvscale.io/, standalone."""
+    """kopf's own settings: progress in annotations under kvscale.io/ (the diff base as a digest of
+    the spec, kvscale.operator.diffbase), standalone."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kvscale.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="kvscale.io", key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage(prefix="kvscale.io", key="last-handled-configuration")
     settings.posting.level = logging.WARNING
     settings.peering.standalone = True
     # kopf keeps a finalizer while the per-object timers run, so it can stop them cleanly.
