@@ -63,6 +63,7 @@ class Entry:
     gpu_type: str
     seen_s: float
     draining: tuple[tuple[str, int], ...] = ()  # GPUs per type its pods of a former plan still hold (a move)
+    labels: tuple[tuple[str, str], ...] = ()  # the InferenceService's labels (which other budgets select it)
 
     def holds(self, gpu_type: str) -> int:
         return (self.held_gpus if self.gpu_type == gpu_type else 0) + sum(n for t, n in self.draining if t == gpu_type)
@@ -87,9 +88,28 @@ class BudgetBook:
         else:
             self.specs[name] = spec
 
+    def matching(self, namespace: str, labels: Mapping[str, str]) -> list[str]:
+        """Every budget whose selector matches a service, the governing one first (see governing)."""
+        names = [n for n in self.specs if self.specs[n].selector.selects(namespace, labels)]
+        return sorted(names, key=lambda n: (sum(self.specs[n].limits.values()), n))
+
     def governing(self, namespace: str, labels: Mapping[str, str]) -> str | None:
-        """The budget that governs a service: the first by name whose selector matches."""
-        return next((n for n in sorted(self.specs) if self.specs[n].selector.selects(namespace, labels)), None)
+        """The budget that governs a service: of those whose selector matches, the tightest (the
+        fewest GPUs in its limits; by name on a tie), so a catch-all budget never voids a team's
+        reservation. The others say in their status that they do not count it (shadowed)."""
+        found = self.matching(namespace, labels)
+        return found[0] if found else None
+
+    def shadowed(self, budget: str) -> list[tuple[str, str]]:
+        """Services the budget's selector matches that a tighter budget governs: (service, budget)."""
+        spec = self.specs.get(budget)
+        if spec is None:
+            return []
+        return sorted(
+            (key, e.budget)
+            for key, e in self.entries.items()
+            if e.budget != budget and spec.selector.selects(e.namespace, dict(e.labels))
+        )
 
     def forget(self, namespace: str, name: str) -> None:
         self.entries.pop(service_key(namespace, name), None)
@@ -238,6 +258,7 @@ def govern(
         plan.gpu_type,
         now_s,
         tuple(sorted((t, n) for t, n in (draining or {}).items() if n > 0)),
+        tuple(sorted(labels.items())),
     )
     allocation = book.allocation(budget, now_s, ttl_s)
     grant = allocation.grant(key)
@@ -383,6 +404,7 @@ def cap_deploy(
         plan.gpu_type,
         now.timestamp(),
         tuple(sorted((t, n) for t, n in draining.items() if n > 0)),
+        tuple(sorted(labels.items())),
     )
     if capped == replicas:
         return result

@@ -190,7 +190,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     """Every handler of the operator, bound to the runtime objects."""
     _lifecycle(registry, rt)
     _timers(registry, rt)
-    budget_handlers(registry, rt.budgets, rt.settings.scale_interval_s)
+    budget_handlers(registry, rt.budgets, rt.settings.scale_interval_s, rt.catalog.gpus)
 
 
 @dataclass(frozen=True)

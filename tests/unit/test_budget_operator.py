@@ -260,3 +260,37 @@ def test_a_tick_handed_a_status_older_than_its_own_last_write_posts_no_second_ev
     assert [e.reason for e in first.result.events].count(CONDITION) == 1
     assert CONDITION not in [e.reason for e in stale.result.events]
     assert get_condition(stale.result.status, CONDITION) is not None  # the condition is still written
+
+
+def test_overlapping_budgets_the_tightest_governs_and_the_catch_all_says_it_is_shadowed() -> None:
+    """Issue 28, finding 5: a catch-all budget (first by name) used to govern, and a team's
+    reservation reported allocated 0 and Ready. Now the tightest matching budget governs and the
+    shadowed one says so in a condition."""
+    from kvscale.operator.budget_handlers import budget_conditions
+
+    book = BudgetBook()
+    _, _, start = _tick_under_load(BudgetBook())
+    gpu = start.plan.gpu_type
+    book.set_budget("a-catch-all", parse_budget_spec({"limits": {gpu: 64}}))
+    book.set_budget("team", parse_budget_spec({"limits": {gpu: 8}, "selector": {"matchLabels": {"tier": "x"}}}))
+    assert book.governing(RES.namespace, {"tier": "x"}) == "team"
+    assert book.governing(RES.namespace, {}) == "a-catch-all"
+    _, governed, _ = _tick_under_load(book)
+    cond = get_condition(governed.result.status, CONDITION)
+    assert cond is not None and cond.message.startswith("budget team:")
+    key = f"{RES.namespace}/{RES.name}"
+    assert book.shadowed("a-catch-all") == [(key, "team")] and book.shadowed("team") == []
+    catch_all = {c["type"]: c for c in budget_conditions(book, "a-catch-all")}
+    assert catch_all["Shadowed"]["status"] == "True" and f"{key} (by team)" in catch_all["Shadowed"]["message"]
+    assert {c["type"]: c["status"] for c in budget_conditions(book, "team")}["Shadowed"] == "False"
+    status = budget_status(book, "team", NOW.timestamp(), TTL, 1)
+    assert [s["name"] for s in status["services"]] == [RES.name]
+
+
+def test_a_budget_naming_a_gpu_type_the_catalog_lacks_is_refused_with_the_names() -> None:
+    from kvscale.operator.budget_handlers import unknown_types
+
+    spec = parse_budget_spec({"limits": {"H100": 8}})
+    message = unknown_types(spec, tuple(CAT.gpus))
+    assert message.startswith("spec.limits names GPU type(s) H100 ") and "H100-SXM" in message
+    assert unknown_types(parse_budget_spec({"limits": {"H100-SXM": 8}}), tuple(CAT.gpus)) == ""
