@@ -18,6 +18,7 @@ from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch
 from kvscale.sizing.checkpoints import EngineType, default_precision
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.hf_config import arch_from_hf_config
+from kvscale.sizing.knobs import RESOURCE_KNOBS
 from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES, Objective, PlanRequest
 from kvscale.sizing.units import UnitError, parse_duration_s
 from kvscale.sizing.workload import Slo, Workload
@@ -207,6 +208,7 @@ def plan_request(
         # Behind an InferencePool the endpoint picker routes to the least-loaded pods, as the
         # autoscaler's capacity model takes it (kvscale.operator.scaling.capacity).
         least_loaded=intent.spec.routing.inference_pool is not None,
+        knobs=RESOURCE_KNOBS,  # the operator's conditions name the resource's fields, not the CLI's flags
     )
 
 

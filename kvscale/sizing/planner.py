@@ -11,6 +11,7 @@ from typing import Literal
 
 from kvscale.sizing.catalog import Catalog, GpuSpec, ModelArch
 from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.knobs import CLI_KNOBS, Knobs
 from kvscale.sizing.load import CHUNK_BUDGETS, LoadPoint, ReplicaModel, chunk_budget_for
 from kvscale.sizing.queueing import replicas_for_rate
 from kvscale.sizing.units import GIB, format_duration
@@ -202,6 +203,8 @@ class PlanRequest:
     # InferencePool): a new prompt joins a busy replica only when none is idle, and the
     # fleet's prefill work drains as one queue. False: a plain Service, routed at random.
     least_loaded: bool = False
+    # How suggestions name the knobs: the CLI's flags, or the resource's fields (the operator).
+    knobs: Knobs = CLI_KNOBS
 
 
 @dataclass(frozen=True)
@@ -587,6 +590,7 @@ def _suggestions(
     rejected = list(rejected)
     node_gpus = node_gpus or {}
     slo = request.slo
+    knobs = request.knobs
     near: list[tuple[float, Rejected]] = []
     for c in rejected:
         if c.best_ttft_s is None or c.best_tpot_s is None:
@@ -599,12 +603,12 @@ def _suggestions(
         assert c.best_ttft_s is not None and c.best_tpot_s is not None
         needs = []
         if c.best_ttft_s > slo.ttft_s:
-            needs.append(f"--ttft {_ceil_ms(c.best_ttft_s * 1.1)}")
+            needs.append(knobs.to(knobs.ttft, _ceil_ms(c.best_ttft_s * 1.1)))
         if c.best_tpot_s > slo.tpot_s:
-            needs.append(f"--tpot {_ceil_ms(c.best_tpot_s * 1.1)}")
+            needs.append(knobs.to(knobs.tpot, _ceil_ms(c.best_tpot_s * 1.1)))
         lines.append(
             f"{c.label}: best TTFT {format_duration(c.best_ttft_s)}, TPOT {format_duration(c.best_tpot_s)}; "
-            f"feasible with {' '.join(needs)} ({_bigger(c, node_gpus)})"
+            f"feasible with {knobs.joiner.join(needs)} ({_bigger(c, node_gpus)})"
         )
     limits = _limit_suggestions(request, rejected)
     # When a replica or GPU limit binds, relaxing TTFT/TPOT does not help: the latencies above are
@@ -614,7 +618,8 @@ def _suggestions(
         whole_node = all(c.tensor_parallel >= node_gpus.get(c.gpu, 8) for c in rejected if "does not fit" in c.reason)
         more = "more nodes per replica" if whole_node else "a higher tensor-parallel degree"
         lines.append(
-            f"no candidate fits in memory: allow larger GPUs, {more}, or a smaller precision (e.g. --precision bf16,fp8,int4)"
+            f"no candidate fits in memory: allow larger GPUs, {more}, or a smaller precision "
+            f"(e.g. {knobs.to(knobs.precision, knobs.smaller_precision)})"
         )
     return tuple(lines)
 
@@ -623,6 +628,7 @@ def _limit_suggestions(request: PlanRequest, rejected: Iterable[Rejected]) -> li
     """Candidates that meet the SLO but need more replicas (or GPUs) than a limit allows: the
     limit binds, not memory or latency. Names the limit and the smallest fleet that would do."""
     lines = []
+    knobs = request.knobs
     rps = f"{request.workload.requests_per_s:g} req/s"
     for limit in ("max_replicas", "free_gpus"):
         capped = [c for c in rejected if c.limit == limit and c.replicas_needed is not None]
@@ -647,15 +653,15 @@ def _limit_suggestions(request: PlanRequest, rejected: Iterable[Rejected]) -> li
         n = best.replicas_needed or 0
         if limit == "max_replicas":
             lines.append(
-                f"--max-replicas {request.max_replicas} binds: {len(capped)} candidate(s) meet the SLO per replica but "
-                f"need more replicas for {rps}; the fewest is {n} replicas of {best.label}: raise --max-replicas to "
-                f"{n}, or lower --rps"
+                f"{knobs.to(knobs.max_replicas, str(request.max_replicas))} binds: {len(capped)} candidate(s) meet the "
+                f"SLO per replica but need more replicas for {rps}; the fewest is {n} replicas of {best.label}: raise "
+                f"{knobs.max_replicas} to {n}, or lower {knobs.rps}"
             )
         else:
             lines.append(
                 f"the cluster's free GPUs bind: {len(capped)} candidate(s) meet the SLO per replica but need more GPUs "
                 f"than are free for {rps}; the fewest is {n} replicas of {best.label} ({n * best.tensor_parallel * best.pipeline_parallel} "
-                f"{best.gpu} GPUs): free or add GPUs, or lower --rps"
+                f"{best.gpu} GPUs): free or add GPUs, or lower {knobs.rps}"
             )
     return lines
 

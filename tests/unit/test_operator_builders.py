@@ -48,7 +48,18 @@ def test_planning_outcomes() -> None:
         parse_intent({**SPEC, "slo": {"timeToFirstToken": "1ms", "timePerOutputToken": "1ms"}}), CAT, pools
     )
     assert isinstance(impossible, Unplanned) and not impossible.retry
-    assert impossible.reason == "SLOInfeasible" and "--tpot" in impossible.message
+    # Issue 28 (LOW): the operator's conditions name the resource's fields, never the CLI's flags.
+    assert impossible.reason == "SLOInfeasible" and "spec.slo.timePerOutputToken: " in impossible.message
+    assert "--" not in impossible.message, impossible.message
+    capped = plan_service(
+        parse_intent(
+            {**SPEC, "scaling": {"maxReplicas": 1}, "workload": {**SPEC["workload"], "requestsPerSecond": 500}}
+        ),
+        CAT,
+        pools,
+    )
+    assert isinstance(capped, Unplanned) and "raise spec.scaling.maxReplicas to" in capped.message
+    assert "--" not in capped.message, capped.message
     missing = plan_service(parse_intent({**SPEC, "hardware": {"gpuTypes": ["B200"]}}), CAT, pools)
     assert isinstance(missing, Unplanned) and missing.retry and "B200" in missing.message
     fallback = plan_service(parse_intent(SPEC), CAT, pools, excluded=(planned.chosen.gpu,))
