@@ -52,6 +52,7 @@ from kvscale.operator.reconcile import (
     PoolView,
     Resource,
     Result,
+    conflicted,
     multi_node,
     pool_api_missing,
     reconcile,
@@ -386,7 +387,7 @@ async def status_tick(rt: Runtime, call: Call) -> None:
         if suspects.missing or suspects.foreign:  # the informers may lag, and do not see foreign objects
             names = [owned.key(b) for b in suspects.missing] + [(v.kind, v.name) for v in suspects.foreign]
             seen = await rt.io(confirmed, rt, call.res, seen, names)
-        if pool_api_missing(call.before) or replans(call.before, seen, rt.settings, now):
+        if pool_api_missing(call.before) or replans(call.before, seen, rt.settings, now) or conflicted(call.before):
             seen = await rt.io(call.observed, rt)  # the InferencePool too: a reconcile follows
             result = await rt.io(refresh, call.spec, call.res, call.before, seen, rt.catalog, rt.settings, now)
         else:

@@ -326,7 +326,7 @@ def reconcile(
     )
     taken = owned.foreign(children, observed.children, res.uid)
     if taken:
-        return name_conflict(status, res, taken, settings.retry_backoff_s, now)
+        return name_conflict(status, res, taken, now)
     return _with_routing(replace(result, status=without_condition(new, NAME_CONFLICT)), status, res, routing, now)
 
 
@@ -370,13 +370,13 @@ def name_conflict(
     status: InferenceServiceStatus,
     res: Resource,
     taken: tuple[owned.ChildView, ...],
-    retry_s: float,
     now: dt.datetime | None = None,
 ) -> Result:
     """Objects of the children's names that are not kvscale's: nothing is applied (another team's
     Service keeps its selector and gains no owner reference), the NameConflict condition names
-    them, one Event (none when the condition already said so), and a retry after the backoff
-    in case the object goes away."""
+    them and one Event (none when the condition already said so). No retry through kopf (it
+    logged an ERROR every backoff for as long as the conflict lasted): the status tick looks
+    again (`conflicted`, in `refresh`) and deploys once the object is gone."""
     message = owned.conflict_message(taken)
     before = get_condition(status, NAME_CONFLICT)
     new = with_conditions(
@@ -396,7 +396,13 @@ def name_conflict(
     )
     said = before is not None and before.status == "True" and before.message == message
     events = () if said else (Event("Warning", NAME_CONFLICT, message[:1000]),)
-    return Result(new, events=events, retry=Retry(message, retry_s))
+    return Result(new, events=events)
+
+
+def conflicted(status: InferenceServiceStatus) -> bool:
+    """Whether nothing was deployed because a child's name is taken (the status tick re-checks)."""
+    found = get_condition(status, NAME_CONFLICT)
+    return status.phase == "Pending" and found is not None and found.status == "True"
 
 
 def _had_set(status: InferenceServiceStatus, observed: Observed) -> bool:
@@ -551,6 +557,8 @@ def refresh(
     now: dt.datetime,
 ) -> Result | None:
     """The status tick; None when there is nothing to look at (not deployed)."""
+    if conflicted(status):  # a child's name was taken: deploy once it is free (reconcile says if not)
+        return reconcile(spec, res, status, observed, catalog, settings, now=now)
     if status.phase in (None, "Failed", "Pending", "Recommended") or status.plan is None:
         return None
     gpu = status.plan.gpu_type
@@ -593,7 +601,7 @@ def _restore(
         new = with_conditions(new, condition(new, "Children", True, "Restored", message, res.generation, now))
         events.append(Event("Warning", "ChildrenRestored", message[:1000]))
     if found.foreign:
-        conflict = name_conflict(new, res, found.foreign, 0.0, now)
+        conflict = name_conflict(new, res, found.foreign, now)
         events.extend(conflict.events)
         new = with_conditions(new, *(c for c in conflict.status.conditions if c.type == NAME_CONFLICT))
     else:
@@ -612,6 +620,15 @@ def _restore(
     if seen is None or gone:
         return Result(new, apply=tuple(bodies), events=tuple(events))
     ready = _readiness(new, res, observed, seen, now)
+    if found.foreign:  # serving, but a child (its Service, its PDB) is another's: not Ready
+        taken = owned.describe(found.foreign)
+        message = f"{taken} is not kvscale's: the engine runs, but kvscale cannot apply that child (see NameConflict)"
+        ready = replace(
+            ready,
+            status=with_conditions(
+                ready.status, condition(ready.status, "Ready", False, NAME_CONFLICT, message, res.generation, now)
+            ),
+        )
     return replace(ready, apply=tuple(bodies) + ready.apply, events=tuple(events) + ready.events)
 
 

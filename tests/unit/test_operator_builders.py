@@ -51,13 +51,12 @@ def test_planning_outcomes() -> None:
     # Issue 28 (LOW): the operator's conditions name the resource's fields, never the CLI's flags.
     assert impossible.reason == "SLOInfeasible" and "spec.slo.timePerOutputToken: " in impossible.message
     assert "--" not in impossible.message, impossible.message
-    capped = plan_service(
-        parse_intent(
-            {**SPEC, "scaling": {"maxReplicas": 1}, "workload": {**SPEC["workload"], "requestsPerSecond": 500}}
-        ),
-        CAT,
-        pools,
-    )
+    busy = {
+        **SPEC,
+        "scaling": {"maxReplicas": 1},
+        "workload": {"inputTokens": 512, "outputTokens": 128, "requestsPerSecond": 500},
+    }
+    capped = plan_service(parse_intent(busy), CAT, pools)
     assert isinstance(capped, Unplanned) and "raise spec.scaling.maxReplicas to" in capped.message
     assert "--" not in capped.message, capped.message
     missing = plan_service(parse_intent({**SPEC, "hardware": {"gpuTypes": ["B200"]}}), CAT, pools)
