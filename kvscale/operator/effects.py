@@ -11,8 +11,8 @@ import kopf
 from kvscale.api import selector
 from kvscale.api.models import InferenceServiceStatus, status_patch
 from kvscale.operator import telemetry
-from kvscale.operator.k8s import Kube, Refused
-from kvscale.operator.reconcile import Resource, Result
+from kvscale.operator.k8s import Foreign, Kube, Refused
+from kvscale.operator.reconcile import NAME_CONFLICT, Resource, Result, name_conflict
 from kvscale.operator.status import condition, with_conditions
 
 log = logging.getLogger("kvscale.operator")
@@ -54,6 +54,22 @@ def _refused(
     raise kopf.PermanentError(message) from exc
 
 
+def _foreign(
+    body: Any, patch: kopf.Patch, before: InferenceServiceStatus, result: Result, res: Resource, exc: Foreign
+) -> None:
+    """Another's object held a child's name when kvscale went to write it (the informers had
+    not seen it): nothing was written to it. Not deployed yet: Pending with NameConflict, which
+    the status tick re-checks; already serving: NameConflict and Ready False beside what runs."""
+    conflict = name_conflict(result.status, res, (exc.view,))
+    status = result.status
+    if status.ready_replicas:
+        status = with_conditions(status, *(c for c in conflict.status.conditions if c.type in (NAME_CONFLICT, "Ready")))
+    else:
+        status = conflict.status
+    write_status(patch, before, status)
+    _post(body, conflict)
+
+
 def apply(
     kube: Kube, body: Any, patch: kopf.Patch, before: InferenceServiceStatus, result: Result, res: Resource
 ) -> None:
@@ -72,6 +88,9 @@ def apply(
             kube.prune_pools(res.namespace, selector(res.name), res.uid, result.keep_pool)
     except Refused as exc:
         _refused(body, patch, before, result.status, res, exc)
+    except Foreign as exc:
+        _foreign(body, patch, before, result, res, exc)
+        return
     write_status(patch, before, result.status)
     _post(body, result)
     if result.retry is not None:

@@ -10,7 +10,7 @@ API errors become kopf's retry policy at this edge:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,12 +21,20 @@ from urllib3.exceptions import HTTPError
 
 from kvscale.operator import inference_pool
 from kvscale.operator import leader_worker_set as lws
-from kvscale.operator.children import ChildKind, ChildView
+from kvscale.operator.children import BY_KIND, ChildKind, ChildView
 from kvscale.operator.reconcile import PoolView
 
 FIELD_MANAGER = "kvscale-operator"
 CONFLICT_RETRY_S = 1.0
 _APPLY_PATCH = "application/apply-patch+yaml"
+
+
+class Foreign(Exception):
+    """An object holds a child's name and is not the InferenceService's: nothing was written to it."""
+
+    def __init__(self, view: ChildView) -> None:
+        super().__init__(f"{view.kind} {view.namespace}/{view.name} is not owned by this InferenceService")
+        self.view = view
 
 
 class Refused(Exception):
@@ -66,6 +74,41 @@ def raw_get(api: client.ApiClient, path: str, query: list[tuple[str, Any]] | Non
         response.read()
         raise ApiException.from_response(http_resp=response, body=None, data=None)
     return response.response
+
+
+def raw_json(
+    api: client.ApiClient, method: str, path: str, body: Any = None, content_type: str = "application/json"
+) -> dict[str, Any]:
+    """`method` on `path` for any kind, with a JSON body: the answer as JSON; an ApiException
+    for an answer outside 2xx."""
+    headers = {"Accept": "application/json", "Content-Type": content_type}
+    request = api.param_serialize(
+        method=method, resource_path=path, header_params=headers, body=body, auth_settings=["BearerToken"]
+    )
+    response = api.call_api(*request)
+    data = response.read()
+    if not 200 <= response.status <= 299:
+        raise ApiException(status=response.status, reason=response.reason, http_resp=response)
+    return dict(json.loads(data or b"{}"))
+
+
+def owner_uid(obj: Mapping[str, Any]) -> str:
+    """The uid of the object's controller owner ("" when it has none)."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((str(r.get("uid", "")) for r in refs if r.get("controller")), "")
+
+
+def as_applied(managed: list[dict[str, Any]], manager: str) -> list[dict[str, Any]]:
+    """managedFields with `manager`'s Update entry (a create's) turned into its Apply entry, as
+    kubectl does when it moves an object to server-side apply (k8s.io/client-go/util/csaupgrade):
+    the fields kvscale created are then its applied fields, and a later apply that leaves one out
+    removes it (with an Update entry beside the Apply one, it would stay, owned by the create)."""
+    out = []
+    for entry in managed:
+        if entry.get("manager") == manager and entry.get("operation") == "Update" and not entry.get("subresource"):
+            entry = {**entry, "operation": "Apply"}
+        out.append(entry)
+    return out
 
 
 def new_api_client(connections: int = 8) -> client.ApiClient:
@@ -117,11 +160,22 @@ class Kube:
         return writers[kind]
 
     def apply(self, obj: dict[str, Any]) -> None:
-        """Server-side apply: idempotent, and only the fields kvscale sets are kvscale's."""
+        """Server-side apply: idempotent, and only the fields kvscale sets are kvscale's. A child
+        named after its InferenceService is claimed first (`_claim`): created when there is none,
+        applied only when the live object is owned by the InferenceService, never force-applied
+        onto another's object (an InferenceService created beside another team's Service of its
+        name took that Service over: the informer cache had not seen it yet)."""
         meta = obj["metadata"]
         if obj["kind"] == inference_pool.KIND:
             self._apply_pool(obj)
             return
+        kind = BY_KIND.get(obj["kind"])
+        if kind is not None and kind.named_as_owner and owner_uid(obj):
+            with self.errors(f"{obj['kind']} {meta['namespace']}/{meta['name']}"):
+                version = self._claim(kind, obj)
+            if version is None:
+                return  # created just now, with every field kvscale sets
+            obj = {**obj, "metadata": {**meta, "resourceVersion": version}}
         if obj["kind"] == lws.KIND:
             with self.errors(f"{lws.KIND} {meta['namespace']}/{meta['name']}"):
                 self.custom.patch_namespaced_custom_object(
@@ -143,6 +197,56 @@ class Kube:
                 force=True,
                 _content_type=_APPLY_PATCH,
             )
+
+    def _claim(self, kind: ChildKind, obj: dict[str, Any]) -> str | None:
+        """Makes the child kvscale's or says whose it is: None when it was created here; else the
+        live object's resourceVersion, when it is owned by the same InferenceService (the apply
+        then carries it as a precondition: an object deleted and re-created by someone else in
+        between answers 409 and is looked at again). `Foreign` when another's object holds the
+        name."""
+        meta = obj["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        for _ in range(2):  # a create that lost a race to a delete reads again once
+            try:
+                live = raw_json(self.api, "GET", kind.path(namespace, name))
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+            else:
+                view = ChildView.of(live, kind)
+                if not view.owned_by(owner_uid(obj)):
+                    raise Foreign(view)
+                return str(live["metadata"]["resourceVersion"])
+            try:
+                created = raw_json(self.api, "POST", f"{kind.path(namespace)}?fieldManager={FIELD_MANAGER}", obj)
+            except ApiException as exc:
+                if exc.status != 409:  # 409: someone created it first: whose is it?
+                    raise
+                continue
+            self._as_applied(kind, created)
+            return None
+        raise ApiException(status=409, reason=f"{kind.kind} {namespace}/{name} changed while it was claimed")
+
+    def _as_applied(self, kind: ChildKind, created: dict[str, Any]) -> None:
+        """The create's fields become kvscale's applied fields (see `as_applied`); best effort: a
+        later write in between (409) leaves them as a create's, which only keeps a field a later
+        apply leaves out."""
+        meta = created["metadata"]
+        patch = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+            {
+                "op": "replace",
+                "path": "/metadata/managedFields",
+                "value": as_applied(meta["managedFields"], FIELD_MANAGER),
+            },
+        ]
+        try:
+            raw_json(
+                self.api, "PATCH", kind.path(meta["namespace"], meta["name"]), patch, "application/json-patch+json"
+            )
+        except ApiException as exc:
+            if exc.status not in (409, 422):
+                raise
 
     def delete_if_present(self, kind: str, namespace: str, name: str) -> bool:
         """Deletes the InferenceService `name`'s child of `kind` (a LeaderWorkerSet is <name>-lws);

@@ -6,6 +6,7 @@ applied to, adopted or garbage-collected."""
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -232,3 +233,79 @@ def test_a_conflict_clears_when_the_foreign_object_goes(
     core.delete_namespaced_service("later", namespace)
     wait_phase(api, namespace, "later", "Ready", operator)
     assert condition(get(api, namespace, "later"), "NameConflict") == {}
+
+
+def test_a_foreign_service_created_beside_the_inference_service_is_never_taken_over(
+    operator: Operator, api: client.ApiClient, namespace: str
+) -> None:
+    """Issue 28, finding 4: an InferenceService and a foreign Service of its name created at the
+    same moment. The operator checked ownership in its informer cache, which had not seen the
+    Service yet, then force-applied: 3 of 10 Services were taken over (selector replaced, owner
+    reference added) and garbage-collected with the InferenceService. Now a child not yet owned
+    is created, never force-applied, and a conflict is a condition."""
+    core = client.CoreV1Api(api)
+    names = [f"race-{i}" for i in range(10)]
+    foreign: list[str] = []
+    for name in names:
+        create(api, namespace, named(name))
+        try:
+            core.create_namespaced_service(namespace, foreign_service(name))
+            foreign.append(name)
+        except ApiException as exc:  # kvscale created its Service first: nothing foreign to take
+            assert exc.status == 409, exc
+    assert foreign, "every foreign Service lost the race: the test raced nothing"
+
+    def conflicted(name: str) -> bool:
+        return bool(condition(get(api, namespace, name), "NameConflict").get("status") == "True")
+
+    def gone(name: str) -> bool:
+        return uid_of(lambda n: get(api, namespace, n), name) is None
+
+    for name in foreign:
+        try:
+            wait_until(functools.partial(conflicted, name), 60, f"NameConflict on {name}")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{get(api, namespace, name).get('status')}\n{operator.tail()}") from exc
+    for name in foreign:
+        svc = core.read_namespaced_service(name, namespace)
+        assert not owner_uids(svc), f"{name}: taken over ({svc.metadata.owner_references})"
+        assert svc.spec.selector == {"app": "payments"}, f"{name}: selector replaced ({svc.spec.selector})"
+    for name in names:
+        objects(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    for name in names:
+        wait_until(functools.partial(gone, name), 60, f"{name} deleted")
+    # Garbage collection took none of them with the InferenceServices.
+    holds_for(
+        lambda: all(uid_of(lambda n: core.read_namespaced_service(n, namespace), n) for n in foreign),
+        3,
+        "the foreign Services still there",
+    )
+
+
+def test_an_env_variable_removed_from_the_spec_leaves_the_deployment(
+    operator: Operator, api: client.ApiClient, namespace: str
+) -> None:
+    """A created child's fields are kvscale's applied fields (its create's managedFields entry
+    becomes its apply's, as kubectl's csaupgrade does): a later apply that leaves a field out
+    removes it."""
+    apps = client.AppsV1Api(api)
+    body = named("envs")
+    body["spec"]["engine"] = {**body["spec"].get("engine", {}), "env": [{"name": "EXTRA", "value": "1"}]}
+    create(api, namespace, body)
+
+    def env() -> list[str]:
+        try:
+            dep = apps.read_namespaced_deployment("envs", namespace)
+        except ApiException:
+            return []
+        return [e.name for e in dep.spec.template.spec.containers[0].env or []]
+
+    wait_until(lambda: "EXTRA" in env(), 60, "the Deployment with EXTRA")
+    managers = {
+        (e.manager, e.operation) for e in apps.read_namespaced_deployment("envs", namespace).metadata.managed_fields
+    }
+    assert ("kvscale-operator", "Update") not in managers, managers
+    objects(api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "envs", {"spec": {"engine": {"env": []}}}
+    )
+    wait_until(lambda: bool(env()) and "EXTRA" not in env(), 60, "EXTRA gone from the Deployment")
