@@ -26,6 +26,7 @@ from kvscale.operator.reconcile import PoolView
 
 FIELD_MANAGER = "kvscale-operator"
 CONFLICT_RETRY_S = 1.0
+AS_APPLIED_TRIES = 5  # reads of a just-created child whose controller keeps writing its status
 _APPLY_PATCH = "application/apply-patch+yaml"
 
 
@@ -228,24 +229,36 @@ class Kube:
         raise ApiException(status=409, reason=f"{kind.kind} {namespace}/{name} changed while it was claimed")
 
     def _as_applied(self, kind: ChildKind, created: dict[str, Any]) -> None:
-        """The create's fields become kvscale's applied fields (see `as_applied`); best effort: a
-        later write in between (409) leaves them as a create's, which only keeps a field a later
-        apply leaves out."""
+        """The create's fields become kvscale's applied fields (see `as_applied`), guarded by the
+        resourceVersion; a controller's status write in between (the Deployment controller's,
+        at once) changes it, so the live object is read again, a few times. Best effort: left as
+        a create's, the fields only outlive a later apply that leaves them out."""
         meta = created["metadata"]
-        patch = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
-            {
-                "op": "replace",
-                "path": "/metadata/managedFields",
-                "value": as_applied(meta["managedFields"], FIELD_MANAGER),
-            },
-        ]
-        try:
-            raw_json(
-                self.api, "PATCH", kind.path(meta["namespace"], meta["name"]), patch, "application/json-patch+json"
-            )
-        except ApiException as exc:
-            if exc.status not in (409, 422):
+        path = kind.path(meta["namespace"], meta["name"])
+        for _ in range(AS_APPLIED_TRIES):
+            if not any(
+                e.get("manager") == FIELD_MANAGER and e.get("operation") == "Update" for e in meta["managedFields"]
+            ):
+                return
+            patch = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+                {
+                    "op": "replace",
+                    "path": "/metadata/managedFields",
+                    "value": as_applied(meta["managedFields"], FIELD_MANAGER),
+                },
+            ]
+            try:
+                raw_json(self.api, "PATCH", path, patch, "application/json-patch+json")
+                return
+            except ApiException as exc:
+                if exc.status not in (409, 422):
+                    raise
+            try:
+                meta = raw_json(self.api, "GET", path)["metadata"]
+            except ApiException as exc:
+                if exc.status == 404:  # deleted already: the status tick re-creates it
+                    return
                 raise
 
     def delete_if_present(self, kind: str, namespace: str, name: str) -> bool:

@@ -16,6 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.operator import inference_pool as ip
+from kvscale.operator.k8s import Foreign, Kube
 from tests.cluster.harness import Cluster, holds_for, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.test_inference_pool import install_crd, pools, read_pool, routed, wait_condition
@@ -259,7 +260,11 @@ def test_a_foreign_service_created_beside_the_inference_service_is_never_taken_o
         return bool(condition(get(api, namespace, name), "NameConflict").get("status") == "True")
 
     def gone(name: str) -> bool:
-        return uid_of(lambda n: get(api, namespace, n), name) is None
+        try:
+            get(api, namespace, name)
+        except ApiException as exc:
+            return bool(exc.status == 404)
+        return False
 
     for name in foreign:
         try:
@@ -309,3 +314,36 @@ def test_an_env_variable_removed_from_the_spec_leaves_the_deployment(
         GROUP, VERSION, namespace, PLURAL, "envs", {"spec": {"engine": {"env": []}}}
     )
     wait_until(lambda: bool(env()) and "EXTRA" not in env(), 60, "EXTRA gone from the Deployment")
+
+
+def test_an_apply_never_takes_over_an_object_it_does_not_own(api: client.ApiClient, namespace: str) -> None:
+    """The write itself, without the operator's earlier checks (as when its cache had not seen
+    the object yet): kvscale's apply of a child whose name another's Service holds raises
+    Foreign and leaves the Service as it was; the force-apply it replaced took the Service over
+    (selector replaced, owner reference added: garbage-collected with the InferenceService)."""
+    core = client.CoreV1Api(api)
+    core.create_namespaced_service(namespace, foreign_service("taken"))
+    owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "name": "taken", "uid": "0000-owner"}
+    child: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": "taken",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "kvscale"},
+            "ownerReferences": [{**owner, "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": {"selector": {"kvscale": "taken"}, "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]},
+    }
+    kube = Kube(api, backoff_s=1.0)
+    with pytest.raises(Foreign) as exc:
+        kube.apply(child)
+    assert exc.value.view.name == "taken"
+    svc = core.read_namespaced_service("taken", namespace)
+    assert not owner_uids(svc) and svc.spec.selector == {"app": "payments"}
+    assert not [e for e in svc.metadata.managed_fields or [] if e.manager == "kvscale-operator"]
+    # Its own child: created when absent, then applied (owned), without a Foreign.
+    mine = {**child, "metadata": {**child["metadata"], "name": "mine"}}
+    kube.apply(mine)
+    kube.apply(mine)
+    assert owner_uids(core.read_namespaced_service("mine", namespace)) == ["0000-owner"]
