@@ -21,6 +21,7 @@ FILE (YAML):
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,7 @@ def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None
     if png is not None:
         from kvscale.cli.simulate_plot import draw_fleet
 
-        write_picture(png, lambda: draw_fleet(result, png, f"{len(services)} services under budget {budget.name}"))
+        write_picture(png, lambda: draw_fleet(result, png, fleet_title(len(services), limits, path.name)))
         if not as_json:
             console.print(f"wrote {png}")
 
@@ -291,3 +292,10 @@ def _render(out: dict[str, Any]) -> None:
             f"{row['cold_start_s']:.0f}s (the cold start). Scaled from zero {row['scale_from_zero']} time(s); "
             f"the first request's TTFT each time: {seen}"
         )
+
+
+def fleet_title(services: int, limits: Mapping[str, int], source: str) -> str:
+    """The picture's title: what shares what ("3 services sharing 8 H100-SXM (fleet.yaml)"); the
+    budget's name alone was the file's stem ("under budget fleet")."""
+    gpus = ", ".join(f"{n} {gpu}" for gpu, n in sorted(limits.items()))
+    return f"{services} service{'s' if services != 1 else ''} sharing {gpus} ({source})"

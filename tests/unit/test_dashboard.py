@@ -43,3 +43,10 @@ def test_each_engine_panel_answers_for_every_engine_that_exports_its_metrics() -
             wanted = names_in(expr, "vllm:")
             if wanted and all(n in same for n in wanted):
                 assert all(same[n] in expr for n in wanted), (engine, title)
+
+
+def test_the_fleet_picture_says_what_the_services_share() -> None:
+    from kvscale.cli.simulate_fleet import fleet_title
+
+    assert fleet_title(3, {"H100-SXM": 8}, "fleet.yaml") == "3 services sharing 8 H100-SXM (fleet.yaml)"
+    assert fleet_title(1, {"L4": 2, "A10G": 1}, "f.yaml") == "1 service sharing 1 A10G, 2 L4 (f.yaml)"
