@@ -1,6 +1,6 @@
 """The operator's settings: one class, read from environment variables once at startup.
 
-Each field documents its variable; README's settings table is generated from these fields
+Each field documents its variable; docs/operator.md's settings table is generated from these fields
 (`settings_table()`), and a test fails when the two differ.
 """
 
@@ -226,7 +226,7 @@ class Settings:
 
 
 def settings_table() -> str:
-    """README's table of settings, generated from the class."""
+    """docs/operator.md's table of settings, generated from the class."""
     rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
     for f in fields(Settings):
         meta = f.metadata

@@ -1,4 +1,4 @@
-"""The operator's settings: one class, parsed from the environment, documented in README."""
+"""The operator's settings: one class, parsed from the environment, documented in docs/operator.md."""
 
 from pathlib import Path
 
@@ -10,10 +10,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_table_is_generated_from_the_class() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "operator.md").read_text()
     table = readme.split("<!-- settings:begin -->\n", 1)[1].split("\n<!-- settings:end -->", 1)[0]
     assert table == settings_table(), (
-        "README's settings table drifted: paste kvscale.operator.settings.settings_table()"
+        "docs/operator.md's settings table drifted: paste kvscale.operator.settings.settings_table()"
     )
 
 
