@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -16,6 +16,9 @@ from kvscale.cli.common import EXIT_BAD_INPUT, EXIT_INFEASIBLE, CatalogOpt, fail
 from kvscale.cli.live import KubeconfigOpt, Live, NamespaceOpt
 from kvscale.cli.root import app
 from kvscale.sizing.catalog import Catalog, load_yaml_all
+
+if TYPE_CHECKING:
+    from kvscale.operator.pod_policy import PodPolicy
 
 
 def gpu_pools(catalog: Catalog, text: str | None, max_replicas: int) -> dict[str, Any]:
@@ -118,15 +121,19 @@ def objects_for(
     gpus: str | None,
     port: int,
     tolerations: tuple[dict[str, str], ...] = (),
+    policy: PodPolicy | None = None,
 ) -> tuple[list[dict[str, Any]], str]:
     """The children the operator would apply for one InferenceService document, and a one-line
-    summary; exits 2 naming the field for specs the operator would refuse."""
+    summary; exits 2 naming the field for specs the operator would refuse (`policy`: the
+    operator's hostPath and image settings; default: its defaults)."""
     from kvscale.api.intent import SpecError, parse_intent
     from kvscale.operator import leader_worker_set as lws
     from kvscale.operator.inference_pool import inference_pool
     from kvscale.operator.planning import Unplanned, plan_service
+    from kvscale.operator.pod_policy import DEFAULT_POLICY
     from kvscale.operator.resources import (
         EngineImageError,
+        NotAllowed,
         deployment,
         labels,
         planned_launch,
@@ -171,15 +178,18 @@ def objects_for(
     # Across nodes only the leaders serve: the Service and the pool select them.
     serving = lws.leader_labels(name) if multi else labels(name)
     pool = pools[chosen.gpu]
+    policy = policy or DEFAULT_POLICY
     try:
         workload = (
-            lws.leader_worker_set(name, spec, cfg, launch, pool, replicas, port, pod_labels(name, "", cfg), tolerations)
+            lws.leader_worker_set(
+                name, spec, cfg, launch, pool, replicas, port, pod_labels(name, "", cfg), tolerations, policy=policy
+            )
             if multi
-            else deployment(name, "", spec, result.model, cfg, chosen, pool, replicas, port, tolerations)
+            else deployment(name, "", spec, result.model, cfg, chosen, pool, replicas, port, tolerations, policy=policy)
         )
-    except (EngineImageError, lws.MultiNodeUnsupported) as exc:
+    except (EngineImageError, NotAllowed, lws.MultiNodeUnsupported) as exc:
         fail(f"{name}: {exc}")
-    children = [workload, service(name, port, serving if multi else None), pod_disruption_budget(name)]
+    children = [workload, service(name, port, serving if multi else None), pod_disruption_budget(name, cfg.nodes)]
     routing = spec.routing.inference_pool if spec.routing else None
     if routing is not None:
         children.append(inference_pool(name, routing, serving, port))
@@ -208,6 +218,30 @@ def manifests(
             "KVSCALE_EXTRA_TOLERATIONS, read from the environment too).",
         ),
     ] = None,
+    host_path_prefixes: Annotated[
+        str | None,
+        typer.Option(
+            envvar="KVSCALE_HOST_PATH_PREFIXES",
+            help="Node directories a spec.model.cache.hostPath may be under, comma-separated (the operator's "
+            "KVSCALE_HOST_PATH_PREFIXES, read from the environment too); default: none.",
+        ),
+    ] = None,
+    host_path_writable: Annotated[
+        str | None,
+        typer.Option(
+            envvar="KVSCALE_HOST_PATH_WRITABLE",
+            help="true: mount an allowed hostPath cache read-write (the operator's KVSCALE_HOST_PATH_WRITABLE); "
+            "default false.",
+        ),
+    ] = None,
+    allowed_images: Annotated[
+        str | None,
+        typer.Option(
+            envvar="KVSCALE_ALLOWED_IMAGES",
+            help="Images engines may run, comma-separated repositories, references or prefixes ending in / (the "
+            "operator's KVSCALE_ALLOWED_IMAGES); default: any.",
+        ),
+    ] = None,
     diff: Annotated[
         bool,
         typer.Option(
@@ -228,17 +262,24 @@ def manifests(
         fail(f"--port must be in 1..65535, got {port}")
     if not diff and (namespace is not None or kubeconfig is not None):
         fail("--namespace and --kubeconfig go with --diff (the live objects to compare with)")
-    from kvscale.operator.settings import SettingsError, parse_tolerations
+    from kvscale.operator.settings import Settings, SettingsError, parse_tolerations
 
     try:
         extra = parse_tolerations(tolerations or "", "--tolerations")
+        policy = Settings.from_env(
+            {
+                "KVSCALE_HOST_PATH_PREFIXES": host_path_prefixes or "",
+                "KVSCALE_HOST_PATH_WRITABLE": host_path_writable or "false",
+                "KVSCALE_ALLOWED_IMAGES": allowed_images or "",
+            }
+        ).pod_policy
     except SettingsError as exc:
         fail(str(exc))
     cat = load(catalog)
     out: list[dict[str, Any]] = []
     summaries = []
     for doc in _documents(file):
-        children, summary = objects_for(doc, cat, gpus, port, extra)
+        children, summary = objects_for(doc, cat, gpus, port, extra, policy)
         out.extend(children)
         summaries.append(summary)
     header = "".join(f"# {line}\n" for text in [*summaries, assumed_inventory(gpus)] for line in text.splitlines())

@@ -25,7 +25,8 @@ from typing import Any
 from kvscale.api import labels
 from kvscale.api.models import InferenceServiceSpec
 from kvscale.operator.inventory import GpuPool
-from kvscale.operator.resources import engine_container, engine_image, pod_template, scrape_annotations
+from kvscale.operator.pod_policy import DEFAULT_POLICY, PodPolicy
+from kvscale.operator.resources import check_policy, engine_container, pod_template, scrape_annotations
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.engine_args import PlannedLaunch
 
@@ -151,12 +152,13 @@ def leader_worker_set(
     port: int,
     template_labels: Mapping[str, str],
     extra_tolerations: tuple[dict[str, str], ...] = (),
+    policy: PodPolicy = DEFAULT_POLICY,
 ) -> dict[str, Any]:
     """`groups` copies of the model, each on cfg.nodes pods of cfg.gpus_per_node GPUs (tensor
     parallel within a node, pipeline parallel across nodes). `template_labels`: the engine pods'
     labels (selector, owner, serving labels and a foreign pool's labels when joining one); the
-    role label is added per template."""
-    engine_image(spec, cfg.engine, cfg.gpu)  # EngineImageError before anything else
+    role label is added per template. `policy`: the node paths and images the operator allows."""
+    check_policy(spec, cfg, policy)  # EngineImageError, then NotAllowed, before anything else
     nodes, gpus = cfg.nodes, cfg.gpus_per_node
     command, engine_args = planned.command
     (lead_cmd, lead_args), (work_cmd, work_args) = multi_node_commands(
@@ -171,11 +173,12 @@ def leader_worker_set(
         spec,
         cfg,
         pool,
-        engine_container(spec, cfg, planned, pool, gpus, port, lead_cmd, lead_args),
+        engine_container(spec, cfg, planned, pool, gpus, port, lead_cmd, lead_args, policy=policy),
         gpus,
         {**template_labels, LABEL_ROLE: LEADER},
         scrape_annotations(cfg, planned, port),
         extra_tolerations,
+        policy=policy,
     )
     # SGLang's other ranks answer /health on the port too (a stand-in server); vLLM's Ray workers
     # serve nothing: a worker's readiness is its process running.
@@ -183,11 +186,12 @@ def leader_worker_set(
         spec,
         cfg,
         pool,
-        engine_container(spec, cfg, planned, pool, gpus, port, work_cmd, work_args, serves=sglang),
+        engine_container(spec, cfg, planned, pool, gpus, port, work_cmd, work_args, serves=sglang, policy=policy),
         gpus,
         {**template_labels, LABEL_ROLE: WORKER},
         {},
         extra_tolerations,
+        policy=policy,
     )
     return {
         "apiVersion": API_VERSION,

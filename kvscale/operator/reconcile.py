@@ -24,6 +24,7 @@ from kvscale.operator.inventory import EnginePod, GpuPool
 from kvscale.operator.planning import Planned, Unplanned, plan_service
 from kvscale.operator.resources import (
     EngineImageError,
+    NotAllowed,
     deployment,
     labels,
     planned_launch,
@@ -305,10 +306,12 @@ def reconcile(
         workload = _workload(intent, res, outcome, launch, replicas, routing, settings)
     except EngineImageError as exc:
         return _failed(status, res, "NoEngineImage", str(exc), now=now)
+    except NotAllowed as exc:  # a node path or image the settings refuse: nothing is applied
+        return _failed(status, res, exc.reason, str(exc), now=now)
     except lws.MultiNodeUnsupported as exc:
         return _failed(status, res, "EngineUnsupported", str(exc), now=now)
     serving = service(res.name, settings.engine_port, lws.leader_labels(res.name) if multi else None)
-    children = (serving, pod_disruption_budget(res.name), workload)
+    children = (serving, pod_disruption_budget(res.name, outcome.config.nodes), workload)
     # A plan that moved between one node and several changes the workload's kind: the old goes.
     if multi:
         stale: tuple[str, ...] = (DEPLOYMENT,) if observed.deployment is not None else ()
@@ -434,6 +437,7 @@ def _workload(
             settings.engine_port,
             template_labels,
             settings.extra_tolerations,
+            policy=settings.pod_policy,
         )
     return deployment(
         res.name,
@@ -447,6 +451,7 @@ def _workload(
         settings.engine_port,
         settings.extra_tolerations,
         pool_labels=joined,
+        policy=settings.pod_policy,
     )
 
 

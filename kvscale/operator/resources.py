@@ -12,6 +12,8 @@ from kvscale.api import LABEL_OWNER_UID, MANAGED_BY, labels, selector
 from kvscale.api.models import InferenceServiceSpec
 from kvscale.operator.inventory import GpuPool
 from kvscale.operator.labels import serving_labels
+from kvscale.operator.pod_policy import DEFAULT_POLICY, NotAllowed, PodPolicy, host_path_problem, normal_path
+from kvscale.operator.pod_policy import check as policy_check
 from kvscale.sizing.catalog import EngineProfile, GpuSpec, ModelArch
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.engine_args import PlannedLaunch, plan_launch, requested_source
@@ -30,6 +32,27 @@ ENGINE_MEMORY_BASE_BYTES, ENGINE_MEMORY_PER_GPU_BYTES = 4 * 1024**3, 2 * 1024**3
 CACHE_SIZE_MARGIN, CACHE_SIZE_EXTRA_BYTES = 1.25, 1024**3
 CACHE_VOLUME = "model-cache"
 STARTUP_PROBE_PERIOD_S = 10
+TERMINATION_GRACE_PERIOD_S = 60
+# Before the engine gets SIGTERM, the pod stays up while its removal from the endpoints reaches
+# every reader: the EndpointSlice controller, kube-proxy on every node and a gateway's endpoint
+# picker each learn of the terminating pod through a watch (typically within a few seconds), so
+# requests routed in that window still find the engine. The rest of the grace period is the
+# engine's own shutdown. Kubernetes' native sleep action needs no `sleep` binary in the image:
+# PodLifecycleSleepAction is beta (on) since 1.30 and GA, locked on, in 1.34
+# (k8s.io/kubernetes v1.34.4 pkg/features/kube_features.go), and validation requires
+# 0 < seconds <= terminationGracePeriodSeconds (pkg/apis/core/validation/validation.go,
+# validateSleepAction).
+PRE_STOP_SLEEP_S = 10  # tests/unit/test_pod_security.py checks it against the grace period
+
+# Engine pods run whatever image and arguments a tenant with InferenceService rights wrote, so
+# they get no more than an engine needs (issue 28). The vLLM, SGLang and TGI images run as root
+# and write under /root/.cache (HF_HOME and compile caches), so runAsNonRoot is not set (those
+# images would refuse to start) and the root filesystem stays writable; root inside the container
+# keeps only what the container runtime grants after `drop: [ALL]`, cannot gain privileges
+# (no_new_privs: setuid binaries do nothing) and runs under the runtime's default seccomp filter.
+# GPUs need none of this: the device plugin hands the container its device nodes.
+ENGINE_POD_SECURITY: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+PRIVILEGED_PORTS_BELOW = 1024
 
 
 def pod_labels(name: str, owner_uid: str, cfg: ServingConfig) -> dict[str, str]:
@@ -97,7 +120,40 @@ def planned_launch(
     )
 
 
-def _cache_volume(spec: InferenceServiceSpec, checkpoint_bytes: float | None) -> dict[str, Any]:
+def container_security(port: int) -> dict[str, Any]:
+    """The engine container's securityContext. Without capabilities root may not bind a port
+    below 1024 (CAP_NET_BIND_SERVICE), so a KVSCALE_ENGINE_PORT there keeps that one (Pod Security's
+    restricted profile allows adding it)."""
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if 0 < port < PRIVILEGED_PORTS_BELOW:
+        capabilities["add"] = ["NET_BIND_SERVICE"]
+    return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
+
+
+def image_field(spec: InferenceServiceSpec, engine: EngineProfile, gpu: GpuSpec) -> str:
+    """Where the engine's image comes from, as a condition names it."""
+    amd = gpu.vendor == "amd"
+    field = "spec.engine.rocmImage" if amd else "spec.engine.image"
+    written = spec.engine.rocm_image if amd else spec.engine.image
+    return field if written is not None else f"{field} (unset: the catalog's image for engine {engine.name})"
+
+
+def check_policy(spec: InferenceServiceSpec, cfg: ServingConfig, policy: PodPolicy) -> None:
+    """NotAllowed, naming every field and the setting that would allow it, when the spec asks for
+    a node path or an image `policy` does not allow (EngineImageError first when there is no
+    image at all)."""
+    image = engine_image(spec, cfg.engine, cfg.gpu)
+    host_path = spec.model.cache.host_path if spec.model.cache is not None else None
+    problem = policy_check(host_path, image, image_field(spec, cfg.engine, cfg.gpu), policy)
+    if problem is not None:
+        raise NotAllowed(problem)
+
+
+def _cache_read_only(spec: InferenceServiceSpec, policy: PodPolicy) -> bool:
+    return spec.model.cache is not None and spec.model.cache.host_path is not None and not policy.host_path_writable
+
+
+def _cache_volume(spec: InferenceServiceSpec, checkpoint_bytes: float | None, policy: PodPolicy) -> dict[str, Any]:
     cache = spec.model.cache
     if cache is None:
         # The pod's own scratch: a restarted container reuses it; a new pod downloads again.
@@ -108,7 +164,17 @@ def _cache_volume(spec: InferenceServiceSpec, checkpoint_bytes: float | None) ->
         return {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": cache_size_limit(checkpoint_bytes)}}
     if cache.persistent_volume_claim is not None:
         return {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache.persistent_volume_claim}}
-    return {"name": CACHE_VOLUME, "hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
+    path = cache.host_path or ""
+    problem = host_path_problem(path, policy)  # check_policy refused it first; no builder mounts it either
+    if problem is not None:
+        raise NotAllowed(problem)
+    host_path = normal_path(path)
+    # The normalised path, so what was checked is what the kubelet mounts (the API server would
+    # refuse `..` anyway: validatePathNoBacksteps). Read-only, the directory must exist (type
+    # Directory: an empty directory made for a read-only mount could never be filled through it);
+    # writable, the engine downloads into it and the kubelet creates it (DirectoryOrCreate).
+    kind = "DirectoryOrCreate" if policy.host_path_writable else "Directory"
+    return {"name": CACHE_VOLUME, "hostPath": {"path": host_path, "type": kind}}
 
 
 def _probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
@@ -125,9 +191,11 @@ def engine_container(
     command: list[str],
     args: list[str],
     serves: bool = True,
+    policy: PodPolicy = DEFAULT_POLICY,
 ) -> dict[str, Any]:
     """The engine container holding `gpus` GPUs. `serves`: it answers HTTP on the port (ports and
-    probes); a multi-node worker that only joins the leader's engine does not."""
+    probes); a multi-node worker that only joins the leader's engine does not. `policy`: whether
+    a hostPath cache is mounted read-only."""
     engine = cfg.engine
     env: list[dict[str, Any]] = [
         {"name": engine.cache_env, "value": engine.cache_dir},
@@ -147,8 +215,16 @@ def engine_container(
         "resources": {"limits": {resource: str(gpus)}, "requests": {**host_requests(gpus), resource: str(gpus)}},
         "volumeMounts": [
             {"name": "shm", "mountPath": "/dev/shm"},
-            {"name": CACHE_VOLUME, "mountPath": engine.cache_dir},
+            {
+                "name": CACHE_VOLUME,
+                "mountPath": engine.cache_dir,
+                **({"readOnly": True} if _cache_read_only(spec, policy) else {}),
+            },
         ],
+        # Every pod of a multi-node group too: a worker that left first would break the leader's
+        # engine while requests still reach it.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_S}}},
+        "securityContext": container_security(port),
     }
     if serves:
         startup_failures = math.ceil(planned.startup_probe_budget_s / STARTUP_PROBE_PERIOD_S)
@@ -186,15 +262,20 @@ def pod_template(
     annotations: Mapping[str, str],
     extra_tolerations: tuple[dict[str, str], ...] = (),
     checkpoint_bytes: float | None = None,
+    policy: PodPolicy = DEFAULT_POLICY,
 ) -> dict[str, Any]:
     """A pod template for engine pods holding `gpus` GPUs each, on nodes of the planned GPU product.
-    `checkpoint_bytes` sizes an emptyDir model cache."""
+    `checkpoint_bytes` sizes an emptyDir model cache; `policy` says which node path it may be
+    (NotAllowed otherwise)."""
     metadata: dict[str, Any] = {"labels": dict(template_labels)}
     if annotations:
         metadata["annotations"] = dict(annotations)
     return {
         "metadata": metadata,
         "spec": {
+            # The engine never talks to the API server: no token for a tenant's image to read.
+            "automountServiceAccountToken": False,
+            "securityContext": ENGINE_POD_SECURITY,
             "affinity": {
                 "nodeAffinity": {
                     "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -215,9 +296,9 @@ def pod_template(
             "containers": [container],
             "volumes": [
                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(SHM_BYTES_PER_TP * gpus)}},
-                _cache_volume(spec, checkpoint_bytes),
+                _cache_volume(spec, checkpoint_bytes, policy),
             ],
-            "terminationGracePeriodSeconds": 60,
+            "terminationGracePeriodSeconds": TERMINATION_GRACE_PERIOD_S,
         },
     }
 
@@ -234,12 +315,18 @@ def deployment(
     port: int,
     extra_tolerations: tuple[dict[str, str], ...] = (),
     pool_labels: Mapping[str, str] | None = None,
+    policy: PodPolicy = DEFAULT_POLICY,
 ) -> dict[str, Any]:
-    """`pool_labels`: a foreign InferencePool's selector labels, so the pods join it."""
+    """`pool_labels`: a foreign InferencePool's selector labels, so the pods join it. `policy`: the
+    node paths and images the operator allows (NotAllowed, naming the fields, when the spec asks
+    for others)."""
+    check_policy(spec, cfg, policy)
     planned = planned_launch(spec, cfg, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, port)
     command, engine_args = planned.command
     gpus = cfg.gpus  # tensor x pipeline parallel, all on one node
-    container = engine_container(spec, cfg, planned, pool, gpus, port, command, [*engine_args, *spec.engine.args])
+    container = engine_container(
+        spec, cfg, planned, pool, gpus, port, command, [*engine_args, *spec.engine.args], policy=policy
+    )
     template_labels = {**pod_labels(name, owner_uid, cfg), **(pool_labels or {})}
     template = pod_template(
         spec,
@@ -251,6 +338,7 @@ def deployment(
         scrape_annotations(cfg, planned, port),
         extra_tolerations,
         checkpoint_bytes=planned.checkpoint.size_bytes(cfg.model),
+        policy=policy,
     )
     return {
         "apiVersion": "apps/v1",
@@ -282,13 +370,52 @@ def service(name: str, port: int, pod_selector: Mapping[str, str] | None = None)
     }
 
 
-def pod_disruption_budget(name: str) -> dict[str, Any]:
+def min_available_percent(pods_per_replica: int) -> int:
+    """The PodDisruptionBudget's minAvailable, in percent of the engine pods, for replicas of
+    `pods_per_replica` pods each (a LeaderWorkerSet group: one lost pod takes its whole group
+    down). The disruption controller scales a percentage by the pods' controllers' current scale
+    and rounds up (k8s.io/kubernetes v1.34.4 pkg/controller/disruption/disruption.go,
+    getExpectedPodCount; apimachinery intstr.GetScaledValueFromIntOrPercent), so with s pods per
+    replica and g replicas, p% lets g*s - ceil(p*g*s/100) pods go at once. p = floor(100(2s-1)/2s)
+    (50% for a Deployment, 75% for groups of 2) keeps a lone replica or group whole
+    (p > 100(s-1)/s) and lets one pod go from two replicas (p <= 100(1-1/2s)); past that, about
+    half the replicas at most. Groups of 100 pods or more find no such whole percentage: 100%."""
+    s = pods_per_replica
+    percent = 100 * (2 * s - 1) // (2 * s)
+    return percent if percent * s > 100 * (s - 1) else 100
+
+
+def pod_disruption_budget(name: str, pods_per_replica: int = 1) -> dict[str, Any]:
+    """Voluntary evictions (drains, node upgrades, autoscaler consolidation) never take the only
+    replica (or group), and take at most about half of several. A percentage, not a count, because
+    the PDB is applied by reconcile only, while the autoscaler moves replicas between 1 and 2 and
+    beyond through the scale subresource: the disruption controller re-reads that scale, so one
+    body holds at every size. A lone replica thus blocks a drain until it is scaled up or deleted
+    by hand: losing the only replica of a model is an outage of minutes (weights load again), which
+    a drain should not cause silently. Pods not ready (crash-looping, loading) may always be
+    evicted (unhealthyPodEvictionPolicy AlwaysAllow, honoured without a feature gate in 1.34:
+    pkg/registry/core/pod/storage/eviction.go), so a broken pod never blocks a drain: it serves
+    nothing."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": name, "labels": labels(name)},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels(name)}},
+        "spec": {
+            "minAvailable": f"{min_available_percent(pods_per_replica)}%",
+            "selector": {"matchLabels": labels(name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
     }
 
 
-__all__ = ["MANAGED_BY", "deployment", "engine_image", "labels", "pod_disruption_budget", "selector", "service"]
+__all__ = [
+    "MANAGED_BY",
+    "NotAllowed",
+    "check_policy",
+    "deployment",
+    "engine_image",
+    "labels",
+    "pod_disruption_budget",
+    "selector",
+    "service",
+]

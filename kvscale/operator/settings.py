@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kvscale.operator.pod_policy import PodPolicy, parse_images, parse_prefixes
 from kvscale.sizing.units import UnitError, parse_duration_s
 
 
@@ -70,6 +71,20 @@ def _names(_: str, text: str) -> tuple[str, ...]:
 
 def _paths(_: str, text: str) -> tuple[Path, ...]:
     return tuple(Path(p.strip()) for p in text.split(",") if p.strip())
+
+
+def _host_paths(name: str, text: str) -> tuple[str, ...]:
+    try:
+        return parse_prefixes(text)
+    except ValueError as exc:
+        raise SettingsError(f"{name}: {exc}") from exc
+
+
+def _images(name: str, text: str) -> tuple[str, ...]:
+    try:
+        return parse_images(text)
+    except ValueError as exc:
+        raise SettingsError(f"{name}: {exc}") from exc
 
 
 def _text(_: str, text: str) -> str:
@@ -142,6 +157,29 @@ class Settings:
         "Extra taints engine pods tolerate, as key[=value]:Effect, comma-separated.",
         _tolerations,
     )
+    host_path_prefixes: tuple[str, ...] = setting(
+        "KVSCALE_HOST_PATH_PREFIXES",
+        "",
+        "Comma-separated node directories under which spec.model.cache.hostPath may point (compared after "
+        "resolving `..`, on whole path components); empty: no hostPath cache is allowed.",
+        _host_paths,
+    )
+    host_path_writable: bool = setting(
+        "KVSCALE_HOST_PATH_WRITABLE",
+        "false",
+        "Mount allowed hostPath caches read-write (the engine downloads into them; type DirectoryOrCreate); "
+        "false: read-only, the directory must exist, filled by you. A writable node path lets a tenant's pod "
+        "plant symlinks there that a later hostPath follows: allow writes only where tenants are trusted.",
+        _bool,
+    )
+    allowed_images: tuple[str, ...] = setting(
+        "KVSCALE_ALLOWED_IMAGES",
+        "",
+        "Comma-separated images engines may run: a repository (any tag), a reference with tag or digest (that "
+        "one), or a prefix ending in / (e.g. ghcr.io/my-org/); includes the catalog's defaults only if listed. "
+        "Empty: any image.",
+        _images,
+    )
     prometheus_url: str | None = setting(
         "KVSCALE_PROMETHEUS_URL",
         "",
@@ -209,6 +247,11 @@ class Settings:
         "How long a Lease not renewed stays its holder's; a standby takes over after this when the leader dies.",
         _duration,
     )
+
+    @property
+    def pod_policy(self) -> PodPolicy:
+        """What engine pods may ask of nodes: hostPath prefixes and writes, images."""
+        return PodPolicy(self.host_path_prefixes, self.host_path_writable, self.allowed_images)
 
     @property
     def metrics_window_s(self) -> float:

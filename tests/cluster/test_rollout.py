@@ -26,7 +26,8 @@ SAMPLE = yaml.safe_load((ROOT / "deploy" / "samples" / "custom-architecture.yaml
 def operator(cluster: Cluster, api: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-    op = Operator(cluster, tmp_path_factory.mktemp("operator-rollout"))
+    # The cache below is a node path: this operator allows it (none is allowed by default).
+    op = Operator(cluster, tmp_path_factory.mktemp("operator-rollout"), {"KVSCALE_HOST_PATH_PREFIXES": "/var/cache"})
     op.start()
     yield op
     op.stop()

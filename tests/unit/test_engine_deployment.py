@@ -18,6 +18,7 @@ from kvscale.api.intent import parse_intent
 from kvscale.api.models import parse_spec
 from kvscale.operator.inventory import GpuPool, gpu_inventory
 from kvscale.operator.planning import Planned, Unplanned, plan_service
+from kvscale.operator.pod_policy import DEFAULT_POLICY, PodPolicy
 from kvscale.operator.resources import EngineImageError, deployment, engine_image, planned_launch
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.checkpoints import (
@@ -57,7 +58,9 @@ def spec_with(**patch: Any) -> dict[str, Any]:
     return spec
 
 
-def build(raw: dict[str, Any], nodes: list[dict[str, Any]] | None = None) -> tuple[Planned, dict[str, Any]]:
+def build(
+    raw: dict[str, Any], nodes: list[dict[str, Any]] | None = None, policy: PodPolicy = DEFAULT_POLICY
+) -> tuple[Planned, dict[str, Any]]:
     spec = parse_spec(raw)
     pools = gpu_inventory(CAT, nodes if nodes is not None else NODES, [])
     result = plan_service(parse_intent(raw), CAT, pools)
@@ -72,7 +75,7 @@ def build(raw: dict[str, Any], nodes: list[dict[str, Any]] | None = None) -> tup
         chosen.kv_cache_precision,
         spec.engine.type,
     )
-    dep = deployment("svc", "uid", spec, result.model, cfg, chosen, pools[chosen.gpu], 1, 8000)
+    dep = deployment("svc", "uid", spec, result.model, cfg, chosen, pools[chosen.gpu], 1, 8000, policy=policy)
     return result, dep
 
 
@@ -272,7 +275,8 @@ def test_cache_volume_is_mounted_where_each_engine_keeps_weights() -> None:
     assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "weights"}} in pod["volumes"]
     assert {"name": "HF_HOME", "value": "/root/.cache/huggingface"} in c["env"]
     _, host = build(
-        spec_with(model={"name": "llama-3.1-8b", "cache": {"hostPath": "/mnt/models"}}, engine={"type": "tgi"})
+        spec_with(model={"name": "llama-3.1-8b", "cache": {"hostPath": "/mnt/models"}}, engine={"type": "tgi"}),
+        policy=PodPolicy(host_path_prefixes=("/mnt/models",), host_path_writable=True),
     )
     c, pod = container(host), host["spec"]["template"]["spec"]
     assert {"name": "model-cache", "mountPath": "/data"} in c["volumeMounts"]

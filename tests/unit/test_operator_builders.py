@@ -114,7 +114,7 @@ def test_deployment_carries_the_plan() -> None:
     } == {"startupProbe", "readinessProbe", "livenessProbe"}
     assert pod_spec["volumes"][0]["emptyDir"]["medium"] == "Memory"
     assert dep["spec"]["selector"]["matchLabels"] == labels("svc") == service("svc", 8000)["spec"]["selector"]
-    assert pod_disruption_budget("svc")["spec"]["maxUnavailable"] == 1
+    assert pod_disruption_budget("svc")["spec"]["minAvailable"] == "50%"  # tests/unit/test_pod_security.py
     # A spec change surges a new pod and keeps the old one until the new one is ready.
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
