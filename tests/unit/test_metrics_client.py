@@ -287,7 +287,9 @@ class _OneReplica:
 
     max_batch = 16
 
-    def rate_per_replica(self, input_tokens: float, output_tokens: float, fleet_rate_per_s: float | None = None) -> float:
+    def rate_per_replica(
+        self, input_tokens: float, output_tokens: float, fleet_rate_per_s: float | None = None
+    ) -> float:
         return 1.0
 
     def predicted_tpot_s(
