@@ -16,8 +16,12 @@ relabelling runs on them, per pod. Which pods a monitor selects is the test's to
 from __future__ import annotations
 
 import re
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 
 @dataclass(frozen=True)
@@ -40,22 +44,26 @@ def _relabel(rule: dict[str, Any]) -> dict[str, Any]:
     return {_snake(k): v for k, v in rule.items()}
 
 
-def scrape_config(monitor: dict[str, Any], target: Discovered) -> dict[str, Any]:
-    """The monitor's job, its one target as discovery would describe it."""
+def scrape_config(monitor: dict[str, Any], target: Discovered, *more: Discovered) -> dict[str, Any]:
+    """The monitor's job, each target as discovery would describe it."""
     job, port_label = _job(monitor)
-    labels = {
-        "__meta_kubernetes_namespace": target.namespace,
-        "__meta_kubernetes_pod_name": target.pod,
-        "__meta_kubernetes_pod_container_name": target.container,
-        port_label: target.port_name,
-    }
-    if monitor["kind"] == "ServiceMonitor":
-        labels |= {
-            "__meta_kubernetes_service_name": target.service,
-            "__meta_kubernetes_endpointslice_address_target_kind": "Pod",
-            "__meta_kubernetes_endpointslice_address_target_name": target.pod,
+
+    def discovered(t: Discovered) -> dict[str, Any]:
+        labels = {
+            "__meta_kubernetes_namespace": t.namespace,
+            "__meta_kubernetes_pod_name": t.pod,
+            "__meta_kubernetes_pod_container_name": t.container,
+            port_label: t.port_name,
         }
-    return {**job, "static_configs": [{"targets": [target.address], "labels": labels}]}
+        if monitor["kind"] == "ServiceMonitor":
+            labels |= {
+                "__meta_kubernetes_service_name": t.service,
+                "__meta_kubernetes_endpointslice_address_target_kind": "Pod",
+                "__meta_kubernetes_endpointslice_address_target_name": t.pod,
+            }
+        return {"targets": [t.address], "labels": labels}
+
+    return {**job, "static_configs": [discovered(t) for t in (target, *more)]}
 
 
 def scrape_config_sd(monitor: dict[str, Any], sd_url: str, refresh_interval: str = "1s") -> dict[str, Any]:
@@ -123,3 +131,17 @@ def _job(monitor: dict[str, Any]) -> tuple[dict[str, Any], str]:
     if endpoint.get("metricRelabelings"):
         out["metric_relabel_configs"] = [_relabel(r) for r in endpoint["metricRelabelings"]]
     return out, port_label
+
+
+MONITOR_APIS = ("monitoring.coreos.com/v1/PodMonitor", "monitoring.coreos.com/v1/ServiceMonitor")
+
+
+def chart_monitors(helm: Path, chart: Path, release_namespace: str, kube_version: str) -> dict[str, dict[str, Any]]:
+    """The chart's PodMonitor and ServiceMonitor, rendered as a user installs them (monitoring
+    on, 1 s scrapes, on a cluster that has the Prometheus Operator's API)."""
+    args = ["template", "kvscale", str(chart), "--namespace", release_namespace, "--kube-version", kube_version]
+    args += ["--set", "monitoring.enabled=true", "--set", "monitoring.interval=1s"]
+    for api_version in MONITOR_APIS:
+        args += ["--api-versions", api_version]
+    out = subprocess.run([str(helm), *args], capture_output=True, text=True, check=True)
+    return {d["kind"]: d for d in yaml.safe_load_all(out.stdout) if d and d["kind"].endswith("Monitor")}

@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from tests.cluster.harness import Cluster, free_port, holds_for, wait_until
-from tests.cluster.monitors import Discovered, scrape_config, scrape_config_sd
+from tests.cluster.monitors import Discovered, chart_monitors, scrape_config, scrape_config_sd
 from tests.cluster.processes import Operator, standin
 from tests.cluster.prometheus import Prometheus
 from tests.cluster.test_chart import KUBE_VERSION
@@ -30,20 +28,7 @@ STABILIZATION_S = 20.0
 # continuous batching in the model): 20 req/s needs three or four of the four L4 nodes.
 LOAD = "steps:0.5@0,20@20,0.2@75"
 
-
-MONITOR_APIS = ("monitoring.coreos.com/v1/PodMonitor", "monitoring.coreos.com/v1/ServiceMonitor")
 RELEASE_NAMESPACE = "kvscale-system"  # the operator pod's: not the InferenceService's
-
-
-def chart_monitors(cluster: Cluster) -> dict[str, dict[str, Any]]:
-    """The chart's PodMonitor and ServiceMonitor, rendered as a user installs them."""
-    args = ["template", "kvscale", str(ROOT / "charts" / "kvscale"), "--namespace", RELEASE_NAMESPACE]
-    args += ["--kube-version", KUBE_VERSION]
-    args += ["--set", "monitoring.enabled=true", "--set", "monitoring.interval=1s"]
-    for api_version in MONITOR_APIS:
-        args += ["--api-versions", api_version]
-    out = subprocess.run([str(cluster.helm), *args], capture_output=True, text=True, check=True)
-    return {d["kind"]: d for d in yaml.safe_load_all(out.stdout) if d and d["kind"].endswith("Monitor")}
 
 
 def chart_scrape_jobs(cluster: Cluster, engines_port: int, operator_port: int) -> list[dict[str, Any]]:
@@ -51,7 +36,7 @@ def chart_scrape_jobs(cluster: Cluster, engines_port: int, operator_port: int) -
     through its HTTP service discovery as Kubernetes discovery would list it (a target per pod,
     so the PodMonitor's target labels name each pod), and the operator's pod in the release's
     namespace."""
-    monitors = chart_monitors(cluster)
+    monitors = chart_monitors(cluster.helm, ROOT / "charts" / "kvscale", RELEASE_NAMESPACE, KUBE_VERSION)
     operator = Discovered(
         f"127.0.0.1:{operator_port}", RELEASE_NAMESPACE, "kvscale-5d8f7-x2x9q", "operator", "metrics", "kvscale"
     )
