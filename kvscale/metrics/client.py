@@ -51,6 +51,7 @@ class Missing:
 
     kind: MissingKind
     reason: str
+    value: float | None = None  # the answer itself where it was one but not usable (NaN, an infinity)
 
     @property
     def is_error(self) -> bool:
@@ -140,6 +141,15 @@ def parse_response(promql: str, status_code: int, body: bytes) -> list[Sample]:
     return samples
 
 
+def prometheus_float(value: float) -> str:
+    """A value as Prometheus writes it in its answers ("NaN", "+Inf", "-Inf", "1.5")."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return f"{value:g}"
+
+
 def one_value(promql: str, samples: list[Sample], minimum: float = 0.0) -> float | Missing:
     """The single value of an aggregating query, or why there is none. Values below
     `minimum` (default: negative ones) are refused, not passed on."""
@@ -151,7 +161,7 @@ def one_value(promql: str, samples: list[Sample], minimum: float = 0.0) -> float
         )
     value = samples[0].value
     if not math.isfinite(value):
-        return Missing(MissingKind.NOT_FINITE, f"{short(promql)} is {value}")
+        return Missing(MissingKind.NOT_FINITE, f"{short(promql)} answered {prometheus_float(value)}", value)
     if value < minimum:
         return Missing(MissingKind.NEGATIVE, f"{short(promql)} is {value:g}, below {minimum:g}")
     return value

@@ -12,7 +12,7 @@ import math
 
 from kvscale.autoscaling.observation import LengthHistogram, Observation, ObservedWorkload
 from kvscale.metrics.batch import Builder, FleetReader
-from kvscale.metrics.client import AsyncPrometheusClient, Missing, MissingKind, Sample
+from kvscale.metrics.client import AsyncPrometheusClient, Missing, MissingKind, Sample, prometheus_float
 from kvscale.metrics.engines import ENGINES, EngineMetrics
 from kvscale.metrics.promql import (
     PEAK_LOOKBACKS,
@@ -36,6 +36,31 @@ def prefill_tokens_per_s(prompt_tokens_per_s: float | None, hit_ratio: float | N
     return prompt_tokens_per_s * (1.0 - min(1.0, max(0.0, hit_ratio or 0.0)))
 
 
+# What a NaN or an infinity means, per query: said instead of "no data" (the series are there).
+_NOT_FINITE_WHY = {
+    "age": "not an age in seconds: the engine samples cannot be dated",
+    "rate": "an engine exposed NaN or an infinity in its request counter or queue gauge",
+    "running": "an engine exposed NaN or an infinity as its running gauge",
+    "waiting": "an engine exposed NaN or an infinity as its waiting gauge",
+}
+
+
+def _not_finite(values: dict[str, float | Missing], keys: list[str]) -> str | None:
+    """Why the `keys` without a number have none, where any of them answered NaN or an
+    infinity (Missing NOT_FINITE): the answer as it came, not "no data"; None otherwise."""
+    odd = [k for k in keys if isinstance(v := values.get(k), Missing) and v.kind is MissingKind.NOT_FINITE]
+    if not odd:
+        return None
+    said = []
+    for key in odd:
+        reading = values[key]
+        assert isinstance(reading, Missing)
+        answer = "NaN" if reading.value is None else prometheus_float(reading.value)
+        said.append(f"{key} query answered {answer} ({_NOT_FINITE_WHY.get(key, 'NaN or an infinity')})")
+    rest = [k for k in keys if k not in odd]
+    return "; ".join(said) + (f"; no data for {', '.join(rest)}" if rest else "")
+
+
 def _assemble(
     metrics: EngineMetrics,
     values: dict[str, float | Missing],
@@ -57,9 +82,11 @@ def _assemble(
     per_request = bool(numbers.get("tpot_per_request")) or not metrics.itl_histogram
     why = None
     if stale:
-        why = "no engine samples in Prometheus" if age is None else f"newest engine sample is {age:.0f}s old"
+        why = _not_finite(values, ["age"]) or (
+            "no engine samples in Prometheus" if age is None else f"newest engine sample is {age:.0f}s old"
+        )
     elif missing:
-        why = f"no data for {', '.join(missing)}"
+        why = _not_finite(values, missing) or f"no data for {', '.join(missing)}"
     return (
         Observation(
             time_s=now_s,

@@ -35,6 +35,7 @@ from kvscale.api.intent import Intent
 from kvscale.api.models import InferenceServiceStatus
 from kvscale.autoscaling.idle import idle_replicas
 from kvscale.autoscaling.observation import Observation
+from kvscale.metrics.promql import escape_label_value
 from kvscale.operator.reconcile import Event, Resource
 from kvscale.operator.scaling import Fleet, Tick
 from kvscale.operator.status import condition, now_rfc3339, with_conditions, without_condition
@@ -53,15 +54,29 @@ def pool_name(intent: Intent, res: Resource) -> str | None:
     return None if pool is None else (pool.name or res.name)
 
 
-def queue_promql(pool: str) -> str:
-    """Requests the pool's endpoint picker holds now (all priorities and fairness groups)."""
-    return f'sum({QUEUE_METRIC}{{inference_pool="{pool}"}})'
+def queue_promql(namespace: str, pool: str) -> str:
+    """Requests the pool's endpoint picker holds now (all priorities and fairness groups).
+
+    `inference_pool` is the pool's bare name (the picker's --pool-name; v1.3.0
+    pkg/epp/flowcontrol/controller/controller.go passes req.InferencePoolName()), so one pool
+    name in two namespaces is one label value: the namespace tells them apart. The picker runs
+    in its pool's namespace (config/charts/inferencepool/templates/epp-deployment.yaml deploys
+    it beside the pool with --pool-namespace {{ .Release.Namespace }}; endpointPickerRef is a
+    local reference), and a pod scrape's target label `namespace` is the picker pod's. The
+    picker exports no `namespace` of its own, so a scrape that lets target labels win
+    (honor_labels false, the default) leaves no other tenant able to write this one."""
+    ns, name = escape_label_value(namespace), escape_label_value(pool)
+    return f'sum({QUEUE_METRIC}{{namespace="{ns}",inference_pool="{name}"}})'
 
 
 def keda_promql(namespace: str, http_scaled_object: str) -> str:
     """Requests the KEDA HTTP add-on's interceptors hold or forward now for the HTTPScaledObject
-    (summed over interceptor replicas)."""
-    return f'sum({KEDA_PENDING_METRIC}{{host="{namespace}/{http_scaled_object}"}})'
+    (summed over interceptor replicas). The interceptor runs in KEDA's namespace, not the
+    service's, so the service's namespace is named in `host` ("<namespace>/<name>", one label
+    value, escaped), not in `namespace`. A target label does not override `host`: the chart's
+    engine PodMonitor drops interceptor_* series an engine pod exposes for that reason."""
+    host = escape_label_value(f"{namespace}/{http_scaled_object}")
+    return f'sum({KEDA_PENDING_METRIC}{{host="{host}"}})'
 
 
 def queue_queries(intent: Intent, res: Resource) -> tuple[str, ...]:
@@ -69,7 +84,7 @@ def queue_queries(intent: Intent, res: Resource) -> tuple[str, ...]:
     queries = []
     pool = pool_name(intent, res)
     if pool is not None:
-        queries.append(queue_promql(pool))
+        queries.append(queue_promql(res.namespace, pool))
     keda = intent.spec.routing.keda_http
     if keda is not None:
         queries.append(keda_promql(res.namespace, keda.http_scaled_object or res.name))

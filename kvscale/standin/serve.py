@@ -67,12 +67,14 @@ def serve(
     api = api_client()
     fleet, model_name = pod_fleet(catalog, wait_for_plan(api, namespace, name), load, cold_start_s, seed)
     registry = CollectorRegistry()
-    registry.register(EngineCollector(fleet, namespace, model_name))
-    serve_metrics(registry, port)
+    engines = EngineCollector(fleet, namespace, model_name)
+    registry.register(engines)
+    serve_metrics(registry, port, engines)
     # Say what is served where: the first thing a person starting it wants to check.
     print(
         f"kvscale sim serve: vLLM metrics ({model_name!r}, load {load}, cold start {cold_start_s:g}s) for the "
-        f"Running pods of InferenceService {namespace}/{name} at http://127.0.0.1:{port}/metrics",
+        f"Running pods of InferenceService {namespace}/{name} at http://127.0.0.1:{port}/metrics "
+        f"(one pod's: /metrics?pod=NAME; the pods as Prometheus HTTP SD targets: /sd)",
         file=sys.stderr,
         flush=True,
     )

@@ -1,6 +1,7 @@
 """README's Helm install, as written, on the test cluster: without the Prometheus Operator's API
 the chart skips its monitors and rules and says so; with the operator's CRDs (from its Go
-module) it creates them, each monitor with honorLabels (issue 20, defects 2 and 3)."""
+module) it creates them: the operator's ServiceMonitor with honorLabels (issue 20, defects 2 and 3), the
+engines' PodMonitor without, its target labels winning over a tenant's series (issue 28)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,18 @@ def test_monitors_render_only_where_the_api_exists(cluster: Cluster) -> None:
     # The operator's series carry the InferenceService's `namespace`: without honorLabels
     # Prometheus renames it exported_namespace and the dashboard is empty.
     assert monitors["ServiceMonitor"]["spec"]["endpoints"][0]["honorLabels"] is True
-    assert monitors["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
+    assert "namespaceSelector" not in monitors["ServiceMonitor"]["spec"]  # its own namespace only
+    # The engines' pods are any tenant's: their target labels win, so a series cannot claim
+    # another namespace's pod (issue 28); the forged identity and gateway signals are dropped.
+    engines = monitors["PodMonitor"]["spec"]["podMetricsEndpoints"][0]
+    assert engines["honorLabels"] is False
+    drops = {r.get("action"): r for r in engines["metricRelabelings"]}
+    assert re.fullmatch(drops["labeldrop"]["regex"], "exported_namespace")
+    assert re.fullmatch(drops["labeldrop"]["regex"], "exported_pod")
+    assert not re.fullmatch(drops["labeldrop"]["regex"], "model_name")
+    for gateway_metric in ("inference_extension_flow_control_queue_size", "interceptor_pending_request_count"):
+        assert re.fullmatch(drops["drop"]["regex"], gateway_metric)
+    assert not re.fullmatch(drops["drop"]["regex"], "vllm:num_requests_waiting")
 
 
 @pytest.mark.parametrize("with_crds", [False, True], ids=["no-prometheus-operator", "prometheus-operator-crds"])
@@ -78,6 +90,8 @@ def test_readme_install_works_as_written(
             rules = custom.list_namespaced_custom_object(MONITORING, "v1", release_ns, "prometheusrules")["items"]
             assert len(pods) == len(services) == len(rules) == 1
             assert services[0]["spec"]["endpoints"][0]["honorLabels"] is True  # kept by the CRD's schema
+            engines = pods[0]["spec"]["podMetricsEndpoints"][0]
+            assert engines["honorLabels"] is False and len(engines["metricRelabelings"]) == 2
         else:
             assert "the PodMonitor and ServiceMonitor were NOT created" in out.stdout
             assert "the alert\nrules were NOT created" in out.stdout

@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from tests.cluster.harness import Cluster, free_port, holds_for, wait_until
-from tests.cluster.monitors import Discovered, scrape_config
+from tests.cluster.monitors import Discovered, chart_monitors, scrape_config, scrape_config_sd
 from tests.cluster.processes import Operator, standin
 from tests.cluster.prometheus import Prometheus
 from tests.cluster.test_chart import KUBE_VERSION
@@ -30,26 +28,22 @@ STABILIZATION_S = 20.0
 # continuous batching in the model): 20 req/s needs three or four of the four L4 nodes.
 LOAD = "steps:0.5@0,20@20,0.2@75"
 
-
-MONITOR_APIS = ("monitoring.coreos.com/v1/PodMonitor", "monitoring.coreos.com/v1/ServiceMonitor")
 RELEASE_NAMESPACE = "kvscale-system"  # the operator pod's: not the InferenceService's
 
 
-def chart_scrape_jobs(cluster: Cluster, namespace: str, engines_port: int, operator_port: int) -> list[dict[str, Any]]:
-    """The chart's monitors, rendered as a user installs them, as scrape configs: the engines'
-    pods in the service's namespace, the operator's pod in the release's namespace."""
-    args = ["template", "kvscale", str(ROOT / "charts" / "kvscale"), "--namespace", RELEASE_NAMESPACE]
-    args += ["--kube-version", KUBE_VERSION]
-    args += ["--set", "monitoring.enabled=true", "--set", "monitoring.interval=1s"]
-    for api_version in MONITOR_APIS:
-        args += ["--api-versions", api_version]
-    out = subprocess.run([str(cluster.helm), *args], capture_output=True, text=True, check=True)
-    monitors = {d["kind"]: d for d in yaml.safe_load_all(out.stdout) if d and d["kind"].endswith("Monitor")}
-    engines = Discovered(f"127.0.0.1:{engines_port}", namespace, "looped-0-0", "engine", "http")
+def chart_scrape_jobs(cluster: Cluster, engines_port: int, operator_port: int) -> list[dict[str, Any]]:
+    """The chart's monitors as scrape configs: each engine pod `kvscale sim serve` plays, found
+    through its HTTP service discovery as Kubernetes discovery would list it (a target per pod,
+    so the PodMonitor's target labels name each pod), and the operator's pod in the release's
+    namespace."""
+    monitors = chart_monitors(cluster.helm, ROOT / "charts" / "kvscale", RELEASE_NAMESPACE, KUBE_VERSION)
     operator = Discovered(
         f"127.0.0.1:{operator_port}", RELEASE_NAMESPACE, "kvscale-5d8f7-x2x9q", "operator", "metrics", "kvscale"
     )
-    return [scrape_config(monitors["PodMonitor"], engines), scrape_config(monitors["ServiceMonitor"], operator)]
+    return [
+        scrape_config_sd(monitors["PodMonitor"], f"http://127.0.0.1:{engines_port}/sd"),
+        scrape_config(monitors["ServiceMonitor"], operator),
+    ]
 
 
 def replicas(api: client.ApiClient, namespace: str, name: str) -> int:
@@ -72,7 +66,7 @@ def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
     body["spec"]["slo"]["timePerOutputToken"] = "60ms"
     metrics_port = free_port()
     op = Operator(cluster, tmp_path)
-    jobs = chart_scrape_jobs(cluster, namespace, metrics_port, op.metrics_port)
+    jobs = chart_scrape_jobs(cluster, metrics_port, op.metrics_port)
     prom = Prometheus(tmp_path / "prom", targets=[], jobs=jobs).start()
     op.env.update(
         {
@@ -121,6 +115,16 @@ def test_fleet_follows_load_holds_without_metrics_and_obeys_a_pin(
         60,
         "TTFT and TPOT back within target",
     )
+
+    # Each engine pod is a target of its own (the stand-in's HTTP SD, as Kubernetes SD lists
+    # pods): the PodMonitor's target labels name the real pods, none collapse into another.
+    def scraped_pods() -> set[str]:
+        return {r["metric"]["pod"] for r in prom.query(f'vllm:num_requests_running{{namespace="{ns}"}}')}
+
+    def pods() -> set[str]:
+        return {p.metadata.name for p in client.CoreV1Api(api).list_namespaced_pod(ns).items}
+
+    wait_until(lambda: len(scraped_pods()) >= 3 and scraped_pods() <= pods(), 30, "a series per engine pod")
 
     # Drop at t=75s to 0.2 req/s (one replica's worth): the fleet shrinks to one only after
     # the one-replica target has held for the stabilization window.

@@ -70,7 +70,14 @@ def zero(
     server, thread = start_http_server(queue_port, addr="127.0.0.1", registry=registry)
     metrics_port = free_port()
     op = Operator(cluster, tmp_path)
-    prom = Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{metrics_port}", f"127.0.0.1:{queue_port}"]).start()
+    # The gateway is scraped as Kubernetes service discovery would label it: the picker pod runs
+    # in its pool's namespace (the service's), the KEDA interceptor in KEDA's own.
+    scraped_in = namespace if routing == "inferencePool" else "keda"
+    gateway = {
+        "job_name": "gateway",
+        "static_configs": [{"targets": [f"127.0.0.1:{queue_port}"], "labels": {"namespace": scraped_in}}],
+    }
+    prom = Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{metrics_port}"], jobs=[gateway]).start()
     op.env.update(
         {
             "KVSCALE_PROMETHEUS_URL": prom.url,

@@ -9,6 +9,7 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -16,6 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvscale.autoscaling.observation import DecisionKind, Observation
+from kvscale.autoscaling.policy import PolicyConfig, PolicyState, decide
 from kvscale.metrics.client import (
     AsyncPrometheusClient,
     Missing,
@@ -261,3 +264,64 @@ def test_timeouts_are_timeouts_and_not_retried() -> None:
     obs, why = asyncio.run(observe_async(client(), "vllm", "ns", "svc", 95, 1, 0, time.time()))
     assert obs.stale and why is not None and "did not answer" in why
     assert len(calls) == len(queries(ENGINES["vllm"], "ns", "svc", 0.95, "1m"))  # each query once
+
+
+def _observe_answering(answer: Callable[[str], str]) -> tuple[Observation, str | None]:
+    """observe_async against a Prometheus that answers each query with `answer(query)`."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=json.dumps(vector(answer(request.url.params["query"]))).encode())
+
+    client = AsyncPrometheusClient(BASE, retries=0, transport=httpx.MockTransport(handler))
+    return asyncio.run(observe_async(client, "vllm", "ns", "svc", 95, 3, 0, time.time()))
+
+
+def _fresh_but(key: str, value: str) -> Callable[[str], str]:
+    """Fresh samples (age 3 s) and 0.2 for every query, `value` for the observation key's query."""
+    built = queries(ENGINES["vllm"], "ns", "svc", 0.95, "1m")
+    return lambda q: value if q == built[key] else ("3" if q == built["age"] else "0.2")
+
+
+class _OneReplica:
+    """A capacity model: one replica carries 1 req/s."""
+
+    max_batch = 16
+
+    def rate_per_replica(
+        self, input_tokens: float, output_tokens: float, fleet_rate_per_s: float | None = None
+    ) -> float:
+        return 1.0
+
+    def predicted_tpot_s(
+        self, rate_per_replica: float, input_tokens: float, output_tokens: float, fleet_rate_per_s: float | None = None
+    ) -> float:
+        return 0.02
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        # Every query NaN: the series are there, so not "no engine samples in Prometheus".
+        (lambda q: "NaN", "age query answered NaN"),
+        (_fresh_but("running", "+Inf"), "running query answered +Inf"),
+        (_fresh_but("waiting", "-Inf"), "waiting query answered -Inf"),
+        (_fresh_but("rate", "NaN"), "rate query answered NaN"),
+    ],
+)
+def test_nan_or_inf_answers_are_said_as_such_and_never_scale_down(answer: Callable[[str], str], said: str) -> None:
+    obs, why = _observe_answering(answer)
+    assert why is not None and said in why, why
+    assert "no engine samples" not in why and "no data for" not in why
+    assert not obs.complete  # the policy holds on an incomplete observation: never a scale-down
+    config = PolicyConfig(0.5, 0.05, 256, 64, min_replicas=1, max_replicas=8)
+    decision, _ = decide(obs, PolicyState(), _OneReplica(), config)
+    assert decision.replicas >= obs.current_replicas and decision.kind is DecisionKind.MISSING_METRICS
+
+
+def test_no_series_at_all_is_still_no_engine_samples() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=json.dumps(vector()).encode())
+
+    client = AsyncPrometheusClient(BASE, retries=0, transport=httpx.MockTransport(handler))
+    obs, why = asyncio.run(observe_async(client, "vllm", "ns", "svc", 95, 3, 0, time.time()))
+    assert obs.stale and why == "no engine samples in Prometheus"

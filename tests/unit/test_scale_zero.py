@@ -56,9 +56,18 @@ def run(
     return scale_zero(intent, RES, first.status, start, obs, queue, done, memo, 95.0, at)
 
 
-def test_the_queue_query_reads_the_pickers_gauge() -> None:
-    assert queue_promql("chat") == 'sum(inference_extension_flow_control_queue_size{inference_pool="chat"})'
+def test_the_queue_query_reads_the_pickers_gauge_in_the_services_namespace() -> None:
+    # inference_pool is the bare pool name (the picker's --pool-name): one name in two
+    # namespaces is one label value, so the picker pod's namespace tells them apart (issue 28).
+    assert queue_promql("t2", "chat") == (
+        'sum(inference_extension_flow_control_queue_size{namespace="t2",inference_pool="chat"})'
+    )
     assert QUEUE_METRIC == "inference_extension_flow_control_queue_size"
+    assert queue_queries(parse_intent(POOLED), RES) == (queue_promql(RES.namespace, RES.name),)
+    # Label values are escaped: a quote cannot end the matcher and widen the query.
+    assert queue_promql('a"b', "c\\d") == (
+        'sum(inference_extension_flow_control_queue_size{namespace="a\\"b",inference_pool="c\\\\d"})'
+    )
 
 
 def test_refused_behind_a_plain_service_with_one_replica_kept() -> None:

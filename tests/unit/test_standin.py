@@ -3,6 +3,7 @@ metrics it exposes carry the names the operator's queries read (one table)."""
 
 from __future__ import annotations
 
+import httpx
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
@@ -14,7 +15,7 @@ from kvscale.sim.engine import StepTimes
 from kvscale.sim.fleet import FleetSpec
 from kvscale.sim.load_profile import parse_profile
 from kvscale.sizing.catalog import default_catalog
-from kvscale.standin.exposition import EngineCollector
+from kvscale.standin.exposition import EngineCollector, serve_metrics
 from kvscale.standin.fleet import PodFleet
 
 CAT = default_catalog()
@@ -78,3 +79,48 @@ def test_exposed_names_are_the_ones_the_queries_read() -> None:
         assert any(name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") in q
                    for q in queries(vllm, "ns", "chat", 0.95, "1m").values()), name  # fmt: skip
     assert 'pod="chat-5d9c-x1"' in text and 'namespace="ns"' in text
+
+
+def test_each_pod_is_a_target_of_its_own_as_kubernetes_discovery_gives_it() -> None:
+    # Prometheus's http_sd_configs reads /sd; each target's __param_pod makes its scrape ask
+    # /metrics?pod=NAME, which serves that pod's series with vLLM's labels only (a real engine
+    # exports no pod or namespace: the scrape's target labels add them, and win).
+    clock = Clock()
+    f = fleet(clock)
+    f.sync_pods(["chat-5d9c-x1", "chat-5d9c-x2"])
+    for _ in range(60):
+        clock.t += 0.1
+        f.tick()
+    engines = EngineCollector(f, "t2", "llama-3.1-8b")
+    registry = CollectorRegistry()
+    registry.register(engines)
+    server = serve_metrics(registry, 0, engines)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        targets = httpx.get(f"{base}/sd", timeout=5).json()
+        assert [t["labels"]["__param_pod"] for t in targets] == ["chat-5d9c-x1", "chat-5d9c-x2"]
+        for t in targets:
+            assert t["targets"] == [base.removeprefix("http://")]
+            assert t["labels"]["__meta_kubernetes_namespace"] == "t2"
+            assert t["labels"]["__meta_kubernetes_pod_name"] == t["labels"]["__param_pod"]
+            assert t["labels"]["__meta_kubernetes_pod_container_name"] == "engine"
+            assert t["labels"]["__meta_kubernetes_pod_container_port_name"] == "http"
+        one = httpx.get(f"{base}/metrics", params={"pod": "chat-5d9c-x2"}, timeout=5).text
+        running = [line for line in one.splitlines() if line.startswith("vllm:num_requests_running")]
+        assert running == [f'vllm:num_requests_running{{engine="0",model_name="llama-3.1-8b"}} {_running(f, 1)}']
+        assert "pod=" not in one and "namespace=" not in one and "chat-5d9c-x1" not in one
+        assert "vllm:time_to_first_token_seconds_bucket{" in one
+        # The unfiltered /metrics (plain static scrapes) still has every pod, labelled.
+        every = httpx.get(f"{base}/metrics", timeout=5).text
+        assert 'pod="chat-5d9c-x1"' in every and 'pod="chat-5d9c-x2"' in every and 'namespace="t2"' in every
+        assert (
+            httpx.get(f"{base}/metrics", params={"pod": "gone"}, timeout=5).text.count("vllm:num_requests_running{")
+            == 0
+        )
+    finally:
+        server.shutdown()
+
+
+def _running(f: PodFleet, index: int) -> str:
+    stats = sorted(f.serving(), key=lambda s: s.pod)[index]
+    return f"{float(len(stats.replica.running))}"
