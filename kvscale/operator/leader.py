@@ -31,20 +31,28 @@ from urllib3.exceptions import HTTPError
 
 log = logging.getLogger("kvscale.operator")
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# Outside a pod: the namespace of the README's `helm install kvscale ... -n kvscale-system`, whose
+# Lease (named by the chart after the release's full name, "kvscale", the default KVSCALE_LEASE_NAME)
+# a hand-run operator then shares instead of leading beside the chart's.
+HAND_RUN_NAMESPACE = "kvscale-system"
 
 
-class LeaseForbidden(RuntimeError):
+class LeaseUnusable(RuntimeError):
+    """The Lease cannot be used as configured; the operator stops with the message."""
+
+
+class LeaseForbidden(LeaseUnusable):
     """The operator may not read or write its Lease: RBAC must grant it (the chart does)."""
 
 
 def lease_namespace(configured: str, service_account_file: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
-    """The namespace configured, else the pod's own (in a cluster), else `default`."""
+    """The namespace configured, else the pod's own (in a cluster), else HAND_RUN_NAMESPACE."""
     if configured:
         return configured
     try:
-        return service_account_file.read_text().strip() or "default"
+        return service_account_file.read_text().strip() or HAND_RUN_NAMESPACE
     except OSError:
-        return "default"
+        return HAND_RUN_NAMESPACE
 
 
 def identity() -> str:
@@ -106,7 +114,7 @@ class Elector:
             if exc.status != 404:
                 raise
             body = client.V1Lease(metadata=client.V1ObjectMeta(name=self.name), spec=self._lease_body(now, 0))
-            return self._write(lambda: self.coordination.create_namespaced_lease(self.namespace, body))
+            return self._write(lambda: self.coordination.create_namespaced_lease(self.namespace, body), creating=True)
         spec = lease.spec or client.V1LeaseSpec()
         renewed = spec.renew_time.isoformat() if spec.renew_time else None
         record = Record(spec.holder_identity, renewed, float(spec.lease_duration_seconds or self.duration_s))
@@ -123,7 +131,7 @@ class Elector:
         lease.spec = spec  # metadata keeps the resourceVersion read: a concurrent writer gets 409
         return self._write(lambda: self.coordination.replace_namespaced_lease(self.name, self.namespace, lease))
 
-    def _write(self, call: Callable[[], Any]) -> bool:
+    def _write(self, call: Callable[[], Any], creating: bool = False) -> bool:
         try:
             call()
         except ApiException as exc:
@@ -131,6 +139,12 @@ class Elector:
                 return False
             if exc.status == 403:
                 raise LeaseForbidden(self._forbidden(exc)) from exc
+            if exc.status == 404 and creating:  # a create in a namespace that does not exist
+                raise LeaseUnusable(
+                    f"the Lease's namespace {self.namespace} does not exist: create it (the chart's release "
+                    "namespace), or set KVSCALE_LEASE_NAMESPACE (and KVSCALE_LEASE_NAME) to the Lease of the "
+                    "operator this one should stand by for"
+                ) from exc
             raise
         self.holder = self.me
         return True
@@ -158,7 +172,7 @@ class Elector:
 async def _attempt(elector: Elector) -> bool:
     try:
         return await asyncio.to_thread(elector.try_hold)
-    except LeaseForbidden:
+    except LeaseUnusable:
         raise
     except (ApiException, HTTPError, OSError) as exc:
         log.warning("Lease %s/%s: %s; retrying", elector.namespace, elector.name, exc)

@@ -16,9 +16,9 @@ def test_a_fresh_record_of_another_holder_is_held() -> None:
     assert not held_by_other(Record(None, None, 15.0), "a-1", 0.0)  # released
 
 
-def test_the_lease_namespace_is_configured_else_the_pods_else_default(tmp_path: Path) -> None:
+def test_the_lease_namespace_is_configured_else_the_pods_else_the_charts(tmp_path: Path) -> None:
     assert lease_namespace("ops", tmp_path / "none") == "ops"
-    assert lease_namespace("", tmp_path / "none") == "default"
+    assert lease_namespace("", tmp_path / "none") == "kvscale-system"  # the README's release namespace
     mounted = tmp_path / "namespace"
-    mounted.write_text("kvscale-system\n")
-    assert lease_namespace("", mounted) == "kvscale-system"
+    mounted.write_text("team-a\n")
+    assert lease_namespace("", mounted) == "team-a"
