@@ -28,7 +28,8 @@ def test_kopf_retries_a_refused_request_without_end() -> None:
     assert sum(default) == 54 and len(default) + 1 == 9
     configure(settings)
     backoffs = settings.networking.error_backoffs
-    first = list(itertools.islice(iter(backoffs), 200))  # type: ignore[call-overload]
+    assert isinstance(backoffs, access.RetryForever)
+    first = list(itertools.islice(iter(backoffs), 200))
     assert len(first) == 200, "endless"
     assert first[: len(default)] == default  # kopf's own start
     assert max(first) == access.RETRY_CAP_S and first[-1] == access.RETRY_CAP_S
