@@ -34,7 +34,7 @@ RECHECK_S = 60.0  # access granted is looked at again this often (RBAC can be re
 BUDGETS = "gpubudgets"
 WATCH_CONDITION = "BudgetsWatched"  # on InferenceServices, present (False) only while GPUBudgets cannot be watched
 CLUSTER_ROLE_FIX = (
-    "grant it in a ClusterRole (a namespaced Role cannot grant a cluster-scoped kind): the chart does in "
+    "grant them in a ClusterRole (a namespaced Role cannot grant a cluster-scoped kind): the chart does in "
     "every mode (charts/kvscale/files/rbac-cluster-rules.yaml), by hand see deploy/rbac/operator.yaml"
 )
 
@@ -73,7 +73,7 @@ def needs(namespaces: tuple[str, ...]) -> tuple[Need, ...]:
     """GPUBudgets (cluster-scoped: the watch and the budget timer's writes) and InferenceServices
     where the operator watches them."""
     budgets = "GPUBudgets are not enforced"
-    role = "grant it in the Role of that namespace (the chart's operator.watchNamespaces makes one)"
+    role = "grant them in the Role of that namespace (the chart's operator.watchNamespaces makes one)"
     services = tuple(
         Need(
             "inferenceservices",
@@ -102,10 +102,11 @@ Denials = tuple[tuple[Need, tuple[str, ...]], ...]  # each need refused, with th
 
 
 def message(denials: Denials) -> str:
-    """One sentence per refused need: what, what stops working, how to grant it."""
-    return "; ".join(
-        f"the operator may not {need.describe(verbs)}: {need.affects}; {need.fix}" for need, verbs in denials
-    )
+    """What is refused and what stops working, then how to grant it (one sentence per fix)."""
+    by_fix: dict[str, list[str]] = {}
+    for need, verbs in denials:
+        by_fix.setdefault(need.fix, []).append(f"{need.describe(verbs)} ({need.affects})")
+    return "; ".join(f"the operator may not {' nor '.join(parts)}: {fix}" for fix, parts in by_fix.items())
 
 
 def budget_message(denials: Denials) -> str | None:

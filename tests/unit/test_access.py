@@ -55,7 +55,7 @@ def test_a_refused_budget_watch_names_verbs_kind_and_the_rule_to_fix() -> None:
     assert [(n.resource, verbs) for n, verbs in denials] == [("gpubudgets", ("list", "watch"))]
     text = access.budget_message(denials)
     assert text is not None
-    assert text.startswith("the operator may not list, watch gpubudgets.kvscale.io cluster-wide: ")
+    assert text.startswith("the operator may not list, watch gpubudgets.kvscale.io cluster-wide (GPUBudgets are not")
     assert "GPUBudgets are not enforced" in text
     assert "ClusterRole" in text and "charts/kvscale/files/rbac-cluster-rules.yaml" in text
     assert access.budget_message(access.check(lambda need, verb: True, wanted)) is None
