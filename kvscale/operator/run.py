@@ -64,7 +64,7 @@ def serve_metrics(port: int, address: str = "127.0.0.1") -> None:
         telemetry.serve(port, address)
     except OSError as exc:
         raise SettingsError(
-            f"KVSCALE_METRICS_PORT: {address}:{port} cannot be served ({exc.strerror or exc}): free it, "
+            f"KVSCALE_METRICS_PORT: port {port} cannot be served on {address} ({exc.strerror or exc}): free it, "
             "choose another port or KVSCALE_METRICS_ADDRESS, or set the port to 0 to serve no metrics"
         ) from exc
 
