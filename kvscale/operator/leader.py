@@ -33,8 +33,22 @@ log = logging.getLogger("kvscale.operator")
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # Outside a pod: the namespace of the README's `helm install kvscale ... -n kvscale-system`, whose
 # Lease (named by the chart after the release's full name, "kvscale", the default KVSCALE_LEASE_NAME)
-# a hand-run operator then shares instead of leading beside the chart's.
+# a hand-run operator then shares instead of leading beside the chart's. Where that namespace does
+# not exist (no chart installed: a test cluster, kind) it falls back to FALLBACK_NAMESPACE.
 HAND_RUN_NAMESPACE = "kvscale-system"
+FALLBACK_NAMESPACE = "default"
+
+
+def fallback_namespace(configured: str, service_account_file: Path = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
+    """Where a hand-run operator's Lease goes when HAND_RUN_NAMESPACE does not exist; None when
+    the namespace was configured or is the pod's own (then a missing one is an error)."""
+    if configured:
+        return None
+    try:
+        in_pod = bool(service_account_file.read_text().strip())
+    except OSError:
+        in_pod = False
+    return None if in_pod else FALLBACK_NAMESPACE
 
 
 class LeaseUnusable(RuntimeError):
@@ -79,9 +93,12 @@ class Elector:
     """Takes, renews and releases one Lease. Synchronous (the Kubernetes client); the async
     loops below run it in a thread."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, name: str, duration_s: float, me: str) -> None:
+    def __init__(
+        self, api: client.ApiClient, namespace: str, name: str, duration_s: float, me: str, fallback: str | None = None
+    ) -> None:
         self.coordination = client.CoordinationV1Api(api)
         self.namespace, self.name, self.duration_s, self.me = namespace, name, duration_s, me
+        self.fallback = fallback  # the namespace to use when `namespace` does not exist (a hand-run default)
         self._record: Record | None = None
         self._changed_at = 0.0  # monotonic time the record was last seen to change
         self.holder: str | None = None  # as last read, for the standby's log line
@@ -139,7 +156,18 @@ class Elector:
                 return False
             if exc.status == 403:
                 raise LeaseForbidden(self._forbidden(exc)) from exc
-            if exc.status == 404 and creating:  # a create in a namespace that does not exist
+            if exc.status == 404 and creating and self.fallback:  # a create in a namespace that does not exist
+                log.warning(
+                    "Lease namespace %s does not exist: using %s/%s (a chart installed in %s later leads beside "
+                    "this operator; set KVSCALE_LEASE_NAMESPACE and KVSCALE_LEASE_NAME to its Lease to stand by)",
+                    self.namespace,
+                    self.fallback,
+                    self.name,
+                    self.namespace,
+                )
+                self.namespace, self.fallback = self.fallback, None
+                return False  # the next attempt takes it there
+            if exc.status == 404 and creating:
                 raise LeaseUnusable(
                     f"the Lease's namespace {self.namespace} does not exist: create it (the chart's release "
                     "namespace), or set KVSCALE_LEASE_NAMESPACE (and KVSCALE_LEASE_NAME) to the Lease of the "

@@ -83,7 +83,12 @@ async def _serve(
     if settings.leader_election:
         namespace = leader.lease_namespace(settings.lease_namespace)
         elector = leader.Elector(
-            new_api_client(1), namespace, settings.lease_name, settings.lease_duration_s, leader.identity()
+            new_api_client(1),
+            namespace,
+            settings.lease_name,
+            settings.lease_duration_s,
+            leader.identity(),
+            leader.fallback_namespace(settings.lease_namespace),
         )
         probe = await _standby_probe(liveness) if liveness else None
         try:

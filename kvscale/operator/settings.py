@@ -210,8 +210,8 @@ class Settings:
     lease_namespace: str = setting(
         "KVSCALE_LEASE_NAMESPACE",
         "",
-        "Namespace of the Lease; empty: the operator pod's own, else kvscale-system (the chart's release "
-        "namespace in the README), which must exist.",
+        "Namespace of the Lease; empty: the operator pod's own, else kvscale-system (the README's chart "
+        "install) where it exists, else default.",
         _text,
     )
     lease_duration_s: float = setting(
