@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 from kvscale.api import GROUP, PLURAL, VERSION
 from tests.cluster.harness import Cluster, holds_for, wait_until
 from tests.cluster.processes import Operator
-from tests.cluster.test_chart import CHART, helm, render
+from tests.cluster.test_chart import CHART, KUBE_VERSION, helm, render
 from tests.cluster.test_operator import condition, create, events, get
 from tests.cluster.test_operator_rbac import service_account_kubeconfig
 
@@ -326,7 +326,8 @@ def test_network_policy_renders_only_when_asked_and_the_api_server_accepts_it(cl
     docs = rendered(cluster, "networkPolicy.enabled=true")  # nobody may scrape: only the health rule
     (closed,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
     assert closed["spec"]["ingress"] == [{"ports": [{"port": "health", "protocol": "TCP"}]}]
-    args = ["template", "kvscale", str(CHART), "--namespace", "kvscale-system", "-f", str(values)]
+    args = ["template", "kvscale", str(CHART), "--namespace", "kvscale-system", "--kube-version", KUBE_VERSION]
+    args += ["-f", str(values)]
     (policy,) = [d for d in yaml.safe_load_all(helm(cluster, *args).stdout) if d and d["kind"] == "NetworkPolicy"]
     spec = policy["spec"]
     assert spec["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
@@ -342,5 +343,15 @@ def test_network_policy_renders_only_when_asked_and_the_api_server_accepts_it(cl
     manifest = tmp_path / "policy.yaml"
     manifest.write_text(yaml.safe_dump(policy))
     assert "(server dry run)" in cluster.kubectl("apply", "--dry-run=server", "-f", str(manifest))
-    out = helm(cluster, "template", "k", str(CHART), "--set", "networkPolicy.metricsFrom[0]=", check=False)
+    out = helm(
+        cluster,
+        "template",
+        "k",
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "networkPolicy.metricsFrom[0]=",
+        check=False,
+    )
     assert out.returncode != 0 and "networkPolicy" in out.stderr  # a peer must say who
