@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import time
 import uuid
 from collections.abc import Iterator
@@ -83,8 +84,11 @@ def alive(operator: Operator) -> bool:
 @pytest.fixture
 def crds(cluster: Cluster) -> None:
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    for crd in (PLURAL, "gpubudgets"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.{GROUP}", "--timeout=60s")
+    for crd in (PLURAL, "gpubudgets"):  # polled: a CRD just created has no conditions for `kubectl wait` yet
+        established = functools.partial(
+            cluster.kubectl_ok, "wait", "--for=condition=Established", f"crd/{crd}.{GROUP}", "--timeout=5s"
+        )
+        wait_until(established, 60, f"CRD {crd} established")
 
 
 @pytest.fixture
