@@ -34,7 +34,8 @@ def operator(
         typer.Option("--namespace", "-n", help="Watch only these namespaces (repeatable); default all."),
     ] = None,
     liveness: Annotated[
-        str | None, typer.Option(help="Serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz.")
+        str | None,
+        typer.Option(help="Serve kopf's liveness probe here, e.g. http://127.0.0.1:8080/healthz (none unless given)."),
     ] = None,
 ) -> None:
     """Run the operator against the cluster of the current kubeconfig (or in-cluster config)."""

@@ -41,6 +41,7 @@ from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.metrics.observe import observe_batched, observe_workload_batched, tick_queries, workload_reads
 from kvscale.operator import children as owned
 from kvscale.operator import effects, inference_pool, telemetry
+from kvscale.operator.access import Access, RetryForever, budgets_watched
 from kvscale.operator.budget import BudgetBook, cap_deploy, govern, moved, moving_to
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
 from kvscale.operator.diffbase import DigestDiffBaseStorage
@@ -107,6 +108,7 @@ class Runtime:
     workload_reader: FleetReader | None = None  # the workload's, with the workload client
     stopping: bool = False  # set at cleanup: a tick still in flight then writes nothing
     budgets: BudgetBook = field(default_factory=BudgetBook)  # GPUBudgets and their services' wants
+    access: Access = field(default_factory=Access)  # watches refused (run.py checks them)
     # Observed start-to-ready seconds by (model, GPU type, TP, precision), newest last: a new
     # service (or a re-plan) starts its policy with the cold starts other replicas showed.
     cold_starts: dict[tuple[str, str, int, str], tuple[float, ...]] = field(default_factory=dict)
@@ -393,11 +395,26 @@ async def status_tick(rt: Runtime, call: Call) -> None:
         else:
             result = refresh(call.spec, call.res, call.before, seen, rt.catalog, rt.settings, now)
         result = None if result is None else under_budget(rt, call, result, seen)
+        result = refusals(rt, call, result, now)
     except Exception as exc:  # counted and shown in status; the timer runs again
         effects.timer_failed("refresh", call.body, call.patch, call.before, call.res, exc)
         return
     if result is not None:
         await call.apply_async(rt, replace(result, status=mark_synced("refresh", result.status, call.res.generation)))
+
+
+def refusals(rt: Runtime, call: Call, result: Result | None, now: dt.datetime) -> Result | None:
+    """The BudgetsWatched condition and its Event (kvscale.operator.access) on the status tick's result."""
+    if not rt.access.checked:  # nothing known yet: a condition a previous run set stays until the check
+        return result
+    status = call.before if result is None else result.status
+    changed = budgets_watched(status, call.res, rt.access.budgets, now)
+    if changed is None:
+        return result
+    new, events = changed
+    if result is None:
+        return Result(status=new, events=events)
+    return replace(result, status=new, events=(*result.events, *events))
 
 
 async def scale_tick(rt: Runtime, call: Call) -> None:
@@ -583,3 +600,6 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.peering.standalone = True
     # kopf keeps a finalizer while the per-object timers run, so it can stop them cleanly.
     settings.persistence.finalizer = "kvscale.io/finalizer"
+    # A refused or failing request is retried without end (capped backoff): after kopf's own nine
+    # attempts one refused watch (403) ended the whole operator (kvscale.operator.access).
+    settings.networking.error_backoffs = RetryForever()

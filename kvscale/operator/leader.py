@@ -31,20 +31,42 @@ from urllib3.exceptions import HTTPError
 
 log = logging.getLogger("kvscale.operator")
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# Outside a pod: the namespace of the README's `helm install kvscale ... -n kvscale-system`, whose
+# Lease (named by the chart after the release's full name, "kvscale", the default KVSCALE_LEASE_NAME)
+# a hand-run operator then shares instead of leading beside the chart's. Where that namespace does
+# not exist (no chart installed: a test cluster, kind) it falls back to FALLBACK_NAMESPACE.
+HAND_RUN_NAMESPACE = "kvscale-system"
+FALLBACK_NAMESPACE = "default"
 
 
-class LeaseForbidden(RuntimeError):
+def fallback_namespace(configured: str, service_account_file: Path = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
+    """Where a hand-run operator's Lease goes when HAND_RUN_NAMESPACE does not exist; None when
+    the namespace was configured or is the pod's own (then a missing one is an error)."""
+    if configured:
+        return None
+    try:
+        in_pod = bool(service_account_file.read_text().strip())
+    except OSError:
+        in_pod = False
+    return None if in_pod else FALLBACK_NAMESPACE
+
+
+class LeaseUnusable(RuntimeError):
+    """The Lease cannot be used as configured; the operator stops with the message."""
+
+
+class LeaseForbidden(LeaseUnusable):
     """The operator may not read or write its Lease: RBAC must grant it (the chart does)."""
 
 
 def lease_namespace(configured: str, service_account_file: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
-    """The namespace configured, else the pod's own (in a cluster), else `default`."""
+    """The namespace configured, else the pod's own (in a cluster), else HAND_RUN_NAMESPACE."""
     if configured:
         return configured
     try:
-        return service_account_file.read_text().strip() or "default"
+        return service_account_file.read_text().strip() or HAND_RUN_NAMESPACE
     except OSError:
-        return "default"
+        return HAND_RUN_NAMESPACE
 
 
 def identity() -> str:
@@ -71,9 +93,12 @@ class Elector:
     """Takes, renews and releases one Lease. Synchronous (the Kubernetes client); the async
     loops below run it in a thread."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, name: str, duration_s: float, me: str) -> None:
+    def __init__(
+        self, api: client.ApiClient, namespace: str, name: str, duration_s: float, me: str, fallback: str | None = None
+    ) -> None:
         self.coordination = client.CoordinationV1Api(api)
         self.namespace, self.name, self.duration_s, self.me = namespace, name, duration_s, me
+        self.fallback = fallback  # the namespace to use when `namespace` does not exist (a hand-run default)
         self._record: Record | None = None
         self._changed_at = 0.0  # monotonic time the record was last seen to change
         self.holder: str | None = None  # as last read, for the standby's log line
@@ -106,7 +131,7 @@ class Elector:
             if exc.status != 404:
                 raise
             body = client.V1Lease(metadata=client.V1ObjectMeta(name=self.name), spec=self._lease_body(now, 0))
-            return self._write(lambda: self.coordination.create_namespaced_lease(self.namespace, body))
+            return self._write(lambda: self.coordination.create_namespaced_lease(self.namespace, body), creating=True)
         spec = lease.spec or client.V1LeaseSpec()
         renewed = spec.renew_time.isoformat() if spec.renew_time else None
         record = Record(spec.holder_identity, renewed, float(spec.lease_duration_seconds or self.duration_s))
@@ -123,7 +148,7 @@ class Elector:
         lease.spec = spec  # metadata keeps the resourceVersion read: a concurrent writer gets 409
         return self._write(lambda: self.coordination.replace_namespaced_lease(self.name, self.namespace, lease))
 
-    def _write(self, call: Callable[[], Any]) -> bool:
+    def _write(self, call: Callable[[], Any], creating: bool = False) -> bool:
         try:
             call()
         except ApiException as exc:
@@ -131,6 +156,23 @@ class Elector:
                 return False
             if exc.status == 403:
                 raise LeaseForbidden(self._forbidden(exc)) from exc
+            if exc.status == 404 and creating and self.fallback:  # a create in a namespace that does not exist
+                log.warning(
+                    "Lease namespace %s does not exist: using %s/%s (a chart installed in %s later leads beside "
+                    "this operator; set KVSCALE_LEASE_NAMESPACE and KVSCALE_LEASE_NAME to its Lease to stand by)",
+                    self.namespace,
+                    self.fallback,
+                    self.name,
+                    self.namespace,
+                )
+                self.namespace, self.fallback = self.fallback, None
+                return False  # the next attempt takes it there
+            if exc.status == 404 and creating:
+                raise LeaseUnusable(
+                    f"the Lease's namespace {self.namespace} does not exist: create it (the chart's release "
+                    "namespace), or set KVSCALE_LEASE_NAMESPACE (and KVSCALE_LEASE_NAME) to the Lease of the "
+                    "operator this one should stand by for"
+                ) from exc
             raise
         self.holder = self.me
         return True
@@ -158,7 +200,7 @@ class Elector:
 async def _attempt(elector: Elector) -> bool:
     try:
         return await asyncio.to_thread(elector.try_hold)
-    except LeaseForbidden:
+    except LeaseUnusable:
         raise
     except (ApiException, HTTPError, OSError) as exc:
         log.warning("Lease %s/%s: %s; retrying", elector.namespace, elector.name, exc)

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import kopf
 from aiohttp import web
 
-from kvscale.operator import leader, telemetry
+from kvscale.operator import access, leader, telemetry
 from kvscale.operator.handlers import KUBE_WORKERS, RESUME_WORKERS, Runtime, register
 from kvscale.operator.informers import INFORMERS, inventory
 from kvscale.operator.k8s import Kube, new_api_client
@@ -36,42 +36,59 @@ def runtime(settings: Settings, namespaces: tuple[str, ...] = ()) -> Runtime:
 
 def run_operator(namespaces: tuple[str, ...], liveness: str | None = None) -> None:
     settings = Settings.from_env()
-    serve_metrics(settings.metrics_port)
+    serve_metrics(settings.metrics_port, settings.metrics_address)
     watched = list(namespaces or settings.namespaces)
     registry = kopf.OperatorRegistry()
-    register(registry, runtime(settings, tuple(watched)))
+    rt = runtime(settings, tuple(watched))
+    register(registry, rt)
     # kopf's own log format, to stderr; per-object lines (a failing handler) start with [namespace/name].
     kopf.configure(verbose=False, log_prefix=True)
     logging.getLogger().setLevel(settings.log_level.upper())
     # Per-object INFO lines ("Timer 'refresh' succeeded" every interval) drown real news.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prometheus query otherwise
-    if asyncio.run(_serve(settings, registry, watched, liveness)):
+    try:
+        lost = asyncio.run(_serve(settings, registry, watched, liveness, rt.access))
+    except leader.LeaseUnusable as exc:  # configuration, said once: not a traceback, not a retry loop
+        raise SettingsError(str(exc)) from exc
+    if lost:
         sys.exit(LOST_LEASE_EXIT)
 
 
-def serve_metrics(port: int) -> None:
+def serve_metrics(port: int, address: str = "127.0.0.1") -> None:
     """The operator's /metrics, first of all: a port in use stops the start at once, naming it
     (inside kopf's startup it failed and was retried every minute while nothing was handled)."""
     if not port:
         return
     try:
-        telemetry.serve(port)
+        telemetry.serve(port, address)
     except OSError as exc:
         raise SettingsError(
-            f"KVSCALE_METRICS_PORT: port {port} cannot be served ({exc.strerror or exc}): free it, "
-            "choose another port, or set 0 to serve no metrics"
+            f"KVSCALE_METRICS_PORT: port {port} cannot be served on {address} ({exc.strerror or exc}): free it, "
+            "choose another port or KVSCALE_METRICS_ADDRESS, or set the port to 0 to serve no metrics"
         ) from exc
 
 
-async def _serve(settings: Settings, registry: kopf.OperatorRegistry, watched: list[str], liveness: str | None) -> bool:
-    """kopf's operator, behind the Lease when leader election is on; True when the Lease was lost."""
+async def _serve(
+    settings: Settings,
+    registry: kopf.OperatorRegistry,
+    watched: list[str],
+    liveness: str | None,
+    refused: access.Access | None = None,
+) -> bool:
+    """kopf's operator, behind the Lease when leader election is on; True when the Lease was lost.
+    While leading, what its watches are refused is checked (kvscale.operator.access) into `refused`."""
     stop = asyncio.Event()
     elector = None
     if settings.leader_election:
         namespace = leader.lease_namespace(settings.lease_namespace)
         elector = leader.Elector(
-            new_api_client(1), namespace, settings.lease_name, settings.lease_duration_s, leader.identity()
+            new_api_client(1),
+            namespace,
+            settings.lease_name,
+            settings.lease_duration_s,
+            leader.identity(),
+            leader.fallback_namespace(settings.lease_namespace),
         )
         probe = await _standby_probe(liveness) if liveness else None
         try:
@@ -86,6 +103,10 @@ async def _serve(settings: Settings, registry: kopf.OperatorRegistry, watched: l
         stop.set()
 
     renewing = asyncio.create_task(leader.keep(elector, on_lost)) if elector is not None else None
+    checking = None
+    if refused is not None:
+        review = access.reviewer(new_api_client(1))
+        checking = asyncio.create_task(access.watch(refused, review, access.needs(tuple(watched))))
     try:
         await kopf.operator(
             registry=registry,
@@ -96,8 +117,9 @@ async def _serve(settings: Settings, registry: kopf.OperatorRegistry, watched: l
             stop_flag=stop,
         )
     finally:
-        if renewing is not None:
-            renewing.cancel()
+        for task in (renewing, checking):
+            if task is not None:
+                task.cancel()
         if elector is not None and not lost.is_set():
             await asyncio.to_thread(elector.release)
     return lost.is_set()

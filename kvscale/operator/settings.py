@@ -223,6 +223,13 @@ class Settings:
     metrics_port: int = setting(
         "KVSCALE_METRICS_PORT", "8081", "Port of the operator's own /metrics (0 disables).", _port
     )
+    metrics_address: str = setting(
+        "KVSCALE_METRICS_ADDRESS",
+        "127.0.0.1",
+        "Address /metrics binds (it lists every tenant's services and cost, without auth); the chart sets 0.0.0.0 "
+        "inside the pod for Prometheus, with networkPolicy to limit who reaches it.",
+        _text,
+    )
     log_level: str = setting("KVSCALE_LOG_LEVEL", "info", "debug, info, warning or error.", _level)
     leader_election: bool = setting(
         "KVSCALE_LEADER_ELECTION",
@@ -233,13 +240,17 @@ class Settings:
     )
     lease_name: str = setting(
         "KVSCALE_LEASE_NAME",
-        "kvscale-operator",
+        "kvscale",
         "Name of the Lease; operators that share it elect one leader (give installs watching other "
-        "namespaces their own).",
+        "namespaces their own). The default is the chart's for `helm install kvscale`, its release's full name.",
         _text,
     )
     lease_namespace: str = setting(
-        "KVSCALE_LEASE_NAMESPACE", "", "Namespace of the Lease; empty: the operator pod's own, else default.", _text
+        "KVSCALE_LEASE_NAMESPACE",
+        "",
+        "Namespace of the Lease; empty: the operator pod's own, else kvscale-system (the README's chart "
+        "install) where it exists, else default.",
+        _text,
     )
     lease_duration_s: float = setting(
         "KVSCALE_LEASE_DURATION",

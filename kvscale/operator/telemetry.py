@@ -83,8 +83,10 @@ def count_prometheus_errors(counts: Mapping[str, int]) -> None:
     REGISTRY.register(_prometheus_errors)
 
 
-def serve(port: int) -> None:
-    start_http_server(port, registry=REGISTRY)
+def serve(port: int, address: str = "127.0.0.1") -> None:
+    """/metrics on `address` (loopback unless configured: its series name every tenant's services
+    and their cost, and it has no auth)."""
+    start_http_server(port, addr=address, registry=REGISTRY)
 
 
 def _set(gauge: Gauge, labels: tuple[str, str], value: float | None) -> None:

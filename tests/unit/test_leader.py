@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvscale.operator.leader import Record, held_by_other, lease_namespace
+from kvscale.operator.leader import Record, fallback_namespace, held_by_other, lease_namespace
 
 
 def test_a_fresh_record_of_another_holder_is_held() -> None:
@@ -16,9 +16,18 @@ def test_a_fresh_record_of_another_holder_is_held() -> None:
     assert not held_by_other(Record(None, None, 15.0), "a-1", 0.0)  # released
 
 
-def test_the_lease_namespace_is_configured_else_the_pods_else_default(tmp_path: Path) -> None:
+def test_the_lease_namespace_is_configured_else_the_pods_else_the_charts(tmp_path: Path) -> None:
     assert lease_namespace("ops", tmp_path / "none") == "ops"
-    assert lease_namespace("", tmp_path / "none") == "default"
+    assert lease_namespace("", tmp_path / "none") == "kvscale-system"  # the README's release namespace
     mounted = tmp_path / "namespace"
-    mounted.write_text("kvscale-system\n")
-    assert lease_namespace("", mounted) == "kvscale-system"
+    mounted.write_text("team-a\n")
+    assert lease_namespace("", mounted) == "team-a"
+
+
+def test_a_hand_run_operator_falls_back_to_default_only_when_nothing_was_configured(tmp_path: Path) -> None:
+    """Without the chart's namespace (a test cluster, kind) a hand-run operator still starts."""
+    assert fallback_namespace("", tmp_path / "not-in-a-pod") == "default"
+    assert fallback_namespace("ops", tmp_path / "not-in-a-pod") is None  # configured: a missing one is an error
+    mounted = tmp_path / "namespace"
+    mounted.write_text("team-a\n")
+    assert fallback_namespace("", mounted) is None  # a pod's own namespace exists
