@@ -107,12 +107,19 @@ def simulate(
     policy: Annotated[
         str,
         typer.Option(
-            help="kvscale, static, hpa, keda, saturation, oracle, bound (per-minute fewest warm replicas that "
-            "meet the SLO), peak (cheapest fixed fleet that meets it), or all."
+            help="kvscale, static (a fixed fleet: --replicas, by default the busiest minute over modelled "
+            "capacity), hpa, keda, saturation, oracle, bound (per-minute fewest warm replicas that "
+            "meet the SLO), peak (cheapest fixed fleet that meets it, found by simulation), or all."
         ),
     ] = "all",
     replicas: Annotated[
-        int | None, typer.Option(help="Replicas of the static policy (default: peak provisioning).")
+        int | None,
+        typer.Option(
+            help="Replicas of the static policy, and every policy's starting fleet (default: the static policy "
+            "runs the busiest minute's rate, plus --headroom, over one replica's modelled capacity, and the "
+            "others start from the plan's replicas; not the `peak` yardstick, which simulates fleet sizes for the "
+            "smallest that meets the SLO)."
+        ),
     ] = None,
     max_replicas: Annotated[int, typer.Option("--max-replicas", help="Upper bound for every autoscaler.")] = 100,
     cold_start: Annotated[

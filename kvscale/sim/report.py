@@ -83,6 +83,8 @@ def summary(
         "gpu_hours": round(result.gpu_hours, 4),
         "cost_usd": round(result.cost_usd, 4),
         "scale_events": result.scale_events,
+        # The largest fleet the policy asked for (the static policy's --replicas, or its default).
+        "replicas_max": max((p.desired for p in result.timeline), default=None),
         "preemptions": result.preemptions,
     }
     if oracle_gpu_hours:
