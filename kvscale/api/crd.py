@@ -141,6 +141,7 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     ("slo",): [
         _positive("timeToFirstToken", "spec.slo.timeToFirstToken"),
         _positive("timePerOutputToken", "spec.slo.timePerOutputToken"),
+        _positive("maxInterTokenLatency", "spec.slo.maxInterTokenLatency"),
     ],
     ("routing", "inferencePool", "endpointPickerRef"): [
         {
@@ -171,6 +172,7 @@ BOUNDS: dict[tuple[str, ...], dict[str, int]] = {
     ("model", "cache", "persistentVolumeClaim"): {"maxLength": 253},
     ("slo", "timeToFirstToken"): {"maxLength": 32},
     ("slo", "timePerOutputToken"): {"maxLength": 32},
+    ("slo", "maxInterTokenLatency"): {"maxLength": 32},
     ("scaling", "scaleDownStabilization"): {"maxLength": 32},
     ("scaling", "idleWindow"): {"maxLength": 32},
 }

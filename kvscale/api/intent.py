@@ -63,6 +63,7 @@ class Intent:
     objective: Objective
     engine: EngineType
     scaling: ScalingIntent
+    max_itl_s: float | None = None  # spec.slo.maxInterTokenLatency: bounds the chunk budget
 
     @property
     def max_context_tokens(self) -> int:
@@ -116,6 +117,11 @@ def parse_intent(raw: Mapping[str, Any] | InferenceServiceSpec) -> Intent:
             stabilization_s,
             sc.replicas,
             _seconds(sc.idle_window, "spec.scaling.idleWindow"),
+        ),
+        max_itl_s=(
+            _seconds(s.max_inter_token_latency, "spec.slo.maxInterTokenLatency")
+            if s.max_inter_token_latency is not None
+            else None
         ),
     )
 
@@ -209,6 +215,7 @@ def plan_request(
         # autoscaler's capacity model takes it (kvscale.operator.scaling.capacity).
         least_loaded=intent.spec.routing.inference_pool is not None,
         knobs=RESOURCE_KNOBS,  # the operator's conditions name the resource's fields, not the CLI's flags
+        max_itl_s=intent.max_itl_s,
     )
 
 

@@ -256,6 +256,12 @@ class SloSpec(_Wire):
     time_to_first_token: Duration = Field(description="TTFT target at the percentile, e.g. 500ms.")
     time_per_output_token: Duration = Field(description="TPOT target at the percentile, e.g. 50ms.")
     percentile: float = Field(default=95.0, ge=50, lt=100, description="Percentile the targets apply to.")
+    max_inter_token_latency: Duration | None = Field(
+        default=None,
+        description="Optional bound on the p99 gap between two tokens of one request, e.g. 150ms: limits the "
+        "chunk budget (--max-num-batched-tokens) so that no engine step, a full prefill chunk beside the running "
+        "decodes, takes longer. The per-request TPOT averages such stalls away; a streaming user sees them.",
+    )
 
 
 class HardwareSpec(_Wire):
@@ -510,6 +516,11 @@ class PlanStatus(_Status):
     replicas: int = Field(description="Replicas the plan needs at the spec's request rate.")
     predicted_ttft: str = Field(description="Predicted TTFT at the percentile and the spec's load.")
     predicted_tpot: str = Field(description="Predicted TPOT at the percentile and the spec's load.")
+    predicted_itl_p99: str | None = Field(
+        default=None,
+        description="Predicted p99 gap between two tokens of one request at the spec's load (prefill chunk steps "
+        "stall every running request; TPOT averages them away).",
+    )
     throughput_tokens_per_second: float = Field(description="Generated tokens/s one replica sustains within the SLO.")
     rate_per_replica: float = Field(description="Requests/s one replica sustains within the SLO.")
     limited_by: str = Field(

@@ -36,6 +36,11 @@ EXIT_INFEASIBLE = 1
 MAX_TOKENS = 10_000_000
 # The image formats a --png option may name (matplotlib writes each by extension).
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+ITL_HELP = (
+    "Bound on the p99 gap between two tokens of one request, e.g. 150ms (spec.slo.maxInterTokenLatency): "
+    "limits the chunk budget (--max-num-batched-tokens) so that no step, a full chunk beside the running "
+    "decodes, takes longer."
+)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON instead of a table.")]
 CatalogOpt = Annotated[

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from kvscale.cli.common import (
     EXIT_INFEASIBLE,
+    ITL_HELP,
     MAX_TOKENS,
     CatalogOpt,
     EngineCommandOpt,
@@ -80,6 +81,7 @@ def plan_cmd(
         ),
     ] = None,
     percentile: Annotated[float, typer.Option(help="SLO percentile, in [50, 100).")] = 95.0,
+    itl: Annotated[str | None, typer.Option(help=ITL_HELP)] = None,
     max_context: Annotated[
         int | None, typer.Option("--max-context", help="Longest context the engine must accept (--max-model-len).")
     ] = None,
@@ -187,6 +189,7 @@ def plan_cmd(
         slo = make_slo(ttft, tpot, percentile)
     except ValueError as exc:
         fail(str(exc))
+    max_itl_s = duration(itl, "--itl") if itl is not None else None
     request = PlanRequest(
         model=arch,
         workload=workload,
@@ -202,6 +205,7 @@ def plan_cmd(
         engine=engine,
         data_parallel_attention=dp_attention,
         least_loaded=routing == "gateway",
+        max_itl_s=max_itl_s,
     )
     result = plan(cat, request)
     fp8 = _fp8_beside(cat, request, result, served, source)
@@ -391,7 +395,9 @@ def _render_plan(
     console.print(
         f"[bold]{r.model.name}[/]: {r.workload.requests_per_s:g} req/s, {r.workload.input_tokens} in / "
         f"{r.workload.output_tokens} out; p{r.slo.percentile:g} TTFT <= {r.slo.ttft_s * 1e3:g} ms, "
-        f"TPOT <= {r.slo.tpot_s * 1e3:g} ms; objective {r.objective}"
+        f"TPOT <= {r.slo.tpot_s * 1e3:g} ms"
+        + (f", p99 ITL <= {r.max_itl_s * 1e3:g} ms" if r.max_itl_s is not None else "")
+        + f"; objective {r.objective}"
         + ("; behind a least-loaded gateway" if r.least_loaded else "")
     )
     c = result.chosen
@@ -403,7 +409,8 @@ def _render_plan(
             f"${p.cost_usd_per_hour:.2f}/h"
         )
         console.print(
-            f"  predicted p{r.slo.percentile:g} TTFT {p.ttft_p_s * 1e3:.0f} ms, TPOT {p.tpot_p_s * 1e3:.1f} ms at this load; "
+            f"  predicted p{r.slo.percentile:g} TTFT {p.ttft_p_s * 1e3:.0f} ms, TPOT {p.tpot_p_s * 1e3:.1f} ms, "
+            f"p99 ITL {p.itl_p99_s * 1e3:.0f} ms (longest step {p.itl_max_s * 1e3:.0f} ms) at this load; "
             f"{p.rate_per_replica_max:.2f} req/s per replica max; limited by {p.limited_by}; MBU {p.mbu:.0%}, MFU {p.mfu:.0%}"
         )
         if p.limited_why:
@@ -436,7 +443,7 @@ def _render_plan(
             console.print(f"  - {line}")
     if result.alternatives:
         table = Table(title="Alternatives (ranked)")
-        for col in ("candidate", "replicas", "batch", "TTFT ms", "TPOT ms", "$/h", "why it lost"):
+        for col in ("candidate", "replicas", "batch", "TTFT ms", "TPOT ms", "ITL p99 ms", "$/h", "why it lost"):
             table.add_column(col)
         for alt in result.alternatives[:show]:
             d = candidate_to_dict(alt)
@@ -446,6 +453,7 @@ def _render_plan(
                 str(d.get("max_batch", "")),
                 fmt(d.get("ttft_ms")),
                 fmt(d.get("tpot_ms")),
+                fmt(d.get("itl_p99_ms")),
                 fmt(d.get("cost_usd_per_hour"), 2),
                 alt.reason,
             )

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from kvscale.cli.common import (
     EXIT_INFEASIBLE,
+    ITL_HELP,
     CatalogOpt,
     EngineCommandOpt,
     JsonOpt,
@@ -104,15 +105,23 @@ def simulate(
     ] = None,
     duration: Annotated[str | None, typer.Option(help="Closed loop: how long users keep sending, e.g. 10m.")] = None,
     percentile: Annotated[float, typer.Option(help="SLO percentile.")] = 95.0,
+    itl: Annotated[str | None, typer.Option(help=ITL_HELP)] = None,
     policy: Annotated[
         str,
         typer.Option(
-            help="kvscale, static, hpa, keda, saturation, oracle, bound (per-minute fewest warm replicas that "
-            "meet the SLO), peak (cheapest fixed fleet that meets it), or all."
+            help="kvscale, static (a fixed fleet: --replicas, by default the busiest minute over modelled "
+            "capacity), hpa, keda, saturation, oracle, bound (per-minute fewest warm replicas that "
+            "meet the SLO), peak (cheapest fixed fleet that meets it, found by simulation), or all."
         ),
     ] = "all",
     replicas: Annotated[
-        int | None, typer.Option(help="Replicas of the static policy (default: peak provisioning).")
+        int | None,
+        typer.Option(
+            help="Replicas of the static policy, and every policy's starting fleet (default: the static policy "
+            "runs the busiest minute's rate, plus --headroom, over one replica's modelled capacity, and the "
+            "others start from the plan's replicas; not the `peak` yardstick, which simulates fleet sizes for the "
+            "smallest that meets the SLO)."
+        ),
     ] = None,
     max_replicas: Annotated[int, typer.Option("--max-replicas", help="Upper bound for every autoscaler.")] = 100,
     cold_start: Annotated[
@@ -185,6 +194,7 @@ def simulate(
             f"got {time_scale:g}"
         )
     slo = make_slo(ttft, tpot, percentile)
+    max_itl_s = parse_duration(itl, "--itl") if itl is not None else None
     precisions = split(default_precision(precision, arch))
     if not precisions:
         fail("--precision: give at least one of bf16, fp16, fp8, int8, int4, mxfp4, nvfp4")
@@ -241,6 +251,7 @@ def simulate(
         # The plan the operator makes behind that router (an InferencePool plans least-loaded):
         # its replicas are the fleet every policy starts from, its batch limit the one deployed.
         least_loaded=routing == "gateway",
+        max_itl_s=max_itl_s,
     )
     try:
         if command is not None:
@@ -291,6 +302,7 @@ def _render(setup: Any, rows: list[dict[str, Any]], slo: Any, percentile: float)
         "SLO met",
         "TTFT p50/p95 ms",
         "TPOT p50/p95 ms",
+        "ITL p99 ms",
         "GPU-h",
         "vs bound",
         "vs peak",
@@ -305,6 +317,7 @@ def _render(setup: Any, rows: list[dict[str, Any]], slo: Any, percentile: float)
             f"{row['slo_attainment']:.2%}",
             f"{fmt(row['ttft_p50_ms'], 0)} / {fmt(row['ttft_p95_ms'], 0)}",
             f"{fmt(row['tpot_p50_ms'])} / {fmt(row['tpot_p95_ms'])}",
+            fmt(row.get("itl_p99_ms")),
             f"{row['gpu_hours']:.2f}",
             fmt(row.get("gpu_hours_vs_bound"), 2),
             fmt(row.get("gpu_hours_vs_peak"), 2),

@@ -37,7 +37,9 @@ def status_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[str]
         f"{meta.get('name')} in {meta.get('namespace')}: {status.phase or 'no status yet'}, "
         f"mode {scaling.get('mode', 'auto')}{behind}",
         f"  model {(spec.get('model') or {}).get('name') or '(architecture)'}; SLO p{slo.get('percentile', 95)} "
-        f"TTFT <= {slo.get('timeToFirstToken', '-')}, TPOT <= {slo.get('timePerOutputToken', '-')}; "
+        f"TTFT <= {slo.get('timeToFirstToken', '-')}, TPOT <= {slo.get('timePerOutputToken', '-')}"
+        + (f", p99 ITL <= {slo['maxInterTokenLatency']}" if slo.get("maxInterTokenLatency") else "")
+        + "; "
         f"spec workload {workload.get('requestsPerSecond', '-')} req/s, {workload.get('inputTokens', '-')} in / "
         f"{workload.get('outputTokens', '-')} out; replicas {scaling.get('minReplicas', 1)}..{scaling.get('maxReplicas', '-')}",
     ]
@@ -55,7 +57,9 @@ def status_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[str]
         lines += [
             f"Plan:     {shape} ({plan.precision}), max batch {plan.max_batch}, chunk budget "
             f"{plan.max_num_batched_tokens or '-'} tokens, context {plan.max_context_tokens}, ${plan.cost_per_hour:.2f}/h",
-            f"          predicted TTFT {plan.predicted_ttft}, TPOT {plan.predicted_tpot} at the planned load; "
+            f"          predicted TTFT {plan.predicted_ttft}, TPOT {plan.predicted_tpot}"
+            + (f", p99 ITL {plan.predicted_itl_p99}" if plan.predicted_itl_p99 else "")
+            + " at the planned load; "
             f"{_num(plan.rate_per_replica)} req/s per replica; limited by {plan.limited_by}; "
             f"MBU {_pct(plan.mbu)}, MFU {_pct(plan.mfu)}",
         ]

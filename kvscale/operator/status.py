@@ -188,6 +188,7 @@ def plan_status(
         replicas=p.replicas,
         predicted_ttft=format_duration(p.ttft_p_s),
         predicted_tpot=format_duration(p.tpot_p_s),
+        predicted_itl_p99=format_duration(p.itl_p99_s),
         throughput_tokens_per_second=round(p.throughput_tokens_per_s, 1),
         rate_per_replica=round(p.rate_per_replica_max, 4),
         limited_by=p.limited_by,

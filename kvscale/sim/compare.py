@@ -1,8 +1,10 @@
 """Builds every policy for one setup and runs them on the same arrivals.
 
-Two references beside the policies:
+Three references beside the policies:
 - the oracle: the cheapest clairvoyant schedule of our own family (replicas from the sizing
   model for each bucket of the whole trace, asked for one cold start ahead) that meets the SLO;
+- peak: the cheapest fixed fleet that meets the SLO on the whole trace (simulated, not modelled:
+  the static policy's default fleet is `busiest_minute_replicas`, a different number);
 - the bound: the cheapest fleet that could have met the SLO with instantaneous scaling: per
   interval, the fewest warm replicas on which that interval's requests meet the SLO, behind
   the best routing (the gateway). No policy that pays for cold starts can beat it by much.
@@ -42,8 +44,14 @@ def _lengths(trace: list[TraceRequest]) -> tuple[float, float]:
     return (sum(r.input_tokens for r in trace) / len(trace), sum(r.output_tokens for r in trace) / len(trace))
 
 
-def peak_replicas(trace: list[TraceRequest], capacity: SizingCapacity, headroom: float, bucket_s: float = 60.0) -> int:
-    """What a cautious team provisions statically: the busiest minute over one replica's capacity."""
+def busiest_minute_replicas(
+    trace: list[TraceRequest], capacity: SizingCapacity, headroom: float, bucket_s: float = 60.0
+) -> int:
+    """The static policy's fleet when --replicas is not given, what a cautious team provisions
+    statically: the busiest minute's rate plus headroom over one replica's modelled capacity.
+    It is not the `peak` yardstick (run_peak), which simulates fleet sizes and keeps the
+    smallest that meets the SLO: a burst inside the busiest minute can make that larger, a
+    modelled capacity below the simulated one smaller."""
     peak = max(bucket_rates(trace, bucket_s) or [0.0])
     per_replica = capacity.rate_per_replica(*_lengths(trace), fleet_rate_per_s=peak)
     return max(1, math.ceil(peak * (1 + headroom) / per_replica)) if per_replica > 0 else 1
@@ -89,7 +97,7 @@ def make_policies(
 ) -> list[SimPolicy]:
     inp, out = _lengths(trace) if trace else (512.0, 256.0)
     per_replica = capacity.rate_per_replica(inp, out)
-    static_n = replicas or (peak_replicas(trace, capacity, headroom) if trace else setup.initial_replicas)
+    static_n = replicas or (busiest_minute_replicas(trace, capacity, headroom) if trace else setup.initial_replicas)
     # A replica at its planned rate holds rate x (TTFT + output x TPOT) requests: HPA's natural target.
     target_running = max(1.0, per_replica * out * setup.slo.tpot_s * 0.8)
     config = PolicyConfig(

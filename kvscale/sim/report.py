@@ -79,10 +79,14 @@ def summary(
         "tpot_p95_ms": round(_quantile(tpot, 0.95), 3) if tpot else None,
         "itl_mean_ms": round(sum(g * c for g, c in gaps.items()) / sum(gaps.values()) * 1e3, 3) if gaps else None,
         "itl_p95_ms": round(gap_quantile(gaps, 0.95) * 1e3, 3) if gaps else None,
+        # What a plan's itl_p99_ms predicts: the per-token gap a streaming user sees stall.
+        "itl_p99_ms": round(gap_quantile(gaps, 0.99) * 1e3, 3) if gaps else None,
         "throughput_tokens_per_s": round(generated / result.duration_s, 2) if result.duration_s > 0 else 0.0,
         "gpu_hours": round(result.gpu_hours, 4),
         "cost_usd": round(result.cost_usd, 4),
         "scale_events": result.scale_events,
+        # The largest fleet the policy asked for (the static policy's --replicas, or its default).
+        "replicas_max": max((p.desired for p in result.timeline), default=None),
         "preemptions": result.preemptions,
     }
     if oracle_gpu_hours:

@@ -17,6 +17,7 @@ class Knobs:
     separator: str  # between a knob and a value it could take
     joiner: str  # between two knobs set together
     smaller_precision: str  # what to write for a smaller precision (the CLI searches a list; the spec names one)
+    itl: str = "--itl"  # the inter-token latency bound
 
     def to(self, knob: str, value: str) -> str:
         """`knob` set to `value`, as the user writes it."""
@@ -33,4 +34,5 @@ RESOURCE_KNOBS = Knobs(
     ": ",
     ", ",
     "fp8 (or int4 with a checkpoint quantized that way)",
+    itl="spec.slo.maxInterTokenLatency",
 )

@@ -40,6 +40,8 @@ CHUNK_BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)  # --max-num-batched-t
 PREFILL_BUSY_SHARE = 0.7  # the TTFT tail is prefill compute once chunk steps fill this much of the time
 MAX_BATCH_SHARE_OF_BUDGET = 0.5  # max-num-seqs <= half the token budget: the other half is room for chunks
 REFERENCE_CHUNK_SHARE = 0.5  # the budget keeps TPOT when half of a request's token gaps carry a full chunk
+_MAX_PACKED_PROMPTS = 64  # prompts sharing a step beyond this count as a full budget
+ITL_PERCENTILE = 99.0  # the per-token gap a plan reports (itl_p99): the stalls a streaming user sees
 
 
 @dataclass(frozen=True)
@@ -606,6 +608,77 @@ class ReplicaModel:
     def zero_load(self, percentile: float) -> LoadPoint:
         return self.at_rate(0.0, 1, percentile)
 
+    def worst_step_s(self, max_batch: int) -> float:
+        """The longest step a running request can sit through: the whole token budget, the
+        running decodes (the request itself and up to `max_batch` - 1 others) and a prefill
+        chunk of the longest prompt in the mix filling the rest. A backlog of waiting prompts
+        fills it: the scheduler packs every waiting prompt the budget holds (vLLM v1's
+        scheduler: decodes first, then prefill tokens up to --max-num-batched-tokens).
+
+        With the step's tokens fixed, moving a token from the chunk to a decode changes only
+        the attention term (the GEMMs, all-reduces and overheads see the same token count),
+        which is a max of terms linear in the decode count: convex, so the longest such step
+        has one decode or `max_batch` of them."""
+        longest = self.workload.inputs.max
+        return max(
+            self.length_chunk_s(n, self.chunk_room(n), longest) for n in {1, max(1, min(max_batch, self.budget - 1))}
+        )
+
+    def itl_percentile_s(self, point: LoadPoint, percentile: float = ITL_PERCENTILE) -> float:
+        """The per-token gap at `percentile` at a load point: what a streaming user sees stall.
+
+        A share `chunk_share` of the steps carries a prefill chunk (every running request
+        waits for it), the rest are decode steps. A prompt of t tokens runs as t // room full
+        chunks of the room beside the running decodes and a last chunk of the rest, which it
+        shares with the prompts that arrived during the same step as it did (the scheduler
+        admits every waiting prompt the budget holds at the next step). A prompt arrives
+        during a chunk step for the share of time chunk steps take, else during a decode
+        step; the others arriving in that step are Poisson at the rate x the step's length (a
+        chunk step at the load model's packed length, `LoadPoint.mixed`). A step shared by
+        k + 1 prompts is one step for all of them (weight 1 / (k + 1)). The percentile is read
+        off the mixture of step times: each step is one gap for every running request, so
+        token- and step-weighted shares agree.
+
+        Against the simulator (tests/unit/test_itl.py) it is within 10% while chunk steps are
+        a few percent of the steps, as at a planned load; with chunk steps at ~30% of the
+        steps the backlog packs longer chunks than one step's arrivals and it reads ~20% low.
+        `worst_step_s` bounds it either way."""
+        dec_s = point.decode.seconds
+        share = min(1.0, max(0.0, point.chunk_share))
+        if share <= 0.0 or point.rate_per_s <= 0.0:
+            return dec_s
+        n = running_bucket(point.concurrency)
+        room = self.chunk_room(n)
+        inputs = self.workload.inputs
+        in_chunk = min(1.0, share * point.mixed.seconds / point.tpot_mean_s) if point.tpot_mean_s > 0 else 1.0
+        others = [(in_chunk, point.rate_per_s * point.mixed.seconds), (1.0 - in_chunk, point.rate_per_s * dec_s)]
+        steps: list[tuple[float, float]] = []  # (step time, weight before normalising)
+        for t, w in inputs.points:
+            full, rest = divmod(t, room)
+            if full:
+                steps.append((self.length_chunk_s(n, room, t), w * full))
+            if not rest:
+                continue
+            k, seen = 0, 0.0
+            while seen < 1.0 - 1e-9:
+                p_k = sum(u * math.exp(-m) * m**k / math.factorial(k) for u, m in others if u > 0.0)
+                tokens = min(room, math.ceil((rest + k * inputs.mean) / _CHUNK_GRAIN_TOKENS) * _CHUNK_GRAIN_TOKENS)
+                last = tokens >= room or k >= _MAX_PACKED_PROMPTS
+                weight = (1.0 - seen) if last else p_k
+                steps.append((self.length_chunk_s(n, tokens, t), w * weight / (k + 1)))
+                if last:
+                    break
+                seen += p_k
+                k += 1
+        total = sum(w for _, w in steps)
+        mixture = sorted([(dec_s, 1.0 - share), *((s, share * w / total) for s, w in steps)])
+        seen, want = 0.0, percentile / 100.0 - 1e-12
+        for seconds, w in mixture:
+            seen += w
+            if seen >= want:
+                return seconds
+        return mixture[-1][0]
+
     def limited_by(self, point: LoadPoint, slo: Slo) -> str:
         """What keeps this replica from carrying more than `point` (its highest rate within
         the SLO): the term that a little more load breaks first.
@@ -891,9 +964,15 @@ def _queue_tail(t: float, width: float, busy: float, mean_wait: float) -> float:
 
 
 def chunk_budget_for(
-    cfg: ServingConfig, workload: Workload, tpot_target_s: float, replica: ReplicaModel | None = None
+    cfg: ServingConfig,
+    workload: Workload,
+    tpot_target_s: float,
+    replica: ReplicaModel | None = None,
+    max_step_s: float | None = None,
 ) -> int:
-    """The largest `--max-num-batched-tokens` whose full mixed step keeps the TPOT target.
+    """The largest `--max-num-batched-tokens` whose full mixed step keeps the TPOT target
+    (and, with `max_step_s`, an inter-token latency bound: a full chunk beside one decode
+    within it; the planner checks the step with the whole batch once the batch limit is known).
 
     A step of C tokens (decodes plus a prompt's chunk) is what a decoding request waits for
     when a chunk shares its step; under prefill-heavy load nearly every step does. The
@@ -909,10 +988,16 @@ def chunk_budget_for(
 
     def keeps(budget: int) -> bool:
         mixed_s = steps._mixed(0, budget).seconds  # a chunk of C prompt tokens, no decodes beside it
+        if max_step_s is not None and mixed_s > max_step_s:
+            return False
         return decode_s + REFERENCE_CHUNK_SHARE * (mixed_s - decode_s) <= tpot_target_s
 
     # The step time grows with the budget: walk the ladder from the engine's default for this
-    # GPU (usually a step or two from the answer).
+    # GPU (usually a step or two from the answer). That default is what a plan departs from:
+    # `vllm serve` 0.11.0 sets --max-num-batched-tokens to 8192 on GPUs of >= 70 GiB whose name
+    # lacks "a100" and to 2048 on the rest (vllm/engine/arg_utils.py, EngineArgs._set_default_args,
+    # UsageContext.OPENAI_API_SERVER); a plan passes its own, up to 16384, and every token gap
+    # of a running request may be one such step: PlanRequest.max_itl_s (--itl) bounds it.
     default = default_chunk_budget_tokens(cfg.engine, cfg.gpu)
     i = min(range(len(CHUNK_BUDGETS)), key=lambda k: abs(CHUNK_BUDGETS[k] - default))
     if keeps(CHUNK_BUDGETS[i]):

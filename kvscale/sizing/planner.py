@@ -44,6 +44,12 @@ class Prediction:
     weights_bytes_per_gpu: float
     cost_usd_per_hour: float
     limited_why: str = ""  # the binding term in a sentence, and why the hardware is not busier
+    # The p99 gap between two tokens of one request at the requested load (a chunk step stalls
+    # every running request: the per-request TPOT averages it away), and the longest step a
+    # running request can sit through (a full chunk budget beside the whole batch): what
+    # PlanRequest.max_itl_s bounds.
+    itl_p99_s: float = 0.0
+    itl_max_s: float = 0.0
 
 
 class _Configured:
@@ -155,6 +161,8 @@ class Rejected:
     limit: Literal["max_replicas", "free_gpus"] | None = None
     expert_parallel: bool = False
     data_parallel: int = 1
+    # Missed the inter-token latency bound at every chunk budget: its shortest worst step.
+    best_itl_s: float | None = None
 
     @property
     def label(self) -> str:
@@ -205,6 +213,21 @@ class PlanRequest:
     least_loaded: bool = False
     # How suggestions name the knobs: the CLI's flags, or the resource's fields (the operator).
     knobs: Knobs = CLI_KNOBS
+    # Bound on the gap between two tokens of one request (--itl, spec.slo.maxInterTokenLatency):
+    # a chunk budget whose worst step (ReplicaModel.worst_step_s) exceeds it is not used.
+    max_itl_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_itl_s is not None and not self.max_itl_s > 0:
+            raise ValueError(f"the inter-token latency bound must be positive, got {self.max_itl_s}")
+
+    @property
+    def step_target_s(self) -> float:
+        """The longest decode step the batch limit allows: the TPOT target, or the inter-token
+        bound when it is tighter (a decode step is a token gap too)."""
+        if self.max_itl_s is None:
+            return self.slo.tpot_s
+        return min(self.slo.tpot_s, self.max_itl_s)
 
 
 @dataclass(frozen=True)
@@ -323,7 +346,9 @@ def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
     steps = ReplicaModel(cfg, request.workload, least_loaded=request.least_loaded)
     pinned = cfg.chunk_budget_tokens is not None
     if not pinned:
-        cfg = cfg.with_chunk_budget(chunk_budget_for(cfg, request.workload, request.slo.tpot_s, steps))
+        cfg = cfg.with_chunk_budget(
+            chunk_budget_for(cfg, request.workload, request.slo.tpot_s, steps, max_step_s=request.max_itl_s)
+        )
     mem = cfg.memory
     if not mem.fits:
         return _reject(
@@ -339,9 +364,16 @@ def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
             f"max context {request.workload.engine_max_context_tokens}",
         )
     slo = request.slo
+    max_batch = replica.tpot_batch_limit(request.step_target_s)
+    if max_batch >= 1 and request.max_itl_s is not None and replica.worst_step_s(max_batch) > request.max_itl_s:
+        within = None if pinned else _itl_smaller_budget(cfg, request, steps)
+        if within is None:
+            return _itl_reject(cfg, request, steps)
+        cfg, replica, max_batch = within.cfg, within.replica, within.max_batch
     idle = replica.zero_load(slo.percentile)
-    max_batch = replica.tpot_batch_limit(slo.tpot_s)
     if max_batch < 1:
+        if request.step_target_s < slo.tpot_s:
+            return _itl_reject(cfg, request, steps)
         return _reject(
             cfg,
             f"TPOT {format_duration(idle.tpot_p_s)} at batch 1 exceeds the {format_duration(slo.tpot_s)} target",
@@ -385,14 +417,47 @@ def _screen(cfg: ServingConfig, request: PlanRequest) -> Rejected | _Screened:
 
 
 def _option(cfg: ServingConfig, request: PlanRequest, steps: ReplicaModel) -> _Option | None:
-    """The candidate under one chunk budget, or None when it cannot run with it."""
+    """The candidate under one chunk budget, or None when it cannot run with it (or its
+    worst step exceeds the inter-token latency bound)."""
     if not cfg.memory.fits:
         return None
     model = ReplicaModel(cfg, request.workload, steps_from=steps, least_loaded=request.least_loaded)
-    batch = model.tpot_batch_limit(request.slo.tpot_s)
+    batch = model.tpot_batch_limit(request.step_target_s)
     if batch < 1 or not model.max_context_fits:
         return None
+    if request.max_itl_s is not None and model.worst_step_s(batch) > request.max_itl_s:
+        return None
     return _Option(cfg, model, batch, model.capacity_rate_per_s(batch))
+
+
+def _itl_smaller_budget(cfg: ServingConfig, request: PlanRequest, steps: ReplicaModel) -> _Option | None:
+    """The largest chunk budget below `cfg`'s whose worst step keeps the inter-token bound
+    (with its own batch limit), or None."""
+    for budget in sorted(CHUNK_BUDGETS, reverse=True):
+        if budget < cfg.max_num_batched_tokens:
+            option = _option(cfg.with_chunk_budget(budget), request, steps)
+            if option is not None:
+                return option
+    return None
+
+
+def _itl_reject(cfg: ServingConfig, request: PlanRequest, steps: ReplicaModel) -> Rejected:
+    """Every chunk budget's worst step exceeds the inter-token latency bound: the reason names
+    the knob and the shortest worst step there is (the smallest budget, batch limit 1)."""
+    assert request.max_itl_s is not None
+    smallest = cfg if cfg.chunk_budget_tokens is not None else cfg.with_chunk_budget(min(CHUNK_BUDGETS))
+    model = ReplicaModel(smallest, request.workload, steps_from=steps, least_loaded=request.least_loaded)
+    best_s = model.worst_step_s(1)
+    knob = request.knobs.itl
+    return replace(
+        _reject(
+            smallest,
+            f"inter-token latency: a step of the {smallest.max_num_batched_tokens}-token chunk budget (the smallest "
+            f"it may run) takes {format_duration(best_s)}, above the {knob} bound of "
+            f"{format_duration(request.max_itl_s)}",
+        ),
+        best_itl_s=best_s,
+    )
 
 
 def _budget_options(s: _Screened, request: PlanRequest) -> list[_Option]:
@@ -508,6 +573,8 @@ def _evaluate(s: _Screened, request: PlanRequest) -> Feasible | Rejected:
         kv_cache_tokens=mem.kv_capacity_tokens,
         weights_bytes_per_gpu=mem.weights_bytes,
         cost_usd_per_hour=replicas * cfg.price_usd_per_hour,
+        itl_p99_s=replica.itl_percentile_s(at_load),
+        itl_max_s=replica.worst_step_s(max_batch),
     )
     return Feasible(cfg, prediction, "alternative", "")
 
@@ -613,7 +680,7 @@ def _suggestions(
     limits = _limit_suggestions(request, rejected)
     # When a replica or GPU limit binds, relaxing TTFT/TPOT does not help: the latencies above are
     # a replica's at batch 1, which serves the load with even more replicas. The limit is the fix.
-    lines = limits or lines
+    lines = limits or [*_itl_suggestions(request, rejected), *lines]
     if not lines:
         whole_node = all(c.tensor_parallel >= node_gpus.get(c.gpu, 8) for c in rejected if "does not fit" in c.reason)
         more = "more nodes per replica" if whole_node else "a higher tensor-parallel degree"
@@ -622,6 +689,23 @@ def _suggestions(
             f"(e.g. {knobs.to(knobs.precision, knobs.smaller_precision)})"
         )
     return tuple(lines)
+
+
+def _itl_suggestions(request: PlanRequest, rejected: Iterable[Rejected]) -> list[str]:
+    """Candidates whose every chunk budget steps longer than the inter-token latency bound: the
+    bound binds; the shortest worst step says what bound would let one through."""
+    missed = [c for c in rejected if c.best_itl_s is not None]
+    if not missed or request.max_itl_s is None:
+        return []
+    best = min(missed, key=lambda c: (c.best_itl_s or 0.0, c.gpu, c.tensor_parallel, c.precision))
+    assert best.best_itl_s is not None
+    knobs = request.knobs
+    return [
+        f"{knobs.itl} binds: {len(missed)} candidate(s) step longer than {format_duration(request.max_itl_s)} even "
+        f"with the smallest chunk budget; the shortest worst step is {format_duration(best.best_itl_s)} on "
+        f"{best.label}: feasible with {knobs.to(knobs.itl, _ceil_ms(best.best_itl_s * 1.1))} (or a faster GPU / more "
+        "tensor parallelism)"
+    ]
 
 
 def _limit_suggestions(request: PlanRequest, rejected: Iterable[Rejected]) -> list[str]:

@@ -38,6 +38,10 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
             rate_per_replica_max=round(p.rate_per_replica_max, 4),
             ttft_ms=_ms(p.ttft_p_s),
             tpot_ms=_ms(p.tpot_p_s),
+            # Per token gap, not per request: the stalls a chunk step puts in a stream (the
+            # p99 at the requested load, and the longest step a running request can meet).
+            itl_p99_ms=_ms(p.itl_p99_s),
+            itl_max_ms=_ms(p.itl_max_s),
             throughput_tokens_per_s=round(p.throughput_tokens_per_s, 1),
             limited_by=p.limited_by,
             limited_why=p.limited_why,
@@ -53,6 +57,8 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
             out["best_ttft_ms"] = _ms(c.best_ttft_s)
         if c.best_tpot_s is not None:
             out["best_tpot_ms"] = _ms(c.best_tpot_s)
+        if c.best_itl_s is not None:
+            out["best_itl_ms"] = _ms(c.best_itl_s)
     return out
 
 
@@ -72,7 +78,12 @@ def plan_to_dict(plan: Plan, engine_args: list[str] | None = None) -> dict[str, 
             "requests_per_s": r.workload.requests_per_s,
             "max_context_tokens": r.workload.engine_max_context_tokens,
         },
-        "slo": {"ttft_ms": _ms(r.slo.ttft_s), "tpot_ms": _ms(r.slo.tpot_s), "percentile": r.slo.percentile},
+        "slo": {
+            "ttft_ms": _ms(r.slo.ttft_s),
+            "tpot_ms": _ms(r.slo.tpot_s),
+            "percentile": r.slo.percentile,
+            "itl_ms": _ms(r.max_itl_s),  # the inter-token latency bound (--itl); null: none
+        },
         "headroom": r.headroom,
         "chosen": chosen,
         "alternatives": [candidate_to_dict(c) for c in plan.alternatives],
