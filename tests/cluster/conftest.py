@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client, config
 
+from kvscale.api import GROUP, PLURAL
 from tests.cluster.harness import Cluster
+from tests.cluster.processes import Operator
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +28,15 @@ def namespace(api: client.ApiClient) -> Iterator[str]:
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
     core.delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    """The CRDs applied and one operator (the test harness's settings) for a module's tests; a
+    module that needs other settings defines its own."""
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+    op = Operator(cluster, tmp_path_factory.mktemp("operator"))
+    op.start()
+    yield op
+    op.stop()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.sizing.units import parse_duration_s
-from tests.cluster.harness import Cluster, wait_until
+from tests.cluster.harness import wait_until
 from tests.cluster.processes import Operator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,16 +34,6 @@ BODY: dict[str, Any] = {
         "scaling": {"minReplicas": 1, "maxReplicas": 4},
     },
 }
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, api: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-    op = Operator(cluster, tmp_path_factory.mktemp("operator"))
-    op.start()
-    yield op
-    op.stop()
 
 
 def create(api: client.ApiClient, namespace: str, name: str, itl: str | None) -> None:

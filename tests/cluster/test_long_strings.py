@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,17 +17,7 @@ from kubernetes.client.rest import ApiException
 from kvscale.api import GROUP, PLURAL, VERSION
 from tests.cluster.harness import Cluster, ClusterError, wait_until
 from tests.cluster.processes import Operator
-from tests.cluster.test_operator import ROOT, SAMPLES, condition, create, get, objects
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-    op = Operator(cluster, tmp_path_factory.mktemp("operator"))
-    op.start()
-    yield op
-    op.stop()
+from tests.cluster.test_operator import SAMPLES, condition, create, get, objects
 
 
 def sample(name: str) -> dict[str, Any]:

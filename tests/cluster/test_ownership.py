@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,17 +20,7 @@ from kvscale.operator.k8s import Foreign, Kube
 from tests.cluster.harness import Cluster, holds_for, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.test_inference_pool import install_crd, pools, read_pool, routed, wait_condition
-from tests.cluster.test_operator import ROOT, SAMPLES, condition, create, events, get, objects, wait_phase
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-    op = Operator(cluster, tmp_path_factory.mktemp("operator"))
-    op.start()
-    yield op
-    op.stop()
+from tests.cluster.test_operator import SAMPLES, condition, create, events, get, objects, wait_phase
 
 
 def named(name: str) -> dict[str, Any]:
