@@ -45,7 +45,7 @@ from kvscale.cli.common import (
 from kvscale.cli.root import app
 from kvscale.sizing.batching import predict_batch, throughput_latency_curve
 from kvscale.sizing.catalog import Catalog, ModelArch
-from kvscale.sizing.checkpoints import CheckpointError, default_precision, resolve_checkpoint
+from kvscale.sizing.checkpoints import CheckpointError, default_precision, resolve_checkpoint, substitution
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
 from kvscale.sizing.engine_args import ENGINE_TYPES, PlannedLaunch, engine_command, plan_launch, requested_source
@@ -235,6 +235,7 @@ def plan_cmd(
                 max_context_tokens=launch.context.max_model_len_tokens,
                 max_context_reason=launch.context.reason,
                 checkpoint=launch.checkpoint.source,
+                checkpoint_note=substitution(launch.checkpoint),
                 cold_start_s=round(launch.cold_start.total_s, 1),
             )
         if fitted is not None:
@@ -416,6 +417,9 @@ def _render_plan(
                 highlight=False,
                 soft_wrap=True,
             )
+            note = substitution(launch.checkpoint)
+            if note is not None:
+                console.print(f"  checkpoint: {note}", highlight=False, soft_wrap=True)
         if args:
             # One line however wide the terminal: it is copied and pasted as a command.
             console.print(f"  engine: {' '.join(args)}", highlight=False, soft_wrap=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from kvscale.api.intent import Intent, SpecError, allowed_gpus, plan_request, resolve_model, weight_precision
 from kvscale.operator.inventory import GpuPool
 from kvscale.sizing.catalog import Catalog, ModelArch
-from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint
+from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint, substitution
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
 from kvscale.sizing.engine_args import requested_source, unsupported_by_engine
@@ -185,4 +185,21 @@ def plan_service(
         rest = tuple(c for c in in_cluster.alternatives if c is not moved)
         in_cluster = replace(in_cluster, chosen=moved, alternatives=(chosen, *rest))
         chosen = moved
+    note = _substitution(intent, catalog, model, chosen.precision)
+    if note is not None:  # status.plan.reason, the Planned condition and its Event say it
+        chosen = replace(chosen, reason=f"{note}; {chosen.reason}")
+        in_cluster = replace(in_cluster, chosen=chosen)
     return Planned(in_cluster, chosen, model, pools[chosen.gpu], sized)
+
+
+def _substitution(intent: Intent, catalog: Catalog, model: ModelArch, precision: str) -> str | None:
+    """The plan's checkpoint when it is another repository than the one named (a published
+    quantization of the same model), said first; deployability() refused the rest already."""
+    m = intent.spec.model
+    try:
+        checkpoint = resolve_checkpoint(
+            model, catalog.precision(precision), requested_source(m.name, m.source, precision)
+        )
+    except CheckpointError:
+        return None
+    return substitution(checkpoint)

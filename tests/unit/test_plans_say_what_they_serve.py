@@ -1,0 +1,56 @@
+"""Issue 31: plans stay on the model asked for and say what they assume (defects 3, 4, 6, 7
+and the LOW items on plans), as a user of `kvscale plan` and of the operator meets them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from typer.testing import CliRunner
+
+from kvscale.cli import app
+
+runner = CliRunner()
+LOAD = ["--ttft", "1s", "--tpot", "50ms", "--rps", "4", "--input", "512", "--output", "256"]
+
+
+def plan_json(*args: str, code: int = 0) -> Any:
+    result = runner.invoke(app, ["plan", *args, "--json"])
+    assert result.exit_code == code, result.output
+    return json.loads(result.stdout)
+
+
+# --- defect 3: a precision never switches the model ------------------------------------------
+
+
+def test_a_base_models_fp8_is_its_own_checkpoint_quantized_online() -> None:
+    chosen = plan_json("-m", "llama-3.1-70b", *LOAD, "--precision", "fp8", "--gpu", "H100-SXM")["chosen"]
+    assert chosen["checkpoint"] == "meta-llama/Llama-3.1-70B" and chosen["checkpoint_note"] is None
+    args = chosen["engine_args"]
+    assert args[0] == "meta-llama/Llama-3.1-70B" and args[args.index("--quantization") + 1] == "fp8"
+
+
+def test_the_fp8_hint_beside_a_base_model_names_the_base_model() -> None:
+    chosen = plan_json("-m", "llama-3.1-70b", *LOAD, "--gpu", "H100-SXM")["chosen"]
+    assert chosen["precision"] == "bf16"
+    assert chosen["fp8_beside"]["checkpoint"] == "meta-llama/Llama-3.1-70B quantized online"
+
+
+def test_a_base_models_int4_is_refused_naming_source_not_swapped() -> None:
+    out = runner.invoke(app, ["plan", "-m", "meta-llama/Llama-3.1-70B", *LOAD, "--precision", "int4"])
+    assert out.exit_code == 2, out.output
+    text = " ".join(out.output.split())
+    assert "none made from meta-llama/Llama-3.1-70B" in text and "set --source" in text
+    assert "made from meta-llama/Llama-3.1-70B-Instruct, a different model" in text
+
+
+def test_a_quantization_of_the_model_named_is_served_and_said() -> None:
+    named = ["-m", "meta-llama/Llama-3.1-70B-Instruct", *LOAD, "--precision", "int4", "--gpu", "H100-SXM"]
+    chosen = plan_json(*named)["chosen"]
+    assert chosen["checkpoint"] == "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4"
+    assert (
+        "a published quantization of meta-llama/Llama-3.1-70B-Instruct (the model named)" in chosen["checkpoint_note"]
+    )
+    human = runner.invoke(app, ["plan", *named])
+    assert human.exit_code == 0, human.output
+    assert "  checkpoint: loads hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4 (int4, awq)" in human.output
