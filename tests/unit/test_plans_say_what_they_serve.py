@@ -4,6 +4,8 @@ and the LOW items on plans), as a user of `kvscale plan` and of the operator mee
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 from typer.testing import CliRunner
@@ -54,3 +56,47 @@ def test_a_quantization_of_the_model_named_is_served_and_said() -> None:
     human = runner.invoke(app, ["plan", *named])
     assert human.exit_code == 0, human.output
     assert "  checkpoint: loads hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4 (int4, awq)" in human.output
+
+
+# --- defect 4: the operator's refusals name the cluster's GPUs and a memory misfit as such --
+
+
+def _operator_outcome(**changes: Any) -> Any:
+    from kvscale.api.intent import parse_intent
+    from kvscale.operator.inventory import gpu_inventory
+    from kvscale.operator.planning import plan_service
+    from kvscale.sizing.catalog import default_catalog
+    from tests.cluster.harness import node_objects
+
+    cat = default_catalog()
+    nodes = list(node_objects(Path(__file__).resolve().parents[1] / "cluster" / "nodepool.yaml"))
+    pools = gpu_inventory(cat, nodes, [])
+    spec = {
+        "model": {"name": "llama-3.1-70b"},
+        "workload": {"inputTokens": 2048, "outputTokens": 256, "requestsPerSecond": 2},
+        "slo": {"timeToFirstToken": "2s", "timePerOutputToken": "80ms"},
+        **changes,
+    }
+    return cat, pools, plan_service(parse_intent(spec), cat, pools)
+
+
+def test_an_infeasible_slo_suggests_only_gpu_types_the_cluster_has() -> None:
+    cat, pools, outcome = _operator_outcome(slo={"timeToFirstToken": "40ms", "timePerOutputToken": "4ms"})
+    assert outcome.reason == "SLOInfeasible" and not outcome.retry
+    named = {g for g in cat.gpus if re.search(rf"(?<![\w-]){re.escape(g)}(?![\w-])", outcome.message)}
+    assert named and named <= set(pools), outcome.message  # H100-SXM, A100-80GB, ...: never B200
+    assert "spec.slo.timePerOutputToken: " in outcome.message
+
+
+def test_a_model_that_fits_no_allowed_gpu_is_does_not_fit_naming_the_fields() -> None:
+    model = {"name": "llama-3.1-405b"}
+    _, _, outcome = _operator_outcome(model=model, hardware={"maxTensorParallel": 2})
+    assert outcome.reason == "DoesNotFit" and not outcome.retry, outcome.message
+    text = outcome.message
+    assert "llama-3.1-405b at bf16 fits in no allowed GPU's memory" in text and "does not fit:" in text
+    assert "spec.model.precision: fp8" in text and "raise spec.hardware.maxTensorParallel above 2" in text
+    assert "--" not in text and "SLO" not in text
+    # Narrowed to a small GPU type while the cluster has larger ones: gpuTypes names those.
+    _, _, narrow = _operator_outcome(hardware={"gpuTypes": ["A10G"], "maxTensorParallel": 1})
+    assert narrow.reason == "DoesNotFit", narrow.message
+    assert "add A100-80GB, H100-SXM (in the cluster, larger) to spec.hardware.gpuTypes" in narrow.message
