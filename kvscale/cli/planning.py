@@ -162,6 +162,7 @@ def plan_cmd(
         fail("--gpu and --gpus both name GPU types: use --gpus TYPE=COUNT alone (it also limits the types)")
     gpus = check_names(cat, tuple(limits) if limits else split(gpu), precisions, kv_cache_precision)
     context = tokens(max_context, "--max-context") if max_context is not None else None
+    context_said = None  # why the context limit is what it is, when --max-context did not set it
     try:
         longest = (
             # a trace's longest requests beyond the model's limit are not planned for (the
@@ -171,7 +172,9 @@ def plan_cmd(
             else tokens(input_tokens or 0, "--input") + tokens(output_tokens or 0, "--output")
         )
         if fitted is not None and context is None:
-            context = min(fitted.workload.inputs.max + fitted.workload.outputs.max, arch.max_context_tokens)
+            traced = fitted.workload.inputs.max + fitted.workload.outputs.max
+            context = min(traced, arch.max_context_tokens)
+            context_said = _trace_context_reason(arch, traced)
         check_requested_context(arch, context, "--max-context", longest, "--input + --output")
     except ContextLimitError as exc:
         fail(str(exc))
@@ -210,6 +213,8 @@ def plan_cmd(
     # --source (without it the engine would be told to load the file's name).
     needs_source = names_no_checkpoint(model) and source is None
     launch = None if needs_source else _launch(result, served, source)
+    if launch is not None and context_said is not None:
+        launch = replace(launch, context=replace(launch.context, reason=context_said))
     check = None
     if fitted is not None and result.chosen is not None:
         from kvscale.sim.check import check_plan, sample
@@ -286,6 +291,27 @@ class _Fitted:
     def workload(self) -> Workload:
         w: Workload = self.fit.workload
         return w
+
+
+def _trace_context_reason(arch: ModelArch, traced_tokens: int) -> str:
+    """Why a trace-fitted plan serves what it serves without --max-context: the trace's longest
+    request (prompt + output), or the model's limit when the trace goes past it."""
+    if traced_tokens < arch.max_context_tokens:
+        return (
+            f"the trace's longest request, not {arch.name}'s limit {arch.max_context_tokens}: longer ones get "
+            "HTTP 400; set --max-context to serve them"
+        )
+    return (
+        f"{arch.name}'s context limit; the trace's longest request ({traced_tokens} tokens) is longer and "
+        "would get HTTP 400"
+    )
+
+
+def people_rate(rate: float) -> str:
+    """A request rate for people: 6.77, 10, 0.0333 (JSON keeps the exact value)."""
+    if rate >= 1:
+        return f"{rate:.2f}".rstrip("0").rstrip(".")
+    return f"{rate:.3g}"
 
 
 def _fit(path: Path) -> _Fitted:
@@ -390,7 +416,7 @@ def _render_plan(
 ) -> None:
     r = result.request
     console.print(
-        f"[bold]{r.model.name}[/]: {r.workload.requests_per_s:g} req/s, {r.workload.input_tokens} in / "
+        f"[bold]{r.model.name}[/]: {people_rate(r.workload.requests_per_s)} req/s, {r.workload.input_tokens} in / "
         f"{r.workload.output_tokens} out; p{r.slo.percentile:g} TTFT <= {r.slo.ttft_s * 1e3:g} ms, "
         f"TPOT <= {r.slo.tpot_s * 1e3:g} ms; objective {r.objective}"
         + ("; behind a least-loaded gateway" if r.least_loaded else "")

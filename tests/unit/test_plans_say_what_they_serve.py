@@ -100,3 +100,60 @@ def test_a_model_that_fits_no_allowed_gpu_is_does_not_fit_naming_the_fields() ->
     _, _, narrow = _operator_outcome(hardware={"gpuTypes": ["A10G"], "maxTensorParallel": 1})
     assert narrow.reason == "DoesNotFit", narrow.message
     assert "add A100-80GB, H100-SXM (in the cluster, larger) to spec.hardware.gpuTypes" in narrow.message
+
+
+# --- LOW: what a plan assumes is said, and rates are rounded for people ---------------------
+
+LLAMA_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 8192,
+}
+
+
+def test_a_config_json_missing_shapes_is_planned_with_a_warning_naming_each_default(tmp_path: Path) -> None:
+    from kvscale.sizing.hf_config import arch_from_hf_config, assumed_defaults
+
+    assert assumed_defaults(LLAMA_CONFIG) == (
+        "config.json has no num_hidden_layers: planned with transformers' llama default num_hidden_layers=32",
+        "config.json has no intermediate_size: planned with transformers' llama default intermediate_size=11008",
+        "config.json has no vocab_size: planned with transformers' llama default vocab_size=32000",
+    )
+    assert (
+        assumed_defaults({**LLAMA_CONFIG, "num_hidden_layers": 16, "intermediate_size": 8192, "vocab_size": 128256})
+        == ()
+    )
+    assert "assumed: config.json has no num_hidden_layers" in arch_from_hf_config(LLAMA_CONFIG).source
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**LLAMA_CONFIG, "num_hidden_layers": 16, "intermediate_size": 8192}))
+    result = runner.invoke(app, ["plan", "-m", str(config), *LOAD, "--gpu", "L4", "--json"])
+    assert result.exit_code == 0, result.output
+    json.loads(result.stdout)  # the warning stays off the JSON
+    warning = " ".join(result.stderr.split())
+    assert "config.json has no vocab_size: planned with transformers' llama default vocab_size=32000" in warning
+    assert "num_hidden_layers" not in warning
+
+
+TRACE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "traces" / "azure-llm-conv-2023.csv"
+TRACE_PLAN = ["-m", "llama-3.1-8b", "--ttft", "2s", "--tpot", "100ms", "--trace", str(TRACE), "--gpu", "H100-SXM"]
+
+
+def test_plan_trace_says_the_context_limit_is_the_traces_longest_request() -> None:
+    chosen = plan_json(*TRACE_PLAN)["chosen"]
+    assert chosen["max_context_tokens"] < 131072
+    assert chosen["max_context_reason"].startswith("the trace's longest request, not llama-3.1-8b's limit 131072")
+    assert "set --max-context" in chosen["max_context_reason"]
+    asked = plan_json(*TRACE_PLAN, "--max-context", "16384")["chosen"]
+    assert (asked["max_context_tokens"], asked["max_context_reason"]) == (16384, "--max-context 16384")
+
+
+def test_plan_rounds_the_rate_for_people_and_keeps_it_exact_in_json() -> None:
+    from kvscale.cli.planning import people_rate
+
+    assert [people_rate(r) for r in (6.766667, 10.0, 1000000.0, 0.0333333)] == ["6.77", "10", "1000000", "0.0333"]
+    exact = plan_json(*TRACE_PLAN)["workload"]["requests_per_s"]
+    human = runner.invoke(app, ["plan", *TRACE_PLAN])
+    assert human.exit_code == 0, human.output
+    assert f"llama-3.1-8b: {people_rate(exact)} req/s, " in human.output and people_rate(exact) != f"{exact:g}"
