@@ -157,3 +157,26 @@ def test_plan_rounds_the_rate_for_people_and_keeps_it_exact_in_json() -> None:
     human = runner.invoke(app, ["plan", *TRACE_PLAN])
     assert human.exit_code == 0, human.output
     assert f"llama-3.1-8b: {people_rate(exact)} req/s, " in human.output and people_rate(exact) != f"{exact:g}"
+
+
+# --- defect 7: MXFP4 only where vLLM runs it; the ROCm image pinned ------------------------
+
+
+def test_gpt_oss_is_not_planned_with_mxfp4_on_mi300x() -> None:
+    out = plan_json(
+        "-m", "gpt-oss-120b", "--ttft", "2s", "--tpot", "50ms", "--rps", "2", "--input", "1000", "--output", "300"
+    )
+    assert out["chosen"]["precision"] == "mxfp4" and out["chosen"]["gpu"] != "MI300X"
+    mi300x = [r for r in out["rejected"] if r["gpu"] == "MI300X"]
+    assert mi300x and all("triton_kernels" in r["reason"] for r in mi300x)
+    only_amd = runner.invoke(app, ["plan", "-m", "gpt-oss-120b", *LOAD, "--gpu", "MI300X", "--json"])
+    assert only_amd.exit_code == 1 and json.loads(only_amd.stdout)["chosen"] is None
+
+
+def test_vllm_images_are_pinned_on_both_platforms() -> None:
+    from kvscale.sizing.catalog import default_catalog
+
+    vllm = default_catalog().engine("vllm")
+    for image in (vllm.image, vllm.rocm_image):
+        assert image is not None and ":" in image and not image.endswith(":latest"), image
+    assert vllm.rocm_image is not None and vllm.rocm_image.startswith("rocm/vllm:rocm")
