@@ -180,3 +180,90 @@ def test_vllm_images_are_pinned_on_both_platforms() -> None:
     for image in (vllm.image, vllm.rocm_image):
         assert image is not None and ":" in image and not image.endswith(":latest"), image
     assert vllm.rocm_image is not None and vllm.rocm_image.startswith("rocm/vllm:rocm")
+
+
+# --- defect 6: no GPU is rated slower than its smaller sibling on the same die ---------------
+
+
+def _sibling_pairs() -> list[tuple[str, str]]:
+    """(larger, smaller): the same die, at least the other's peak 16-bit FLOPs, bandwidth and memory."""
+    from kvscale.sizing.catalog import default_catalog
+
+    gpus = default_catalog().gpus.values()
+    return [
+        (a.name, b.name)
+        for a in gpus
+        for b in gpus
+        if a.name != b.name
+        and a.chip is not None
+        and a.chip == b.chip
+        and a.flops_16bit_per_s >= b.flops_16bit_per_s
+        and a.hbm_bandwidth_bytes_per_s >= b.hbm_bandwidth_bytes_per_s
+        and a.memory_bytes >= b.memory_bytes
+    ]
+
+
+def test_siblings_exist_for_the_dies_the_issue_names() -> None:
+    pairs = _sibling_pairs()
+    assert ("A100-80GB", "A100-40GB") in pairs and ("H200", "H100-SXM") in pairs and ("L40S", "L40") in pairs
+
+
+def test_no_gpu_is_rated_slower_than_its_smaller_sibling_on_any_catalog_model() -> None:
+    from kvscale.sizing.batching import predict_batch
+    from kvscale.sizing.catalog import default_catalog
+    from kvscale.sizing.config import ServingConfig
+
+    cat = default_catalog()
+    checked = 0
+    for larger, smaller in _sibling_pairs():
+        for model in cat.models.values():
+            precision = model.native_precision or "bf16"
+            for tp in (1, 8):  # one GPU (the die alone) and a whole node
+                small = ServingConfig.build(cat, model, cat.gpu(smaller), precision, tp)
+                big = ServingConfig.build(cat, model, cat.gpu(larger), precision, tp)
+                if small.unsupported_reason() or big.unsupported_reason() or not small.memory.fits:
+                    continue
+                if cat.link(cat.gpu(larger), tp) != cat.link(cat.gpu(smaller), tp) and tp > 1:
+                    continue  # a slower link is not the die: compare where the links match
+                for batch in (1, 16, 128):
+                    s = predict_batch(small, batch, 1024, 256)
+                    b = predict_batch(big, batch, 1024, 256)
+                    if not s.fits:
+                        continue
+                    assert b.fits, (larger, smaller, model.name, tp, batch)
+                    assert b.ttft_s is not None and s.ttft_s is not None and b.tpot_s is not None
+                    assert s.tpot_s is not None
+                    assert b.tpot_s <= s.tpot_s * (1 + 1e-9), (
+                        larger,
+                        smaller,
+                        model.name,
+                        tp,
+                        batch,
+                        b.tpot_s,
+                        s.tpot_s,
+                    )
+                    assert b.ttft_s <= s.ttft_s * (1 + 1e-9), (larger, smaller, model.name, tp, batch)
+                    checked += 1
+    assert checked > 100
+
+
+def test_the_a100_80gb_serves_at_least_the_a100_40gbs_rate_per_replica() -> None:
+    args = [
+        "-m",
+        "llama-3.1-8b",
+        "--ttft",
+        "500ms",
+        "--tpot",
+        "50ms",
+        "--rps",
+        "10",
+        "--input",
+        "512",
+        "--output",
+        "256",
+    ]
+    rate = {}
+    for gpu in ("A100-40GB", "A100-80GB"):
+        chosen = plan_json(*args, "--gpu", gpu, "--tp", "1")["chosen"]
+        rate[gpu] = chosen["rate_per_replica_max"]
+    assert rate["A100-80GB"] >= rate["A100-40GB"], rate

@@ -91,6 +91,11 @@ class GpuSpec(_Frozen):
     resource_name: str = "nvidia.com/gpu"
     matmul_efficiency: Efficiency = Field(gt=0, le=1)
     bandwidth_efficiency: Efficiency = Field(gt=0, le=1)
+    chip: str | None = Field(
+        default=None,
+        description="The GPU die (GA100, GH100, AD102, ...): siblings on one die share matmul_efficiency, and "
+        "bandwidth_efficiency unless measurements of each say otherwise (benchmarks/calibrate.py)",
+    )
     source: str
     efficiency_source: str = Field(
         default="assumed: datasheet-class priors (no measurements of this GPU in benchmarks/data/reference)",
