@@ -1,7 +1,12 @@
 """Fit kvscale's few physical parameters to the TensorRT-LLM 0.9.0 static-batching table.
 
 Parameters (and nothing per figure):
-  per GPU type in the table: matmul_efficiency, bandwidth_efficiency (2 x 6);
+  per GPU die in the table: matmul_efficiency, one for siblings on a die (gpus.yaml `chip`:
+  L40 and L40S share AD102; H100-NVL, GH200 and H200 share GH100): the same SMs cannot be
+  faster in the smaller part (issue 31: A100-80GB was rated below A100-40GB);
+  per GPU type in the table: bandwidth_efficiency (their memory systems differ, and each has
+  data); a sibling with more peak bandwidth must keep at least the smaller one's effective
+  bandwidth, else the two are fitted tied;
   per engine (tensorrt-llm): decode/prefill per-layer overheads, per-step overhead, the
   GEMM half-efficiency size, the all-reduce's share of link bandwidth (5).
 Residuals: log(predicted / measured) of the batch's first-token latency and of the
@@ -12,8 +17,10 @@ kvscale.sizing.roofline.step, term for term); after writing the catalog it re-pr
 every row with kvscale itself and fails if the two differ by more than 1e-6.
 
 Leave-one-GPU-out: each GPU type is held out in turn, the rest fitted, and the held-out
-GPU predicted with the mean of the fitted GPUs' efficiency factors (what a GPU without
-data gets). Its error is reported as the generalization score.
+GPU predicted as a GPU without data gets it: its die's fitted factors when a sibling was
+fitted, else the mean of the fitted GPUs'. Its error is reported as the generalization score.
+--write also gives the catalog's siblings without data (A100-40GB, H100-SXM, H100-PCIE) their
+die's fitted factors (bandwidth: the mean of the die's fitted siblings).
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/calibrate.py [--write] [--no-cv]
   --write  records the fitted values, with their source, in kvscale/sizing/catalog/*.yaml
@@ -188,30 +195,118 @@ def predict(
     return ttft, tpot, thr
 
 
-def unpack(theta: np.ndarray, n_gpus: int) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
-    me, be = theta[:n_gpus], theta[n_gpus : 2 * n_gpus]
-    e = {name: float(theta[2 * n_gpus + i]) * scale for i, (name, scale) in enumerate(ENGINE_PARAMS)}
+@dataclass(frozen=True)
+class Layout:
+    """Where each GPU's factors sit in the parameter vector: matmul per die, bandwidth per
+    GPU (`bandwidth_of[i]`: GPU i's bandwidth slot; two GPUs share one when tied)."""
+
+    gpus: tuple[str, ...]
+    chip_of: tuple[int, ...]  # GPU index -> die slot
+    bandwidth_of: tuple[int, ...]  # GPU index -> bandwidth slot
+
+    @property
+    def n_chips(self) -> int:
+        return max(self.chip_of) + 1
+
+    @property
+    def n_bandwidth(self) -> int:
+        return max(self.bandwidth_of) + 1
+
+    @property
+    def size(self) -> int:
+        return self.n_chips + self.n_bandwidth + len(ENGINE_PARAMS)
+
+    def tie_bandwidth(self, a: int, b: int) -> Layout:
+        keep, drop = sorted((self.bandwidth_of[a], self.bandwidth_of[b]))
+        slots = [keep if s == drop else s for s in self.bandwidth_of]
+        renumber = {old: new for new, old in enumerate(sorted(set(slots)))}
+        return Layout(self.gpus, self.chip_of, tuple(renumber[s] for s in slots))
+
+
+def chip_name(catalog: Catalog, gpu: str) -> str:
+    return catalog.gpu(gpu).chip or gpu  # a GPU without a named die is its own
+
+
+def layout(catalog: Catalog, gpus: list[str]) -> Layout:
+    chips = sorted({chip_name(catalog, g) for g in gpus})
+    return Layout(tuple(gpus), tuple(chips.index(chip_name(catalog, g)) for g in gpus), tuple(range(len(gpus))))
+
+
+def unpack(theta: np.ndarray, lay: Layout) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """Per-GPU (matmul, bandwidth) efficiencies and the engine's parameters."""
+    chips, n_bw = lay.n_chips, lay.n_bandwidth
+    me = theta[:chips][list(lay.chip_of)]
+    be = theta[chips : chips + n_bw][list(lay.bandwidth_of)]
+    e = {name: float(theta[chips + n_bw + i]) * scale for i, (name, scale) in enumerate(ENGINE_PARAMS)}
     e["fp8_matmul_efficiency_factor"] = FP8_FACTOR
     return me, be, e
 
 
-def residuals(theta: np.ndarray, c: Columns, ttft_mask: np.ndarray, tpot_mask: np.ndarray) -> np.ndarray:
-    me, be, e = unpack(theta, len(c.gpus))
+def pack(me: np.ndarray, be: np.ndarray, e: dict[str, float], lay: Layout) -> np.ndarray:
+    """The parameter vector for per-GPU factors (a die's or a tied slot's: its first GPU's)."""
+    chips = [float(me[lay.chip_of.index(k)]) for k in range(lay.n_chips)]
+    bws = [float(be[lay.bandwidth_of.index(k)]) for k in range(lay.n_bandwidth)]
+    return np.array(chips + bws + [e[name] / scale for name, scale in ENGINE_PARAMS])
+
+
+def residuals(theta: np.ndarray, c: Columns, ttft_mask: np.ndarray, tpot_mask: np.ndarray, lay: Layout) -> np.ndarray:
+    me, be, e = unpack(theta, lay)
     ttft, tpot, _ = predict(c, me, be, e)
     return np.concatenate([np.log(ttft[ttft_mask] / c.ttft[ttft_mask]), np.log(tpot[tpot_mask] / c.tpot[tpot_mask])])
 
 
-def fit(c: Columns, ttft_mask: np.ndarray, tpot_mask: np.ndarray, start: np.ndarray) -> np.ndarray:
-    n = len(c.gpus)
-    lo = [GPU_BOUNDS[0]] * 2 * n + [ENGINE_BOUNDS[name][0] for name, _ in ENGINE_PARAMS]
-    hi = [GPU_BOUNDS[1]] * 2 * n + [ENGINE_BOUNDS[name][1] for name, _ in ENGINE_PARAMS]
+def _fit_once(c: Columns, ttft_mask: np.ndarray, tpot_mask: np.ndarray, start: np.ndarray, lay: Layout) -> np.ndarray:
+    gpu_slots = lay.n_chips + lay.n_bandwidth
+    lo = [GPU_BOUNDS[0]] * gpu_slots + [ENGINE_BOUNDS[name][0] for name, _ in ENGINE_PARAMS]
+    hi = [GPU_BOUNDS[1]] * gpu_slots + [ENGINE_BOUNDS[name][1] for name, _ in ENGINE_PARAMS]
     result = least_squares(
-        residuals, np.clip(start, lo, hi), bounds=(lo, hi), args=(c, ttft_mask, tpot_mask), x_scale="jac"
+        residuals, np.clip(start, lo, hi), bounds=(lo, hi), args=(c, ttft_mask, tpot_mask, lay), x_scale="jac"
     )
     return np.asarray(result.x)
 
 
+def slower_sibling(catalog: Catalog, lay: Layout, be: np.ndarray) -> tuple[int, int] | None:
+    """A pair (larger, smaller) of GPUs on one die where the one with at least the other's peak
+    FLOPs and bandwidth has less effective bandwidth (peak x efficiency), or None."""
+    for i, a in enumerate(lay.gpus):
+        for j, b in enumerate(lay.gpus):
+            if i == j or lay.chip_of[i] != lay.chip_of[j] or lay.bandwidth_of[i] == lay.bandwidth_of[j]:
+                continue
+            ga, gb = catalog.gpu(a), catalog.gpu(b)
+            larger = (
+                ga.flops_16bit_per_s >= gb.flops_16bit_per_s
+                and ga.hbm_bandwidth_bytes_per_s >= gb.hbm_bandwidth_bytes_per_s
+            )
+            if larger and ga.hbm_bandwidth_bytes_per_s * be[i] < gb.hbm_bandwidth_bytes_per_s * be[j] * (1 - 1e-9):
+                return i, j
+    return None
+
+
+def fit_constrained(
+    catalog: Catalog, c: Columns, ttft_mask: np.ndarray, tpot_mask: np.ndarray, start: np.ndarray
+) -> tuple[np.ndarray, Layout]:
+    """The fit with matmul tied per die, refitted with a pair's bandwidth tied while a larger
+    sibling would come out with less effective bandwidth than a smaller one."""
+    lay = layout(catalog, c.gpus)
+    me, be, e = unpack_start(start, c.gpus)
+    theta = _fit_once(c, ttft_mask, tpot_mask, pack(me, be, e, lay), lay)
+    while (pair := slower_sibling(catalog, lay, unpack(theta, lay)[1])) is not None:
+        me, be, e = unpack(theta, lay)
+        lay = lay.tie_bandwidth(*pair)
+        theta = _fit_once(c, ttft_mask, tpot_mask, pack(me, be, e, lay), lay)
+    return theta, lay
+
+
+def unpack_start(start: np.ndarray, gpus: list[str]) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """Per-GPU factors and engine parameters of a start point (start_point's layout: per GPU)."""
+    n = len(gpus)
+    e = {name: float(start[2 * n + i]) * scale for i, (name, scale) in enumerate(ENGINE_PARAMS)}
+    e["fp8_matmul_efficiency_factor"] = FP8_FACTOR
+    return np.asarray(start[:n]), np.asarray(start[n : 2 * n]), e
+
+
 def start_point(catalog: Catalog, c: Columns) -> np.ndarray:
+    """Per GPU: the catalog's matmul and bandwidth efficiencies, then the engine's parameters."""
     engine = catalog.engine(ENGINE)
     me = [catalog.gpu(g).matmul_efficiency for g in c.gpus]
     be = [catalog.gpu(g).bandwidth_efficiency for g in c.gpus]
@@ -231,17 +326,27 @@ def summarize(label: str, err: np.ndarray) -> str:
     )
 
 
+def without_data(me: np.ndarray, be: np.ndarray, lay: Layout, k: int, fitted: list[int]) -> tuple[float, float]:
+    """The factors a GPU without data gets: its die's (matmul; bandwidth: the mean of its
+    fitted siblings') when a sibling was fitted, else the mean of all the fitted GPUs'."""
+    siblings = [i for i in fitted if lay.chip_of[i] == lay.chip_of[k]]
+    pool = siblings or fitted
+    return float(np.mean(me[pool])), float(np.mean(be[pool]))
+
+
 def leave_one_gpu_out(c: Columns, theta: np.ndarray, usable: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
-    """Per held-out GPU: the errors of (ttft, tpot, throughput) on its rows."""
+    """Per held-out GPU: the errors of (ttft, tpot, throughput) on its rows. `theta`: the start
+    point (start_point's layout)."""
     n = len(c.gpus)
+    catalog = default_catalog()
     out: dict[str, dict[str, np.ndarray]] = {}
     for k, gpu in enumerate(c.gpus):
         train = c.gpu_index != k
-        fitted = fit(c, train, train & usable, theta)
-        me, be, e = unpack(fitted, n)
+        fitted, lay = fit_constrained(catalog, c, train, train & usable, theta)
+        me, be, e = unpack(fitted, lay)
         others = [i for i in range(n) if i != k]
         me, be = me.copy(), be.copy()
-        me[k], be[k] = float(np.mean(me[others])), float(np.mean(be[others]))
+        me[k], be[k] = without_data(me, be, lay, k, others)
         ttft, tpot, thr = predict(c, me, be, e)
         held = (c.gpu_index == k) & usable
         out[gpu] = {
@@ -263,14 +368,49 @@ def _set_field(text: str, block: str, key: str, value: str) -> str:
     return new
 
 
-def write_catalog(c: Columns, theta: np.ndarray, source: str) -> None:
-    me, be, e = unpack(theta, len(c.gpus))
+def _set_or_add_source(text: str, block: str, value: str) -> str:
+    try:
+        return _set_field(text, block, "efficiency_source", value)
+    except SystemExit:  # a GPU with priors until now: add the field after bandwidth_efficiency
+        pattern = re.compile(
+            rf"(^  {re.escape(block)}:\n(?:(?:    .*|\s*)\n)*?    bandwidth_efficiency: [^\n]*\n)", re.M
+        )
+        new, count = pattern.subn(lambda m: m.group(1) + f"    efficiency_source: {value}\n", text, count=1)
+        if count != 1:
+            raise
+        return new
+
+
+def siblings_without_data(catalog: Catalog, lay: Layout) -> dict[str, int]:
+    """Catalog GPUs on a fitted die that have no rows of their own: name -> die slot."""
+    chips = {chip_name(catalog, g): lay.chip_of[i] for i, g in enumerate(lay.gpus)}
+    return {
+        name: chips[chip_name(catalog, name)]
+        for name in catalog.gpus
+        if name not in lay.gpus and chip_name(catalog, name) in chips
+    }
+
+
+def write_catalog(catalog: Catalog, c: Columns, theta: np.ndarray, lay: Layout, source: str) -> None:
+    me, be, e = unpack(theta, lay)
     gpus_path = CATALOG_DIR / "gpus.yaml"
     text = gpus_path.read_text()
     for i, gpu in enumerate(c.gpus):
         text = _set_field(text, gpu, "matmul_efficiency", f"{me[i]:.3f}")
         text = _set_field(text, gpu, "bandwidth_efficiency", f"{be[i]:.3f}")
         text = _set_field(text, gpu, "efficiency_source", f'"{source}"')
+    fitted = list(range(len(c.gpus)))
+    for name, chip in siblings_without_data(catalog, lay).items():
+        k = lay.chip_of.index(chip)
+        m, b = without_data(me, be, lay, k, [i for i in fitted if lay.chip_of[i] == chip])
+        text = _set_field(text, name, "matmul_efficiency", f"{m:.3f}")
+        text = _set_field(text, name, "bandwidth_efficiency", f"{b:.3f}")
+        sibs = ", ".join(g for i, g in enumerate(c.gpus) if lay.chip_of[i] == chip)
+        text = _set_or_add_source(
+            text,
+            name,
+            f'"no rows of its own: its die\'s ({chip_name(catalog, name)}) factors as fitted on {sibs} by {source}"',
+        )
     gpus_path.write_text(text)
     engines_path = CATALOG_DIR / "engines.yaml"
     text = engines_path.read_text()
@@ -281,8 +421,9 @@ def write_catalog(c: Columns, theta: np.ndarray, source: str) -> None:
 
 
 def check_against_model(catalog: Catalog, rows: list[StaticRow], c: Columns, theta: np.ndarray) -> float:
-    """Largest relative difference between the vectorized fit and kvscale's own predictions."""
-    me, be, e = unpack(theta, len(c.gpus))
+    """Largest relative difference between the vectorized fit and kvscale's own predictions.
+    `theta`: start_point's layout (per GPU)."""
+    me, be, e = unpack_start(theta, c.gpus)
     ttft, tpot, _ = predict(c, me, be, e)
     worst = 0.0
     for i, r in enumerate(rows):
@@ -314,14 +455,23 @@ def main() -> None:
     rows = static_rows()
     c = columns(catalog, rows)
     everything = np.array([r.model not in NOT_FITTED for r in rows])
-    theta = fit(c, np.ones(len(rows), dtype=bool), everything, start_point(catalog, c))
-    me, be, e = unpack(theta, len(c.gpus))
+    theta, lay = fit_constrained(catalog, c, np.ones(len(rows), dtype=bool), everything, start_point(catalog, c))
+    me, be, e = unpack(theta, lay)
     print(
         f"Fitted on {int(everything.sum())} of {len(rows)} rows that ran in the TensorRT-LLM 0.9.0 static table "
         f"({len(c.gpus)} GPU types; not fitted: {NOT_FITTED})"
     )
     for i, gpu in enumerate(c.gpus):
-        print(f"  {gpu:<10} matmul_efficiency {me[i]:.3f}  bandwidth_efficiency {be[i]:.3f}")
+        print(
+            f"  {gpu:<10} matmul_efficiency {me[i]:.3f} (die {chip_name(catalog, gpu)})  "
+            f"bandwidth_efficiency {be[i]:.3f}"
+            + (" (tied to a sibling)" if lay.bandwidth_of.count(lay.bandwidth_of[i]) > 1 else "")
+        )
+    for name, chip in siblings_without_data(catalog, lay).items():
+        m, b = without_data(
+            me, be, lay, lay.chip_of.index(chip), [i for i in range(len(c.gpus)) if lay.chip_of[i] == chip]
+        )
+        print(f"  {name:<10} matmul_efficiency {m:.3f}  bandwidth_efficiency {b:.3f} (no rows: its die's)")
     for name, _ in ENGINE_PARAMS:
         print(f"  {ENGINE} {name} = {e[name]:.4g}")
     print(f"  fp8 matmul_efficiency_factor = {FP8_FACTOR:.3f} (not fitted: see FP8_FACTOR)")
@@ -334,8 +484,9 @@ def main() -> None:
     ):
         print("  " + summarize(label, errors(pred[everything], meas[everything])))
     if not args.no_cv:
-        print("Leave-one-GPU-out (held-out GPU gets the mean factors of the others):")
-        cv = leave_one_gpu_out(c, theta, everything)
+        print("Leave-one-GPU-out (held-out GPU gets its die's fitted factors, else the mean of the others):")
+        per_gpu = np.concatenate([me, be, [e[name] / scale for name, scale in ENGINE_PARAMS]])
+        cv = leave_one_gpu_out(c, per_gpu, everything)
         for gpu, errs in cv.items():
             print(
                 f"  {gpu:<10} "
@@ -346,7 +497,7 @@ def main() -> None:
             print("  " + summarize(f"all held out: {metric}", allerr))
     if args.write:
         source = f"benchmarks/calibrate.py least squares over benchmarks/data/reference/trtllm-0.9.0-static.csv ({len(rows)} rows)"
-        write_catalog(c, theta, source)
+        write_catalog(catalog, c, theta, lay, source)
         default_catalog.cache_clear()
         fresh = load_catalog()
         written = start_point(fresh, columns(fresh, rows))  # the values as written (rounded)

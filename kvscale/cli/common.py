@@ -147,12 +147,15 @@ def _hf_model(name: str, path: Path) -> ModelArch:
     if not isinstance(raw, dict):
         fail(f"--model {name}: a config.json is a JSON object with model_type, num_hidden_layers, ...")
     label = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
-    from kvscale.sizing.hf_config import arch_from_hf_config
+    from kvscale.sizing.hf_config import arch_from_hf_config, assumed_defaults
 
     try:
-        return arch_from_hf_config(raw, str(raw.get("_name_or_path") or label), f"config.json: {file}")
+        arch = arch_from_hf_config(raw, str(raw.get("_name_or_path") or label), f"config.json: {file}")
     except ValueError as exc:
         fail(f"--model {name}: {_one_line(exc)}")
+    for line in assumed_defaults(raw):  # on stderr: --json output stays one document
+        err.print(f"Warning: --model {name}: {line}", highlight=False, soft_wrap=True)
+    return arch
 
 
 def model(cat: Catalog, name: str) -> ModelArch:

@@ -46,7 +46,7 @@ from kvscale.cli.common import (
 from kvscale.cli.root import app
 from kvscale.sizing.batching import predict_batch, throughput_latency_curve
 from kvscale.sizing.catalog import Catalog, ModelArch
-from kvscale.sizing.checkpoints import CheckpointError, default_precision, resolve_checkpoint
+from kvscale.sizing.checkpoints import CheckpointError, default_precision, resolve_checkpoint, substitution
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
 from kvscale.sizing.engine_args import ENGINE_TYPES, PlannedLaunch, engine_command, plan_launch, requested_source
@@ -164,6 +164,7 @@ def plan_cmd(
         fail("--gpu and --gpus both name GPU types: use --gpus TYPE=COUNT alone (it also limits the types)")
     gpus = check_names(cat, tuple(limits) if limits else split(gpu), precisions, kv_cache_precision)
     context = tokens(max_context, "--max-context") if max_context is not None else None
+    context_said = None  # why the context limit is what it is, when --max-context did not set it
     try:
         longest = (
             # a trace's longest requests beyond the model's limit are not planned for (the
@@ -173,7 +174,9 @@ def plan_cmd(
             else tokens(input_tokens or 0, "--input") + tokens(output_tokens or 0, "--output")
         )
         if fitted is not None and context is None:
-            context = min(fitted.workload.inputs.max + fitted.workload.outputs.max, arch.max_context_tokens)
+            traced = fitted.workload.inputs.max + fitted.workload.outputs.max
+            context = min(traced, arch.max_context_tokens)
+            context_said = _trace_context_reason(arch, traced)
         check_requested_context(arch, context, "--max-context", longest, "--input + --output")
     except ContextLimitError as exc:
         fail(str(exc))
@@ -214,6 +217,8 @@ def plan_cmd(
     # --source (without it the engine would be told to load the file's name).
     needs_source = names_no_checkpoint(model) and source is None
     launch = None if needs_source else _launch(result, served, source)
+    if launch is not None and context_said is not None:
+        launch = replace(launch, context=replace(launch.context, reason=context_said))
     check = None
     if fitted is not None and result.chosen is not None:
         from kvscale.sim.check import check_plan, sample
@@ -239,6 +244,7 @@ def plan_cmd(
                 max_context_tokens=launch.context.max_model_len_tokens,
                 max_context_reason=launch.context.reason,
                 checkpoint=launch.checkpoint.source,
+                checkpoint_note=substitution(launch.checkpoint),
                 cold_start_s=round(launch.cold_start.total_s, 1),
             )
         if fitted is not None:
@@ -289,6 +295,27 @@ class _Fitted:
     def workload(self) -> Workload:
         w: Workload = self.fit.workload
         return w
+
+
+def _trace_context_reason(arch: ModelArch, traced_tokens: int) -> str:
+    """Why a trace-fitted plan serves what it serves without --max-context: the trace's longest
+    request (prompt + output), or the model's limit when the trace goes past it."""
+    if traced_tokens < arch.max_context_tokens:
+        return (
+            f"the trace's longest request, not {arch.name}'s limit {arch.max_context_tokens}: longer ones get "
+            "HTTP 400; set --max-context to serve them"
+        )
+    return (
+        f"{arch.name}'s context limit; the trace's longest request ({traced_tokens} tokens) is longer and "
+        "would get HTTP 400"
+    )
+
+
+def people_rate(rate: float) -> str:
+    """A request rate for people: 6.77, 10, 0.0333 (JSON keeps the exact value)."""
+    if rate >= 1:
+        return f"{rate:.2f}".rstrip("0").rstrip(".")
+    return f"{rate:.3g}"
 
 
 def _fit(path: Path) -> _Fitted:
@@ -393,7 +420,7 @@ def _render_plan(
 ) -> None:
     r = result.request
     console.print(
-        f"[bold]{r.model.name}[/]: {r.workload.requests_per_s:g} req/s, {r.workload.input_tokens} in / "
+        f"[bold]{r.model.name}[/]: {people_rate(r.workload.requests_per_s)} req/s, {r.workload.input_tokens} in / "
         f"{r.workload.output_tokens} out; p{r.slo.percentile:g} TTFT <= {r.slo.ttft_s * 1e3:g} ms, "
         f"TPOT <= {r.slo.tpot_s * 1e3:g} ms"
         + (f", p99 ITL <= {r.max_itl_s * 1e3:g} ms" if r.max_itl_s is not None else "")
@@ -423,6 +450,9 @@ def _render_plan(
                 highlight=False,
                 soft_wrap=True,
             )
+            note = substitution(launch.checkpoint)
+            if note is not None:
+                console.print(f"  checkpoint: {note}", highlight=False, soft_wrap=True)
         if args:
             # One line however wide the terminal: it is copied and pasted as a command.
             console.print(f"  engine: {' '.join(args)}", highlight=False, soft_wrap=True)

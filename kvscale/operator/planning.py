@@ -9,11 +9,12 @@ from dataclasses import dataclass, replace
 from kvscale.api.intent import Intent, SpecError, allowed_gpus, plan_request, resolve_model, weight_precision
 from kvscale.operator.inventory import GpuPool
 from kvscale.sizing.catalog import Catalog, ModelArch
-from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint
+from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint, substitution
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
 from kvscale.sizing.engine_args import requested_source, unsupported_by_engine
-from kvscale.sizing.planner import Feasible, Plan, Prediction, plan
+from kvscale.sizing.knobs import RESOURCE_KNOBS
+from kvscale.sizing.planner import Feasible, Plan, Prediction, Rejected, plan
 from kvscale.sizing.routing_advice import GatewayAdvice, gateway_advice
 
 
@@ -139,6 +140,71 @@ def _usable(intent: Intent, catalog: Catalog) -> tuple[ModelArch, tuple[str, ...
     return model, with_images
 
 
+def _misfit(r: Rejected) -> bool:
+    """Refused for memory: the weights, or one sequence of the context, do not fit (planner reasons)."""
+    return r.reason.startswith(("does not fit", "KV cache holds"))
+
+
+def fits_nowhere(result: Plan) -> bool:
+    """No candidate fits in memory: none reached an SLO check or a replica limit."""
+    rejected = result.rejected
+    return (
+        result.chosen is None
+        and any(_misfit(r) for r in rejected)
+        and all(r.best_ttft_s is None and r.limit is None for r in rejected)
+    )
+
+
+def _does_not_fit(
+    intent: Intent, catalog: Catalog, model: ModelArch, result: Plan, pools: Mapping[str, GpuPool]
+) -> str:
+    """DoesNotFit's message: the largest candidate's shortfall, then the spec's fields that would
+    help, naming only GPU types the cluster has."""
+    misfits = [r for r in result.rejected if _misfit(r)]
+    largest = max(misfits, key=lambda r: catalog.gpu(r.gpu).memory_bytes * r.tensor_parallel * r.pipeline_parallel)
+    precision = largest.precision
+    fixes = []
+    if precision in ("bf16", "fp16"):
+        fixes.append(RESOURCE_KNOBS.to(RESOURCE_KNOBS.precision, RESOURCE_KNOBS.smaller_precision))
+    elif precision in ("fp8", "int8"):
+        fixes.append(RESOURCE_KNOBS.to(RESOURCE_KNOBS.precision, "int4 (with a checkpoint quantized that way)"))
+    tried = {r.gpu for r in result.rejected}
+    biggest = max(catalog.gpu(g).memory_bytes for g in tried)
+    larger = sorted(n for n in pools if n in catalog.gpus and catalog.gpu(n).memory_bytes > biggest)
+    if larger:
+        fixes.append(f"add {', '.join(larger)} (in the cluster, larger) to spec.hardware.gpuTypes")
+    top = max(intent.tensor_parallel)
+    if top < max(catalog.gpu(g).max_gpus_per_node for g in tried):
+        fixes.append(f"raise spec.hardware.maxTensorParallel above {top}")
+    if largest.reason.startswith("KV cache holds"):
+        fixes.append("lower spec.workload.maxContextTokens")
+    fix = "; ".join(fixes) or "add nodes with GPUs of more memory"
+    return (
+        f"{model.name} at {precision} fits in no allowed GPU's memory ({', '.join(sorted(tried))}, up to tensor "
+        f"parallel {top}); largest tried, {largest.label}: {largest.reason}. Fix: {fix}"
+    )
+
+
+def _unservable(
+    intent: Intent,
+    catalog: Catalog,
+    model: ModelArch,
+    allowed: tuple[str, ...],
+    pools: Mapping[str, GpuPool],
+    everywhere: Plan,
+) -> Unplanned:
+    """Why no allowed GPU type serves the spec at all, with fixes that name only GPU types the
+    cluster has (its nodes): a suggestion of B200 in a cluster of A100s helps no one."""
+    have = tuple(n for n in pools if not allowed or n in allowed)
+    local = plan(_as_sized_in_cluster(catalog, pools), plan_request(intent, model, have, None)) if have else everywhere
+    if local.feasible:  # a node size the catalog does not know: keep the catalog-wide verdict
+        local = everywhere
+    if fits_nowhere(local):
+        return Unplanned("DoesNotFit", _does_not_fit(intent, catalog, model, local, pools), retry=False)
+    hint = "; ".join(local.suggestions)
+    return Unplanned("SLOInfeasible", f"no GPU type meets spec.slo for this model and workload: {hint}", retry=False)
+
+
 def plan_service(
     intent: Intent,
     catalog: Catalog,
@@ -155,10 +221,7 @@ def plan_service(
     # Anywhere at all? If not, the spec itself is unusable: say what would help.
     everywhere = plan(catalog, plan_request(intent, model, allowed, None))
     if not everywhere.feasible:
-        hint = "; ".join(everywhere.suggestions)
-        return Unplanned(
-            "SLOInfeasible", f"no GPU type meets spec.slo for this model and workload: {hint}", retry=False
-        )
+        return _unservable(intent, catalog, model, allowed, pools, everywhere)
     present = tuple(name for name in pools if name not in excluded and (not allowed or name in allowed))
     if not present:
         return _no_capacity(everywhere, pools, excluded)
@@ -185,4 +248,21 @@ def plan_service(
         rest = tuple(c for c in in_cluster.alternatives if c is not moved)
         in_cluster = replace(in_cluster, chosen=moved, alternatives=(chosen, *rest))
         chosen = moved
+    note = _substitution(intent, catalog, model, chosen.precision)
+    if note is not None:  # status.plan.reason, the Planned condition and its Event say it
+        chosen = replace(chosen, reason=f"{note}; {chosen.reason}")
+        in_cluster = replace(in_cluster, chosen=chosen)
     return Planned(in_cluster, chosen, model, pools[chosen.gpu], sized)
+
+
+def _substitution(intent: Intent, catalog: Catalog, model: ModelArch, precision: str) -> str | None:
+    """The plan's checkpoint when it is another repository than the one named (a published
+    quantization of the same model), said first; deployability() refused the rest already."""
+    m = intent.spec.model
+    try:
+        checkpoint = resolve_checkpoint(
+            model, catalog.precision(precision), requested_source(m.name, m.source, precision)
+        )
+    except CheckpointError:
+        return None
+    return substitution(checkpoint)

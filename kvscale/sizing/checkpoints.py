@@ -5,7 +5,15 @@ Engine facts (vLLM 0.11.0 wheel):
 - vllm/config/model.py `_verify_quantization`: the method comes from the checkpoint's
   config.json (quantization_config.quant_method); a --quantization that disagrees with it is
   refused ("Quantization method specified in the model config ... does not match"). So int4
-  and int8 need a checkpoint quantized that way; only fp8 can quantize 16-bit weights online.
+  and int8 need a checkpoint quantized that way; only fp8 can quantize 16-bit weights online:
+  vllm/model_executor/layers/quantization/fp8.py `Fp8Config` defaults to
+  is_checkpoint_fp8_serialized=False (`--quantization fp8` on a config.json without a
+  quantization_config), and `Fp8LinearMethod.process_weights_after_loading` then quantizes
+  the loaded 16-bit weights itself ("If checkpoint not serialized fp8, quantize the weights":
+  ops.scaled_fp8_quant, one per-tensor scale); `Fp8MoEMethod` does the same for the experts.
+- A quantized checkpoint is another repository: kvscale picks a published one only when it
+  was made from the very checkpoint named (catalog `of`); a base model's int4 is never an
+  Instruct model's AWQ. The plan says which repository it loads instead (`substitution`).
 - vllm/model_executor/layers/quantization/__init__.py QuantizationMethods lists "fp8",
   "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors".
 - awq_marlin.py `override_quantization_method` upgrades an AWQ checkpoint to awq_marlin when
@@ -56,6 +64,7 @@ class Checkpoint:
     online_fp8: bool  # fp8 from 16-bit weights, quantized while loading
     origin: Literal["catalog", "catalog-quantized", "spec"]
     bytes_per_param: float
+    quantizes: str | None = None  # catalog-quantized: the named 16-bit checkpoint it was made from
 
     def size_bytes(self, model: ModelArch) -> float:
         """What a download moves and a load reads: every parameter as stored."""
@@ -106,8 +115,39 @@ def default_precision(precision: str | None, model: ModelArch) -> str:
     return precision if precision else (model.native_precision or "bf16")
 
 
-def _catalog_quantized(model: ModelArch, precision: str) -> QuantizedSource | None:
-    return next((q for q in model.quantized_sources if q.precision == precision), None)
+def _made_from(q: QuantizedSource, checkpoint: str) -> bool:
+    return strip_scheme(checkpoint).lower() in (o.lower() for o in q.of)
+
+
+def _catalog_quantized(model: ModelArch, precision: str, checkpoint: str) -> QuantizedSource | None:
+    """The catalog's published quantization of exactly `checkpoint` (never of a sibling: a base
+    model's and its Instruct model's weights differ), or None."""
+    return next((q for q in model.quantized_sources if q.precision == precision and _made_from(q, checkpoint)), None)
+
+
+def _siblings_hint(model: ModelArch, precision: str, checkpoint: str, field: str) -> str:
+    """The catalog's quantizations of other checkpoints of this architecture, offered by name."""
+    others = [q for q in model.quantized_sources if q.precision == precision and not _made_from(q, checkpoint)]
+    if not others:
+        return ""
+    q = others[0]
+    return (
+        f". kvscale knows {strip_scheme(q.source)} ({precision}, {q.method}), but it is made from {q.of[0]}, "
+        f"a different model than {strip_scheme(checkpoint)} (a base model and its instruction-tuned sibling "
+        f"differ): to serve that one, set {field} to {q.source}"
+    )
+
+
+def substitution(checkpoint: Checkpoint) -> str | None:
+    """What the plan says when the engine loads another repository than the one named: a
+    published quantization of the same model. None when it loads what was named."""
+    if checkpoint.quantizes is None:
+        return None
+    how = f"{checkpoint.stored}, {checkpoint.method}" if checkpoint.method else checkpoint.stored
+    return (
+        f"loads {checkpoint.source} ({how}), a published quantization of {checkpoint.quantizes} (the model "
+        "named), not that 16-bit repository itself"
+    )
 
 
 def resolve_checkpoint(
@@ -135,18 +175,24 @@ def resolve_checkpoint(
     if source is None:
         if name in SIXTEEN_BIT:
             return Checkpoint(model.hf_id, "16bit", None, False, "catalog", CHECKPOINT_16BIT_BYTES_PER_PARAM)
-        known = _catalog_quantized(model, name)
+        known = _catalog_quantized(model, name, model.hf_id)
         if known is not None:
             return Checkpoint(
-                strip_scheme(known.source), known.precision, known.method, False, "catalog-quantized", quantized_bytes
+                strip_scheme(known.source),
+                known.precision,
+                known.method,
+                False,
+                "catalog-quantized",
+                quantized_bytes,
+                quantizes=model.hf_id,
             )
         if name == "fp8":
             return Checkpoint(model.hf_id, "16bit", "fp8", True, "catalog", CHECKPOINT_16BIT_BYTES_PER_PARAM)
         raise CheckpointError(
-            f"precision {name} needs a checkpoint quantized to {name}, and kvscale's catalog knows none for "
-            f"{model.name} (its {model.hf_id} is 16-bit, which vLLM cannot load as {name}): set {field} "
-            f"to an {name} checkpoint (AWQ, GPTQ or compressed-tensors, e.g. hf://org/{model.name}-{name}), "
-            "or use precision fp8 (quantized online from the 16-bit weights) or bf16",
+            f"precision {name} needs a checkpoint quantized to {name}, and kvscale's catalog knows none made "
+            f"from {model.hf_id} (16-bit, which vLLM cannot load as {name}): set {field} to an {name} "
+            f"checkpoint of it (AWQ, GPTQ or compressed-tensors), or use precision fp8 (quantized online from "
+            f"the 16-bit weights) or bf16" + _siblings_hint(model, name, model.hf_id, field),
             field,
         )
     loaded = strip_scheme(source)
@@ -173,9 +219,11 @@ def resolve_checkpoint(
     if name == "fp8" and (is_16bit or method_from_name(loaded) is None):
         return Checkpoint(loaded, "16bit", "fp8", True, "spec", CHECKPOINT_16BIT_BYTES_PER_PARAM)
     if is_16bit:
+        same = _catalog_quantized(model, name, loaded)
+        hint = f" (kvscale knows {same.source}, made from it)" if same is not None else ""
         raise CheckpointError(
             f"{field} {source} is {model.name}'s 16-bit checkpoint; precision {name} needs a checkpoint "
-            f"quantized to {name} (AWQ, GPTQ or compressed-tensors): set {field} to one, or use fp8 or bf16",
+            f"quantized to {name} (AWQ, GPTQ or compressed-tensors): set {field} to one{hint}, or use fp8 or bf16",
             field,
         )
     stored: Literal["fp8", "int8", "int4"] = "fp8" if name == "fp8" else ("int8" if name == "int8" else "int4")

@@ -93,6 +93,29 @@ class UnsupportedConfig(ValueError):
     """The combination cannot run at all (not a matter of memory or speed)."""
 
 
+def mxfp4_unsupported(gpu: GpuSpec) -> str | None:
+    """Where vLLM 0.11.0 cannot run an MXFP4 MoE checkpoint (gpt-oss), or None.
+
+    vllm/model_executor/layers/quantization/mxfp4.py: `Mxfp4Config.get_min_capability` is 80;
+    `get_mxfp4_backend` picks, on CUDA, FlashInfer on SM100 (Blackwell) and SM90 (opt-in), else
+    Marlin below SM90 (Ampere, Ada) or the Triton `triton_kernels` matmul on Hopper: all of them
+    dequantize the FP4 weights for 16-bit GEMMs (FP4 tensor cores only with the opt-in MXFP8
+    activations on SM100), which precisions.yaml's mxfp4 entry models. On ROCm it returns the
+    Triton backend only when the `triton_kernels` package is installed, else NONE, and
+    `Mxfp4MoEMethod.__init__` asserts "No MXFP4 MoE backend (FlashInfer/Marlin/Triton)
+    available": the engine does not start. kvscale's ROCm image is not known to carry it (and
+    MI300X has no FP4 hardware), so MXFP4 is not planned on AMD GPUs."""
+    if gpu.vendor == "amd":
+        return (
+            f"{gpu.name} cannot run mxfp4 as kvscale deploys it: vLLM 0.11.0 runs MXFP4 MoE on ROCm only with "
+            "the triton_kernels package (mxfp4.py get_mxfp4_backend), which the catalog's ROCm image is not "
+            "known to have; plan it on NVIDIA GPUs (compute capability 8.0 on)"
+        )
+    if not gpu.bf16_supported:
+        return f"{gpu.name} cannot run mxfp4: vLLM's MXFP4 kernels need compute capability 8.0 (Ampere)"
+    return None
+
+
 @dataclass(frozen=True)
 class ServingConfig:
     model: ModelArch
@@ -376,8 +399,10 @@ class ServingConfig:
             return f"{self.model.kv_heads} KV heads and tensor parallel {tp} do not divide each other"
         if self.gpu.peak_flops_per_s(self.compute_path) is None:
             return f"{self.gpu.name} has no {self.precision.compute} tensor cores for {self.precision.name}"
-        if self.precision.name == "mxfp4" and not (self.gpu.bf16_supported or self.gpu.vendor == "amd"):
-            return f"{self.gpu.name} cannot run mxfp4: vLLM's MXFP4 kernels need compute capability 8.0 (Ampere)"
+        if self.precision.name == "mxfp4":
+            problem = mxfp4_unsupported(self.gpu)
+            if problem:
+                return problem
         if self.precision.name == "bf16" and not self.gpu.bf16_supported:
             return f"{self.gpu.name} has no bfloat16 support; use fp16"
         if self.kv.name == "fp8" and self.gpu.flops_fp8_per_s is None:

@@ -209,6 +209,28 @@ class HfConfigError(ValueError):
     """A config.json kvscale cannot map; the message names the field and the fix."""
 
 
+# Shapes a config.json normally states: one missing is planned with transformers' class default
+# (as AutoConfig.from_pretrained would load it), which for a smaller or larger model is wrong:
+# say so rather than plan a 32-layer, 32000-token model in silence.
+STATED_SHAPES = ("num_hidden_layers", "intermediate_size", "vocab_size")
+
+
+def assumed_defaults(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    """The shapes `raw` (a config.json) leaves out that kvscale takes from transformers'
+    defaults for its model_type, each as a warning naming the field and the value used."""
+    model_type = str(raw.get("model_type", "")).lower()
+    if model_type == "gemma3" and isinstance(raw.get("text_config"), Mapping):
+        return assumed_defaults({"model_type": "gemma3_text", **raw["text_config"]})
+    defaults = _DEFAULTS.get(model_type)
+    if defaults is None:
+        return ()
+    return tuple(
+        f"config.json has no {key}: planned with transformers' {model_type} default {key}={defaults[key]}"
+        for key in STATED_SHAPES
+        if raw.get(key) is None and defaults.get(key) is not None
+    )
+
+
 def _int(cfg: Mapping[str, Any], key: str, where: str) -> int:
     value = cfg.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -343,6 +365,8 @@ def arch_from_hf_config(raw: Mapping[str, Any], name: str | None = None, source:
     tied = bool(cfg.get("tie_word_embeddings"))
     params = hf_params(cfg, model_type, layers, hidden, heads, int(kv_heads), int(head_dim), vocab, intermediate)
     label = name or str(raw.get("_name_or_path") or model_type)
+    assumed = assumed_defaults(raw)
+    said = (source or "Hugging Face config.json") + (f" (assumed: {'; '.join(assumed)})" if assumed else "")
     try:
         return ModelArch(
             name=label,
@@ -366,7 +390,7 @@ def arch_from_hf_config(raw: Mapping[str, Any], name: str | None = None, source:
             native_precision=native_precision(raw),
             fp8_weight_block=fp8_weight_block(raw),
             model_type=model_type,
-            source=source or "Hugging Face config.json",
+            source=said,
             **fields,
         )
     except ValueError as exc:

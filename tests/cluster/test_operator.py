@@ -186,6 +186,17 @@ def test_no_capacity_says_what_would_fit(operator: Operator, api: client.ApiClie
         ({"model": {"name": "gpt-17"}}, "UnknownModel", "spec.model.name"),
         ({"slo": {"timeToFirstToken": "1ms", "timePerOutputToken": "1ms"}}, "SLOInfeasible", "spec.slo"),
         ({"hardware": {"gpuTypes": ["V100"]}}, "UnknownGPUType", "spec.hardware.gpuTypes"),
+        # Issue 31: a memory misfit is not an SLO miss; a base model's int4 is not its Instruct AWQ.
+        (
+            {"model": {"name": "llama-3.1-405b"}, "hardware": {"maxTensorParallel": 2}},
+            "DoesNotFit",
+            "spec.hardware.maxTensorParallel",
+        ),
+        (
+            {"model": {"name": "meta-llama/Llama-3.1-8B", "precision": "int4"}},
+            "NoMatchingCheckpoint",
+            "spec.model.source",
+        ),
     ],
 )
 def test_unusable_specs_get_a_condition_and_an_event(

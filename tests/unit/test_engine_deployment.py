@@ -20,6 +20,7 @@ from kvscale.operator.inventory import GpuPool, gpu_inventory
 from kvscale.operator.planning import Planned, Unplanned, plan_service
 from kvscale.operator.pod_policy import DEFAULT_POLICY, PodPolicy
 from kvscale.operator.resources import EngineImageError, deployment, engine_image, planned_launch
+from kvscale.operator.status import plan_status
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.checkpoints import (
     CheckpointError,
@@ -29,6 +30,7 @@ from kvscale.sizing.checkpoints import (
     replica_cold_start,
     resolve_checkpoint,
     startup_probe_budget_s,
+    substitution,
 )
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context, context_limit
@@ -145,8 +147,11 @@ def test_int4_and_int8_need_a_quantized_checkpoint() -> None:
     assert unknown.method is None  # the engine reads quantization_config from its config.json
 
 
+INSTRUCT_70B = "meta-llama/Llama-3.1-70B-Instruct"
+
+
 def test_catalog_quantized_sources_and_online_fp8() -> None:
-    llama70 = CAT.model("llama-3.1-70b")
+    llama70 = CAT.model(INSTRUCT_70B)
     awq = resolve_checkpoint(llama70, CAT.precision("int4"), None)
     assert awq.source == "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4" and awq.method == "awq"
     w8a8 = resolve_checkpoint(llama70, CAT.precision("int8"), None)
@@ -159,22 +164,23 @@ def test_catalog_quantized_sources_and_online_fp8() -> None:
 
 
 def test_quantization_flag_per_gpu_and_engine() -> None:
-    llama70 = CAT.model("llama-3.1-70b")
+    llama70 = CAT.model(INSTRUCT_70B)
     awq = resolve_checkpoint(llama70, CAT.precision("int4"), None)
     assert quantization_flag("vllm", awq, CAT.gpu("H100-SXM")) == "awq_marlin"
     assert quantization_flag("vllm", awq, CAT.gpu("T4")) == "awq"  # marlin needs compute capability 8.0
     assert quantization_flag("vllm", awq, CAT.gpu("MI300X")) == "awq"  # ROCm has no marlin
     assert quantization_flag("tgi", awq, CAT.gpu("H100-SXM")) == "awq"
-    gptq = resolve_checkpoint(CAT.model("qwen2.5-7b"), CAT.precision("int8"), None)
+    gptq = resolve_checkpoint(CAT.model("Qwen/Qwen2.5-7B-Instruct"), CAT.precision("int8"), None)
     assert quantization_flag("vllm", gptq, CAT.gpu("A100-80GB")) == "gptq_marlin"
     w8a8 = resolve_checkpoint(llama70, CAT.precision("int8"), None)
     assert quantization_flag("vllm", w8a8, CAT.gpu("L4")) == "compressed-tensors"
     assert quantization_flag("sglang", w8a8, CAT.gpu("L4")) is None
     flags = {
-        quantization_flag("vllm", resolve_checkpoint(m, CAT.precision(p), None), g)
+        quantization_flag("vllm", resolve_checkpoint(CAT.model(named), CAT.precision(p), None), g)
         for m in CAT.models.values()
+        for named in {m.hf_id, *(q.of[0] for q in m.quantized_sources)}
         for p in ("fp8", "int8", "int4")
-        if p == "fp8" or any(q.precision == p for q in m.quantized_sources)
+        if p == "fp8" or any(q.precision == p and named in q.of for q in m.quantized_sources)
         for g in CAT.gpus.values()
     }
     assert flags - {None} <= VLLM_QUANTIZATION_METHODS
@@ -226,11 +232,60 @@ def test_unset_precision_is_the_checkpoints_own_in_the_operator() -> None:
 
 
 def test_int4_deploys_the_catalog_awq_checkpoint_with_marlin() -> None:
-    _, dep = build(spec_with(model={"name": "llama-3.1-8b", "precision": "int4"}))
+    planned, dep = build(spec_with(model={"name": "meta-llama/Llama-3.1-8B-Instruct", "precision": "int4"}))
     args = container(dep)["args"]
     assert args[0] == "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"
     assert arg(args, "--quantization") == "awq_marlin"
     assert dep["spec"]["template"]["metadata"]["annotations"]["kvscale.io/checkpoint"] == args[0]
+    # Another repository than the one named: status.plan.reason (and the Planned condition) say so.
+    assert planned.chosen.reason.startswith(
+        "loads hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4 (int4, awq), a published quantization of "
+        "meta-llama/Llama-3.1-8B-Instruct (the model named)"
+    )
+    assert plan_status(planned, 4096, ()).reason.startswith("loads hugging-quants/")
+
+
+# Issue 31, defect 3: a precision switched the checkpoint to another model (the base model's
+# int4 or fp8 was an Instruct model's quantization).
+
+
+@pytest.mark.parametrize(
+    "named", ["llama-3.1-70b", "meta-llama/Llama-3.1-70B", "llama-3.1-8b", "llama-2-7b", "qwen2.5-72b", "mixtral-8x7b"]
+)
+def test_a_base_models_int4_is_never_its_instruct_siblings_quantization(named: str) -> None:
+    model = CAT.model(named)
+    with pytest.raises(CheckpointError) as refused:
+        resolve_checkpoint(model, CAT.precision("int4"), None)
+    message = str(refused.value)
+    assert f"none made from {model.hf_id}" in message and "set spec.model.source" in message
+    sibling = next(q for q in model.quantized_sources if q.precision == "int4")
+    assert f"made from {sibling.of[0]}, a different model than {model.hf_id}" in message  # offered, by name
+
+
+def test_a_base_models_fp8_is_its_own_weights_quantized_online() -> None:
+    base = CAT.model("llama-3.1-70b")
+    fp8 = resolve_checkpoint(base, CAT.precision("fp8"), None)
+    assert (fp8.source, fp8.online_fp8, substitution(fp8)) == ("meta-llama/Llama-3.1-70B", True, None)
+    instruct = resolve_checkpoint(CAT.model("meta-llama/Meta-Llama-3.1-70B-Instruct"), CAT.precision("int4"), None)
+    assert instruct.source == "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4"  # the renamed repository too
+    assert instruct.quantizes == "meta-llama/Meta-Llama-3.1-70B-Instruct"
+
+
+def test_the_operator_refuses_a_base_models_int4_naming_the_source_field() -> None:
+    pools = gpu_inventory(CAT, NODES, [])
+    raw = spec_with(model={"name": "meta-llama/Llama-3.1-8B", "precision": "int4"})
+    refused = plan_service(parse_intent(raw), CAT, pools)
+    assert isinstance(refused, Unplanned) and refused.reason == "NoMatchingCheckpoint" and not refused.retry
+    assert "spec.model.source" in refused.message and "meta-llama/Llama-3.1-8B-Instruct" in refused.message
+    # Named by its 16-bit id, the model is served as named; nothing to say.
+    planned, dep = build(spec_with(model={"name": "meta-llama/Llama-3.1-8B", "precision": "fp8"}))
+    assert container(dep)["args"][0] == "meta-llama/Llama-3.1-8B" and not planned.chosen.reason.startswith("loads")
+
+
+def test_every_catalog_quantization_names_a_checkpoint_of_its_model() -> None:
+    for m in CAT.models.values():
+        for q in m.quantized_sources:
+            assert q.of and all(CAT.model(o).name == m.name for o in q.of), (m.name, q.source)
 
 
 # --- images per accelerator ------------------------------------------------------------------
@@ -386,7 +441,7 @@ def test_pool_product_label_is_used_as_is() -> None:
 
 
 def test_replica_cold_start_is_what_a_policy_defaults_to() -> None:
-    model, engine = CAT.model("llama-3.1-70b"), CAT.engine("vllm")
+    model, engine = CAT.model(INSTRUCT_70B), CAT.engine("vllm")
     uncached = replica_cold_start(model, CAT.precision("int4"), 2, engine, None, cached=False)
     # The AWQ checkpoint (0.52 bytes per parameter), not the 16-bit one, is downloaded.
     assert uncached.download_s == pytest.approx(70.6e9 * 0.52 / 250e6)
@@ -409,7 +464,8 @@ def test_the_policy_defaults_to_the_modelled_start_with_download() -> None:
 
 
 def test_tgi_quantized_checkpoints_take_no_dtype() -> None:
-    _, dep = build(spec_with(engine={"type": "tgi"}, model={"name": "llama-3.1-8b", "precision": "int8"}))
+    model = {"name": "meta-llama/Llama-3.1-8B-Instruct", "precision": "int8"}
+    _, dep = build(spec_with(engine={"type": "tgi"}, model=model))
     args = container(dep)["args"]
     assert arg(args, "--quantize") == "compressed-tensors" and "--dtype" not in args
     assert arg(args, "--model-id") == "neuralmagic/Meta-Llama-3.1-8B-Instruct-quantized.w8a8"

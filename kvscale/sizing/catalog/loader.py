@@ -91,6 +91,11 @@ class GpuSpec(_Frozen):
     resource_name: str = "nvidia.com/gpu"
     matmul_efficiency: Efficiency = Field(gt=0, le=1)
     bandwidth_efficiency: Efficiency = Field(gt=0, le=1)
+    chip: str | None = Field(
+        default=None,
+        description="The GPU die (GA100, GH100, AD102, ...): siblings on one die share matmul_efficiency, and "
+        "bandwidth_efficiency unless measurements of each say otherwise (benchmarks/calibrate.py)",
+    )
     source: str
     efficiency_source: str = Field(
         default="assumed: datasheet-class priors (no measurements of this GPU in benchmarks/data/reference)",
@@ -127,6 +132,13 @@ class QuantizedSource(_Frozen):
     precision: Literal["fp8", "int8", "int4"]
     source: str = Field(min_length=1, description="What the engine loads, e.g. hf://org/name")
     method: QuantizationMethod
+    # A base model and its instruction-tuned sibling share an architecture (one catalog entry)
+    # but are different models: a quantization is chosen only for the checkpoint it was made from.
+    of: tuple[str, ...] = Field(
+        min_length=1,
+        description="The 16-bit checkpoint it was quantized from (Hugging Face ids; a renamed repository under "
+        "each of its names)",
+    )
 
 
 DEFAULT_MAX_CONTEXT_TOKENS = 4096  # a custom architecture's context limit when it gives none
@@ -391,8 +403,15 @@ class Catalog(_Frozen):
         return self.gpus[_resolve(name, self.gpus, _gpu_aliases(self.gpus), "GPU type", "kvscale gpus")]
 
     def model(self, name: str) -> ModelArch:
+        """The model by catalog key or alias. Named by one of its Hugging Face ids, that id is its
+        `hf_id` (what the engine loads, and what a quantized checkpoint must be made from): the
+        architecture is shared, the checkpoint (base or instruction-tuned) is the one named."""
         aliases = {alias.lower(): key for key, m in self.models.items() for alias in m.aliases}
-        return self.models[_resolve(name, self.models, aliases, "model", "kvscale models")]
+        found = self.models[_resolve(name, self.models, aliases, "model", "kvscale models")]
+        named = next((a for a in found.aliases if "/" in a and a.lower() == name.strip().lower()), None)
+        if named is None or named == found.hf_id:
+            return found
+        return found.model_copy(update={"aliases": (named, *(a for a in found.aliases if a != named))})
 
     def precision(self, name: str) -> PrecisionSpec:
         return self.precisions[_resolve(name, self.precisions, {}, "precision", None)]
