@@ -53,6 +53,7 @@ from kvscale.sizing.workload import Workload
 CHILD_KINDS = ("Service", "PodDisruptionBudget", "Deployment")  # the Deployment last: never without its Service
 DEPLOYMENT = "Deployment"
 NAME_CONFLICT = "NameConflict"
+PINNED_TO_ZERO = "PinnedToZero"
 POOL_FORBIDDEN = (
     "the operator may not read or manage inferencepools (inference.networking.k8s.io): "
     "install the chart with inferencePool.enabled=true; the engines are deployed without a pool"
@@ -572,9 +573,10 @@ def drift(applied: Mapping[str, Any] | None, seen: DeploymentView | None) -> lis
 def settled(result: Result, before: InferenceServiceStatus, observed: Observed, res: Resource) -> bool:
     """Whether applying `result` would change nothing: the same status, no retry or deletion,
     and every child in place as built (owned, the Deployment without drift). Reconcile marks
-    the phase Deploying as it applies; with nothing to apply a Ready service stays Ready."""
+    the phase Deploying as it applies; with nothing to apply a Ready service stays Ready (one pinned
+    to 0 replicas stays Planned)."""
     after = result.status
-    if before.phase == "Ready" and after.phase == "Deploying":
+    if before.phase in ("Ready", "Planned") and after.phase == "Deploying":
         after = after.model_copy(update={"phase": before.phase})
     if status_patch(before, after) or result.retry is not None or result.delete:
         return False
@@ -630,7 +632,8 @@ def refresh(
     seen = observed.workload(multi_node(status))
     if seen is None:
         return None
-    return _readiness(status, res, observed, seen, now, settings.unschedulable_timeout_s)
+    pinned = (spec.get("scaling") or {}).get("replicas")
+    return _readiness(status, res, observed, seen, now, settings.unschedulable_timeout_s, pinned)
 
 
 def _restore(
@@ -736,7 +739,9 @@ def _readiness(
     seen: DeploymentView,
     now: dt.datetime,
     timeout_s: float | None = None,
+    pinned: Any = None,
 ) -> Result:
+    """Ready, phase and Scheduled from the workload; `pinned`: spec.scaling.replicas as written."""
     wanted, ready = seen.replicas, seen.ready_replicas
     is_ready = ready >= wanted > 0
     scheduled, notices = _scheduled(status, res, observed, now, timeout_s)
@@ -745,20 +750,20 @@ def _readiness(
     # Across nodes a replica is a LeaderWorkerSet group: ready when all of its pods are.
     unit = f"groups of {status.plan.nodes} nodes" if status.plan and multi_node(status) else "replicas"
     readiness = f"{ready}/{wanted} {unit} ready"
-    if is_ready != (status.phase == "Ready"):
-        fields["phase"] = "Ready" if is_ready else "Deploying"
-        events.append(Event("Normal", "Ready" if is_ready else "NotReady", readiness))
+    reason = "ReplicasReady" if is_ready else "ReplicasNotReady"
+    phase = "Ready" if is_ready else "Deploying"
+    if pinned == 0 and wanted == 0:  # nothing is to run: not Deploying (the phase a pin to 0 showed)
+        phase, reason = "Planned", PINNED_TO_ZERO
+        readiness = (
+            "spec.scaling.replicas pins 0 replicas: the plan is kept and nothing runs; raise or remove it to serve"
+        )
+    if phase != status.phase:
+        fields["phase"] = phase
+        notice = {"Ready": "Ready", "Deploying": "NotReady"}.get(phase, PINNED_TO_ZERO)
+        events.append(Event("Normal", notice, readiness))
     new = with_conditions(
         status,
-        condition(
-            status,
-            "Ready",
-            is_ready,
-            "ReplicasReady" if is_ready else "ReplicasNotReady",
-            readiness,
-            res.generation,
-            now,
-        ),
+        condition(status, "Ready", is_ready, reason, readiness, res.generation, now),
         scheduled,
         **fields,
     )
