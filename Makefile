@@ -54,7 +54,8 @@ cluster-up: venv cluster-bins
 cluster-down: venv
 	$(BIN)/python -m tests.cluster.up --down
 
-## demo: cluster, chart, a sample under a load ramp; prints decisions, writes out/demo.png (~4 min)
+## demo: cluster, chart, a sample under a load ramp; prints decisions, writes out/demo.png (~4 min;
+## tests/cluster/test_demo.py runs it with a 90 s ramp)
 demo: venv cluster-bins
 	KVSCALE_CLUSTER_BINS="$$(bash hack/build-cluster-bins.sh 2>/dev/null | tail -n 1)" PYTHONPATH=. $(BIN)/python hack/demo.py
 

@@ -4,7 +4,8 @@ live from the cluster of the kubeconfig)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import datetime as dt
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -13,6 +14,9 @@ from rich.markup import escape
 from kvscale.cli.common import JsonOpt, console, fail, print_json
 from kvscale.cli.live import KubeconfigOpt, Live, NamespaceOpt
 from kvscale.cli.root import app
+
+if TYPE_CHECKING:
+    from kvscale.api.models import InferenceServiceStatus
 
 
 def _pct(value: float | None) -> str:
@@ -23,8 +27,32 @@ def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}".rstrip("0").rstrip(".")
 
 
-def status_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
-    """The screen, line by line (plain text; pure, for tests)."""
+def _excluded(types: list[str], status: InferenceServiceStatus, now: dt.datetime | None) -> str:
+    """The GPU types the plan leaves out, and until when (the GPUTypesExcluded condition)."""
+    from kvscale.operator import exclusions
+
+    found = next((c for c in status.conditions if c.type == exclusions.CONDITION), None)
+    until = exclusions.until_in(found.message if found is not None else None)
+    if until is None:
+        return (
+            f"Excluded: {', '.join(types)} (no expiry recorded: an operator with KVSCALE_GPU_EXCLUSION_TTL "
+            "plans with them again at its next status tick)"
+        )
+    left = (until - (now or dt.datetime.now(dt.UTC))).total_seconds()
+    when = f"in {_span(left)}" if left > 0 else "due now"
+    return (
+        f"Excluded: {', '.join(types)} until {until.strftime('%Y-%m-%dT%H:%M:%SZ')} ({when}; pods found no "
+        "free GPUs of the type), then planned with again"
+    )
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 60:.0f}m" if seconds >= 120 else f"{seconds:.0f}s"
+
+
+def status_lines(obj: dict[str, Any], events: list[dict[str, Any]], now: dt.datetime | None = None) -> list[str]:
+    """The screen, line by line (plain text; pure, for tests: `now` is when it is read)."""
+
     from kvscale.api.models import InferenceServiceStatus
 
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
@@ -69,6 +97,8 @@ def status_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[str]
                 f"          planned for {_num(w.requests_per_second)} req/s, {w.input_tokens} in / {w.output_tokens} "
                 f"out ({w.source})"
             )
+        if plan.excluded_gpu_types:
+            lines.append(_excluded(plan.excluded_gpu_types, status, now))
     observed = status.observed
     if observed is None or (observed.ttft is None and observed.tpot is None and observed.requests_per_second is None):
         metrics = next((c for c in status.conditions if c.type == "MetricsAvailable"), None)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvscale.api import LABEL_GPU_TYPE, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_OWNER_UID, MANAGED_BY
+from kvscale.operator.unschedulable import Taint, Toleration, taints_of, tolerations_of
 from kvscale.sizing.catalog import Catalog
 
 GPU_PRODUCT_LABELS = ("nvidia.com/gpu.product", "amd.com/gpu.product-name")
@@ -29,6 +30,11 @@ class GpuPool:
     requested: int
     max_per_node: int
     free_by_node: tuple[int, ...] = ()  # free GPUs on each node, largest first
+    taints: tuple[Taint, ...] = ()  # the NoSchedule/NoExecute taints its nodes carry (each once)
+
+    @property
+    def nodes(self) -> int:
+        return len(self.free_by_node)
 
     @property
     def free(self) -> int:
@@ -52,6 +58,7 @@ class NodeGpus:
     label_key: str
     resource_name: str
     allocatable: int
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,9 @@ class EnginePod:
     deleting: bool
     # Pod creation to its Ready condition, once Ready: what a scale-up waits for.
     started_to_ready_s: float | None = None
+    # The scheduler's message on PodScheduled while unschedulable ("0/8 nodes are available: ...").
+    unschedulable_message: str | None = None
+    tolerations: tuple[Toleration, ...] = ()
 
 
 def _quantity(value: Any) -> int:
@@ -103,7 +113,9 @@ def node_entry(catalog: Catalog, node: Mapping[str, Any]) -> NodeGpus | None:
         if gpu is None:
             continue
         allocatable = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(gpu.resource_name, 0))
-        return NodeGpus(meta.get("name", ""), gpu.name, product or "", key, gpu.resource_name, allocatable)
+        return NodeGpus(
+            meta.get("name", ""), gpu.name, product or "", key, gpu.resource_name, allocatable, taints_of(spec)
+        )
     return None
 
 
@@ -126,12 +138,19 @@ def pod_entry(pod: Mapping[str, Any], resources: Iterable[str]) -> PodGpus | Non
     return PodGpus(node_name, held, owner)
 
 
-def _unschedulable_since(pod: Mapping[str, Any]) -> dt.datetime | None:
+def _unschedulable(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
-            stamp = c.get("lastTransitionTime") or (pod.get("metadata") or {}).get("creationTimestamp")
-            return dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else None
+            return dict(c)
     return None
+
+
+def _unschedulable_since(pod: Mapping[str, Any]) -> dt.datetime | None:
+    c = _unschedulable(pod)
+    if c is None:
+        return None
+    stamp = c.get("lastTransitionTime") or (pod.get("metadata") or {}).get("creationTimestamp")
+    return dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else None
 
 
 def _stamp(text: Any) -> dt.datetime | None:
@@ -166,6 +185,8 @@ def engine_pod(pod: Mapping[str, Any]) -> tuple[tuple[str, str], EnginePod] | No
         unschedulable_since=_unschedulable_since(pod),
         deleting=bool(meta.get("deletionTimestamp")),
         started_to_ready_s=_started_to_ready_s(pod),
+        unschedulable_message=str((_unschedulable(pod) or {}).get("message") or "") or None,
+        tolerations=tolerations_of(pod.get("spec")),
     )
     return (meta.get("namespace", ""), labels[LABEL_INSTANCE]), entry
 
@@ -184,9 +205,11 @@ def pools(
         requested[node.name] = requested.get(node.name, 0) + pod.count(node.resource_name)
     out: dict[str, GpuPool] = {}
     free_by_node: dict[str, list[int]] = {}
+    taints: dict[str, set[Taint]] = {}
     for name, node in sorted(by_node.items()):
         old = out.get(node.gpu_type)
         free_by_node.setdefault(node.gpu_type, []).append(max(0, node.allocatable - requested.get(name, 0)))
+        taints.setdefault(node.gpu_type, set()).update(node.taints)
         out[node.gpu_type] = GpuPool(
             gpu_type=node.gpu_type,
             product_label=old.product_label if old else node.product_label,
@@ -196,7 +219,14 @@ def pools(
             requested=(old.requested if old else 0) + requested.get(name, 0),
             max_per_node=max(old.max_per_node if old else 0, node.allocatable),
         )
-    return {t: replace(p, free_by_node=tuple(sorted(free_by_node[t], reverse=True))) for t, p in out.items()}
+    return {
+        t: replace(
+            p,
+            free_by_node=tuple(sorted(free_by_node[t], reverse=True)),
+            taints=tuple(sorted(taints[t], key=Taint.text)),
+        )
+        for t, p in out.items()
+    }
 
 
 def gpu_inventory(

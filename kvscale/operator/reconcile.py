@@ -2,8 +2,9 @@
 the Events to post and how kopf should retry. Pure: the handlers apply the result.
 
 - `reconcile`: plan and build the children (on create, spec change, resume, re-plan).
-- `refresh`: the status tick: readiness, scheduling, drift in the children, and a re-plan
-  without a GPU type whose pods stay unschedulable.
+- `refresh`: the status tick: readiness, scheduling (why pods wait, in the scheduler's words),
+  drift in the children, and a re-plan without a GPU type whose pods wait too long for free
+  GPUs, or with the types left out earlier once their time is up (`exclusions`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from kvscale.api import LABEL_GPU_TYPE, selector
 from kvscale.api.intent import Intent, SpecError, child_name_problems, parse_intent
 from kvscale.api.models import Condition, InferenceServiceStatus, status_patch
 from kvscale.operator import children as owned
+from kvscale.operator import exclusions
 from kvscale.operator import leader_worker_set as lws
 from kvscale.operator.inference_pool import CONDITION as POOL_CONDITION
 from kvscale.operator.inference_pool import PoolPlan, plan_pool
@@ -42,6 +44,7 @@ from kvscale.operator.status import (
     with_conditions,
     without_condition,
 )
+from kvscale.operator.unschedulable import Diagnosis, diagnose
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.checkpoints import CheckpointError
 from kvscale.sizing.context_limit import ContextLimitError
@@ -51,6 +54,7 @@ from kvscale.sizing.workload import Workload
 CHILD_KINDS = ("Service", "PodDisruptionBudget", "Deployment")  # the Deployment last: never without its Service
 DEPLOYMENT = "Deployment"
 NAME_CONFLICT = "NameConflict"
+PINNED_TO_ZERO = "PinnedToZero"
 POOL_FORBIDDEN = (
     "the operator may not read or manage inferencepools (inference.networking.k8s.io): "
     "install the chart with inferencePool.enabled=true; the engines are deployed without a pool"
@@ -250,7 +254,8 @@ def reconcile(
     if traffic is not None:
         intent = replace(intent, workload=traffic)
     planned_for = planned_workload_status(intent.workload, "spec" if traffic is None else "observed")
-    excluded = tuple(status.plan.excluded_gpu_types) if excluded is None and status.plan else excluded or ()
+    if excluded is None:  # those left out earlier, while their time lasts
+        excluded = exclusions.active(status, settings.gpu_exclusion_ttl_s, now or dt.datetime.now(dt.UTC))
     outcome = plan_service(intent, catalog, observed.pools, excluded, prefer_gpu)
     if isinstance(outcome, Unplanned):
         delay = settings.retry_backoff_s if outcome.retry else None
@@ -279,6 +284,8 @@ def reconcile(
             "selector": selector(res.name),
         }
     )
+    if not excluded:
+        base = without_condition(base, exclusions.CONDITION)
     base, advised = _with_gateway_advice(base, status, outcome, res, now)
     planned = condition(status, "Planned", True, "Planned", outcome.chosen.reason, res.generation, now)
     if intent.scaling.mode == "recommend":
@@ -510,14 +517,46 @@ def _with_routing(
     )
 
 
-def replans(status: InferenceServiceStatus, observed: Observed, settings: Settings, now: dt.datetime) -> bool:
-    """Whether the status tick re-plans: nothing of the planned GPU type is placed and its pods
-    stayed unschedulable too long."""
+def _waiting(status: InferenceServiceStatus, observed: Observed) -> tuple[list[EnginePod], int]:
+    """The planned GPU type's pods the scheduler could not place, longest waiting first, and
+    how many of its pods are placed."""
     gpu = status.plan.gpu_type if status.plan else None
     pods = [p for p in observed.pods if p.gpu_type == gpu and not p.deleting]
-    stuck = [p.unschedulable_since for p in pods if p.unschedulable_since is not None]
-    placed = [p for p in pods if p.node_name]
-    return bool(stuck) and not placed and (now - min(stuck)).total_seconds() >= settings.unschedulable_timeout_s
+    stuck = sorted((p for p in pods if p.unschedulable_since is not None), key=lambda p: p.unschedulable_since or 0)
+    return stuck, sum(1 for p in pods if p.node_name)
+
+
+def diagnosis(status: InferenceServiceStatus, observed: Observed, stuck: list[EnginePod]) -> Diagnosis:
+    """Why the pods wait: the first one held by something other than GPUs (a re-plan would not
+    fix it), else the one waiting longest."""
+    gpu = status.plan.gpu_type if status.plan else ""
+    pool = observed.pools.get(gpu)
+    found = [
+        diagnose(
+            p.unschedulable_message,
+            gpu,
+            pool.resource_name if pool else "",
+            pool.nodes if pool else 0,
+            pool.taints if pool else (),
+            p.tolerations,
+        )
+        for p in stuck
+    ]
+    return next((d for d in found if not d.replan), found[0])
+
+
+def replans(status: InferenceServiceStatus, observed: Observed, settings: Settings, now: dt.datetime) -> bool:
+    """Whether the status tick re-plans: GPU types left out earlier are due back, or nothing of
+    the planned GPU type is placed and its pods waited too long for free GPUs (the scheduler
+    says so: a taint, a selector or a volume is no reason to move to another GPU type)."""
+    if status.phase in (None, "Failed", "Pending", "Recommended") or status.plan is None:
+        return False
+    if exclusions.expired(status, settings.gpu_exclusion_ttl_s, now):
+        return True
+    stuck, placed = _waiting(status, observed)
+    if not stuck or placed or not diagnosis(status, observed, stuck).replan:
+        return False
+    return (now - (stuck[0].unschedulable_since or now)).total_seconds() >= settings.unschedulable_timeout_s
 
 
 def drift(applied: Mapping[str, Any] | None, seen: DeploymentView | None) -> list[str]:
@@ -539,9 +578,10 @@ def drift(applied: Mapping[str, Any] | None, seen: DeploymentView | None) -> lis
 def settled(result: Result, before: InferenceServiceStatus, observed: Observed, res: Resource) -> bool:
     """Whether applying `result` would change nothing: the same status, no retry or deletion,
     and every child in place as built (owned, the Deployment without drift). Reconcile marks
-    the phase Deploying as it applies; with nothing to apply a Ready service stays Ready."""
+    the phase Deploying as it applies; with nothing to apply a Ready service stays Ready (one pinned
+    to 0 replicas stays Planned)."""
     after = result.status
-    if before.phase == "Ready" and after.phase == "Deploying":
+    if before.phase in ("Ready", "Planned") and after.phase == "Deploying":
         after = after.model_copy(update={"phase": before.phase})
     if status_patch(before, after) or result.retry is not None or result.delete:
         return False
@@ -567,17 +607,28 @@ def refresh(
     if status.phase in (None, "Failed", "Pending", "Recommended") or status.plan is None:
         return None
     gpu = status.plan.gpu_type
+    ttl_s = settings.gpu_exclusion_ttl_s
+    if exclusions.expired(status, ttl_s, now):
+        back = ", ".join(status.plan.excluded_gpu_types)
+        message = f"{back} left out for KVSCALE_GPU_EXCLUSION_TTL ({ttl_s:.0f}s): planning with every GPU type again"
+        returned = reconcile(
+            spec, res, without_condition(status, exclusions.CONDITION), observed, catalog, settings, (), now
+        )
+        return replace(returned, events=(Event("Normal", "GPUTypesReturned", message), *returned.events))
     if replans(status, observed, settings, now):
+        why = diagnosis(status, observed, _waiting(status, observed)[0])
         message = (
-            f"pods on {gpu} stayed unschedulable for {settings.unschedulable_timeout_s:.0f}s: re-planning without {gpu}"
+            f"pods on {gpu} waited {settings.unschedulable_timeout_s:.0f}s for free GPUs ({why.cause}; {why.says()}): "
+            f"re-planning without {gpu}"
         )
+        left_out = (*exclusions.active(status, ttl_s, now), gpu)
         marked = with_conditions(
-            status, condition(status, "Scheduled", False, "GPUTypeUnschedulable", message, res.generation, now)
+            status,
+            condition(status, "Scheduled", False, "GPUTypeUnschedulable", message, res.generation, now),
+            exclusions.excluded(left_out, "their pods found no free GPUs", now, ttl_s, res.generation),
         )
-        replanned = reconcile(
-            spec, res, marked, observed, catalog, settings, (*status.plan.excluded_gpu_types, gpu), now
-        )
-        return replace(replanned, events=(Event("Warning", "GPUTypeUnschedulable", message), *replanned.events))
+        replanned = reconcile(spec, res, marked, observed, catalog, settings, left_out, now)
+        return replace(replanned, events=(Event("Warning", "GPUTypeUnschedulable", message[:1000]), *replanned.events))
     if pool_api_missing(status) and observed.pool is not None and observed.pool.api_installed:
         return reconcile(spec, res, status, observed, catalog, settings, now=now)  # the CRD arrived
     found = owned.check(observed.applied_children, observed.children, res.uid)
@@ -586,7 +637,8 @@ def refresh(
     seen = observed.workload(multi_node(status))
     if seen is None:
         return None
-    return _readiness(status, res, observed, seen, now, settings.unschedulable_timeout_s)
+    pinned = (spec.get("scaling") or {}).get("replicas")
+    return _readiness(status, res, observed, seen, now, settings.unschedulable_timeout_s, pinned)
 
 
 def _restore(
@@ -651,16 +703,26 @@ def pool_api_missing(status: InferenceServiceStatus) -> bool:
 def _scheduled(
     status: InferenceServiceStatus, res: Resource, observed: Observed, now: dt.datetime, timeout_s: float | None
 ) -> tuple[Condition, tuple[Event, ...]]:
-    """Scheduled, and whether some pods wait while others serve. Partly placed past the
-    unschedulable timeout, kvscale does not re-plan (that would move the pods that serve); the
-    condition says so (PartiallyPlaced) and one Event, when it becomes so."""
+    """Scheduled, why pods wait (quoting the scheduler), and whether some wait while others
+    serve. Partly placed past the unschedulable timeout, kvscale does not re-plan (that would
+    move the pods that serve); the condition says so (PartiallyPlaced). A cause other than GPUs
+    (a taint, a selector, a volume) never re-plans: the condition names it and the fix, with
+    one Event when it becomes the cause."""
     gpu = status.plan.gpu_type if status.plan else ""
-    pods = [p for p in observed.pods if p.gpu_type == gpu and not p.deleting]
-    stuck = [p.unschedulable_since for p in pods if p.unschedulable_since is not None]
-    placed = sum(1 for p in pods if p.node_name)
+    stuck, placed = _waiting(status, observed)
     if not stuck:
         return condition(status, "Scheduled", True, "Scheduled", f"pods scheduled on {gpu}", res.generation, now), ()
-    waited_s = (now - min(stuck)).total_seconds()
+    waited_s = (now - (stuck[0].unschedulable_since or now)).total_seconds()
+    why = diagnosis(status, observed, stuck)
+    before = get_condition(status, "Scheduled")
+    if not why.replan:
+        message = (
+            f"{len(stuck)} pod(s) cannot be scheduled on {gpu} nodes: {why.cause}; {why.says()}. kvscale does not "
+            "re-plan for this (another GPU type is not the fix)" + (f"; {why.fix}" if why.fix else "")
+        )
+        blocked = condition(status, "Scheduled", False, why.reason, message, res.generation, now)
+        news = before is None or before.reason != why.reason
+        return blocked, ((Event("Warning", why.reason, message[:1000]),) if news else ())
     if placed and timeout_s is not None and waited_s >= timeout_s:
         message = (
             f"{placed} pod(s) serve on {gpu}; {len(stuck)} waited {waited_s:.0f}s for free {gpu} GPUs: kvscale keeps "
@@ -668,11 +730,11 @@ def _scheduled(
             "spec.scaling.maxReplicas"
         )
         partial = condition(status, "Scheduled", False, "PartiallyPlaced", message, res.generation, now)
-        before = get_condition(status, "Scheduled")
         news = before is None or before.reason != "PartiallyPlaced"
         return partial, ((Event("Warning", "PartiallyPlaced", message[:1000]),) if news else ())
-    message = f"{len(stuck)} pod(s) waiting for free {gpu} GPUs"
-    return condition(status, "Scheduled", False, "WaitingForGPUs", message, res.generation, now), ()
+    then = f"; kvscale re-plans without {gpu} after {timeout_s:.0f}s" if timeout_s is not None and not placed else ""
+    message = f"{len(stuck)} pod(s) waiting for free {gpu} GPUs: {why.cause}; {why.says()}{then}"
+    return condition(status, "Scheduled", False, why.reason, message, res.generation, now), ()
 
 
 def _readiness(
@@ -682,7 +744,9 @@ def _readiness(
     seen: DeploymentView,
     now: dt.datetime,
     timeout_s: float | None = None,
+    pinned: Any = None,
 ) -> Result:
+    """Ready, phase and Scheduled from the workload; `pinned`: spec.scaling.replicas as written."""
     wanted, ready = seen.replicas, seen.ready_replicas
     is_ready = ready >= wanted > 0
     scheduled, notices = _scheduled(status, res, observed, now, timeout_s)
@@ -691,20 +755,20 @@ def _readiness(
     # Across nodes a replica is a LeaderWorkerSet group: ready when all of its pods are.
     unit = f"groups of {status.plan.nodes} nodes" if status.plan and multi_node(status) else "replicas"
     readiness = f"{ready}/{wanted} {unit} ready"
-    if is_ready != (status.phase == "Ready"):
-        fields["phase"] = "Ready" if is_ready else "Deploying"
-        events.append(Event("Normal", "Ready" if is_ready else "NotReady", readiness))
+    reason = "ReplicasReady" if is_ready else "ReplicasNotReady"
+    phase = "Ready" if is_ready else "Deploying"
+    if pinned == 0 and wanted == 0:  # nothing is to run: not Deploying (the phase a pin to 0 showed)
+        phase, reason = "Planned", PINNED_TO_ZERO
+        readiness = (
+            "spec.scaling.replicas pins 0 replicas: the plan is kept and nothing runs; raise or remove it to serve"
+        )
+    if phase != status.phase:
+        fields["phase"] = phase
+        notice = {"Ready": "Ready", "Deploying": "NotReady"}.get(phase, PINNED_TO_ZERO)
+        events.append(Event("Normal", notice, readiness))
     new = with_conditions(
         status,
-        condition(
-            status,
-            "Ready",
-            is_ready,
-            "ReplicasReady" if is_ready else "ReplicasNotReady",
-            readiness,
-            res.generation,
-            now,
-        ),
+        condition(status, "Ready", is_ready, reason, readiness, res.generation, now),
         scheduled,
         **fields,
     )

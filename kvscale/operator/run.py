@@ -5,8 +5,10 @@ takes the Lease (kvscale.operator.leader), standing by until then, and stops whe
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import sys
+import time
 from urllib.parse import urlsplit
 
 import kopf
@@ -21,6 +23,7 @@ from kvscale.sizing.catalog import load_catalog
 
 log = logging.getLogger("kvscale.operator")
 LOST_LEASE_EXIT = 3  # the exit status after losing the Lease: the pod restarts and stands by
+METRICS_PORT_WAIT_S = 10.0  # how long a start waits for its metrics port to be let go (serve_metrics)
 
 
 def runtime(settings: Settings, namespaces: tuple[str, ...] = ()) -> Runtime:
@@ -55,18 +58,29 @@ def run_operator(namespaces: tuple[str, ...], liveness: str | None = None) -> No
         sys.exit(LOST_LEASE_EXIT)
 
 
-def serve_metrics(port: int, address: str = "127.0.0.1") -> None:
-    """The operator's /metrics, first of all: a port in use stops the start at once, naming it
-    (inside kopf's startup it failed and was retried every minute while nothing was handled)."""
+def serve_metrics(port: int, address: str = "127.0.0.1", wait_s: float = METRICS_PORT_WAIT_S) -> None:
+    """The operator's /metrics, first of all: a port in use stops the start, naming it (inside
+    kopf's startup it failed and was retried every minute while nothing was handled). In use, it
+    is tried again for `wait_s` first: a restarted operator's previous process holds it until it
+    has stopped (kopf ends its handlers, the Lease is released), and the restart collided with it
+    for those seconds. SO_REUSEADDR is no help: http.server.HTTPServer, which prometheus_client's
+    server extends, sets it already (TIME_WAIT is not the cause), and it never lets a second
+    process listen on a port that one still listens on."""
     if not port:
         return
-    try:
-        telemetry.serve(port, address)
-    except OSError as exc:
-        raise SettingsError(
-            f"KVSCALE_METRICS_PORT: port {port} cannot be served on {address} ({exc.strerror or exc}): free it, "
-            "choose another port or KVSCALE_METRICS_ADDRESS, or set the port to 0 to serve no metrics"
-        ) from exc
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            telemetry.serve(port, address)
+            return
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE and time.monotonic() < deadline:
+                time.sleep(0.25)  # startup, before any handler: poll until the holder lets go
+                continue
+            raise SettingsError(
+                f"KVSCALE_METRICS_PORT: port {port} cannot be served on {address} ({exc.strerror or exc}): free "
+                "it, choose another port or KVSCALE_METRICS_ADDRESS, or set the port to 0 to serve no metrics"
+            ) from exc
 
 
 async def _serve(

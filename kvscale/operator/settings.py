@@ -132,7 +132,15 @@ class Settings:
     unschedulable_timeout_s: float = setting(
         "KVSCALE_UNSCHEDULABLE_TIMEOUT",
         "300s",
-        "How long pods of the planned GPU type may stay unschedulable before re-planning without it.",
+        "How long pods of the planned GPU type may wait for free GPUs (the scheduler: Insufficient <gpu>) "
+        "before re-planning without it; other causes (a taint, a volume) never re-plan.",
+        _duration,
+    )
+    gpu_exclusion_ttl_s: float = setting(
+        "KVSCALE_GPU_EXCLUSION_TTL",
+        "30m",
+        "How long GPU types left out after their pods found no free GPUs stay out of planning (after the last "
+        "was left out); then the cheaper plan is tried again.",
         _duration,
     )
     status_interval_s: float = setting(

@@ -143,32 +143,6 @@ def test_edit_replans_and_rolls(operator: Operator, api: client.ApiClient, names
     )
 
 
-def test_unschedulable_gpu_type_falls_back(
-    operator: Operator, api: client.ApiClient, cluster: Cluster, namespace: str
-) -> None:
-    l4_nodes = [f"l4-{i}" for i in range(4)]
-    for node in l4_nodes:
-        cluster.kubectl("taint", "nodes", node, "maintenance=true:NoSchedule", "--overwrite")
-    try:
-        body = copy.deepcopy(SAMPLES["custom-architecture"])
-        body["metadata"]["name"] = "fallback"
-        body["spec"]["hardware"]["gpuTypes"] = ["L4", "A10G"]
-        create(api, namespace, body)
-        wait_until(
-            lambda: get(api, namespace, "fallback").get("status", {}).get("plan", {}).get("excludedGpuTypes") == ["L4"],
-            60,
-            "L4 to be excluded after its pods stayed unschedulable",
-        )
-        obj = wait_phase(api, namespace, "fallback", "Ready", operator)
-        assert obj["status"]["plan"]["gpuType"] == "A10G"
-        wait_until(
-            lambda: any(r == "GPUTypeUnschedulable" for r, _ in events(api, namespace, "fallback")), 30, "the Event"
-        )
-    finally:
-        for node in l4_nodes:
-            cluster.kubectl("taint", "nodes", node, "maintenance=true:NoSchedule-")
-
-
 def test_no_capacity_says_what_would_fit(operator: Operator, api: client.ApiClient, namespace: str) -> None:
     body = copy.deepcopy(SAMPLES["llama-3.1-8b-chat"])
     body["metadata"]["name"] = "wants-b200"

@@ -1,7 +1,7 @@
 """`make cluster-up` / `make cluster-down`: the test cluster in the background, for a person.
 
 python -m tests.cluster.up          # starts it, prints `export KUBECONFIG=...`
-python -m tests.cluster.up --down   # stops it and removes its state
+python -m tests.cluster.up --down   # stops it and removes its state: everything `up` wrote there
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ from tests.cluster.harness import Cluster, ClusterError, find_bins
 
 STATE_DIR = Path(os.environ.get("KVSCALE_CLUSTER_DIR", Path.home() / ".cache" / "kvscale" / "dev-cluster"))
 STATE = STATE_DIR / "state.json"
+# What a cluster writes in its directory (tests/cluster/harness.py): data, logs, the CA and the
+# API server's keys, the controller-manager's and scheduler's serving certificates and the admin
+# kubeconfig (which embeds the admin client key). `--down` once left the last three behind.
+WRITTEN = ("etcd", "pki", "logs", "kcm-certs", "scheduler-certs", "admin.kubeconfig")
 
 
 def up() -> int:
@@ -30,6 +34,7 @@ def up() -> int:
             return 0
         down()
     STATE_DIR.mkdir(parents=True, exist_ok=True)
+    before = {p.name for p in STATE_DIR.iterdir()}
     started = time.monotonic()
     cluster = Cluster(STATE_DIR, find_bins())
     try:
@@ -42,6 +47,8 @@ def up() -> int:
         "kubeconfig": str(cluster.kubeconfig),
         "bins": str(cluster.bins),
         "pids": {c: p.pid for c, p in cluster.processes.items()},
+        # Removed by --down: what this start added (a later harness may write more than WRITTEN).
+        "written": sorted({p.name for p in STATE_DIR.iterdir()} - before),
     }
     STATE.write_text(json.dumps(state, indent=2))
     print(f"cluster up in {time.monotonic() - started:.1f}s; logs in {STATE_DIR / 'logs'}")
@@ -71,11 +78,15 @@ def down() -> int:
     for pid in state["pids"].values():
         with suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-    for sub in ("etcd", "pki", "logs"):
-        path = STATE_DIR / sub
-        if path.exists():
+    for name in {*WRITTEN, *state.get("written", ())} - {STATE.name}:
+        path = STATE_DIR / name
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
     STATE.unlink()
+    with suppress(OSError):  # only when empty: the directory may be one the user named
+        STATE_DIR.rmdir()
     print("cluster stopped")
     return 0
 

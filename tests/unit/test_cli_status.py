@@ -4,8 +4,13 @@ both against the real API server)."""
 
 from __future__ import annotations
 
+import copy
+import datetime as dt
+from typing import Any
+
 from kvscale.cli.manifests import project
 from kvscale.cli.status import status_lines
+from kvscale.operator import exclusions
 
 OBJ = {
     "metadata": {"name": "chat", "namespace": "prod", "generation": 3},
@@ -84,3 +89,24 @@ def test_diff_compares_only_what_kvscale_sets() -> None:
         "spec": {"replicas": 3, "ports": [{"port": 80}]},
     }
     assert project({"spec": {}}, rendered) == {"spec": {}}  # a field kvscale sets that the live object lacks
+
+
+def test_status_shows_the_gpu_types_left_out_and_until_when() -> None:
+    since = dt.datetime(2026, 11, 25, 4, 0, tzinfo=dt.UTC)
+    obj: dict[str, Any] = copy.deepcopy(OBJ)
+    obj["status"]["plan"]["excludedGpuTypes"] = ["A100-80GB", "L40S"]
+    left_out = exclusions.excluded(("A100-80GB", "L40S"), "their pods found no free GPUs", since, 1800, 2)
+    obj["status"]["conditions"].append(left_out.model_dump(by_alias=True, mode="json"))
+    lines = status_lines(obj, [], now=since + dt.timedelta(minutes=3))
+    assert (
+        "Excluded: A100-80GB, L40S until 2026-11-25T04:30:00Z (in 27m; pods found no free GPUs of the type), "
+        "then planned with again"
+    ) in lines
+    assert any(line.startswith("  GPUTypesExcluded  True    GPUsShort: A100-80GB, L40S left out") for line in lines)
+    due = status_lines(obj, [], now=since + dt.timedelta(minutes=31))
+    assert any(line.startswith("Excluded: A100-80GB, L40S until 2026-11-25T04:30:00Z (due now") for line in due)
+    # Written by an operator before expiries: no time, and the next status tick plans with them again.
+    obj["status"]["conditions"] = obj["status"]["conditions"][:1]
+    legacy = status_lines(obj, [])
+    assert any(line.startswith("Excluded: A100-80GB, L40S (no expiry recorded") for line in legacy)
+    assert not any(line.startswith("Excluded:") for line in status_lines(OBJ, []))

@@ -9,7 +9,7 @@ from dataclasses import replace
 from kvscale.operator.inventory import EnginePod
 from kvscale.operator.reconcile import refresh
 from tests.unit.test_children import running
-from tests.unit.test_reconcile import CAT, NOW, RES, SETTINGS, SPEC, condition_of
+from tests.unit.test_reconcile import CAT, NOW, RES, SETTINGS, SHORT, SPEC, condition_of
 
 
 def test_partly_placed_past_the_timeout_says_why_and_posts_one_event() -> None:
@@ -18,7 +18,7 @@ def test_partly_placed_past_the_timeout_says_why_and_posts_one_event() -> None:
     since = NOW - dt.timedelta(seconds=SETTINGS.unschedulable_timeout_s + 60)
     pods = (
         EnginePod("chat-a-1", gpu, "node-1", "Running", None, False),
-        EnginePod("chat-a-2", gpu, None, "Pending", since, False),
+        EnginePod("chat-a-2", gpu, None, "Pending", since, False, unschedulable_message=SHORT),
     )
     seen = replace(seen, pods=pods)
     result = refresh(SPEC, RES, first.status, seen, CAT, SETTINGS, NOW)

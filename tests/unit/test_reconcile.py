@@ -28,6 +28,13 @@ POOLS = gpu_inventory(CAT, NODES, [])
 SETTINGS = Settings()
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 RES = Resource("ns", "chat", "uid-1", 1)
+# The scheduler's message for a pod of the A100-80GB plan whose 4 nodes have no GPU free (kube-scheduler
+# v1.34.4 FitError.Error, as tests/cluster/test_unschedulable.py sees it): the one cause that re-plans.
+SHORT = (
+    "0/12 nodes are available: 4 Insufficient nvidia.com/gpu, 8 node(s) didn't match Pod's node affinity/selector. "
+    "no new claims to deallocate, preemption: 0/12 nodes are available: 4 No preemption victims found for incoming "
+    "pod, 8 Preemption is not helpful for scheduling."
+)
 SPEC: dict[str, Any] = {
     "model": {"name": "llama-3.1-8b"},
     "workload": {"inputTokens": 512, "outputTokens": 128, "requestsPerSecond": 4},
@@ -170,7 +177,9 @@ def test_refresh_reverts_drift_in_replicas_and_args() -> None:
 def test_refresh_replans_without_a_gpu_type_that_stays_unschedulable() -> None:
     first = deployed()
     gpu = first.status.plan.gpu_type if first.status.plan else ""
-    stuck = EnginePod("chat-1", gpu, None, "Pending", NOW - dt.timedelta(seconds=600), False)
+    stuck = EnginePod(
+        "chat-1", gpu, None, "Pending", NOW - dt.timedelta(seconds=600), False, unschedulable_message=SHORT
+    )
     seen = Observed(POOLS, DeploymentView(1, 0, gpu), (stuck,))
     result = refresh(SPEC, RES, first.status, seen, CAT, SETTINGS, NOW)
     assert result is not None and result.status.plan is not None
