@@ -715,11 +715,15 @@ def _finish_replan(ready: Result, res: Resource, observed: Observed, seen: Deplo
         return ready
     target = seen.replan_target
     status = ready.status
+    before = get_condition(status, CONDITION)
+    what = before.message.split(":")[0] if before is not None else "re-plan"  # the change, as Rollout said it
     if target is None or target >= seen.replicas:
-        message = f"rolled out: {seen.ready_replicas}/{seen.replicas} replicas ready on the new pods"
+        message = f"{what}: rolled out, {seen.ready_replicas}/{seen.replicas} replicas ready on the new pods"
         done = condition(status, CONDITION, False, "RolledOut", message, res.generation, now)
         return replace(ready, status=with_conditions(status, done))
-    message = f"rolled out: {seen.replicas} replicas ready on the new pods; scaled to {target}, the load's count"
+    message = (
+        f"{what}: rolled out, {seen.replicas} replicas ready on the new pods; scaled to {target}, the load's count"
+    )
     done = condition(status, CONDITION, False, "RolledOut", message, res.generation, now)
     new = with_conditions(status, done, replicas=target, desired_replicas=target)
     applied = None
