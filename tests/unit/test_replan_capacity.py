@@ -146,3 +146,55 @@ def test_the_unschedulable_replan_keeps_the_load() -> None:
     old_rate = status.plan.rate_per_replica if status.plan else 0.0
     target = max(result.status.plan.replicas, math.ceil(6 * old_rate / result.status.plan.rate_per_replica - 1e-9))
     assert recorded_target(_deployment(result)) == target and _deployment(result)["spec"]["replicas"] == 6
+
+
+def _scale_downs(status: InferenceServiceStatus) -> list[int]:
+    """The autoscaler's scale-downs over 10 quiet minutes, starting from 6 replicas."""
+    from kvscale.api.intent import parse_intent
+    from kvscale.autoscaling.observation import Observation
+    from kvscale.operator.scaling import Fleet, ScalerMemory, tick
+
+    body = spec(**H100)
+    intent = parse_intent(body)
+    assert status.plan is not None
+    start = Fleet(6, 6, status.plan)
+    memory, downs = ScalerMemory(), []
+    for i in range(40):
+        obs = Observation(
+            time_s=1000.0 + 15 * i,
+            ready_replicas=6,
+            starting_replicas=0,
+            arrival_rate_per_s=0.5,
+            ttft_p_s=0.1,
+            tpot_p_s=0.02,
+            running=1.0,
+            waiting=0.0,
+        )
+        done = tick(intent, RES2, status, start, obs, None, memory, CAT, SETTINGS, NOW)
+        memory = done.memory
+        if done.result.scale_to is not None and done.result.scale_to < 6:
+            downs.append(done.result.scale_to)
+    return downs
+
+
+def test_the_autoscaler_does_not_scale_down_while_the_old_pods_are_replaced() -> None:
+    status, seen = _running_on_a100(6)
+    changed = reconcile(spec(**H100), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
+    assert condition_of(changed.status, "Replanning")[0] == "True"
+    assert _scale_downs(changed.status) == []
+    # The same quiet load once the rollout is over: the policy scales down (the check can fail).
+    finished = refresh(
+        spec(**H100),
+        RES2,
+        changed.status,
+        Observed(
+            POOLS,
+            replace(DeploymentView.of(changed.applied_deployment or {}), ready_replicas=6, updated_replicas=6, pods=6),
+            applied=changed.applied_deployment,
+        ),
+        CAT,
+        SETTINGS,
+        NOW,
+    )
+    assert finished is not None and condition_of(finished.status, "Replanning")[0] == "False"
+    assert _scale_downs(finished.status)
