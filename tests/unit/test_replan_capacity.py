@@ -198,3 +198,38 @@ def test_the_autoscaler_does_not_scale_down_while_the_old_pods_are_replaced() ->
     )
     assert finished is not None and condition_of(finished.status, "Replanning")[0] == "False"
     assert _scale_downs(finished.status)
+
+
+def test_a_drift_replan_sizes_the_new_pods_for_the_load() -> None:
+    from kvscale.operator.workload import workload_tick
+    from tests.unit.test_reconcile import RES, SPEC
+    from tests.unit.test_replan import SETTINGS as DRIFT
+    from tests.unit.test_replan import at, observed
+
+    first = deployed()
+    assert first.applied_deployment is not None and first.status.plan is not None
+    six = replace(DeploymentView.of(first.applied_deployment), replicas=6, ready_replicas=6, updated_replicas=6, pods=6)
+    status = first.status.model_copy(update={"desired_replicas": 6, "replicas": 6})
+    cluster = Observed(POOLS, six, applied=first.applied_deployment)
+
+    def tick(s: InferenceServiceStatus, minutes: float) -> Result:
+        result = workload_tick(SPEC, RES, s, lambda: cluster, observed(4096), None, CAT, DRIFT, at(minutes))
+        assert result is not None
+        return result
+
+    replanned = tick(tick(tick(status, 0).status, 9).status, 10)
+    assert [e.reason for e in replanned.events][:1] == ["Replanned"]
+    old_rate, plan = first.status.plan.rate_per_replica, replanned.status.plan
+    assert plan is not None and plan.rate_per_replica < old_rate  # 8x longer prompts: a replica carries less
+    target = math.ceil(6 * old_rate / plan.rate_per_replica - 1e-9)
+    # Before: the same GPU type kept 6 replicas, now each carrying less than the load needs.
+    assert target > 6 and _deployment(replanned)["spec"]["replicas"] == min(target, 10)
+    assert condition_of(replanned.status, "Replanning")[0] == "True"
+
+
+def test_a_budget_move_to_another_gpu_type_keeps_the_running_replicas() -> None:
+    status, seen = _running_on_a100(6)
+    both = spec(hardware={"gpuTypes": ["A100-80GB", "H100-SXM"]})
+    moved = reconcile(both, RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW, prefer_gpu="H100-SXM")
+    assert moved.status.plan is not None and moved.status.plan.gpu_type == "H100-SXM"
+    assert _deployment(moved)["spec"]["replicas"] == 6 and condition_of(moved.status, "Replanning")[0] == "True"
