@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from kvscale.api.crd import DNS_LABEL_1035, ENV_VAR_NAME, MAX_NAME_LENGTH
 from kvscale.api.models import InferenceServiceSpec, PlanStatus, parse_spec
+from kvscale.autoscaling import tuning
 from kvscale.autoscaling.policy import PolicyConfig
 from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch
 from kvscale.sizing.checkpoints import EngineType, default_precision
@@ -220,23 +221,22 @@ def plan_request(
 
 
 def policy_config(intent: Intent, cold_start_s: float, interval_s: float, window_s: float) -> PolicyConfig:
-    """The autoscaling policy's configuration: the SLO, the workload's lengths as defaults, the
-    replica bounds, the modelled cold start and the tick; feedback waits a metrics window."""
-    return PolicyConfig(
+    """The autoscaling policy's configuration for this resource, through the one constructor
+    the simulator uses too (kvscale.autoscaling.tuning)."""
+    return tuning.policy_config(
         ttft_target_s=intent.slo.ttft_s,
         tpot_target_s=intent.slo.tpot_s,
-        default_input_tokens=intent.workload.input_tokens,
-        default_output_tokens=intent.workload.output_tokens,
+        input_tokens=intent.workload.input_tokens,
+        output_tokens=intent.workload.output_tokens,
         min_replicas=intent.scaling.min_replicas,
         max_replicas=intent.scaling.max_replicas,
         cold_start_s=cold_start_s,
-        tick_s=interval_s,
-        scale_down_stabilization_s=intent.scaling.scale_down_stabilization_s,
-        feedback_cooldown_s=window_s + interval_s,
-        rate_window_s=window_s,
+        interval_s=interval_s,
+        window_s=window_s,
         # Behind an InferencePool the endpoint picker sends requests to the least-loaded pods,
         # so a backlog reaches new replicas; behind the plain Service it stays where it is.
-        queue_moves=intent.spec.routing.inference_pool is not None,
+        least_loaded_routing=intent.spec.routing.inference_pool is not None,
+        scale_down_stabilization_s=intent.scaling.scale_down_stabilization_s,
     )
 
 

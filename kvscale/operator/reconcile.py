@@ -24,6 +24,7 @@ from kvscale.operator.inference_pool import CONDITION as POOL_CONDITION
 from kvscale.operator.inference_pool import PoolPlan, plan_pool
 from kvscale.operator.inventory import EnginePod, GpuPool
 from kvscale.operator.planning import Planned, Unplanned, plan_service
+from kvscale.operator.replan import CONDITION, Before, Sizing, annotate, recorded_target, size
 from kvscale.operator.resources import (
     EngineImageError,
     NotAllowed,
@@ -49,6 +50,7 @@ from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.checkpoints import CheckpointError
 from kvscale.sizing.context_limit import ContextLimitError
 from kvscale.sizing.engine_args import PlannedLaunch
+from kvscale.sizing.planner import DEFAULT_HEADROOM
 from kvscale.sizing.workload import Workload
 
 CHILD_KINDS = ("Service", "PodDisruptionBudget", "Deployment")  # the Deployment last: never without its Service
@@ -91,6 +93,13 @@ class DeploymentView:
     image: str | None = None
     args: tuple[str, ...] = ()
     kind: str = DEPLOYMENT
+    # The rollout's progress (a Deployment's and a LeaderWorkerSet's status alike): replicas on
+    # the current template, all pods (old ones included), and whether the controller has seen
+    # the latest spec (None: the object does not say).
+    updated_replicas: int = 0
+    pods: int = 0
+    current_generation: bool | None = None
+    replan_target: int | None = None  # kvscale.operator.replan.TARGET_ANNOTATION
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> DeploymentView:
@@ -104,7 +113,28 @@ class DeploymentView:
             image=container.get("image"),
             args=tuple(container.get("args") or ()),
             kind=lws.KIND if "leaderWorkerTemplate" in spec else DEPLOYMENT,
+            updated_replicas=int(st.get("updatedReplicas") or 0),
+            pods=int(st.get("replicas") or 0),
+            current_generation=_current_generation(body),
+            replan_target=recorded_target(body),
         )
+
+    def rolled_out(self) -> bool:
+        """Every replica runs the current template and is ready, and no old pod is left
+        (kubectl rollout status's test: observedGeneration, updatedReplicas, replicas)."""
+        n = self.replicas
+        return (
+            self.current_generation is not False
+            and self.updated_replicas >= n
+            and self.pods <= n
+            and self.ready_replicas >= n
+        )
+
+
+def _current_generation(body: Mapping[str, Any]) -> bool | None:
+    generation = (body.get("metadata") or {}).get("generation")
+    seen = (body.get("status") or {}).get("observedGeneration")
+    return None if generation is None or seen is None else int(seen) >= int(generation)
 
 
 @dataclass(frozen=True)
@@ -198,7 +228,8 @@ def _failed(
 def _replicas(intent: Intent, planned: Planned, status: InferenceServiceStatus, existing: DeploymentView | None) -> int:
     """Pinned replicas win. An existing Deployment on the same GPU type keeps its size (the
     autoscaler owns it) unless the new plan needs more than the previous one did; otherwise
-    the plan's count, within the bounds."""
+    the plan's count, within the bounds. (A re-plan that changes the pods is sized for the
+    load instead: `_replan`.)"""
     scaling = intent.scaling
     if scaling.pinned_replicas is not None:
         return scaling.pinned_replicas
@@ -209,6 +240,81 @@ def _replicas(intent: Intent, planned: Planned, status: InferenceServiceStatus, 
         grows = previous is not None and planned.prediction.replicas > previous
         return max(kept, wanted) if grows else kept
     return wanted
+
+
+def _pods_change(
+    status: InferenceServiceStatus, planned: Planned, existing: DeploymentView, built: DeploymentView
+) -> list[str]:
+    """What a re-plan changes in the engine pods that run: GPU type, tensor parallelism, args."""
+    changes = []
+    if existing.gpu_type != planned.chosen.gpu:
+        changes.append(f"GPU type {existing.gpu_type} -> {planned.chosen.gpu}")
+    old_tp = status.plan.tensor_parallel if status.plan is not None else None
+    if old_tp is not None and old_tp != planned.chosen.tensor_parallel:
+        changes.append(f"TP {old_tp} -> {planned.chosen.tensor_parallel}")
+    if existing.args and existing.args != built.args:  # () is a view that does not say
+        changes.append("engine args")
+    return changes
+
+
+def _replan(
+    intent: Intent,
+    planned: Planned,
+    status: InferenceServiceStatus,
+    existing: DeploymentView | None,
+    workload: dict[str, Any],
+) -> tuple[dict[str, Any], Sizing | None, list[str]]:
+    """A re-plan that changes running pods (a spec edit, an unschedulable type, workload drift,
+    a budget's move) starts the new fleet at the load's size and keeps the old pods until new
+    ones are ready (kvscale.operator.replan); anything else is built as it is."""
+    if existing is None or existing.replicas == 0 or intent.scaling.pinned_replicas is not None:
+        return workload, None, []
+    changes = _pods_change(status, planned, existing, DeploymentView.of(workload))
+    if not changes:
+        if not rolling_out(status) or existing.replan_target is None:
+            return workload, None, []
+        # Reconciled again while the old pods are being replaced (a resume, another edit that
+        # leaves the pods alike): keep every running replica and the load's count for later.
+        built = int(workload["spec"].get("replicas") or 0)
+        kept = Sizing(existing.replan_target, max(built, existing.replicas), None, "")
+        body = annotate(workload, kept.target)
+        body["spec"] = {**body["spec"], "replicas": kept.applied}
+        return body, kept, []
+    old_rate = status.plan.rate_per_replica if status.plan is not None else None
+    observed = status.observed.requests_per_second if status.observed is not None else None
+    before = Before(existing.replicas, status.desired_replicas, observed, old_rate)
+    sizing = size(
+        before,
+        planned.prediction.rate_per_replica_max,
+        DEFAULT_HEADROOM,
+        intent.scaling.bounded(planned.prediction.replicas),
+        intent.scaling.max_replicas,
+    )
+    body = annotate(workload, sizing.target)
+    body["spec"] = {**body["spec"], "replicas": sizing.applied}
+    return body, sizing, changes
+
+
+def _replanning(
+    status: InferenceServiceStatus,
+    res: Resource,
+    sizing: Sizing,
+    changes: list[str],
+    existing: DeploymentView,
+    now: dt.datetime | None,
+) -> Condition:
+    need = "" if sizing.need_per_s is None else f" ({sizing.need_per_s:.3g} requests/s, from {sizing.basis})"
+    if sizing.rolling:
+        message = (
+            f"{', '.join(changes)}: {existing.replicas} replicas ({existing.ready_replicas} ready) are replaced one "
+            f"for one as new ones become ready; then {sizing.target} for the load{need}"
+        )
+    else:
+        message = (
+            f"{', '.join(changes)}: {existing.replicas} replicas ({existing.ready_replicas} ready) -> {sizing.target} "
+            f"for the load{need}; old pods go only as new ones become ready"
+        )
+    return condition(status, CONDITION, True, "Rollout", message[:1000], res.generation, now)
 
 
 def _summary(planned: Planned, replicas: int) -> str:
@@ -307,7 +413,8 @@ def reconcile(
     too_long = lws.name_problem(res.name) if multi else None
     if too_long is not None:
         return _failed(status, res, "InvalidName", too_long, now=now)
-    replicas = _replicas(intent, outcome, status, observed.workload(multi))
+    existing = observed.workload(multi)
+    replicas = _replicas(intent, outcome, status, existing)
     routing = _routing(intent, res, observed.pool, outcome, settings)
     try:
         workload = _workload(intent, res, outcome, launch, replicas, routing, settings)
@@ -317,6 +424,11 @@ def reconcile(
         return _failed(status, res, exc.reason, str(exc), now=now)
     except lws.MultiNodeUnsupported as exc:
         return _failed(status, res, "EngineUnsupported", str(exc), now=now)
+    workload, sizing, changes = _replan(intent, outcome, status, existing, workload)
+    if sizing is not None and existing is not None:
+        replicas = sizing.applied
+        if changes:
+            base = with_conditions(base, _replanning(status, res, sizing, changes, existing, now))
     serving = service(res.name, settings.engine_port, lws.leader_labels(res.name) if multi else None)
     children = (serving, pod_disruption_budget(res.name, outcome.config.nodes), workload)
     # A plan that moved between one node and several changes the workload's kind: the old goes.
@@ -638,7 +750,46 @@ def refresh(
     if seen is None:
         return None
     pinned = (spec.get("scaling") or {}).get("replicas")
-    return _readiness(status, res, observed, seen, now, settings.unschedulable_timeout_s, pinned)
+    ready = _readiness(status, res, observed, seen, now, settings.unschedulable_timeout_s, pinned)
+    return _finish_replan(ready, res, observed, seen, now) if rolling_out(status) else ready
+
+
+def rolling_out(status: InferenceServiceStatus) -> bool:
+    """Whether a re-plan's new pods are still replacing the old ones (the Replanning condition)."""
+    c = get_condition(status, CONDITION)
+    return c is not None and c.status == "True"
+
+
+def _finish_replan(ready: Result, res: Resource, observed: Observed, seen: DeploymentView, now: dt.datetime) -> Result:
+    """Once every replica runs the new pods and is ready, the workload goes to the load's count
+    (kept through the rollout so the old pods went only as new ones became ready)."""
+    if ready.apply or not seen.rolled_out():  # drift reverted first, or new pods still coming
+        return ready
+    target = seen.replan_target
+    status = ready.status
+    before = get_condition(status, CONDITION)
+    what = before.message.split(":")[0] if before is not None else "re-plan"  # the change, as Rollout said it
+    if target is None or target >= seen.replicas:
+        message = f"{what}: rolled out, {seen.ready_replicas}/{seen.replicas} replicas ready on the new pods"
+        done = condition(status, CONDITION, False, "RolledOut", message, res.generation, now)
+        return replace(ready, status=with_conditions(status, done))
+    message = (
+        f"{what}: rolled out, {seen.replicas} replicas ready on the new pods; scaled to {target}, the load's count"
+    )
+    done = condition(status, CONDITION, False, "RolledOut", message, res.generation, now)
+    new = with_conditions(status, done, replicas=target, desired_replicas=target)
+    applied = None
+    if observed.applied is not None:
+        applied = {**observed.applied, "spec": {**(observed.applied.get("spec") or {}), "replicas": target}}
+    event = Event("Normal", "Scaled", f"Scaled {seen.replicas} -> {target}: {message}"[:1000])
+    return replace(
+        ready,
+        status=new,
+        scale_to=target,
+        scale_kind=seen.kind,
+        events=(*ready.events, event),
+        applied_deployment=applied,
+    )
 
 
 def _restore(

@@ -18,7 +18,7 @@ from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.autoscaling.policy import PolicyState, decide
 from kvscale.operator.inventory import EnginePod
-from kvscale.operator.reconcile import DeploymentView, Event, Resource, Result, workload_kind
+from kvscale.operator.reconcile import DeploymentView, Event, Resource, Result, rolling_out, workload_kind
 from kvscale.operator.settings import Settings
 from kvscale.operator.status import condition, now_rfc3339, observed_status, planned_workload, steady, with_conditions
 from kvscale.sizing.catalog import Catalog
@@ -276,7 +276,9 @@ def tick(
     )
     gauges = _gauges(intent, plan, fleet_, obs, decision, missing is None)
     current, target = fleet_.current, decision.replicas
-    if target == current:
+    # While a re-plan's new pods replace the old ones, a scale-down would take old pods before
+    # new ones are ready (kvscale.operator.replan): the rollout's end scales to the load's count.
+    if target == current or (target < current and rolling_out(status)):
         return Tick(Result(new), memory, decision, gauges)
     if intent.scaling.mode == "recommend":
         event = Event("Normal", "Recommendation", f"Would scale {current} -> {target}: {decision.reason}"[:1000])

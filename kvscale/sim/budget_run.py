@@ -26,7 +26,7 @@ from kvscale.autoscaling.budget import Allocation, Budget, Demand, Grant, Option
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.idle import idle_replicas
 from kvscale.autoscaling.observation import Observation
-from kvscale.autoscaling.policy import PolicyConfig
+from kvscale.autoscaling.tuning import policy_config
 from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.fleet import Fleet
 from kvscale.sim.policies import KvscalePolicy
@@ -120,18 +120,18 @@ class _ServiceRun:
         inp = sum(r.input_tokens for r in svc.trace) / len(svc.trace) if svc.trace else 512.0
         out = sum(r.output_tokens for r in svc.trace) / len(svc.trace) if svc.trace else 256.0
         self.configs = [
-            PolicyConfig(
+            policy_config(  # the operator's constructor: the deployed policy, tuned alike
                 ttft_target_s=o.setup.slo.ttft_s,
                 tpot_target_s=o.setup.slo.tpot_s,
-                default_input_tokens=inp,
-                default_output_tokens=out,
+                input_tokens=inp,
+                output_tokens=out,
                 min_replicas=svc.min_replicas,
                 max_replicas=svc.max_replicas,
                 headroom=svc.headroom,
                 cold_start_s=o.setup.cold_start_s,
-                tick_s=tick_s,
-                rate_window_s=window_s,
-                queue_moves=o.setup.routing == "gateway",
+                interval_s=tick_s,
+                window_s=window_s,
+                least_loaded_routing=o.setup.routing == "gateway",
             )
             for o in svc.options
         ]

@@ -18,7 +18,7 @@ from dataclasses import replace
 from itertools import pairwise
 
 from kvscale.autoscaling.capacity import SizingCapacity
-from kvscale.autoscaling.policy import PolicyConfig
+from kvscale.autoscaling.tuning import policy_config
 from kvscale.sim.policies import (
     HpaRunningPolicy,
     KedaWaitingPolicy,
@@ -100,17 +100,19 @@ def make_policies(
     static_n = replicas or (busiest_minute_replicas(trace, capacity, headroom) if trace else setup.initial_replicas)
     # A replica at its planned rate holds rate x (TTFT + output x TPOT) requests: HPA's natural target.
     target_running = max(1.0, per_replica * out * setup.slo.tpot_s * 0.8)
-    config = PolicyConfig(
+    # The operator's constructor: the simulated policy is the deployed one, tuned alike.
+    config = policy_config(
         ttft_target_s=setup.slo.ttft_s,
         tpot_target_s=setup.slo.tpot_s,
-        default_input_tokens=inp,
-        default_output_tokens=out,
+        input_tokens=inp,
+        output_tokens=out,
+        min_replicas=1,
         max_replicas=max_replicas,
         headroom=headroom,
         cold_start_s=setup.cold_start_s,
-        tick_s=setup.tick_s,
-        rate_window_s=setup.window_s,
-        queue_moves=setup.routing == "gateway",
+        interval_s=setup.tick_s,
+        window_s=setup.window_s,
+        least_loaded_routing=setup.routing == "gateway",
     )
     built: dict[str, Callable[[], SimPolicy]] = {
         "kvscale": lambda: KvscalePolicy(capacity, config),

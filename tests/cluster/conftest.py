@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 from kubernetes import client, config
 
 from kvscale.api import GROUP, PLURAL
-from tests.cluster.harness import Cluster
+from tests.cluster.harness import Cluster, wait_until
 from tests.cluster.processes import Operator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +36,11 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """The CRDs applied and one operator (the test harness's settings) for a module's tests; a
     module that needs other settings defines its own."""
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+    # Polled: a CRD just created has no conditions yet, and `kubectl wait` then fails at once.
+    established = functools.partial(
+        cluster.kubectl_ok, "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=5s"
+    )
+    wait_until(established, 60, "the InferenceService CRD established")
     op = Operator(cluster, tmp_path_factory.mktemp("operator"))
     op.start()
     yield op

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kvscale.autoscaling.budget import Budget
 from kvscale.autoscaling.capacity import SizingCapacity
-from kvscale.autoscaling.policy import PolicyConfig
+from kvscale.autoscaling.tuning import policy_config
 from kvscale.cli import app
 from kvscale.sim.budget_run import FleetService, ServiceOption, simulate_fleet
 from kvscale.sim.policies import KvscalePolicy
@@ -47,13 +47,17 @@ def option(gpu: str, rate: float, routing: str = "service") -> ServiceOption:
 def alone(opt: ServiceOption, trace: list[TraceRequest]) -> list[float]:
     setup = opt.setup
     capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch)
-    config = PolicyConfig(
+    config = policy_config(
         ttft_target_s=SLO.ttft_s,
         tpot_target_s=SLO.tpot_s,
-        default_input_tokens=400,
-        default_output_tokens=60,
+        input_tokens=400,
+        output_tokens=60,
+        min_replicas=1,
+        max_replicas=100,
         cold_start_s=setup.cold_start_s,
-        tick_s=setup.tick_s,
+        interval_s=setup.tick_s,
+        window_s=setup.window_s,
+        least_loaded_routing=setup.routing == "gateway",
     )
     result = simulate(setup, Source(trace), KvscalePolicy(capacity, config))
     return [r.ttft_s for r in result.requests]
