@@ -2,8 +2,9 @@
 
 - `catalog`: `gpus`, `models`
 - `planning`: `plan`, `predict`, `roofline` (its picture in `roofline_plot`)
+- `bench`: `bench` (open-loop load on a live endpoint against the plan)
 - `simulate`: `simulate` (its picture in `simulate_plot`)
-- `sim_serve`: `sim serve`
+- `sim_serve`: `sim serve`, `sim serve-openai`
 - `cluster`: `crd`, `operator`
 - `manifests`: `manifests` (the operator's objects for a spec, as YAML; `--diff` against the live ones)
 - `status`: `status NAME` (plan, observed, decision, conditions and Events of a live InferenceService)
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     import typer
 
 # Registration order is the order of `kvscale --help`.
-COMMAND_MODULES = ("catalog", "planning", "simulate", "sim_serve", "cluster", "manifests", "status")
+COMMAND_MODULES = ("catalog", "planning", "bench", "simulate", "sim_serve", "cluster", "manifests", "status")
 # The module that registers each command (tests/unit/test_cli_startup.py checks this against
 # the commands the modules register).
 COMMANDS = {
@@ -35,6 +36,7 @@ COMMANDS = {
     "plan": "planning",
     "predict": "planning",
     "roofline": "planning",
+    "bench": "bench",
     "simulate": "simulate",
     "sim": "sim_serve",
     "crd": "cluster",

@@ -69,3 +69,57 @@ def sim_serve(
         fail(f"cannot reach the cluster's API server (kubeconfig or in-cluster config): {exc}", EXIT_INFEASIBLE)
     except OSError as exc:
         fail(f"--port {port}: cannot serve metrics there: {exc}")
+
+
+@sim_app.command("serve-openai")
+def sim_serve_openai(
+    model: Annotated[str, typer.Option("--model", "-m", help="Catalog model whose timing is served.")],
+    gpu: Annotated[str, typer.Option(help="GPU type of the modelled replica.")],
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
+    precision: Annotated[str | None, typer.Option(help="Weight precision (default: the checkpoint's own).")] = None,
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8000,
+    run_for: Annotated[
+        str | None, typer.Option("--duration", help="Stop after this long (default: run until killed).")
+    ] = None,
+    catalog: CatalogOpt = None,
+) -> None:
+    """An OpenAI-compatible /v1/completions endpoint (streaming) whose token timing is the
+    sizing model's prefill and decode step times: a stand-in to try `kvscale bench` on."""
+    import asyncio
+
+    from kvscale.cli.common import check_names, tp_values
+    from kvscale.cli.common import model as resolve_model
+    from kvscale.sizing.checkpoints import default_precision
+    from kvscale.sizing.config import ServingConfig
+    from kvscale.standin.openai import ModelledEngine, start
+
+    if not 1 <= port <= 65535:
+        fail(f"--port must be in [1, 65535], got {port}")
+    stop_after_s = duration(run_for, "--duration") if run_for is not None else None
+    cat = load(catalog)
+    arch = resolve_model(cat, model)
+    chosen = default_precision(precision, arch)
+    check_names(cat, (gpu,), (chosen,), "auto")
+    tp_values(tp)
+    cfg = ServingConfig.build(cat, arch, cat.gpu(gpu), chosen, tp, "auto")
+    reason = cfg.unsupported_reason()
+    if reason:
+        fail(reason)
+    engine = ModelledEngine(cfg, model)
+
+    async def main() -> None:
+        server = await start(engine, "127.0.0.1", port)
+        typer.echo(
+            f"kvscale sim serve-openai: {model} on {tp} x {cfg.gpu.name} ({chosen}) at http://127.0.0.1:{port}/v1/completions",
+            err=True,
+        )
+        async with server:
+            if stop_after_s is None:
+                await server.serve_forever()
+            else:
+                await asyncio.sleep(stop_after_s)  # the requested run time
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        fail(f"--port {port}: cannot listen there: {exc}")

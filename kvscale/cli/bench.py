@@ -1,0 +1,266 @@
+"""`kvscale bench`: open-loop load on a live OpenAI-compatible endpoint, the measured TTFT,
+TPOT and inter-token gaps, and (with SLO options) the plan's predictions beside them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import httpx
+import typer
+from rich.table import Table
+
+from kvscale.cli.common import (
+    EXIT_INFEASIBLE,
+    ITL_HELP,
+    CatalogOpt,
+    JsonOpt,
+    check_names,
+    console,
+    duration,
+    fail,
+    fmt,
+    load,
+    number,
+    print_json,
+    split,
+    tokens,
+)
+from kvscale.cli.common import model as resolve_model
+from kvscale.cli.common import slo as make_slo
+from kvscale.cli.root import app
+from kvscale.sim.bench import Arrival, Measured, poisson_arrivals, summarize, trace_arrivals
+
+MAX_RPS = 10_000.0  # one client process: beyond this the client, not the server, is measured
+MAX_REQUESTS = 1_000_000
+
+
+def _endpoint(url: str) -> str:
+    """The base URL, checked: http(s) with a host; exit 2 naming --endpoint otherwise."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        fail(f"--endpoint {url!r}: give an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000")
+    try:
+        parts.port  # noqa: B018  (raises on a port out of range or not a number)
+    except ValueError as exc:
+        fail(f"--endpoint {url!r}: {exc}")
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def _has_text(data: str) -> bool:
+    try:
+        event = json.loads(data)
+    except ValueError:
+        return False
+    choices = event.get("choices") if isinstance(event, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return False
+    return bool(choices[0].get("text"))
+
+
+async def _one(
+    client: httpx.AsyncClient, url: str, model: str, arrival: Arrival, ignore_eos: bool, timeout_s: float
+) -> Measured:
+    body: dict[str, Any] = {
+        "model": model,
+        # about one token per word in the common tokenizers (" hello" is one token)
+        "prompt": " ".join(["hello"] * arrival.input_tokens),
+        "max_tokens": arrival.output_tokens,
+        "stream": True,
+        "temperature": 0.0,
+    }
+    if ignore_eos:
+        body["ignore_eos"] = True  # vLLM's and SGLang's extension: generate all max_tokens
+    out = Measured()
+    sent = time.perf_counter()
+
+    async def stream() -> None:
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")[:200]
+                out.error = f"HTTP {response.status_code}: {' '.join(text.split())}"
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter() - sent
+                # a chunk with text is a token (vLLM streams one chunk per decode step);
+                # one without (a usage chunk) is not
+                if _has_text(data):
+                    out.token_times_s.append(now)
+
+    try:
+        await asyncio.wait_for(stream(), timeout_s)
+    except TimeoutError:
+        out.error = f"timed out after {timeout_s:g}s"
+    except httpx.HTTPError as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+async def _run(url: str, model: str, arrivals: list[Arrival], ignore_eos: bool, timeout_s: float) -> list[Measured]:
+    """Each request at its arrival time whatever the others are doing (open loop), each
+    bounded by `timeout_s`: the run ends by the last arrival plus the timeout."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, trust_env=False) as client:
+        start = time.perf_counter()
+        tasks = []
+        for a in arrivals:
+            delay = a.at_s - (time.perf_counter() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)  # the schedule's pacing, not a wait on a condition
+            tasks.append(asyncio.create_task(_one(client, url, model, a, ignore_eos, timeout_s)))
+        return list(await asyncio.gather(*tasks))
+
+
+@app.command()
+def bench(
+    endpoint: Annotated[
+        str, typer.Option(help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000.")
+    ],
+    model: Annotated[str, typer.Option("--model", "-m", help="Model name the server serves (and the plan's model).")],
+    rps: Annotated[float | None, typer.Option(help="Poisson arrival rate, requests per second.")] = None,
+    input_tokens: Annotated[int | None, typer.Option("--input", help="Prompt tokens per request.")] = None,
+    output_tokens: Annotated[int | None, typer.Option("--output", help="Generated tokens per request.")] = None,
+    trace: Annotated[
+        Path | None, typer.Option(help="Azure CSV or Mooncake JSONL trace: send at its timestamps with its lengths.")
+    ] = None,
+    run_for: Annotated[str, typer.Option("--duration", help="How long to send requests (a trace: cut there).")] = "30s",
+    seed: Annotated[int, typer.Option(help="Seed of the Poisson arrivals.")] = 0,
+    request_timeout: Annotated[str, typer.Option("--timeout", help="Limit on each request.")] = "60s",
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos/--no-ignore-eos", help="Ask for all --output tokens (vLLM, SGLang).")
+    ] = True,
+    ttft: Annotated[str | None, typer.Option(help="TTFT target at the percentile, e.g. 500ms (with --tpot).")] = None,
+    tpot: Annotated[str | None, typer.Option(help="TPOT target at the percentile, e.g. 50ms (with --ttft).")] = None,
+    percentile: Annotated[float, typer.Option(help="SLO percentile, in [50, 100).")] = 95.0,
+    itl: Annotated[str | None, typer.Option(help=ITL_HELP)] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU types the plan may use, comma-separated (default: all).")] = None,
+    catalog: CatalogOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Confirm a plan on the live endpoint: open-loop requests, measured TTFT/TPOT/ITL
+    percentiles, and with --ttft/--tpot the plan's predictions beside them."""
+    base = _endpoint(endpoint)
+    run_s = duration(run_for, "--duration")
+    timeout_s = duration(request_timeout, "--timeout")
+    if trace is None and (rps is None or input_tokens is None or output_tokens is None):
+        fail("give --rps, --input and --output, or --trace FILE to send a trace's requests")
+    if trace is not None and (rps is not None or input_tokens is not None or output_tokens is not None):
+        fail("--trace sets the times and lengths: leave out --rps/--input/--output (or drop --trace)")
+    if (ttft is None) != (tpot is None):
+        fail("give --ttft and --tpot together (the SLO the plan is checked against), or neither")
+    if trace is not None:
+        from kvscale.cli.planning import _fit
+
+        fitted = _fit(trace)
+        arrivals = trace_arrivals(fitted.trace, run_s)
+        workload = fitted.workload
+    else:
+        assert rps is not None and input_tokens is not None and output_tokens is not None
+        from kvscale.sizing.workload import Workload
+
+        number(rps, "--rps", low=0, high=MAX_RPS, what="requests per second", high_inclusive=True)
+        if rps == 0:
+            fail("--rps must be above 0")
+        workload = Workload(tokens(input_tokens, "--input"), tokens(output_tokens, "--output"), rps, None)
+        arrivals = poisson_arrivals(rps, run_s, input_tokens, output_tokens, seed)
+    if len(arrivals) > MAX_REQUESTS:
+        fail(f"--duration {run_for}: {len(arrivals):,} requests; at most {MAX_REQUESTS:,} in one run")
+    slo_s = make_slo(ttft, tpot, percentile) if ttft is not None and tpot is not None else None
+    max_itl_s = duration(itl, "--itl") if itl is not None else None
+    predicted = _predicted(load(catalog), model, workload, slo_s, max_itl_s, gpu) if slo_s is not None else None
+    results = asyncio.run(_run(base + "/v1/completions", model, arrivals, ignore_eos, timeout_s))
+    if results and all(r.error is not None and not r.error.startswith(("HTTP", "timed")) for r in results):
+        fail(f"--endpoint {endpoint}: cannot reach the server ({results[0].error})", EXIT_INFEASIBLE)
+    out = summarize(
+        results,
+        slo_s.ttft_s if slo_s else None,
+        slo_s.tpot_s if slo_s else None,
+        slo_s.percentile if slo_s else None,
+    )
+    out["first_errors"] = sorted({r.error for r in results if r.error})[:5]
+    if slo_s is not None:
+        out["slo"] = {
+            "percentile": slo_s.percentile,
+            "ttft_ms": slo_s.ttft_s * 1e3,
+            "tpot_ms": slo_s.tpot_s * 1e3,
+            "itl_ms": None if max_itl_s is None else max_itl_s * 1e3,
+        }
+        out["plan"] = predicted
+    if as_json:
+        print_json(out)
+    else:
+        _render(out, endpoint, len(arrivals))
+
+
+def _predicted(
+    cat: Any, model: str, workload: Any, slo: Any, max_itl_s: float | None, gpu: str | None
+) -> dict[str, Any] | None:
+    """The plan `kvscale plan` makes for this model, workload and SLO, and its predictions;
+    None when no candidate meets the SLO."""
+    from kvscale.cli.planning import _with_checkpoints, served_id
+    from kvscale.sizing.checkpoints import default_precision
+    from kvscale.sizing.planner import PlanRequest, plan
+
+    arch = resolve_model(cat, model)
+    precisions = _with_checkpoints(cat, arch, split(default_precision(None, arch)), served_id(model), None)
+    gpus = check_names(cat, split(gpu), precisions, "auto")
+    result = plan(cat, PlanRequest(arch, workload, slo, gpus=gpus, precisions=precisions, max_itl_s=max_itl_s))
+    c = result.chosen
+    if c is None:
+        return None
+    p = c.prediction
+    return {
+        "gpu": c.gpu,
+        "tensor_parallel": c.tensor_parallel,
+        "precision": c.precision,
+        "replicas": p.replicas,
+        "ttft_ms": round(p.ttft_p_s * 1e3, 3),
+        "tpot_ms": round(p.tpot_p_s * 1e3, 3),
+        "itl_p99_ms": round(p.itl_p99_s * 1e3, 3),
+    }
+
+
+def _render(out: dict[str, Any], endpoint: str, sent: int) -> None:
+    console.print(f"[bold]{endpoint}[/]: {out['requests']} requests, {out['errors']} errors")
+    plan = out.get("plan")
+    slo = out.get("slo")
+    pct = f"p{slo['percentile']:g}" if slo else None
+    table = Table(title="Measured" + (" against the plan's prediction" if plan else ""))
+    table.add_column("quantity")
+    table.add_column("measured ms")
+    if slo:
+        table.add_column(
+            f"predicted ms ({plan['replicas']} x {plan['tensor_parallel']} {plan['gpu']})" if plan else "predicted"
+        )
+        table.add_column("target ms")
+    rows: list[tuple[str, Any, Any, Any]] = [
+        ("TTFT p50", out["ttft_p50_ms"], None, None),
+        ("TTFT p95", out["ttft_p95_ms"], None, None),
+        ("TTFT p99", out["ttft_p99_ms"], None, None),
+        ("TPOT p50", out["tpot_p50_ms"], None, None),
+        ("TPOT p99", out["tpot_p99_ms"], None, None),
+        ("ITL p99", out["itl_p99_ms"], plan and plan["itl_p99_ms"], slo and slo["itl_ms"]),
+    ]
+    if slo:  # the SLO's percentile beside the fixed ones, with the plan's prediction and the target
+        tpot_row = (f"TPOT {pct} (SLO)", out["tpot_at_slo_percentile_ms"], plan and plan["tpot_ms"], slo["tpot_ms"])
+        rows.insert(5, tpot_row)
+        ttft_row = (f"TTFT {pct} (SLO)", out["ttft_at_slo_percentile_ms"], plan and plan["ttft_ms"], slo["ttft_ms"])
+        rows.insert(3, ttft_row)
+    for name, measured, pred, target in rows:
+        table.add_row(name, fmt(measured), *((fmt(pred), fmt(target)) if slo else ()))
+    console.print(table)
+    if out["slo_attainment"] is not None:
+        console.print(f"SLO attainment: {out['slo_attainment']:.1%} of {sent} requests met both targets")
+    if slo and plan is None:
+        console.print("No plan meets this SLO for this model and load: nothing to compare against.")
+    for e in out["first_errors"]:
+        console.print(f"  error: {e}", highlight=False)
