@@ -259,6 +259,11 @@ def allocate(
         want = max(opt.wanted, d.floor)
         before = (dict(ledger.used), dict(ledger.ns_used), dict(at), dict(held))
         _make_room(ledger, d, opt, want * opt.gpus_per_replica, lower, at, held)
+        # What the floors moved for it freed goes first to those ranked before it (a higher
+        # priority held on that type), its own floor kept aside.
+        ledger.take(d.namespace, d.options[floor_at], floor_got)
+        _fill(order[:n], ledger, at, held)
+        ledger.give(d.namespace, d.options[floor_at], floor_got)
         got = ledger.fits(d.namespace, opt, want)
         if got < floor_got and choice != floor_at:  # never below the floor it already had
             # ... and the floors moved for it go back: it stays where it was.
@@ -274,13 +279,7 @@ def allocate(
         ledger.take(d.namespace, opt, got)
         at[d.name], held[d.name] = choice, got
         # What this turn freed elsewhere (a floor that moved) goes first to those before it.
-        for e in order[:n]:
-            eo = e.options[at[e.name]]
-            short = max(eo.wanted, e.floor) - held[e.name]
-            if short > 0:
-                more = ledger.fits(e.namespace, eo, short)
-                ledger.take(e.namespace, eo, more)
-                held[e.name] += more
+        _fill(order[:n], ledger, at, held)
 
     # 3. Reasons, once every grant is known.
     grants: list[Grant] = []
@@ -319,6 +318,17 @@ def allocate(
         ledger.used[g.gpu_type] = ledger.used.get(g.gpu_type, 0) + n * g.gpus_per_replica
     used = {gpu: n for gpu, n in ledger.used.items() if n > 0}
     return Allocation(budget.name, tuple(grants), used, wanted)
+
+
+def _fill(before: Sequence[Demand], ledger: _Ledger, at: dict[str, int], held: dict[str, int]) -> None:
+    """Those ranked before, in order, take what is free on the option each holds, up to its want."""
+    for e in before:
+        eo = e.options[at[e.name]]
+        short = max(eo.wanted, e.floor) - held[e.name]
+        if short > 0:
+            more = ledger.fits(e.namespace, eo, short)
+            ledger.take(e.namespace, eo, more)
+            held[e.name] += more
 
 
 def _room(ledger: _Ledger, d: Demand, i: int, lower: list[Demand], at: dict[str, int], held: dict[str, int]) -> int:

@@ -367,3 +367,19 @@ def test_without_a_gateway_never_zero_and_beyond_a_limit_by_one_replica_at_most(
         within = sum((g.replicas - g.over_limit) * g.gpus_per_replica for g in a.grants if g.gpu_type == gpu)
         assert within <= limit
         assert a.used.get(gpu, 0) == sum(g.gpus for g in a.grants if g.gpu_type == gpu)
+
+
+def test_what_a_moved_floor_frees_goes_to_the_higher_priority_first() -> None:
+    # Found by test_priority_order: s4's floor sat on A100, so s6 (priority 2) got nothing there;
+    # s1 (priority 1) then moved s4 to L40S and took every A100 it freed, s6 still at 0.
+    a = allocate(
+        Budget("b", {L40S: 8, A100: 8}),
+        [
+            d("s1", (A100, 4, 2), (L40S, 2, 5), (H100, 1, 1), priority=1, min_replicas=1, current_gpu_type=L40S),
+            d("s4", (L40S, 4, 1), (A100, 4, 1), min_replicas=2),
+            d("s6", (A100, 1, 1), priority=2),
+        ],
+    )
+    assert (a.grant("s6").gpu_type, a.grant("s6").replicas) == (A100, 1)
+    assert (a.grant("s4").gpu_type, a.grant("s4").replicas) == (L40S, 2)
+    assert a.grant("s1").replicas >= 1 and a.used.get(A100, 0) <= 8
