@@ -294,8 +294,8 @@ def govern(
         target = fleet_.current
     elif target > fleet_.current:  # only into GPUs free now, globally and in the namespace
         target = _within_free(book, budget, key, res.namespace, plan.gpu_type, gpr, fleet_.current, target)
-        if not demand.gateway:  # nothing would hold its requests at zero
-            target = max(target, min(grant.replicas, 1))
+        if grant.over_limit:  # no gateway, and the limit has no room for its replica: waiting frees none
+            target = max(target, 1)
     held = target < wanted
     message = (
         grant.reason
@@ -435,8 +435,8 @@ def cap_deploy(
     """A reconcile under a budget: a workload it creates or grows gets no more replicas than
     the budget has GPUs free now (the autoscaler's next tick takes the service's grant), and
     the service's GPUs are recorded at once, so services created together do not each count
-    the same free GPUs. A pin (spec.scaling.replicas) is capped the same way. A service with no
-    gateway starts with one replica at least. Unchanged without a budget or in recommend mode."""
+    the same free GPUs. A pin (spec.scaling.replicas) is capped the same way. A running service
+    with no gateway keeps one replica at least. Unchanged without a budget or in recommend mode."""
     budget = book.governing(res.namespace, labels)
     plan = result.status.plan
     workload = next((o for o in result.apply if o.get("kind") in (DEPLOYMENT, lws.KIND)), None)
@@ -454,7 +454,10 @@ def cap_deploy(
         else _within_free(book, budget, key, res.namespace, plan.gpu_type, gpr, current, replicas)
     )
     gateway = has_gateway(intent, res)
-    if not gateway:  # nothing would hold its requests at zero: one replica, whatever the limit
+    if not gateway and existing is not None and existing.replicas > 0:
+        # Running behind a plain Service (a re-plan onto another GPU type, say): nothing would
+        # hold its requests at zero, so it keeps one replica whatever is free. A new one starts
+        # within what is free; its tick adds the replica beyond the limit if the floors fill it.
         capped = max(capped, min(replicas, 1))
     prior = book.entries.get(key)
     if prior is not None and replicas <= current:
@@ -587,7 +590,7 @@ def govern_pin(
     target = min(pin, grant.replicas)
     if target > current:
         target = _within_free(book, budget, key, res.namespace, plan.gpu_type, gpr, current, target)
-    if not gateway:
+    if grant.over_limit or (not gateway and current > 0):  # never to zero without a gateway
         target = max(target, min(pin, 1))
     held = target < pin
     message = f"budget {budget}: spec.scaling.replicas pins {pin}; {grant.reason}"

@@ -237,13 +237,16 @@ def test_a_service_started_with_no_replicas_reads_as_none_and_waits_for_free_gpu
     book.entries["ns/big"] = Entry(
         "b", Demand("ns/big", (Option(gpu, tp, 1),), 5), "ns", "big", tp, gpu, NOW.timestamp()
     )
-    # Behind a plain Service nothing would hold its requests at zero: it starts with one replica
-    # beyond the limit (issue 29: "Deploying 0/0"); behind a gateway it starts with none.
     started = cap_deploy(book, RES, {}, parse_intent(SPEC), created, None, NOW)
-    (workload,) = [o for o in started.apply if o["kind"] == "Deployment"]
+    assert started.status.desired_replicas == 0
+    # Running behind a plain Service, a re-plan onto a full GPU type keeps one replica: nothing
+    # would hold its requests at zero (issue 29). Behind a gateway it may start with none.
+    elsewhere_running = DeploymentView(1, 1, "L4")
+    kept = cap_deploy(book, RES, {}, parse_intent(SPEC), created, elsewhere_running, NOW)
+    (workload,) = [o for o in kept.apply if o["kind"] == "Deployment"]
     assert workload["spec"]["replicas"] == 1
     gated = {**SPEC, "routing": {"kedaHttp": {}}}
-    started = cap_deploy(book, RES, {}, parse_intent(gated), deployed(gated), None, NOW)
+    started = cap_deploy(book, RES, {}, parse_intent(gated), deployed(gated), elsewhere_running, NOW)
     assert started.status.desired_replicas == 0
     # Its Deployment at 0 replicas is 0, not the plan's count (a scale-"down" to its floor would
     # otherwise skip the check for free GPUs).
