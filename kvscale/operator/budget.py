@@ -559,6 +559,8 @@ def govern_pin(
     plan = result.status.plan
     pin = intent.scaling.pinned_replicas
     if budget is None or plan is None or pin is None or intent.scaling.mode != "auto":
+        if any(c.type == CONDITION for c in result.status.conditions):  # no budget holds it any more
+            return replace(result, status=without_condition(result.status, CONDITION))
         return result
     gpr = plan.tensor_parallel * max(plan.nodes, 1) * plan.data_parallel
     current = seen.replicas if seen is not None and seen.gpu_type == plan.gpu_type else 0

@@ -387,5 +387,7 @@ def test_a_pin_counts_against_the_budget_and_is_held_to_its_grant() -> None:
     assert grown.scale_to == 2
     c = get_condition(grown.status, CONDITION)
     assert c is not None and (c.status, c.reason) == ("False", "WithinBudget")
-    # Without a budget: unchanged.
+    # Without a budget: unchanged, and a HeldByBudget condition from before goes.
     assert BudgetBook().pinned(RES, {}, intent, pinned, seen, NOW, TTL) == pinned
+    gone = BudgetBook().pinned(RES, {}, intent, replace(pinned, status=grown.status), seen, NOW, TTL)
+    assert get_condition(gone.status, CONDITION) is None
