@@ -9,7 +9,10 @@ Order of the decision:
 
 1. Floors first: every service's minReplicas, in priority order, on the option it runs on
    now when that has room, else on the first option that does; a floor the budget cannot
-   hold gets what is left and says so.
+   hold gets what is left and says so (Grant.floor_short). A service with no gateway to hold
+   its requests (`gateway` False: behind a plain Service a request finds no endpoint at
+   zero) keeps one replica even beyond the limit, and says so (Grant.over_limit): a limit
+   cut below the floors must not take such a service down.
 2. Then what each wants, in priority order (higher first), and within one priority by SLO
    gap (observed over target; the service missing its target most goes first). A service
    takes its whole want on the first option that holds it; when none does, the option that
@@ -62,6 +65,12 @@ class Demand:
     namespace: str = ""
     slo_gap: float = 0.0  # observed over target minus 1 (> 0: missing its SLO); 0 when unknown
     current_gpu_type: str | None = None  # what it runs on now (hysteresis)
+    gateway: bool = True  # a gateway holds its requests at zero replicas (else it keeps one, whatever the limit)
+
+    @property
+    def floor(self) -> int:
+        """The replicas it keeps before any want: minReplicas, and one without a gateway."""
+        return self.min_replicas if self.gateway else max(self.min_replicas, 1)
 
     def __post_init__(self) -> None:
         if not self.options:
@@ -112,6 +121,12 @@ class Grant:
     rank: int  # its place in this tick's order (0 first)
     moved: bool  # not on its first (cheapest) option
     reason: str
+    floor_short: int = 0  # replicas of minReplicas the budget could not hold
+    over_limit: int = 0  # replicas granted beyond the limit: the one a service without a gateway keeps
+
+    @property
+    def floor_kept(self) -> bool:
+        return self.floor_short == 0
 
     @property
     def held(self) -> bool:
@@ -208,11 +223,11 @@ def allocate(
     ledger = _Ledger(budget)
     at: dict[str, int] = {}  # option index each service holds
     held: dict[str, int] = {}  # replicas it holds there
-    floor_short: dict[str, int] = {}
+    over: dict[str, int] = {}  # the replica a service without a gateway keeps beyond the limit
 
     # 1. Floors, in order.
     for d in order:
-        floor = d.min_replicas
+        floor = d.floor
         here = _index(d, d.current_gpu_type)
         tries = ([here] if here is not None else []) + [i for i in range(len(d.options)) if i != here]
         choice = next((i for i in tries if ledger.fits(d.namespace, d.options[i], floor) >= floor), None)
@@ -226,10 +241,12 @@ def allocate(
         if choice is None:  # no option holds the whole floor: the most that fits
             choice = max(tries, key=lambda i: (ledger.fits(d.namespace, d.options[i], floor), -tries.index(i)))
         got = ledger.fits(d.namespace, d.options[choice], floor)
+        if got == 0 and not d.gateway:
+            # Nothing holds its requests at zero: one replica beyond the limit, kept off the
+            # ledger so that it takes nothing from the floors and wants ranked before it.
+            over[d.name] = 1
         ledger.take(d.namespace, d.options[choice], got)
         at[d.name], held[d.name] = choice, got
-        if got < floor:
-            floor_short[d.name] = floor - got
 
     # 2. Wants, in order; lower priorities' floors may move out of the way.
     for n, d in enumerate(order):
@@ -239,9 +256,14 @@ def allocate(
         room = {i: _room(ledger, d, i, lower, at, held) for i in range(len(d.options))}
         choice = _choose(d, room, floor_got, config)
         opt = d.options[choice]
-        want = max(opt.wanted, d.min_replicas)
+        want = max(opt.wanted, d.floor)
         before = (dict(ledger.used), dict(ledger.ns_used), dict(at), dict(held))
         _make_room(ledger, d, opt, want * opt.gpus_per_replica, lower, at, held)
+        # What the floors moved for it freed goes first to those ranked before it (a higher
+        # priority held on that type), its own floor kept aside.
+        ledger.take(d.namespace, d.options[floor_at], floor_got)
+        _fill(order[:n], ledger, at, held)
+        ledger.give(d.namespace, d.options[floor_at], floor_got)
         got = ledger.fits(d.namespace, opt, want)
         if got < floor_got and choice != floor_at:  # never below the floor it already had
             # ... and the floors moved for it go back: it stays where it was.
@@ -249,25 +271,26 @@ def allocate(
             at.update(before[2])
             held.update(before[3])
             choice, opt = floor_at, d.options[floor_at]
-            got = ledger.fits(d.namespace, opt, max(opt.wanted, d.min_replicas))
+            got = ledger.fits(d.namespace, opt, max(opt.wanted, d.floor))
+        if got == 0 and not d.gateway:  # the replica it keeps beyond the limit
+            over[d.name] = 1
+        else:
+            over.pop(d.name, None)  # room for it within the limit after all
         ledger.take(d.namespace, opt, got)
         at[d.name], held[d.name] = choice, got
         # What this turn freed elsewhere (a floor that moved) goes first to those before it.
-        for e in order[:n]:
-            eo = e.options[at[e.name]]
-            short = max(eo.wanted, e.min_replicas) - held[e.name]
-            if short > 0:
-                more = ledger.fits(e.namespace, eo, short)
-                ledger.take(e.namespace, eo, more)
-                held[e.name] += more
+        _fill(order[:n], ledger, at, held)
 
     # 3. Reasons, once every grant is known.
     grants: list[Grant] = []
     for d in order:
+        if held[d.name] > 0:  # room came free for it within the limit
+            over.pop(d.name, None)
         opt = d.options[at[d.name]]
-        got = held[d.name]
-        want = max(opt.wanted, d.min_replicas)
-        reason = _reason(budget, d, at[d.name], got, want, floor_short.get(d.name, 0), order, at, held, ledger)
+        got = held[d.name] + over.get(d.name, 0)
+        want = max(opt.wanted, d.floor)
+        short = max(0, d.min_replicas - got)
+        reason = _reason(budget, d, at[d.name], got, want, short, over.get(d.name, 0), order, at, held, ledger)
         grants.append(
             Grant(
                 d.name,
@@ -280,6 +303,8 @@ def allocate(
                 rank[d.name],
                 at[d.name] != 0,
                 reason,
+                short,
+                over.get(d.name, 0),
             )
         )
     wanted: dict[str, int] = {}
@@ -288,8 +313,22 @@ def allocate(
         wanted[first.gpu_type] = (
             wanted.get(first.gpu_type, 0) + max(first.wanted, d.min_replicas) * first.gpus_per_replica
         )
+    for name, n in over.items():  # what runs beyond the limit is allocated all the same
+        g = next(g for g in grants if g.name == name)
+        ledger.used[g.gpu_type] = ledger.used.get(g.gpu_type, 0) + n * g.gpus_per_replica
     used = {gpu: n for gpu, n in ledger.used.items() if n > 0}
     return Allocation(budget.name, tuple(grants), used, wanted)
+
+
+def _fill(before: Sequence[Demand], ledger: _Ledger, at: dict[str, int], held: dict[str, int]) -> None:
+    """Those ranked before, in order, take what is free on the option each holds, up to its want."""
+    for e in before:
+        eo = e.options[at[e.name]]
+        short = max(eo.wanted, e.floor) - held[e.name]
+        if short > 0:
+            more = ledger.fits(e.namespace, eo, short)
+            ledger.take(e.namespace, eo, more)
+            held[e.name] += more
 
 
 def _room(ledger: _Ledger, d: Demand, i: int, lower: list[Demand], at: dict[str, int], held: dict[str, int]) -> int:
@@ -373,6 +412,7 @@ def _reason(
     got: int,
     want: int,
     floor_short: int,
+    over_limit: int,
     order: list[Demand],
     at: dict[str, int],
     held: dict[str, int],
@@ -384,6 +424,11 @@ def _reason(
     if i != 0:
         first = d.options[0]
         moved = f" (its next-cheapest feasible plan: {first.gpu_type} has no room for it)"
+    if over_limit:
+        moved += (
+            f"; {over_limit} replica beyond the {opt.gpu_type} limit: no gateway holds its requests at zero "
+            "(spec.routing.inferencePool or kedaHttp), so it keeps one"
+        )
     if got >= want:
         return f"wanted {want}, got {got} on {where}{moved}"
     limit = budget.limits.get(opt.gpu_type)

@@ -28,6 +28,17 @@ they are gone their GPUs count against the old type. (The simulator drains the o
 once.) A spec change re-plans from the planner's choice; the next tick moves it again if the
 budget still says so.
 
+Floors: a limit cut below the services' floors keeps each minReplicas in priority order as
+far as the limit allows; the service whose floor is not kept says so (HeldByBudget, reason
+FloorNotKept) and so does the budget (condition FloorsKept). A service with no gateway to
+hold its requests (no spec.routing.inferencePool or kedaHttp: behind a plain Service a
+request at zero replicas finds no endpoint) is never taken to zero by a budget: it keeps one
+replica, beyond the limit if need be (reason KeptBeyondLimit).
+
+Pins: spec.scaling.replicas (`kubectl scale`) is a want like any other: it counts against
+the budget, is held to its grant (govern_pin on the tick, cap_deploy on a reconcile), says
+so (HeldByBudget, reason PinHeldByBudget), and the budget's status lists the service.
+
 Without a GPUBudget selecting a service nothing here changes its tick.
 """
 
@@ -45,11 +56,13 @@ from kvscale.api.models import InferenceServiceStatus, PlanStatus
 from kvscale.autoscaling.budget import Allocation, Demand, Grant, Option, allocate
 from kvscale.autoscaling.observation import DecisionKind, Observation
 from kvscale.operator import leader_worker_set as lws
-from kvscale.operator.reconcile import DEPLOYMENT, DeploymentView, Event, Resource, Result
+from kvscale.operator.reconcile import DEPLOYMENT, DeploymentView, Event, Resource, Result, workload_kind
+from kvscale.operator.scale_zero import queue_queries
 from kvscale.operator.scaling import Fleet, Tick
 from kvscale.operator.status import condition, now_rfc3339, with_conditions, without_condition
 
 CONDITION = "HeldByBudget"
+FLOORS = "FloorsKept"  # the budget's condition: every governed service's minReplicas within its limits
 WITHIN = ""  # BudgetBook.posted: the last Event said the service is within its budget
 
 
@@ -122,6 +135,19 @@ class BudgetBook:
             if now_s - e.seen_s > ttl_s:
                 del self.entries[key]
         return [e for e in self.entries.values() if e.budget == budget]
+
+    def pinned(
+        self,
+        res: Resource,
+        labels: Mapping[str, str],
+        intent: Intent,
+        result: Result,
+        seen: DeploymentView | None,
+        now: dt.datetime,
+        ttl_s: float,
+    ) -> Result:
+        """A pinned service's tick under its budget (govern_pin)."""
+        return govern_pin(self, res, labels, intent, result, seen, now, ttl_s)
 
     def allocation(self, budget: str, now_s: float, ttl_s: float) -> Allocation:
         demands = [e.demand for e in self.members(budget, now_s, ttl_s)]
@@ -248,6 +274,7 @@ def govern(
         res.namespace,
         slo_gap(obs, intent),
         plan.gpu_type,
+        has_gateway(intent, res),
     )
     book.entries[key] = Entry(
         budget,
@@ -267,6 +294,8 @@ def govern(
         target = fleet_.current
     elif target > fleet_.current:  # only into GPUs free now, globally and in the namespace
         target = _within_free(book, budget, key, res.namespace, plan.gpu_type, gpr, fleet_.current, target)
+        if grant.over_limit:  # no gateway, and the limit has no room for its replica: waiting frees none
+            target = max(target, 1)
     held = target < wanted
     message = (
         grant.reason
@@ -276,8 +305,8 @@ def govern(
     cond = condition(
         status,
         CONDITION,
-        held,
-        "BudgetLimit" if held else "WithinBudget",
+        held or grant.over_limit > 0,
+        _held_reason(grant, held),
         f"budget {budget}: {message}",
         res.generation,
         now,
@@ -322,6 +351,49 @@ def govern(
     return replace(done, result=replace(done.result, status=new, scale_to=scale_to, events=tuple(events)))
 
 
+def has_gateway(intent: Intent, res: Resource) -> bool:
+    """A gateway holds the service's requests while no replica runs (an InferencePool's
+    endpoint picker, or the KEDA HTTP add-on's interceptor; kvscale.operator.scale_zero)."""
+    return bool(queue_queries(intent, res))
+
+
+def _held_reason(grant: Grant, held: bool) -> str:
+    if grant.floor_short > 0:
+        return "FloorNotKept"
+    if grant.over_limit > 0:
+        return "KeptBeyondLimit"
+    return "BudgetLimit" if held else "WithinBudget"
+
+
+def floors_condition(allocation: Allocation) -> dict[str, str]:
+    """The budget's FloorsKept condition: False naming each service whose minReplicas the limits
+    do not hold, and each kept beyond a limit (no gateway holds its requests at zero)."""
+    short = [
+        f"{g.name} (priority {g.priority}) minReplicas {g.min_replicas}, {g.floor_short} short"
+        for g in allocation.grants
+        if g.floor_short
+    ]
+    over = [
+        f"{g.name} (priority {g.priority}) {g.over_limit} replica beyond the {g.gpu_type} limit"
+        for g in allocation.grants
+        if g.over_limit
+    ]
+    if not short and not over:
+        return {
+            "type": FLOORS,
+            "status": "True",
+            "reason": "AllFloorsKept",
+            "message": "every minReplicas is within the limits",
+        }
+    parts = []
+    if short:
+        parts.append("minReplicas not kept, in priority order: " + ", ".join(short[:20]))
+    if over:
+        parts.append("kept beyond the limit, no gateway holding their requests at zero: " + ", ".join(over[:20]))
+    reason = "FloorNotKept" if short else "KeptBeyondLimit"
+    return {"type": FLOORS, "status": "False", "reason": reason, "message": "; ".join(parts)[:1000]}
+
+
 def budget_status(book: BudgetBook, name: str, now_s: float, ttl_s: float, generation: int | None) -> dict[str, Any]:
     """The GPUBudget's status: what is allocated, to whom, and what is wanted."""
     allocation = book.allocation(name, now_s, ttl_s)
@@ -346,7 +418,9 @@ def budget_status(book: BudgetBook, name: str, now_s: float, ttl_s: float, gener
         wanted=dict(allocation.wanted),
         services=services,
     )
-    return status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    out = status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    out["conditions"] = [floors_condition(allocation)]
+    return out
 
 
 def cap_deploy(
@@ -361,14 +435,14 @@ def cap_deploy(
     """A reconcile under a budget: a workload it creates or grows gets no more replicas than
     the budget has GPUs free now (the autoscaler's next tick takes the service's grant), and
     the service's GPUs are recorded at once, so services created together do not each count
-    the same free GPUs. Unchanged without a budget, in recommend mode or with pinned replicas."""
+    the same free GPUs. A pin (spec.scaling.replicas) is capped the same way. A running service
+    with no gateway keeps one replica at least. Unchanged without a budget or in recommend mode."""
     budget = book.governing(res.namespace, labels)
     plan = result.status.plan
     workload = next((o for o in result.apply if o.get("kind") in (DEPLOYMENT, lws.KIND)), None)
     if budget is None or plan is None or workload is None or intent.scaling.mode != "auto":
         return result
-    if intent.scaling.pinned_replicas is not None:
-        return result
+    pin = intent.scaling.pinned_replicas
     gpr = plan.tensor_parallel * max(plan.nodes, 1) * plan.data_parallel
     current = existing.replicas if existing is not None and existing.gpu_type == plan.gpu_type else 0
     replicas = int((workload.get("spec") or {}).get("replicas") or 0)
@@ -379,6 +453,12 @@ def cap_deploy(
         if replicas <= current
         else _within_free(book, budget, key, res.namespace, plan.gpu_type, gpr, current, replicas)
     )
+    gateway = has_gateway(intent, res)
+    if not gateway and existing is not None and existing.replicas > 0:
+        # Running behind a plain Service (a re-plan onto another GPU type, say): nothing would
+        # hold its requests at zero, so it keeps one replica whatever is free. A new one starts
+        # within what is free; its tick adds the replica beyond the limit if the floors fill it.
+        capped = max(capped, min(replicas, 1))
     prior = book.entries.get(key)
     if prior is not None and replicas <= current:
         return result  # nothing grows: the autoscale tick's record stands
@@ -390,6 +470,7 @@ def cap_deploy(
         res.namespace,
         prior.demand.slo_gap if prior is not None else 0.0,
         plan.gpu_type,
+        gateway,
     )
     draining: dict[str, int] = {}
     if prior is not None:  # a new GPU type: what it held on the old one drains (counted until the next tick)
@@ -408,13 +489,15 @@ def cap_deploy(
     )
     if capped == replicas:
         return result
+    wanted = f"spec.scaling.replicas pins {replicas}" if pin is not None else f"wanted {replicas}"
     message = (
-        f"budget {budget}: wanted {replicas}, starts with {capped} on {plan.gpu_type} x{gpr} (the budget has "
+        f"budget {budget}: {wanted}, starts with {capped} on {plan.gpu_type} x{gpr} (the budget has "
         f"{max(free, 0):.0f} {plan.gpu_type} GPUs free now beyond what it holds); its next autoscale tick takes its "
         "grant"
     )
     status = result.status
-    cond = condition(status, CONDITION, True, "BudgetLimit", message, res.generation, now)
+    reason = "PinHeldByBudget" if pin is not None else "BudgetLimit"
+    cond = condition(status, CONDITION, True, reason, message, res.generation, now)
     new = with_conditions(status, cond).model_copy(update={"replicas": capped, "desired_replicas": capped})
     sized = {**workload, "spec": {**workload["spec"], "replicas": capped}}
     apply = tuple(sized if o is workload else o for o in result.apply)
@@ -456,3 +539,87 @@ def moved(result: Result, before: PlanStatus, grant: Grant, budget: str) -> Resu
         events=events,
         scale_to=None,
     )
+
+
+def govern_pin(
+    book: BudgetBook,
+    res: Resource,
+    labels: Mapping[str, str],
+    intent: Intent,
+    result: Result,
+    seen: DeploymentView | None,
+    now: dt.datetime,
+    ttl_s: float,
+) -> Result:
+    """A pinned service's tick under its budget (the policy is not asked): the pin recorded as
+    its want, so it counts against the budget and the budget's status lists it; the workload
+    held to the pin's grant (only into GPUs free now when it grows); HeldByBudget says whether
+    the budget holds the pin. Unchanged without a budget or in recommend mode."""
+    budget = book.governing(res.namespace, labels)
+    plan = result.status.plan
+    pin = intent.scaling.pinned_replicas
+    if budget is None or plan is None or pin is None or intent.scaling.mode != "auto":
+        if any(c.type == CONDITION for c in result.status.conditions):  # no budget holds it any more
+            return replace(result, status=without_condition(result.status, CONDITION))
+        return result
+    gpr = plan.tensor_parallel * max(plan.nodes, 1) * plan.data_parallel
+    current = seen.replicas if seen is not None and seen.gpu_type == plan.gpu_type else 0
+    key = service_key(res.namespace, res.name)
+    gateway = has_gateway(intent, res)
+    # A pin is not moved to another GPU type: its one option is the plan's.
+    demand = Demand(
+        key,
+        (Option(plan.gpu_type, gpr, pin),),
+        intent.spec.scaling.priority,
+        0,
+        res.namespace,
+        0.0,
+        plan.gpu_type,
+        gateway,
+    )
+    book.entries[key] = Entry(
+        budget,
+        demand,
+        res.namespace,
+        res.name,
+        current * gpr,
+        plan.gpu_type,
+        now.timestamp(),
+        (),
+        tuple(sorted(labels.items())),
+    )
+    grant = book.allocation(budget, now.timestamp(), ttl_s).grant(key)
+    target = min(pin, grant.replicas)
+    if target > current:
+        target = _within_free(book, budget, key, res.namespace, plan.gpu_type, gpr, current, target)
+    if grant.over_limit or (not gateway and current > 0):  # never to zero without a gateway
+        target = max(target, min(pin, 1))
+    held = target < pin
+    message = f"budget {budget}: spec.scaling.replicas pins {pin}; {grant.reason}"
+    if held:
+        message += f"; the pin is held to {target}"
+    status = result.status
+    cond = condition(
+        status, CONDITION, held, "PinHeldByBudget" if held else "WithinBudget", message, res.generation, now
+    )
+    new = with_conditions(status, cond, desired_replicas=target)
+    events = list(result.events)
+    last = book.posted.get(key)
+    if held and cond.message != last:
+        events.append(Event("Warning", CONDITION, cond.message[:1000]))
+        book.posted[key] = cond.message
+    elif not held and last is not None and last != WITHIN:
+        events.append(Event("Normal", "WithinBudget", cond.message[:1000]))
+        book.posted[key] = WITHIN
+    scale_to = target if target != current else None
+    if scale_to is not None:
+        events.append(Event("Normal", "Scaled", f"Scaled {current} -> {target}: {message}"[:1000]))
+        new = new.model_copy(
+            update={
+                "replicas": target,
+                "desired_replicas": target,
+                "last_scale_time": now_rfc3339(now),
+                "last_scale_reason": message[:500],
+            }
+        )
+    return replace(result, status=new, scale_to=scale_to, scale_kind=workload_kind(status), events=tuple(events))

@@ -101,7 +101,7 @@ def budget_handlers(
         if name not in book.specs:
             return
         new = budget_status(book, name, time.time(), max(TTL_MIN_S, TTL_TICKS * interval_s), generation)
-        new["conditions"] = budget_conditions(book, name)
+        new["conditions"] = [*budget_conditions(book, name), *new.get("conditions", [])]  # and FloorsKept
         for key, value in new.items():
             if (status or {}).get(key) != value:  # only what changed: nothing at rest
                 patch.status[key] = value

@@ -425,7 +425,11 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
     started = time.monotonic()
     try:
         intent = parse_intent(call.spec)
-        start = fleet(intent, call.before, call.observed().workload(multi_node(call.before)), call.res.generation)
+        seen = call.observed().workload(multi_node(call.before))
+        start = fleet(intent, call.before, seen, call.res.generation)
+        if start is not None and not isinstance(start, Fleet):  # a pin counts against a GPUBudget too
+            labels = (call.body.get("metadata") or {}).get("labels") or {}
+            start = rt.budgets.pinned(call.res, labels, intent, start, seen, dt.datetime.now(dt.UTC), budget_ttl_s(rt))
         if isinstance(start, Fleet):
             podless = intent.scaling.mode == "auto" and rt.inventory is not None and not call.observed().pods
             obs, missing = await _observe(rt, call.res, intent.engine, intent.slo.percentile, start, podless)

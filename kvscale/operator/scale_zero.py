@@ -33,7 +33,7 @@ from typing import Any
 
 from kvscale.api.intent import Intent
 from kvscale.api.models import InferenceServiceStatus
-from kvscale.autoscaling.idle import idle_replicas
+from kvscale.autoscaling.idle import idle_replicas, wake_replicas
 from kvscale.autoscaling.observation import Observation
 from kvscale.metrics.promql import escape_label_value
 from kvscale.operator.reconcile import Event, Resource
@@ -139,7 +139,11 @@ def scale_zero(
         if active or memo.get("last_active_s") is None:
             memo["last_active_s"] = now_s
         idle_s = now_s - float(memo["last_active_s"])
-        target, why_idle = idle_replicas(decided, 0, idle_s, intent.scaling.idle_window_s, queue)
+        # A wake is sized by the queue and the arrival rate, not one replica: the policy sees no
+        # engine queue while no replica runs (issue 29: 50 waiting, one replica for 40 s).
+        drain_s = cold_start_s + intent.slo.ttft_s
+        wake = wake_replicas(queue or 0.0, rate, fleet_.plan.rate_per_replica, drain_s, intent.scaling.max_replicas)
+        target, why_idle = idle_replicas(decided, 0, idle_s, intent.scaling.idle_window_s, queue, wake, fleet_.ready)
         why = why_idle or done.decision.reason
         state = "at zero" if current == 0 else f"idle {_s(idle_s)}"
         message = (

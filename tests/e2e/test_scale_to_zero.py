@@ -3,7 +3,7 @@ kwok pods, a second stand-in serves the gateway's queue gauge (the endpoint pick
 inference_extension_flow_control_queue_size behind spec.routing.inferencePool, or the KEDA
 HTTP add-on interceptor's interceptor_pending_request_count behind spec.routing.kedaHttp), a
 real Prometheus scrapes both, and the operator releases the last replica after the idle
-window and brings one back when requests wait at the gateway."""
+window and brings replicas back, as many as the gateway's queue needs, when requests wait there."""
 
 from __future__ import annotations
 
@@ -118,17 +118,29 @@ def test_idle_window_releases_the_last_replica_and_the_gateway_queue_brings_one_
     # Nothing waits: it stays at zero.
     wait_until(lambda: "at zero" in condition(get(api, ns, NAME), "ScaleToZero").get("message", ""), 30, "at zero")
     assert replicas(api, ns) == 0
-    zero["queue"].set(3)  # three requests held at the gateway (the picker or the interceptor)
+    # Requests held at the gateway (the picker or the interceptor): far more than one replica
+    # drains within its cold start and TTFT target, so the wake starts maxReplicas (2) at once,
+    # not one (issue 29: 50 waiting woke one replica, which stayed alone for 40 s).
+    zero["queue"].set(5000)
+    woke: list[int] = []
+
+    def back() -> bool:
+        n = replicas(api, ns)
+        if n > 0 and not woke:
+            woke.append(n)
+        return n >= 1
+
     try:
-        wait_until(lambda: replicas(api, ns) >= 1, 60, "scaled back from zero")
+        wait_until(back, 60, "scaled back from zero")
     except TimeoutError as exc:
         raise AssertionError(f"{exc}: {get(api, ns, NAME).get('status')}\n{op.tail()}") from exc
+    assert woke == [2], f"the wake started {woke} replicas for 5000 requests waiting (maxReplicas 2)"
     # The Deployment is scaled before the tick's status patch lands: wait for the reason too.
 
     def reason() -> str:
         return str(get(api, ns, NAME)["status"].get("lastScaleReason", ""))
 
     try:
-        wait_until(lambda: "requests wait for a replica" in reason(), 20, "the scale-back reason in status")
+        wait_until(lambda: "requests wait for a replica: scaling back from zero to 2" in reason(), 20, "the reason")
     except TimeoutError as exc:
         raise AssertionError(f"{exc}: {reason()!r}\n{op.tail()}") from exc

@@ -1,6 +1,8 @@
 """The GPU budget allocator: hand-built cases and properties (never above a limit, equal to
 independent decisions without contention, priority order, floors first, no flapping)."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -299,3 +301,85 @@ def test_a_failed_attempt_to_make_room_leaves_the_floors_where_they_were() -> No
     ]
     a = allocate(budget, demands)
     assert all(g.replicas >= g.min_replicas for g in a.grants), [(g.name, g.gpu_type, g.replicas) for g in a.grants]
+
+
+def test_a_limit_cut_below_the_floors_keeps_them_in_priority_order_and_names_the_one_short() -> None:
+    a = allocate(
+        Budget("b", {H100: 2}),
+        [
+            d("low", (H100, 1, 3), priority=1, min_replicas=1),
+            d("top", (H100, 1, 3), priority=100, min_replicas=1),
+            d("mid", (H100, 1, 3), priority=50, min_replicas=1),
+        ],
+    )
+    assert [(g.name, g.replicas, g.floor_short, g.over_limit) for g in a.grants] == [
+        ("top", 1, 0, 0),
+        ("mid", 1, 0, 0),
+        ("low", 0, 1, 0),  # behind a gateway it may go to zero: its requests wait there
+    ]
+    assert a.used == {H100: 2}
+    assert "minReplicas 1 does not fit (1 short)" in a.grant("low").reason
+
+
+def test_a_service_without_a_gateway_keeps_one_replica_beyond_the_limit() -> None:
+    # Issue 29: a limit cut below the floors took a minReplicas 1 service behind a plain
+    # Service to zero. It keeps one, beyond the limit, and takes nothing from the others.
+    a = allocate(
+        Budget("b", {H100: 1}),
+        [
+            d("plain", (H100, 1, 3), priority=1, min_replicas=1, gateway=False),
+            d("top", (H100, 1, 3), priority=100, min_replicas=1),
+        ],
+    )
+    assert [(g.name, g.replicas, g.floor_short, g.over_limit) for g in a.grants] == [
+        ("top", 1, 0, 0),
+        ("plain", 1, 0, 1),
+    ]
+    assert a.used == {H100: 2}  # what runs, the replica beyond the limit included
+    assert "1 replica beyond the H100-SXM limit: no gateway holds its requests at zero" in a.grant("plain").reason
+    # minReplicas 0 and a limit of 0: still one.
+    alone = allocate(Budget("b", {H100: 0}), [d("plain", (H100, 1, 2), gateway=False)])
+    assert (alone.grant("plain").replicas, alone.grant("plain").over_limit) == (1, 1)
+    # Room within the limit: no replica beyond it.
+    roomy = allocate(Budget("b", {H100: 4}), [d("plain", (H100, 1, 2), gateway=False)])
+    assert (roomy.grant("plain").replicas, roomy.grant("plain").over_limit) == (2, 0)
+    # With a gateway the same service may be cut to zero.
+    gated = allocate(Budget("b", {H100: 0}), [d("gated", (H100, 1, 2))])
+    assert gated.grant("gated").replicas == 0
+
+
+@settings(max_examples=150)
+@given(scenarios(), st.lists(st.booleans(), min_size=6, max_size=6))
+def test_without_a_gateway_never_zero_and_beyond_a_limit_by_one_replica_at_most(
+    case: tuple[Budget, list[Demand]], gateways: list[bool]
+) -> None:
+    budget, demands = case
+    demands = [replace(x, gateway=gw) for x, gw in zip(demands, gateways, strict=False)]
+    a = allocate(budget, demands)
+    for x in demands:
+        g = a.grant(x.name)
+        if not x.gateway:
+            assert g.replicas >= 1
+        assert g.over_limit <= 1 and (g.over_limit == 0 or not x.gateway)
+        assert g.over_limit == 0 or g.replicas == 1  # beyond the limit only the one replica
+    # Less the replicas kept beyond it, every limit holds.
+    for gpu, limit in budget.limits.items():
+        within = sum((g.replicas - g.over_limit) * g.gpus_per_replica for g in a.grants if g.gpu_type == gpu)
+        assert within <= limit
+        assert a.used.get(gpu, 0) == sum(g.gpus for g in a.grants if g.gpu_type == gpu)
+
+
+def test_what_a_moved_floor_frees_goes_to_the_higher_priority_first() -> None:
+    # Found by test_priority_order: s4's floor sat on A100, so s6 (priority 2) got nothing there;
+    # s1 (priority 1) then moved s4 to L40S and took every A100 it freed, s6 still at 0.
+    a = allocate(
+        Budget("b", {L40S: 8, A100: 8}),
+        [
+            d("s1", (A100, 4, 2), (L40S, 2, 5), (H100, 1, 1), priority=1, min_replicas=1, current_gpu_type=L40S),
+            d("s4", (L40S, 4, 1), (A100, 4, 1), min_replicas=2),
+            d("s6", (A100, 1, 1), priority=2),
+        ],
+    )
+    assert (a.grant("s6").gpu_type, a.grant("s6").replicas) == (A100, 1)
+    assert (a.grant("s4").gpu_type, a.grant("s4").replicas) == (L40S, 2)
+    assert a.grant("s1").replicas >= 1 and a.used.get(A100, 0) <= 8

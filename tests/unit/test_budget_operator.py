@@ -92,9 +92,10 @@ def test_a_scale_up_stays_within_the_namespaces_limit_while_a_neighbour_still_ho
     # A lower priority in the same namespace still holds two replicas' GPUs (it shrinks at its own
     # tick); one in another namespace holds more, which the namespace's limit does not count.
     mine = book.entries["ns/chat"]
-    low = replace(mine.demand, name="ns/low", priority=-1, min_replicas=0)
+    # Both behind a gateway (minReplicas 0 lets them go to zero; without one they keep a replica).
+    low = replace(mine.demand, name="ns/low", priority=-1, min_replicas=0, gateway=True)
     book.entries["ns/low"] = Entry("b", low, "ns", "low", 2 * tp, gpu, NOW.timestamp())
-    far = replace(mine.demand, name="other/far", priority=-1, min_replicas=0, namespace="other")
+    far = replace(mine.demand, name="other/far", priority=-1, min_replicas=0, namespace="other", gateway=True)
     book.entries["other/far"] = Entry("b", far, "other", "far", 10 * tp, gpu, NOW.timestamp())
     _, governed, _ = _tick_under_load(book)
     assert governed.result.scale_to is None  # the namespace's limit is full now
@@ -140,12 +141,16 @@ def test_a_new_service_starts_with_what_the_budget_has_free_and_is_counted_at_on
     running = DeploymentView(plan.replicas, plan.replicas, gpu)
     assert cap_deploy(book, other, {}, intent, again, running, NOW) == again
     assert book.entries["ns/rag"] == recorded
-    # Without a budget, in recommend mode or pinned: unchanged.
+    # Without a budget: unchanged.
     assert cap_deploy(BudgetBook(), other, {}, intent, created, None, NOW) == created
+    # A pin (kubectl scale) is a want like any other: capped to what is free, and it says so.
     pinned = {**body, "scaling": {"replicas": 4, "maxReplicas": 10}}
-    assert cap_deploy(book, other, {}, parse_intent(pinned), deployed(pinned, other), None, NOW) == deployed(
-        pinned, other
-    )
+    held = cap_deploy(book, other, {}, parse_intent(pinned), deployed(pinned, other), None, NOW)
+    (workload,) = [o for o in held.apply if o["kind"] == "Deployment"]
+    assert workload["spec"]["replicas"] == 1
+    c = get_condition(held.status, CONDITION)
+    assert c is not None and (c.status, c.reason) == ("True", "PinHeldByBudget")
+    assert c.message.startswith("budget b: spec.scaling.replicas pins 4, starts with 1")
 
 
 def test_a_service_whose_type_is_full_moves_to_its_next_option_and_back() -> None:
@@ -234,6 +239,15 @@ def test_a_service_started_with_no_replicas_reads_as_none_and_waits_for_free_gpu
     )
     started = cap_deploy(book, RES, {}, parse_intent(SPEC), created, None, NOW)
     assert started.status.desired_replicas == 0
+    # Running behind a plain Service, a re-plan onto a full GPU type keeps one replica: nothing
+    # would hold its requests at zero (issue 29). Behind a gateway it may start with none.
+    elsewhere_running = DeploymentView(1, 1, "L4")
+    kept = cap_deploy(book, RES, {}, parse_intent(SPEC), created, elsewhere_running, NOW)
+    (workload,) = [o for o in kept.apply if o["kind"] == "Deployment"]
+    assert workload["spec"]["replicas"] == 1
+    gated = {**SPEC, "routing": {"kedaHttp": {}}}
+    started = cap_deploy(book, RES, {}, parse_intent(gated), deployed(gated), elsewhere_running, NOW)
+    assert started.status.desired_replicas == 0
     # Its Deployment at 0 replicas is 0, not the plan's count (a scale-"down" to its floor would
     # otherwise skip the check for free GPUs).
     start = fleet(parse_intent(SPEC), started.status, DeploymentView(0, 0, gpu))
@@ -294,3 +308,86 @@ def test_a_budget_naming_a_gpu_type_the_catalog_lacks_is_refused_with_the_names(
     message = unknown_types(spec, tuple(CAT.gpus))
     assert message.startswith("spec.limits names GPU type(s) H100 ") and "H100-SXM" in message
     assert unknown_types(parse_budget_spec({"limits": {"H100-SXM": 8}}), tuple(CAT.gpus)) == ""
+
+
+def test_a_limit_cut_below_the_floors_never_takes_a_service_behind_a_plain_service_to_zero() -> None:
+    # Issue 29: with the limit cut below the floors, a minReplicas 1 service behind a plain
+    # Service went to 0 replicas within 6 s. A higher priority holds the whole limit now.
+    body = {**SPEC, "scaling": {"minReplicas": 1, "maxReplicas": 6, "priority": 1}}
+    intent, status, start = _planned(body)
+    assert start.current == 1
+    gpu, tp = start.plan.gpu_type, start.plan.tensor_parallel
+    book = BudgetBook()
+    elsewhere = {a.gpu_type: 0 for a in start.plan.alternatives if a.gpu_type != gpu}
+    book.set_budget("b", parse_budget_spec({"limits": {gpu: tp, **elsewhere}}))
+    top = Demand("ns/top", (Option(gpu, tp, 1),), 100, 1, "ns", 0.0, gpu)
+    book.entries["ns/top"] = Entry("b", top, "ns", "top", tp, gpu, NOW.timestamp())
+    obs = _obs(0.5, start.ready)
+    done = tick(intent, RES, status, start, obs, None, ScalerMemory(), CAT, SETTINGS, NOW)
+    governed = govern(book, RES, {}, intent, status, start, obs, done, NOW, TTL)
+    assert governed.result.scale_to is None and governed.result.status.replicas != 0  # it keeps its replica
+    c = get_condition(governed.result.status, CONDITION)
+    assert c is not None and (c.status, c.reason) == ("True", "KeptBeyondLimit")
+    assert "no gateway holds its requests at zero" in c.message
+    # The budget's status says so; the top priority keeps its floor.
+    out = budget_status(book, "b", NOW.timestamp(), TTL, 1)
+    assert [(s["name"], s["replicas"]) for s in out["services"]] == [("top", 1), ("chat", 1)]
+    (floors,) = out["conditions"]
+    assert (floors["type"], floors["status"], floors["reason"]) == ("FloorsKept", "False", "KeptBeyondLimit")
+    assert "ns/chat (priority 1) 1 replica beyond the" in floors["message"]
+    # Behind a gateway the same cut may take it to zero, and both say which floor is not kept.
+    gated = {**body, "routing": {"kedaHttp": {}}}
+    intent, status, start = _planned(gated)
+    done = tick(intent, RES, status, start, obs, None, ScalerMemory(), CAT, SETTINGS, NOW)
+    governed = govern(book, RES, {}, intent, status, start, obs, done, NOW, TTL)
+    assert governed.result.scale_to == 0
+    c = get_condition(governed.result.status, CONDITION)
+    assert c is not None and (c.status, c.reason) == ("True", "FloorNotKept")
+    assert "minReplicas 1 does not fit (1 short)" in c.message
+    (floors,) = budget_status(book, "b", NOW.timestamp(), TTL, 1)["conditions"]
+    assert (floors["status"], floors["reason"]) == ("False", "FloorNotKept")
+    assert "ns/chat (priority 1) minReplicas 1, 1 short" in floors["message"]
+
+
+def test_a_pin_counts_against_the_budget_and_is_held_to_its_grant() -> None:
+    # Issue 29: with a limit of 1 L4, `kubectl scale --replicas=2` ran 2 L4 pods and the
+    # budget's status reported 0 allocated without listing the service.
+    from kvscale.api.intent import parse_intent
+    from kvscale.operator.reconcile import DeploymentView
+    from kvscale.operator.scaling import fleet
+    from tests.unit.test_reconcile import deployed
+
+    body = {**SPEC, "scaling": {"replicas": 2, "maxReplicas": 4}}
+    first = deployed(body)
+    plan = first.status.plan
+    assert plan is not None
+    gpu, tp = plan.gpu_type, plan.tensor_parallel
+    intent = parse_intent(body)
+    seen = DeploymentView(2, 2, gpu)
+    pinned = fleet(intent, first.status, seen)
+    assert isinstance(pinned, Result)
+    book = BudgetBook()
+    book.set_budget("b", parse_budget_spec({"limits": {gpu: tp}}))
+    out = book.pinned(RES, {}, intent, pinned, seen, NOW, TTL)
+    assert out.scale_to == 1
+    c = get_condition(out.status, CONDITION)
+    assert c is not None and (c.status, c.reason) == ("True", "PinHeldByBudget")
+    assert c.message.startswith("budget b: spec.scaling.replicas pins 2; wanted 2, got 1 on ")
+    assert c.message.endswith("the pin is held to 1")
+    assert [e.reason for e in out.events].count(CONDITION) == 1
+    status = budget_status(book, "b", NOW.timestamp(), TTL, 1)
+    assert status["allocated"] == {gpu: tp}
+    assert [(s["name"], s["replicas"], s["wanted"]) for s in status["services"]] == [("chat", 1, 2)]
+    # Held at 1, the next tick changes nothing and posts no second Event.
+    again = book.pinned(RES, {}, intent, pinned, DeploymentView(1, 1, gpu), NOW, TTL)
+    assert again.scale_to is None and CONDITION not in [e.reason for e in again.events]
+    # The budget grows: the pin runs whole, and the condition says it is within the budget.
+    book.set_budget("b", parse_budget_spec({"limits": {gpu: 4 * tp}}))
+    grown = book.pinned(RES, {}, intent, pinned, DeploymentView(1, 1, gpu), NOW, TTL)
+    assert grown.scale_to == 2
+    c = get_condition(grown.status, CONDITION)
+    assert c is not None and (c.status, c.reason) == ("False", "WithinBudget")
+    # Without a budget: unchanged, and a HeldByBudget condition from before goes.
+    assert BudgetBook().pinned(RES, {}, intent, pinned, seen, NOW, TTL) == pinned
+    gone = BudgetBook().pinned(RES, {}, intent, replace(pinned, status=grown.status), seen, NOW, TTL)
+    assert get_condition(gone.status, CONDITION) is None

@@ -137,3 +137,49 @@ def test_behind_the_keda_interceptor_it_releases_and_comes_back() -> None:
     back = run(KEDA, 0, None, 2.0, memo, NOW + dt.timedelta(minutes=4))
     assert back.result.scale_to == 1
     assert any("2 requests wait for a replica" in e.message for e in back.result.events)
+
+
+def test_a_wake_is_sized_by_the_queue_and_the_arrival_rate() -> None:
+    # Issue 29: 50 requests waiting at the gateway woke the service to one replica. A wake
+    # starts what the policy's backlog term asks: the arrival rate plus the queue drained
+    # within the cold start and the TTFT target, over what one replica carries.
+    from kvscale.autoscaling.idle import wake_replicas
+
+    assert wake_replicas(50, None, 1.0, 10.0, 20) == 5  # 50 / 10 s = 5 req/s over 1 req/s each
+    assert wake_replicas(50, 2.0, 1.0, 10.0, 20) == 7  # and 2 req/s arriving
+    assert wake_replicas(50, 2.0, 1.0, 10.0, 6) == 6  # within maxReplicas
+    assert wake_replicas(1, None, 1.0, 10.0, 20) == 1  # at least one, never zero
+    assert wake_replicas(50, None, 0.0, 10.0, 20) == 1  # capacity unknown: one
+    body = spec(scaling={"minReplicas": 0, "maxReplicas": 20, "idleWindow": "2m"}, routing={"inferencePool": {}})
+    plan = deployed(body).status.plan
+    assert plan is not None
+    drain_s = 95.0 + parse_intent(body).slo.ttft_s  # run() hands a 95 s cold start
+    queue = 3.5 * plan.rate_per_replica * drain_s  # 3.5 replicas' worth: 4
+    memo: dict[str, Any] = {"last_active_s": (NOW - dt.timedelta(hours=1)).timestamp()}
+    back = run(body, 0, None, queue, memo)
+    assert back.result.scale_to == 4 and back.decision.replicas == 4
+    assert any(
+        f"{queue:.0f} requests wait for a replica: scaling back from zero to 4" in e.message for e in back.result.events
+    )
+
+
+def test_while_the_woken_replicas_start_the_queue_keeps_the_wake_sized() -> None:
+    # One replica started (none ready yet: the policy sees no engine queue) with the queue
+    # still at the gateway: it grows to what the queue needs rather than sitting at one.
+    body = spec(scaling={"minReplicas": 0, "maxReplicas": 20, "idleWindow": "2m"}, routing={"inferencePool": {}})
+    first = deployed(body)
+    intent = parse_intent(body)
+    plan = first.status.plan
+    assert plan is not None
+    start = fleet(intent, first.status, DeploymentView(1, 0, plan.gpu_type))
+    assert isinstance(start, Fleet)
+    obs = Observation(time_s=NOW.timestamp(), ready_replicas=0, starting_replicas=1)
+    done = tick(intent, RES, first.status, start, obs, None, ScalerMemory(), CAT, SETTINGS, NOW)
+    queue = 2.5 * plan.rate_per_replica * (95.0 + intent.slo.ttft_s)
+    out = scale_zero(intent, RES, first.status, start, obs, queue, done, {}, 95.0, NOW)
+    assert out.result.scale_to == 3
+    # Once a replica is ready the policy sizes it from the engines' own queues.
+    ready = Fleet(1, 1, plan)
+    done = tick(intent, RES, first.status, ready, obs, None, ScalerMemory(), CAT, SETTINGS, NOW)
+    out = scale_zero(intent, RES, first.status, ready, obs, queue, done, {}, 95.0, NOW)
+    assert out.decision.replicas == done.decision.replicas
