@@ -138,7 +138,11 @@ def test_the_unschedulable_replan_keeps_the_load() -> None:
 
     status, seen = _running_on_a100(6)
     # The A100 pods never placed (say the nodes went): after the timeout kvscale drops A100.
-    stuck = EnginePod("chat-1", "A100-80GB", None, "Pending", NOW - dt.timedelta(seconds=600), False)
+    from tests.unit.test_reconcile import SHORT  # the scheduler's words for "no GPU free": the one cause that re-plans
+
+    stuck = EnginePod(
+        "chat-1", "A100-80GB", None, "Pending", NOW - dt.timedelta(seconds=600), False, unschedulable_message=SHORT
+    )
     waiting = replace(seen, ready_replicas=0)
     both = spec(hardware={"gpuTypes": ["A100-80GB", "H100-SXM"]})
     result = refresh(both, RES2, status, Observed(POOLS, waiting, (stuck,)), CAT, SETTINGS, NOW)
