@@ -136,19 +136,6 @@ class BudgetBook:
                 del self.entries[key]
         return [e for e in self.entries.values() if e.budget == budget]
 
-    def pinned(
-        self,
-        res: Resource,
-        labels: Mapping[str, str],
-        intent: Intent,
-        result: Result,
-        seen: DeploymentView | None,
-        now: dt.datetime,
-        ttl_s: float,
-    ) -> Result:
-        """A pinned service's tick under its budget (govern_pin)."""
-        return govern_pin(self, res, labels, intent, result, seen, now, ttl_s)
-
     def allocation(self, budget: str, now_s: float, ttl_s: float) -> Allocation:
         demands = [e.demand for e in self.members(budget, now_s, ttl_s)]
         result = allocate(budget_of(budget, self.specs[budget]), demands, self.previous.get(budget))

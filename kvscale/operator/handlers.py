@@ -42,7 +42,7 @@ from kvscale.metrics.observe import observe_batched, observe_workload_batched, t
 from kvscale.operator import children as owned
 from kvscale.operator import effects, inference_pool, telemetry
 from kvscale.operator.access import Access, RetryForever, budgets_watched
-from kvscale.operator.budget import BudgetBook, cap_deploy, govern, moved, moving_to
+from kvscale.operator.budget import BudgetBook, cap_deploy, govern, govern_pin, moved, moving_to
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
 from kvscale.operator.diffbase import DigestDiffBaseStorage
 from kvscale.operator.informers import Inventory
@@ -429,7 +429,9 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
         start = fleet(intent, call.before, seen, call.res.generation)
         if start is not None and not isinstance(start, Fleet):  # a pin counts against a GPUBudget too
             labels = (call.body.get("metadata") or {}).get("labels") or {}
-            start = rt.budgets.pinned(call.res, labels, intent, start, seen, dt.datetime.now(dt.UTC), budget_ttl_s(rt))
+            start = govern_pin(
+                rt.budgets, call.res, labels, intent, start, seen, dt.datetime.now(dt.UTC), budget_ttl_s(rt)
+            )
         if isinstance(start, Fleet):
             podless = intent.scaling.mode == "auto" and rt.inventory is not None and not call.observed().pods
             obs, missing = await _observe(rt, call.res, intent.engine, intent.slo.percentile, start, podless)

@@ -76,8 +76,9 @@ def test_a_deleted_child_is_recreated_and_status_says_so(
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\n{operator.tail()}") from exc
     assert owner_uids(read(name)) == [owner]
-    message = condition(get(api, namespace, name), "Children").get("message", "")
-    assert f"{kind} {namespace}/{name} (deleted outside kvscale)" in message
+    # The status is written after the child (a create, then its fields made kvscale's): polled.
+    said = f"{kind} {namespace}/{name} (deleted outside kvscale)"
+    wait_until(lambda: said in condition(get(api, namespace, name), "Children").get("message", ""), 30, said)
     wait_until(lambda: any(r == "ChildrenRestored" for r, _ in events(api, namespace, name)), 30, "an Event")
     wait_phase(api, namespace, name, "Ready", operator)
 

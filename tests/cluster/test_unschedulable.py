@@ -66,9 +66,17 @@ def blocker(name: str) -> dict[str, Any]:
     }
 
 
+def l4_free(api: client.ApiClient) -> bool:
+    """No pod holds an L4 node's GPU (pods of an earlier test's namespace go while it terminates:
+    until then the planner rightly counts their GPUs as taken)."""
+    pods = client.CoreV1Api(api).list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded").items
+    return not [p for p in pods if p.spec.node_name in L4_NODES and p.status.phase != "Failed"]
+
+
 def test_an_untolerated_taint_is_quoted_and_never_replans(
     operator: Operator, cluster: Cluster, api: client.ApiClient, namespace: str
 ) -> None:
+    wait_until(lambda: l4_free(api), 120, "the L4 nodes free of earlier tests' pods", interval_s=1.0)
     for node in L4_NODES:
         cluster.kubectl("taint", "nodes", node, "maintenance=true:NoSchedule", "--overwrite")
     try:

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from kvscale.api.budget import parse_budget_spec
 from kvscale.autoscaling.budget import Demand, Option
-from kvscale.operator.budget import CONDITION, BudgetBook, Entry, budget_status, govern
+from kvscale.operator.budget import CONDITION, BudgetBook, Entry, budget_status, govern, govern_pin
 from kvscale.operator.reconcile import Resource, Result
 from kvscale.operator.scaling import ScalerMemory, tick
 from kvscale.operator.status import get_condition
@@ -368,7 +368,7 @@ def test_a_pin_counts_against_the_budget_and_is_held_to_its_grant() -> None:
     assert isinstance(pinned, Result)
     book = BudgetBook()
     book.set_budget("b", parse_budget_spec({"limits": {gpu: tp}}))
-    out = book.pinned(RES, {}, intent, pinned, seen, NOW, TTL)
+    out = govern_pin(book, RES, {}, intent, pinned, seen, NOW, TTL)
     assert out.scale_to == 1
     c = get_condition(out.status, CONDITION)
     assert c is not None and (c.status, c.reason) == ("True", "PinHeldByBudget")
@@ -379,15 +379,15 @@ def test_a_pin_counts_against_the_budget_and_is_held_to_its_grant() -> None:
     assert status["allocated"] == {gpu: tp}
     assert [(s["name"], s["replicas"], s["wanted"]) for s in status["services"]] == [("chat", 1, 2)]
     # Held at 1, the next tick changes nothing and posts no second Event.
-    again = book.pinned(RES, {}, intent, pinned, DeploymentView(1, 1, gpu), NOW, TTL)
+    again = govern_pin(book, RES, {}, intent, pinned, DeploymentView(1, 1, gpu), NOW, TTL)
     assert again.scale_to is None and CONDITION not in [e.reason for e in again.events]
     # The budget grows: the pin runs whole, and the condition says it is within the budget.
     book.set_budget("b", parse_budget_spec({"limits": {gpu: 4 * tp}}))
-    grown = book.pinned(RES, {}, intent, pinned, DeploymentView(1, 1, gpu), NOW, TTL)
+    grown = govern_pin(book, RES, {}, intent, pinned, DeploymentView(1, 1, gpu), NOW, TTL)
     assert grown.scale_to == 2
     c = get_condition(grown.status, CONDITION)
     assert c is not None and (c.status, c.reason) == ("False", "WithinBudget")
     # Without a budget: unchanged, and a HeldByBudget condition from before goes.
-    assert BudgetBook().pinned(RES, {}, intent, pinned, seen, NOW, TTL) == pinned
-    gone = BudgetBook().pinned(RES, {}, intent, replace(pinned, status=grown.status), seen, NOW, TTL)
+    assert govern_pin(BudgetBook(), RES, {}, intent, pinned, seen, NOW, TTL) == pinned
+    gone = govern_pin(BudgetBook(), RES, {}, intent, replace(pinned, status=grown.status), seen, NOW, TTL)
     assert get_condition(gone.status, CONDITION) is None
