@@ -49,6 +49,7 @@ from kvscale.operator.informers import Inventory
 from kvscale.operator.inventory import pools
 from kvscale.operator.k8s import Kube
 from kvscale.operator.reconcile import (
+    DeploymentView,
     Observed,
     PoolView,
     Resource,
@@ -417,6 +418,12 @@ def refusals(rt: Runtime, call: Call, result: Result | None, now: dt.datetime) -
     return replace(result, status=new, events=(*result.events, *events))
 
 
+def _pin_under_budget(rt: Runtime, call: Call, intent: Intent, pinned: Result, seen: DeploymentView | None) -> Result:
+    """A pinned service's tick held to its GPUBudget's grant (kvscale.operator.budget.govern_pin)."""
+    labels = (call.body.get("metadata") or {}).get("labels") or {}
+    return govern_pin(rt.budgets, call.res, labels, intent, pinned, seen, dt.datetime.now(dt.UTC), budget_ttl_s(rt))
+
+
 async def scale_tick(rt: Runtime, call: Call) -> None:
     """Observe (async, within the deadline), ask the policy, scale (mode auto) or only
     recommend. The tick's wall time is measured (kvscale_tick_duration_seconds)."""
@@ -428,10 +435,7 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
         seen = call.observed().workload(multi_node(call.before))
         start = fleet(intent, call.before, seen, call.res.generation)
         if start is not None and not isinstance(start, Fleet):  # a pin counts against a GPUBudget too
-            labels = (call.body.get("metadata") or {}).get("labels") or {}
-            start = govern_pin(
-                rt.budgets, call.res, labels, intent, start, seen, dt.datetime.now(dt.UTC), budget_ttl_s(rt)
-            )
+            start = _pin_under_budget(rt, call, intent, start, seen)
         if isinstance(start, Fleet):
             podless = intent.scaling.mode == "auto" and rt.inventory is not None and not call.observed().pods
             obs, missing = await _observe(rt, call.res, intent.engine, intent.slo.percentile, start, podless)
