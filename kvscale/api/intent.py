@@ -213,7 +213,7 @@ def plan_request(
         engine=intent.engine,
         data_parallel_attention=intent.spec.hardware.data_parallel_attention,
         # Behind an InferencePool the endpoint picker routes to the least-loaded pods, as the
-        # autoscaler's capacity model takes it (kvscale.operator.scaling.capacity).
+        # autoscaler's capacity model takes it (kvscale.control.scaling.capacity).
         least_loaded=intent.spec.routing.inference_pool is not None,
         knobs=RESOURCE_KNOBS,  # the operator's conditions name the resource's fields, not the CLI's flags
         max_itl_s=intent.max_itl_s,

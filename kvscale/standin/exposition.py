@@ -30,7 +30,7 @@ from kvscale.standin.fleet import PodFleet, PodStats
 ENGINE_INDEX = "0"  # vLLM's `engine` label: the engine core's index within the server
 
 
-ENGINE_CONTAINER, ENGINE_PORT_NAME = "engine", "http"  # as kvscale.operator.resources names them
+ENGINE_CONTAINER, ENGINE_PORT_NAME = "engine", "http"  # as kvscale.control.resources names them
 
 
 class EngineCollector(Collector):

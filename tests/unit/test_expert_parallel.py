@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from kvscale.api.intent import parse_intent, serving_config
-from kvscale.operator.inventory import gpu_inventory
-from kvscale.operator.planning import Planned, plan_service
-from kvscale.operator.resources import deployment
-from kvscale.operator.status import plan_status
+from kvscale.control.inventory import gpu_inventory
+from kvscale.control.planning import Planned, plan_service
+from kvscale.control.resources import deployment
+from kvscale.control.status import plan_status
 from kvscale.sizing.catalog import ModelArch, default_catalog
 from kvscale.sizing.checkpoints import resolve_checkpoint
 from kvscale.sizing.config import ServingConfig
@@ -399,8 +399,8 @@ def test_the_operator_deploys_data_parallel_attention_when_the_spec_allows_it() 
 
 def test_data_parallel_attention_across_two_nodes_runs_as_a_leader_worker_set() -> None:
     from kvscale.api import labels
-    from kvscale.operator import leader_worker_set as lws
-    from kvscale.operator.inventory import GpuPool
+    from kvscale.control import leader_worker_set as lws
+    from kvscale.control.inventory import GpuPool
     from kvscale.sizing.engine_args import plan_launch
 
     h100 = CAT.gpu("H100-SXM")

@@ -10,7 +10,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from kvscale.cli import app
-from kvscale.operator.reconcile import GATEWAY_CONDITION, Observed, reconcile
+from kvscale.control.reconcile import GATEWAY_CONDITION, Observed, reconcile
 from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.routing_advice import gateway_advice
 from kvscale.sizing.workload import Slo, Workload

@@ -16,9 +16,9 @@ from kvscale.api.crd import crd
 from kvscale.api.intent import parse_intent, plan_request
 from kvscale.cli import app
 from kvscale.cli.status import status_lines
-from kvscale.operator.inventory import GpuPool
-from kvscale.operator.planning import Planned
-from kvscale.operator.status import plan_status
+from kvscale.control.inventory import GpuPool
+from kvscale.control.planning import Planned
+from kvscale.control.status import plan_status
 from kvscale.sim.policies import StaticPolicy
 from kvscale.sim.report import summary
 from kvscale.sim.run import SimSetup, Source, simulate

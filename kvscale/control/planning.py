@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from kvscale.api.intent import Intent, SpecError, allowed_gpus, plan_request, resolve_model, weight_precision
-from kvscale.operator.inventory import GpuPool
+from kvscale.control.inventory import GpuPool
 from kvscale.sizing.catalog import Catalog, ModelArch
 from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint, substitution
 from kvscale.sizing.config import ServingConfig

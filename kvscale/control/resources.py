@@ -10,10 +10,10 @@ from typing import Any
 
 from kvscale.api import LABEL_OWNER_UID, MANAGED_BY, labels, selector
 from kvscale.api.models import InferenceServiceSpec
-from kvscale.operator.inventory import GpuPool
-from kvscale.operator.labels import serving_labels
-from kvscale.operator.pod_policy import DEFAULT_POLICY, NotAllowed, PodPolicy, host_path_problem, normal_path
-from kvscale.operator.pod_policy import check as policy_check
+from kvscale.control.inventory import GpuPool
+from kvscale.control.labels import serving_labels
+from kvscale.control.pod_policy import DEFAULT_POLICY, NotAllowed, PodPolicy, host_path_problem, normal_path
+from kvscale.control.pod_policy import check as policy_check
 from kvscale.sizing.catalog import EngineProfile, GpuSpec, ModelArch
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.engine_args import PlannedLaunch, plan_launch, requested_source
