@@ -46,11 +46,11 @@ from kvscale.control.status import (
     without_condition,
 )
 from kvscale.control.unschedulable import Diagnosis, diagnose
+from kvscale.engines.args import PlannedLaunch
+from kvscale.planner.search import DEFAULT_HEADROOM
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.checkpoints import CheckpointError
 from kvscale.sizing.context_limit import ContextLimitError
-from kvscale.sizing.engine_args import PlannedLaunch
-from kvscale.sizing.planner import DEFAULT_HEADROOM
 from kvscale.sizing.workload import Workload
 
 CHILD_KINDS = ("Service", "PodDisruptionBudget", "Deployment")  # the Deployment last: never without its Service

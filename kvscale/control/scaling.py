@@ -21,10 +21,10 @@ from kvscale.control.inventory import EnginePod
 from kvscale.control.reconcile import DeploymentView, Event, Resource, Result, rolling_out, workload_kind
 from kvscale.control.settings import Settings
 from kvscale.control.status import condition, now_rfc3339, observed_status, planned_workload, steady, with_conditions
+from kvscale.engines.args import requested_source
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.checkpoints import CheckpointError, replica_cold_start
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import requested_source
 from kvscale.sizing.units import format_duration, parse_duration_s
 
 

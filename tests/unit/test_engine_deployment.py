@@ -21,6 +21,7 @@ from kvscale.control.planning import Planned, Unplanned, plan_service
 from kvscale.control.pod_policy import DEFAULT_POLICY, PodPolicy
 from kvscale.control.resources import EngineImageError, deployment, engine_image, planned_launch
 from kvscale.control.status import plan_status
+from kvscale.engines.args import engine_command, launch_for
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.checkpoints import (
     CheckpointError,
@@ -34,7 +35,6 @@ from kvscale.sizing.checkpoints import (
 )
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context, context_limit
-from kvscale.sizing.engine_args import engine_command, launch_for
 from tests.cluster.harness import node_objects
 
 CAT = default_catalog()

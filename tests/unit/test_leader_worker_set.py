@@ -15,9 +15,9 @@ from kvscale.control import leader_worker_set as lws
 from kvscale.control.inventory import GpuPool
 from kvscale.control.resources import EngineImageError, service
 from kvscale.control.settings import parse_tolerations
+from kvscale.engines.args import PlannedLaunch, plan_launch
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import PlannedLaunch, plan_launch
 
 CAT = default_catalog()
 H100 = CAT.gpu("H100-SXM")

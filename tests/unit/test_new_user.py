@@ -277,8 +277,8 @@ def test_operator_metrics_port_is_not_prometheus_own() -> None:
 
 def test_status_keeps_the_closest_few_rejections() -> None:
     from kvscale.control.status import MAX_REJECTED, closest_rejected
+    from kvscale.planner.search import PlanRequest, plan
     from kvscale.sizing.catalog import default_catalog
-    from kvscale.sizing.planner import PlanRequest, plan
     from kvscale.sizing.workload import Slo, Workload
 
     cat = default_catalog()

@@ -43,9 +43,9 @@ from kvscale.control.resources import (
 )
 from kvscale.control.settings import Settings, SettingsError
 from kvscale.control.status import get_condition
+from kvscale.engines.args import plan_launch
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import plan_launch
 from tests.cluster.harness import node_objects
 
 CAT = default_catalog()
