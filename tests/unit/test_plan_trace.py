@@ -82,9 +82,9 @@ def test_a_missed_check_adds_replicas_until_the_target() -> None:
     chosen = plan(CAT, request).chosen
     assert chosen is not None
     check = check_plan(chosen, request.slo, sample(trace, 3.0))
-    assert check.planned_attainment < 0.99
-    assert check.replicas > check.planned_replicas
-    assert check.attainment >= check.planned_attainment
+    assert check.analytic_attainment < 0.99
+    assert check.replicas > check.analytic_replicas
+    assert check.attainment >= check.analytic_attainment
 
 
 def test_the_check_finds_the_fewest_replicas_that_reach_the_target() -> None:
@@ -108,7 +108,7 @@ def test_the_check_finds_the_fewest_replicas_that_reach_the_target() -> None:
     check = check_plan(chosen, request.slo, replay, routing="gateway")
     assert check.met and check.attainment >= 0.99
     fewer = replace(chosen, prediction=replace(chosen.prediction, replicas=check.replicas - 1))
-    assert check_plan(fewer, request.slo, replay, routing="gateway").planned_attainment < 0.99
+    assert check_plan(fewer, request.slo, replay, routing="gateway").analytic_attainment < 0.99
 
 
 def test_behind_a_gateway_long_prompts_need_fewer_replicas_and_the_check_replays_that_routing(
