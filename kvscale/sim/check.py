@@ -104,9 +104,9 @@ def search_replicas(
             if at(nxt) >= target:
                 hi, met = nxt, True
                 break
-            closed = at(nxt) - at(lo)
+            gap, closed = target - at(lo), at(nxt) - at(lo)
             lo = nxt
-            if closed < PLATEAU * (target - seen[analytic]) and nxt >= 2 * analytic:
+            if closed < PLATEAU * gap:
                 break
         if not met:
             best = max(seen.values())
@@ -188,11 +188,17 @@ def why(check: SimulatedSizing) -> str:
     a, n = check.analytic_replicas, check.replicas
     pct = f"{check.target:.0%}" if check.target * 100 == round(check.target * 100) else f"{check.target:.1%}"
     if not check.met:
+        most = max(k for k, _ in check.tried)
+        stop = (
+            f"the search stops at {MAX_UP}x the analytic count"
+            if most >= MAX_UP * a
+            else "more replicas stopped helping"
+        )
         return (
-            f"no fleet up to {max(k for k, _ in check.tried)} replica(s) meets the target in the simulator: "
-            f"the closest, {n}, reaches {check.attainment:.2%} of {pct}; more replicas stop helping, so the "
-            "misses are not queueing (prompts whose own prefill exceeds the TTFT target, or decode steps "
-            "stretched by other prompts' chunks wherever they land)"
+            f"no fleet up to {most} replica(s) meets the target in the simulator: the closest, {n}, reaches "
+            f"{check.attainment:.2%} of {pct}; {stop}: the misses are mostly not queueing (prompts whose own "
+            "prefill exceeds the TTFT target, short outputs stretched by another prompt's chunks wherever "
+            "they land)"
         )
     if n < a:
         return (

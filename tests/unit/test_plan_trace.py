@@ -46,8 +46,10 @@ def test_plan_from_a_trace_says_what_it_fitted_and_checks_itself(tmp_path: Path)
     assert "index of dispersion" in fitted and "busiest minute" in fitted and "prefix-cache" in fitted
     assert 500 < out["workload"]["input_tokens"] < 900  # uniform 200..1200: mean 700
     check = out["check"]
-    assert check["requests"] > 100 and check["planned_replicas"] == out["chosen"]["replicas"]
-    assert 0.0 <= check["planned_attainment"] <= 1.0
+    # The check sizes the plan: the chosen replicas are the simulator's, the model's beside them.
+    assert check["requests"] > 100 and check["replicas"] == out["chosen"]["replicas"]
+    assert check["analytic_replicas"] == out["chosen"]["analytic_replicas"]
+    assert 0.0 <= check["analytic_attainment"] <= 1.0
     assert check["met"] == (check["attainment"] >= 0.99)
     human = runner.invoke(app, [*args, "--trace", str(trace)])
     assert human.exit_code == 0 and "simulated check" in human.stdout and "Workload fitted" in human.stdout
