@@ -26,7 +26,7 @@ OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_CAP = 190.0, 1.1, 4096
 
 def rows() -> list[tuple[float, int, int]]:
     rng = random.Random(SEED)
-    t, out = 0.0, []
+    t, out = 0.0, list[tuple[float, int, int]]()
     while True:
         t += rng.expovariate(RATE_PER_S)
         if t >= SPAN_S:

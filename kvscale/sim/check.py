@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
 
-from kvscale.sim.engine import StepTimes
+from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.policies import StaticPolicy
 from kvscale.sim.report import attainment
-from kvscale.sim.run import SimRequest, SimSetup, Source, simulate
+from kvscale.sim.run import SimSetup, Source, simulate
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.planner import Feasible, Plan, SimulatedSizing, with_check
 from kvscale.sizing.workload import Slo
