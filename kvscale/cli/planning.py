@@ -260,18 +260,10 @@ def plan_cmd(
             console.print("[bold]Workload fitted from the trace[/]")
             for line in fitted.fit.describe():
                 console.print(f"  {line}")
-        _render_plan(result, [*command, *args] if args else None, show, launch, fp8, gateway)
+        checked = describe_check(check, slo) if check is not None else []
+        _render_plan(result, [*command, *args] if args else None, show, launch, fp8, gateway, checked)
         if needs_source and result.chosen is not None:
             console.print(f"  engine: {NEEDS_SOURCE}", highlight=False, soft_wrap=True)
-        if check is not None:
-            for line in describe_check(check, slo):
-                console.print(f"  {line}", highlight=False, soft_wrap=True)
-        if not result.feasible and result.chosen is not None:
-            console.print(
-                "[bold red]Infeasible:[/] no fleet meets the SLO in the simulated check. It would be met with:"
-            )
-            for line in result.suggestions:
-                console.print(f"  - {line}", highlight=False, soft_wrap=True)
     if not result.feasible:
         raise typer.Exit(EXIT_INFEASIBLE)
 
@@ -437,7 +429,10 @@ def _render_plan(
     launch: PlannedLaunch | None,
     fp8: dict[str, Any] | None = None,
     gateway: GatewayAdvice | None = None,
+    checked: list[str] | None = None,
 ) -> None:
+    """The plan as a table; `checked`: the simulated check's lines (printed under the plan)."""
+    checked = checked or []
     r = result.request
     console.print(
         f"[bold]{r.model.name}[/]: {people_rate(r.workload.requests_per_s)} req/s, {r.workload.input_tokens} in / "
@@ -493,6 +488,14 @@ def _render_plan(
         if gateway is not None:
             message = gateway.message("plan with --routing gateway and deploy behind an InferencePool")
             console.print(f"  gateway beside it: {message}", highlight=False, soft_wrap=True)
+        for line in checked:
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
+        if not result.feasible:
+            console.print(
+                "[bold red]Infeasible:[/] no fleet meets the SLO in the simulated check. It would be met with:"
+            )
+            for line in result.suggestions:
+                console.print(f"  - {line}", highlight=False, soft_wrap=True)
     else:
         console.print("\n[bold red]No candidate meets the SLO.[/] Closest:")
         for line in result.suggestions:
