@@ -162,8 +162,11 @@ def main() -> None:
         for scale in args.scales.split(",")
         for routing in args.routings.split(",")
     ]
+    rows = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        rows = list(pool.map(run_row, *zip(*units, strict=True)))
+        for row in pool.map(run_row, *zip(*units, strict=True)):
+            rows.append(row)
+            print(json.dumps(row), flush=True)  # each row as it lands: a long run leaves its part
     table = Table(title=f"plan --trace against peak (the cheapest fixed fleet meeting the SLO); aim <= {AIM}x")
     for col in (
         "case",
