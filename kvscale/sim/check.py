@@ -100,13 +100,15 @@ def search_replicas(
     else:
         lo, top, met = analytic, analytic * MAX_UP, False
         while lo < top:
-            nxt = min(top, max(lo + 1, min(2 * lo, guess(lo))))
+            nxt = min(top, max(lo + 1, min(2 * lo, guess(lo) if lo == analytic else 2 * lo)))
             if at(nxt) >= target:
                 hi, met = nxt, True
                 break
-            gap, closed = target - at(lo), at(nxt) - at(lo)
+            gap, closed, doubled = target - at(lo), at(nxt) - at(lo), nxt >= 2 * lo
             lo = nxt
-            if closed < PLATEAU * gap:
+            # Only a doubling judges a plateau: a step of a few replicas is within the
+            # replay's noise (one request is 0.05% of a 2,000-request sample).
+            if doubled and closed < PLATEAU * gap:
                 break
         if not met:
             best = max(seen.values())

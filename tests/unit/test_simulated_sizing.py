@@ -54,6 +54,11 @@ def test_the_search_goes_below_and_above_the_analytic_count() -> None:
         assert met and attain(n) >= 0.99
         assert n <= 50 * (1 + sim_check.TOLERANCE) + 1, (analytic, n, seen)
         assert len(seen) <= 8  # a few replays, not a sweep
+    # A first step up of a few replicas that the replay's noise leaves no better is no
+    # plateau: only a doubling that closes too little of the gap ends the search.
+    noisy = {17: 0.9893, 19: 0.9890, 38: 0.9951}
+    n, met = search_replicas(lambda k: noisy.get(k, 0.9951 if k > 19 else 0.9890), 17, 0.99)
+    assert met and 19 < n <= 38
     # The search stays cheap: it looks no further than MAX_UP times the analytic count, and
     # then names the closest fleet it saw.
     n, met = search_replicas(attain, 3, 0.99)
