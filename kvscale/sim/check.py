@@ -59,9 +59,11 @@ def search_replicas(
     target: float,
     seen: dict[int, float] | None = None,
     meets: Callable[[int], bool] | None = None,
+    most: int | None = None,
 ) -> tuple[int, bool]:
     """The fewest replicas whose attainment (`attain(n)`) reaches `target`, searched from the
-    analytic count both ways, and whether one does. When none up to MAX_UP x analytic does,
+    analytic count both ways, and whether one does. When none up to MAX_UP x analytic (or
+    `most`, a limit such as --max-replicas or the free GPUs, when lower) does,
     the closest fleet: the fewest reaching the best attainment seen. `seen` collects every
     count whose attainment was measured; `meets(n)` (default: attain(n) >= target) answers
     only whether n meets, which may cost less (a replay stopped at its first miss too many).
@@ -98,7 +100,8 @@ def search_replicas(
                 break
             hi = probe
     else:
-        lo, top, met = analytic, analytic * MAX_UP, False
+        lo, met = analytic, False
+        top = analytic * MAX_UP if most is None else max(analytic, min(most, analytic * MAX_UP))
         while lo < top:
             nxt = min(top, max(lo + 1, min(2 * lo, guess(lo) if lo == analytic else 2 * lo)))
             if at(nxt) >= target:
@@ -141,7 +144,9 @@ class _Counting(Source):
                 raise _TooManyMisses
 
 
-def check_plan(chosen: Feasible, slo: Slo, replay: list[TraceRequest], routing: Routing = "service") -> SimulatedSizing:
+def check_plan(
+    chosen: Feasible, slo: Slo, replay: list[TraceRequest], routing: Routing = "service", most: int | None = None
+) -> SimulatedSizing:
     """Replays `replay` on the chosen configuration with fixed fleets of warm replicas and
     returns the fewest that meet the SLO percentile (search_replicas), beside the analytic
     count and its attainment, with why the two differ."""
@@ -166,7 +171,7 @@ def check_plan(chosen: Feasible, slo: Slo, replay: list[TraceRequest], routing: 
         runs[n] = attainment(result, slo)  # replayed in full: its attainment is known
         return runs[n] >= target
 
-    replicas, met = search_replicas(attain, analytic, target, runs, meets)
+    replicas, met = search_replicas(attain, analytic, target, runs, meets, most)
     if replicas not in runs:
         runs[replicas] = attain(replicas)
     span = replay[-1].arrival_s - replay[0].arrival_s if replay else 0.0
@@ -182,20 +187,22 @@ def check_plan(chosen: Feasible, slo: Slo, replay: list[TraceRequest], routing: 
         routing=routing,
         tried=tuple(runs.items()),
     )
-    return replace(check, why=why(check))
+    return replace(check, why=why(check, most))
 
 
-def why(check: SimulatedSizing) -> str:
-    """Why the simulator's count differs from the model's, in a sentence ("" when equal)."""
+def why(check: SimulatedSizing, limit: int | None = None) -> str:
+    """Why the simulator's count differs from the model's, in a sentence ("" when equal);
+    `limit`: the most replicas the request allows (--max-replicas, the free GPUs)."""
     a, n = check.analytic_replicas, check.replicas
     pct = f"{check.target:.0%}" if check.target * 100 == round(check.target * 100) else f"{check.target:.1%}"
     if not check.met:
         most = max(k for k, _ in check.tried)
-        stop = (
-            f"the search stops at {MAX_UP}x the analytic count"
-            if most >= MAX_UP * a
-            else "more replicas stopped helping"
-        )
+        if limit is not None and most >= limit and limit < MAX_UP * a:
+            stop = f"the request allows at most {limit} (the replica limit or the free GPUs)"
+        elif most >= MAX_UP * a:
+            stop = f"the search stops at {MAX_UP}x the analytic count"
+        else:
+            stop = "more replicas stopped helping"
         return (
             f"no fleet up to {most} replica(s) meets the target in the simulator: the closest, {n}, reaches "
             f"{check.attainment:.2%} of {pct}; {stop}: the misses are mostly not queueing (prompts whose own "
@@ -225,7 +232,11 @@ def check_and_size(planned: Plan, replay: list[TraceRequest], routing: Routing =
     if chosen is None or not replay:
         return planned
     slo = planned.request.slo
-    check = check_plan(chosen, slo, replay, routing)
+    request = planned.request
+    limits = [request.max_replicas] if request.max_replicas is not None else []
+    if request.gpu_limits is not None:  # the free GPUs of the chosen type, in whole replicas
+        limits.append(request.gpu_limits.get(chosen.gpu, 0) // chosen.config.gpus)
+    check = check_plan(chosen, slo, replay, routing, min(limits) if limits else None)
     if check.met:
         return with_check(planned, check)
     return with_check(planned, check, _feasible_if(planned, chosen, check, replay, routing))

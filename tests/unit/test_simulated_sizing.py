@@ -150,3 +150,31 @@ def test_a_check_no_fleet_passes_is_infeasible_with_the_closest_fleet() -> None:
     assert human.exit_code == 1
     text = " ".join(human.stdout.split())
     assert "Closest fleet (infeasible)" in text and "It would be met with" in text
+
+
+def test_the_search_above_stays_within_the_replica_limit() -> None:
+    # Batches behind a gateway that need more replicas than the analytic count, under --max-replicas
+    # equal to that count: no fleet within the limit meets the SLO, so the plan is infeasible
+    # (it never deploys past the limit), and its reason names the limit.
+    rng = random.Random(4)
+    trace = []
+    for k in range(30):
+        start = k * 10.0 + rng.uniform(0, 5)
+        trace += [TraceRequest(start + rng.uniform(0, 1), 800, 20) for _ in range(30)]
+    trace.sort(key=lambda r: r.arrival_s)
+    base = PlanRequest(
+        model=CAT.model("llama-3.1-8b"),
+        workload=Workload(800, 20, 3.0),
+        slo=Slo(1.5, 0.08, 99.0),
+        gpus=("L4",),
+        tensor_parallel=(1,),
+        headroom=0.0,
+    )
+    free = check_and_size(plan(CAT, base), sample(trace, 3.0), routing="gateway")
+    assert free.chosen is not None and free.chosen.check is not None and free.feasible
+    analytic = free.chosen.check.analytic_replicas
+    assert free.chosen.prediction.replicas > analytic  # without a limit the search adds replicas
+    limited = check_and_size(plan(CAT, replace(base, max_replicas=analytic)), sample(trace, 3.0), routing="gateway")
+    assert limited.chosen is not None and limited.chosen.check is not None
+    assert not limited.feasible and limited.chosen.prediction.replicas <= analytic
+    assert "at most" in limited.chosen.check.why
