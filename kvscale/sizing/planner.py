@@ -136,7 +136,9 @@ class SimulatedSizing:
     requests: int  # the sample's size
     span_s: float
     routing: Literal["service", "gateway"] = "service"
-    tried: tuple[tuple[int, float], ...] = ()  # (replicas, attainment) of every run, in order
+    # (replicas, attainment) of every replay run in full, in order (one stopped at its first
+    # miss beyond the allowance is not listed: it only said no)
+    tried: tuple[tuple[int, float], ...] = ()
     why: str = ""  # why the counts differ, in a sentence ("" when they agree)
 
     @property
