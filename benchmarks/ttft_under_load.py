@@ -4,9 +4,9 @@
 
 Split: the only thing chosen on data is the tensorrt-llm profile's scheduler behaviour (whole
 prompts, prefill steps that the running decodes wait out: two booleans), chosen on the Llama-3
-8B rows; the 70B rows are held out (nothing is fitted on them). `--scheduler vllm-style` runs
-the profile with vLLM's behaviour instead (chunked, decodes advancing in prefill steps), which
-is what the simulator did before.
+8B rows among the four that `--scheduler` names; the 70B rows are held out (nothing is fitted
+on them). `--scheduler vllm-style` (chunked, decodes advancing in prefill steps) is what the
+simulator did for every engine before.
 
 Aim (issue 26): mean TTFT |error| median <= 15%, p90 <= 40%.
 Run: PYTHONPATH=. .venv/bin/python benchmarks/ttft_under_load.py [--scheduler vllm-style] [--rows]
@@ -31,11 +31,22 @@ ENGINE = "tensorrt-llm"
 TRAIN_MODEL = "llama-3.1-8b"  # the scheduler choice was made on these rows; the 70B rows are held out
 
 
+# The four scheduler behaviours the choice was made among: (chunked_prefill, decodes_during_prefill).
+SCHEDULERS = {
+    "vllm-style": (True, True),
+    "whole-mixed": (False, True),
+    "chunked-separate": (True, False),
+    "whole-separate": (False, False),
+}
+
+
 def _catalog(scheduler: str) -> Catalog:
     catalog = default_catalog()
     if scheduler == "profile":
         return catalog
-    engine = catalog.engines[ENGINE].model_copy(update={"chunked_prefill": True, "decodes_during_prefill": True})
+    chunked, mixed = SCHEDULERS[scheduler]
+    update = {"chunked_prefill": chunked, "decodes_during_prefill": mixed}
+    engine = catalog.engines[ENGINE].model_copy(update=update)
     return catalog.model_copy(update={"engines": {**catalog.engines, ENGINE: engine}})
 
 
@@ -69,7 +80,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scheduler", choices=("profile", "vllm-style"), default="profile")
+    parser.add_argument("--scheduler", choices=("profile", *SCHEDULERS), default="profile")
     parser.add_argument("--rows", action="store_true", help="print every point")
     args = parser.parse_args()
     catalog = _catalog(args.scheduler)
