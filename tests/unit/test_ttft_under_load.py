@@ -26,7 +26,9 @@ def _catalog(engine: str, **update: bool) -> Catalog:
     return CAT.model_copy(update={"engines": {**CAT.engines, engine: profile}})
 
 
-def config(engine: str = "vllm", model: str = "llama-3.1-8b", gpu: str = "A100-80GB", tp: int = 1, **update: bool):
+def config(
+    engine: str = "vllm", model: str = "llama-3.1-8b", gpu: str = "A100-80GB", tp: int = 1, **update: bool
+) -> ServingConfig:
     catalog = _catalog(engine, **update) if update else CAT
     return ServingConfig.build(catalog, catalog.model(model), catalog.gpu(gpu), "bf16", tp, "auto", engine)
 
