@@ -94,7 +94,8 @@ def main() -> None:
         thr, ttft, itl = replay(cfg, p)
         formula = closed_loop(cfg, p.concurrency, p.input_tokens, p.output_tokens, p.concurrency)
         split = "8B (choice)" if p.model == TRAIN_MODEL else "70B (held out)"
-        for s in (split, "all"):
+        band = "N 1-10" if p.concurrency <= 10 else "N 25-50" if p.concurrency <= 50 else "N 100-250"
+        for s in (split, band, "all"):
             errors[(s, "sim", "TTFT")].append(abs(ttft / p.ttft_mean_s - 1))
             errors[(s, "sim", "ITL")].append(abs(itl / p.itl_mean_s - 1))
             errors[(s, "sim", "throughput")].append(abs(thr / p.throughput_tokens_per_s - 1))
