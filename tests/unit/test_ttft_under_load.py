@@ -242,3 +242,14 @@ def test_load_model_and_simulator_agree_where_decodes_wait_out_prefill(
     point = replica.at_rate(rate, batch, 95)
     assert point.tpot_p_s * 1e3 == pytest.approx(row["tpot_p95_ms"], rel=0.12)
     assert point.ttft_p_s * 1e3 == pytest.approx(row["ttft_p95_ms"], rel=0.35)
+
+
+def test_sglang_enable_mixed_chunk_puts_the_decodes_in_the_prefill_steps() -> None:
+    from kvscale.sizing.engine_command import command_config, parse_engine_command
+
+    gpu = CAT.gpu("H100-SXM")
+    plain = parse_engine_command("python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B")
+    mixed = parse_engine_command("python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B --enable-mixed-chunk")
+    assert not command_config(CAT, plain, gpu).config.engine.decodes_during_prefill
+    assert command_config(CAT, mixed, gpu).config.engine.decodes_during_prefill
+    assert "--enable-mixed-chunk" not in " ".join(command_config(CAT, mixed, gpu).notes)  # modelled, not ignored
