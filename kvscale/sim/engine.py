@@ -273,7 +273,11 @@ class Replica:
             self._record_gaps(full_s, n * full)
             self._record_gaps(rest_s, n if rest else 0)
             self.step += chunks
-        elif self.running:  # the waiting decodes' next token comes one whole prefill later
+        elif self.running:
+            # The waiting decodes' next token comes one whole prefill later: counted as one gap of
+            # the prefill per running request (their next decode step counts its own gap, so the
+            # histogram holds one token more per stall than were generated: a stall's share of
+            # the gaps is slightly overstated, never hidden).
             self._record_gaps(full * full_s + rest_s, len(self.running))
         for request in admitted:
             self._start_decoding(request)
