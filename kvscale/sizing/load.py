@@ -16,6 +16,11 @@ an arrival rate lambda with prompts of I tokens and outputs of O tokens:
 
 Capacity is whichever binds first: prefill compute (f reaches 1), decode (the TPOT of
 the running batch), KV capacity or batch slots (every slot busy).
+
+Where the engine runs prefill steps alone (SGLang, TensorRT-LLM: the profile's
+decodes_during_prefill), t_m is the prefill-only step plus the decode step the running
+requests take after waiting it out, and a prompt's own chunks carry no decodes; without
+chunked prefill a prompt is one step. The formulas above hold as they are.
 """
 
 from __future__ import annotations
@@ -147,16 +152,46 @@ class ReplicaModel:
     def _mixed(self, batch: int, chunk: int) -> StepTime:
         step = self._mixeds.get((batch, chunk))
         if step is None:
-            step = self._mixeds[(batch, chunk)] = mixed_step(
-                self.cfg, batch, self._context, chunk, self.workload.input_tokens
-            )
+            step = self._mixeds[(batch, chunk)] = self._chunk_step(batch, chunk, self.workload.input_tokens)
         return step
+
+    def _chunk_step(self, batch: int, chunk: int, prompt_tokens: int) -> StepTime:
+        """A step with a prefill chunk as the running decodes see it: one step that carries
+        them (vLLM), or a prefill-only step they wait out and then their own decode step
+        (SGLang, TensorRT-LLM: the profile's decodes_during_prefill). Either way every
+        formula below reads it as one token gap that holds a chunk."""
+        if self.cfg.engine.decodes_during_prefill or batch <= 0:
+            return mixed_step(self.cfg, batch, self._context, chunk, prompt_tokens)
+        alone = mixed_step(self.cfg, 0, self._context, chunk, prompt_tokens)
+        dec = self._decode(batch)
+        return StepTime(
+            seconds=alone.seconds + dec.seconds,
+            compute_s=alone.compute_s + dec.compute_s,
+            memory_s=alone.memory_s + dec.memory_s,
+            communication_s=alone.communication_s + dec.communication_s,
+            overhead_s=alone.overhead_s + dec.overhead_s,
+            flops_per_gpu=alone.flops_per_gpu + dec.flops_per_gpu,
+            bytes_per_gpu=alone.bytes_per_gpu + dec.bytes_per_gpu,
+            peak_flops_per_s=alone.peak_flops_per_s,
+            peak_bandwidth_bytes_per_s=alone.peak_bandwidth_bytes_per_s,
+        )
+
+    def _own_batch(self, batch: int) -> int:
+        """Decodes beside a prompt's own chunks: none where prefill steps run alone."""
+        return batch if self.cfg.engine.decodes_during_prefill else 0
 
     def decode(self, batch: int) -> StepTime:
         return self._decode(max(1, batch))
 
     def chunk_room(self, batch: int) -> int:
-        """Prefill tokens a step has room for beside `batch` running decodes."""
+        """Prefill tokens a step has room for beside `batch` running decodes: the budget less
+        one token per decode (vLLM: running requests first); the whole budget where prefill
+        steps run alone; whole prompts, however long, without chunked prefill."""
+        engine = self.cfg.engine
+        if not engine.chunked_prefill:
+            return max(self.budget, self.workload.inputs.max)
+        if not engine.decodes_during_prefill:
+            return self.budget
         return max(1, self.budget - batch)
 
     def mixed(self, batch: int, chunk: int | None = None) -> StepTime:
@@ -166,6 +201,7 @@ class ReplicaModel:
 
     def own_prefill_s(self, batch: int) -> float:
         """own_prefill(batch).seconds, without building the summed StepTime."""
+        batch = self._own_batch(batch)
         room = self.chunk_room(batch)
         full, rest = divmod(self.workload.input_tokens, room)
         seconds = full * self._mixed(batch, room).seconds if full else 0.0
@@ -177,13 +213,14 @@ class ReplicaModel:
         key = (batch, min(chunk, room), running_bucket(prompt_tokens))
         seconds = self._length_steps.get(key)
         if seconds is None:
-            seconds = mixed_step(self.cfg, batch, self._context, key[1], key[2]).seconds
+            seconds = self._chunk_step(batch, key[1], key[2]).seconds
             self._length_steps[key] = seconds
         return seconds
 
     def length_prefill_s(self, batch: int, prompt_tokens: int) -> float:
         """Chunk steps of one prompt of `prompt_tokens` beside `batch` decodes (its attention
         over its own length: a long prompt of the mix costs more per token than the mean)."""
+        batch = self._own_batch(batch)
         known = self._length_prefills.get((batch, prompt_tokens))
         if known is not None:
             return known
@@ -199,7 +236,7 @@ class ReplicaModel:
 
     def own_prefill(self, batch: int) -> StepTime:
         """The chunk steps one prompt needs beside `batch` running decodes, summed."""
-        batch = max(0, batch)
+        batch = self._own_batch(max(0, batch))
         step = self._own_prefills.get(batch)
         if step is None:
             step = self._own_prefills[batch] = self._own_prefill_uncached(batch)
