@@ -245,7 +245,7 @@ def test_load_model_and_simulator_agree_where_decodes_wait_out_prefill(
 
 
 def test_sglang_enable_mixed_chunk_puts_the_decodes_in_the_prefill_steps() -> None:
-    from kvscale.sizing.engine_command import command_config, parse_engine_command
+    from kvscale.engines.command import command_config, parse_engine_command
 
     gpu = CAT.gpu("H100-SXM")
     plain = parse_engine_command("python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B")
