@@ -20,8 +20,9 @@ DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 # The annotation is an int32 (the ReplicaSet controller ignores values it cannot parse as one).
 DELETION_COST_MAX = 2**31 - 1
 # A preempted replica's in-flight requests have this long to finish by default (a GPUBudget's
-# spec.preemptionGraceSeconds): short, as the GPUs are another service's grant.
-DEFAULT_PREEMPTION_GRACE_S = 30.0
+# spec.preemptionGraceSeconds): short, as the GPUs are another service's grant (half the preStop
+# drain of an ordinary scale-down, kvscale.control.resources.PRE_STOP_SLEEP_S).
+DEFAULT_PREEMPTION_GRACE_S = 15.0
 
 
 def drain_order(in_flight: Mapping[str, float]) -> list[str]:

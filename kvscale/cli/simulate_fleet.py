@@ -5,7 +5,7 @@ FILE (YAML):
 
     budget: {H100-SXM: 8, L40S: 8}          # GPUs per type; types not listed are not limited
     routing: gateway                          # optional: service (default), round-robin, gateway
-    preemption_grace: 30s                     # optional: how long a replica the budget takes drains
+    preemption_grace: 15s                     # optional: how long a replica the budget takes drains
     drain: 5m                                 # optional: the run ends this long after the loads end
     services:
       - name: chat
@@ -64,7 +64,7 @@ class _FleetIn(BaseModel):
     budget: dict[str, int] = Field(min_length=1)
     routing: str = "service"
     seed: int = 0
-    preemption_grace: str = "30s"
+    preemption_grace: str = "15s"
     drain: str = "5m"
     services: list[_ServiceIn] = Field(min_length=1, max_length=MAX_SERVICES)
 

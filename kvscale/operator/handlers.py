@@ -76,6 +76,7 @@ from kvscale.operator import effects, telemetry
 from kvscale.operator.access import Access, RetryForever, budgets_watched
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
 from kvscale.operator.diffbase import DigestDiffBaseStorage
+from kvscale.operator.drain import mark_scale_down
 from kvscale.operator.informers import Inventory
 from kvscale.operator.k8s import Kube
 from kvscale.sizing.catalog import Catalog
@@ -453,6 +454,7 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
         return
     if not isinstance(start, Fleet):
         if start is not None:  # pinned replicas: recorded, the policy is not asked
+            await _drain_order(rt, call, intent, seen, start)
             await call.apply_async(rt, start)
         return
     call.memo["scaler"] = done.memory
@@ -460,10 +462,18 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
         telemetry.export(call.res.namespace, call.res.name, done.gauges)
     if done.result.scale_to is not None and call.memo.get("applied") is not None:
         call.memo["applied"]["spec"]["replicas"] = done.result.scale_to
+    await _drain_order(rt, call, intent, seen, done.result)
     await call.apply_async(
         rt, replace(done.result, status=mark_synced("autoscale", done.result.status, call.res.generation))
     )
     telemetry.TICK_SECONDS.observe(time.monotonic() - started)
+
+
+async def _drain_order(rt: Runtime, call: Call, intent: Intent, seen: DeploymentView | None, result: Result) -> None:
+    """A scale-down deletes the least-loaded pods first (kvscale.operator.drain)."""
+    current = seen.replicas if seen is not None else None
+    pods = call.observed().pods
+    await mark_scale_down(rt.kube, rt.prometheus, rt.io, call.res, intent.engine, current, pods, result)
 
 
 def cold_starts(

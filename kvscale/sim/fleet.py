@@ -23,12 +23,12 @@ from kvscale.sim.engine import KV_WATERMARK, Replica, SimRequest, StepTimes
 ROUTINGS = ("service", "round-robin", "gateway")
 GATEWAY_POLL_S = 0.05  # while requests wait at the gateway, it looks for free replicas this often
 # How long a replica taken out of routing keeps serving its in-flight requests before it is
-# stopped and what it still holds is cut: the engine pod's terminationGracePeriodSeconds
-# (kvscale.control.resources.TERMINATION_GRACE_PERIOD_S; a unit test holds them equal). vLLM
-# 0.11 does not finish requests itself on SIGTERM (vllm/entrypoints/launcher.py, serve_http:
-# the SIGTERM handler cancels the HTTP server task, and api_server.py shuts the engine down
-# before awaiting the server), so the drain happens out of routing, before the signal.
-DRAIN_BOUND_S = 60.0
+# stopped and what it still holds is cut: the engine pod's preStop sleep
+# (kvscale.control.resources.PRE_STOP_SLEEP_S; a unit test holds them equal). vLLM 0.11 does not
+# finish requests itself on SIGTERM (vllm/entrypoints/launcher.py, serve_http: the SIGTERM
+# handler cancels the HTTP server task, and api_server.py shuts the engine down before awaiting
+# the server), so the drain happens out of routing, before the signal.
+DRAIN_BOUND_S = 30.0
 
 
 class RoutingError(ValueError):

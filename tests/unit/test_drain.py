@@ -11,7 +11,7 @@ import pytest
 
 from kvscale.autoscaling.budget import Budget
 from kvscale.autoscaling.drain import DELETION_COST_MAX, deletion_costs, drain_order, victims
-from kvscale.control.resources import TERMINATION_GRACE_PERIOD_S
+from kvscale.control.resources import PRE_STOP_SLEEP_S, TERMINATION_GRACE_PERIOD_S
 from kvscale.sim.budget_run import FleetService, ServiceOption, simulate_fleet
 from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.fleet import DRAIN_BOUND_S, Fleet
@@ -69,8 +69,10 @@ def test_the_least_loaded_replicas_drain_first_and_their_deletion_cost_is_lowest
     assert deletion_costs({"x": 2.2, "y": 1e12}) == {"x": 3, "y": DELETION_COST_MAX}  # an int32
 
 
-def test_the_simulators_drain_bound_is_the_engine_pods_grace_period() -> None:
-    assert DRAIN_BOUND_S == TERMINATION_GRACE_PERIOD_S
+def test_the_simulators_drain_bound_is_the_engine_pods_pre_stop() -> None:
+    # In-flight requests have the preStop to finish (vLLM stops at once on SIGTERM), and the
+    # engine the rest of the grace period to exit.
+    assert DRAIN_BOUND_S == PRE_STOP_SLEEP_S < TERMINATION_GRACE_PERIOD_S
 
 
 # -- the simulator's fleet ----------------------------------------------------------------
