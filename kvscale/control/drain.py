@@ -10,6 +10,12 @@ new; tests/cluster/test_drain.py watches it happen), the preStop sleep
 does the engine get SIGTERM, on which vLLM 0.11 stops at once (vllm/entrypoints/launcher.py,
 serve_http: the handler cancels the HTTP server task; api_server.py shuts the engine down before
 it awaits the server): the preStop is the drain's bound.
+
+A replica the GPUBudget takes for a higher priority drains within the budget's
+spec.preemptionGraceSeconds instead: the operator deletes the ReplicaSet's victims again with that
+grace period, which the API server accepts only when shorter (k8s.io/apiserver v0.34.4
+pkg/registry/rest/delete.go BeforeDelete: "only a shorter grace period may be provided"), and
+the kubelet then ends the preStop early.
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from kvscale.api.models import InferenceServiceStatus
 from kvscale.autoscaling.drain import deletion_costs
+from kvscale.control.budget import CONDITION as HELD
+from kvscale.control.budget import BudgetBook
 from kvscale.control.inventory import EnginePod
 from kvscale.control.reconcile import DEPLOYMENT
 
@@ -37,3 +46,19 @@ def scale_down_marks(
         return {}
     live = sorted(p.name for p in pods if not p.deleting)
     return deletion_costs({name: in_flight.get(name, math.nan) for name in live})
+
+
+def preemption_grace_s(book: BudgetBook, namespace: str, labels: Mapping[str, str]) -> int | None:
+    """The grace of the GPUBudget governing the service (spec.preemptionGraceSeconds); None
+    without one."""
+    budget = book.governing(namespace, labels)
+    spec = book.specs.get(budget) if budget is not None else None
+    return spec.preemption_grace_seconds if spec is not None else None
+
+
+def preempted(status: InferenceServiceStatus, pods: Sequence[EnginePod]) -> tuple[str, ...]:
+    """Engine pods being deleted while the budget holds the service below its want (HeldByBudget
+    True): the budget took them for a higher priority, so their drain is the budget's grace, not
+    the pod's own. (A service held below its want is not scaled down by its policy.)"""
+    held = any(c.type == HELD and c.status == "True" for c in status.conditions)
+    return tuple(sorted(p.name for p in pods if p.deleting)) if held else ()

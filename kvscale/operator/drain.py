@@ -9,7 +9,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from kvscale.control.drain import scale_down_marks
+from kvscale.api.models import InferenceServiceStatus
+from kvscale.control.drain import preempted, scale_down_marks
 from kvscale.control.inventory import EnginePod
 from kvscale.control.reconcile import Resource, Result
 from kvscale.metrics.client import AsyncPrometheusClient, Missing
@@ -53,5 +54,21 @@ async def mark_scale_down(
         written: int = await io(kube.mark_deletion_costs, res.namespace, marks)
     except Exception as exc:  # the scale-down still happens, in the ReplicaSet's own order
         log.warning("Could not mark %s/%s's pods for a drain-aware scale-down: %s", res.namespace, res.name, exc)
+        return 0
+    return written
+
+
+async def shorten_preempted(
+    kube: Kube, io: Io, res: Resource, grace_s: int | None, status: InferenceServiceStatus, pods: Sequence[EnginePod]
+) -> int:
+    """The pods the budget took drain within its grace (kvscale.control.drain.preempted); each
+    tick while they are being deleted (idempotent: the API server keeps the shorter grace)."""
+    victims = preempted(status, pods) if grace_s is not None else ()
+    if not victims or grace_s is None:
+        return 0
+    try:
+        written: int = await io(kube.shorten_grace, res.namespace, victims, grace_s)
+    except Exception as exc:  # they still drain, within their own grace period
+        log.warning("Could not shorten %s/%s's preempted pods' grace: %s", res.namespace, res.name, exc)
         return 0
     return written

@@ -39,6 +39,7 @@ from kvscale.autoscaling.observation import Observation
 from kvscale.control import children as owned
 from kvscale.control import inference_pool
 from kvscale.control.budget import BudgetBook, cap_deploy, govern, govern_pin, moved, moving_to
+from kvscale.control.drain import preemption_grace_s
 from kvscale.control.inventory import pools
 from kvscale.control.reconcile import (
     DeploymentView,
@@ -76,7 +77,7 @@ from kvscale.operator import effects, telemetry
 from kvscale.operator.access import Access, RetryForever, budgets_watched
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
 from kvscale.operator.diffbase import DigestDiffBaseStorage
-from kvscale.operator.drain import mark_scale_down
+from kvscale.operator.drain import mark_scale_down, shorten_preempted
 from kvscale.operator.informers import Inventory
 from kvscale.operator.k8s import Kube
 from kvscale.sizing.catalog import Catalog
@@ -470,10 +471,14 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
 
 
 async def _drain_order(rt: Runtime, call: Call, intent: Intent, seen: DeploymentView | None, result: Result) -> None:
-    """A scale-down deletes the least-loaded pods first (kvscale.operator.drain)."""
+    """A scale-down deletes the least-loaded pods first; those the budget took drain within its
+    grace (kvscale.operator.drain)."""
     current = seen.replicas if seen is not None else None
     pods = call.observed().pods
     await mark_scale_down(rt.kube, rt.prometheus, rt.io, call.res, intent.engine, current, pods, result)
+    labels = (call.body.get("metadata") or {}).get("labels") or {}
+    grace_s = preemption_grace_s(rt.budgets, call.res.namespace, labels)
+    await shorten_preempted(rt.kube, rt.io, call.res, grace_s, result.status, pods)
 
 
 def cold_starts(

@@ -1,8 +1,9 @@
-"""Drain-aware scale-down on the real control plane (issue 27, item 3): the operator reads each
+"""Drain-aware scale-down on the real control plane (issues 27 and 29): the operator reads each
 engine pod's requests in flight from a real Prometheus, writes the pod-deletion-costs, and scales
 the Deployment down; the real ReplicaSet controller then deletes the least-loaded pod, and the
 real EndpointSlice controller takes it out of the Service's endpoints while the pod still exists
-(a finalizer holds it here, as the preStop does on a node), before it is gone."""
+(a finalizer holds it here, as the preStop does on a node), before it is gone. A GPUBudget's
+preemption shortens a terminating pod's grace period to the budget's."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from kvscale.api.models import InferenceServiceStatus
 from kvscale.autoscaling.drain import DELETION_COST_ANNOTATION
 from kvscale.control.inventory import EnginePod
 from kvscale.control.reconcile import Resource, Result
+from kvscale.control.resources import TERMINATION_GRACE_PERIOD_S
 from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.operator.drain import mark_scale_down
 from kvscale.operator.k8s import Kube
@@ -62,6 +64,7 @@ def deployment(replicas: int) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": labels, "finalizers": [HOLD]},
                 "spec": {
+                    "terminationGracePeriodSeconds": TERMINATION_GRACE_PERIOD_S,
                     "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
                     "tolerations": TOLERATIONS,
                     "containers": [
@@ -180,3 +183,37 @@ def test_a_scale_down_takes_the_least_loaded_pod_out_of_routing_before_deleting_
     finally:
         server.shutdown()
         release(core, namespace)
+
+
+def test_a_preempted_pod_drains_within_the_budgets_shorter_grace(api: client.ApiClient, namespace: str) -> None:
+    """On a node that no kubelet (and no kwok) runs, a deleted pod stays terminating through its
+    grace period, as the API server set it (kwok deletes its own pods at once)."""
+    core = client.CoreV1Api(api)
+    node = f"drain-{namespace}"
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    try:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "engine"},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": TERMINATION_GRACE_PERIOD_S,
+                "containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.11.0"}],
+            },
+        }
+        core.create_namespaced_pod(namespace, pod)
+        core.delete_namespaced_pod("engine", namespace)  # the ReplicaSet's delete: the pod's own grace
+
+        def grace() -> int:
+            return int(core.read_namespaced_pod("engine", namespace).metadata.deletion_grace_period_seconds)
+
+        assert grace() == TERMINATION_GRACE_PERIOD_S
+        kube = Kube(api, backoff_s=1.0)
+        assert kube.shorten_grace(namespace, ["engine", "gone"], 5) == 1  # a pod gone meanwhile is skipped
+        assert grace() == 5
+        kube.shorten_grace(namespace, ["engine"], 20)  # a longer one does not lengthen it
+        assert grace() == 5
+    finally:
+        core.delete_namespaced_pod("engine", namespace, grace_period_seconds=0)
+        core.delete_node(node)

@@ -9,9 +9,22 @@ import random
 
 import pytest
 
+from kvscale.api.budget import parse_budget_spec
+from kvscale.api.models import Condition, InferenceServiceStatus
 from kvscale.autoscaling.budget import Budget
-from kvscale.autoscaling.drain import DELETION_COST_MAX, deletion_costs, drain_order, victims
+from kvscale.autoscaling.drain import (
+    DEFAULT_PREEMPTION_GRACE_S,
+    DELETION_COST_MAX,
+    deletion_costs,
+    drain_order,
+    victims,
+)
+from kvscale.control.budget import BudgetBook
+from kvscale.control.drain import preempted, preemption_grace_s, scale_down_marks
+from kvscale.control.inventory import EnginePod
 from kvscale.control.resources import PRE_STOP_SLEEP_S, TERMINATION_GRACE_PERIOD_S
+from kvscale.metrics.engines import ENGINES
+from kvscale.metrics.promql import in_flight_by_pod
 from kvscale.sim.budget_run import FleetService, ServiceOption, simulate_fleet
 from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.fleet import DRAIN_BOUND_S, Fleet
@@ -166,3 +179,42 @@ def test_preemption_frees_the_gpus_within_the_grace_while_the_low_priority_stays
     assert by["batch"].lost("cut") > 0  # its preempted in-flight requests, counted
     for _, used in result.usage:
         assert used.get("L40S", 0) <= 4
+
+
+# -- the operator's pure part ---------------------------------------------------------------
+
+
+def _pod(name: str, deleting: bool = False) -> EnginePod:
+    return EnginePod(name, "A100-80GB", "node-0", "Running", None, deleting)
+
+
+def test_only_a_deployment_scale_down_marks_every_live_pod_by_its_load() -> None:
+    pods = [_pod("p-a"), _pod("p-b"), _pod("p-c"), _pod("p-gone", deleting=True)]
+    loads = {"p-a": 4.0, "p-b": 0.0, "p-gone": 9.0}  # p-c unreported
+    assert scale_down_marks(2, "Deployment", 3, pods, loads) == {"p-a": 4, "p-b": 0, "p-c": DELETION_COST_MAX}
+    assert scale_down_marks(3, "Deployment", 3, pods, loads) == {}  # not a scale-down
+    assert scale_down_marks(4, "Deployment", 3, pods, loads) == {}
+    assert scale_down_marks(None, "Deployment", 3, pods, loads) == {}
+    assert scale_down_marks(1, "LeaderWorkerSet", 3, pods, loads) == {}  # groups go by index
+
+
+def test_pods_the_budget_took_drain_within_its_grace() -> None:
+    held = InferenceServiceStatus(conditions=[Condition(type="HeldByBudget", status="True", reason="Held")])
+    free = InferenceServiceStatus(conditions=[Condition(type="HeldByBudget", status="False", reason="Within")])
+    pods = [_pod("p-a"), _pod("p-b", deleting=True)]
+    assert preempted(held, pods) == ("p-b",)
+    assert preempted(free, pods) == () and preempted(InferenceServiceStatus(), pods) == ()
+    book = BudgetBook()
+    assert preemption_grace_s(book, "ns", {}) is None
+    book.set_budget("b", parse_budget_spec({"limits": {"A100-80GB": 4}}))
+    assert preemption_grace_s(book, "ns", {}) == DEFAULT_PREEMPTION_GRACE_S == 15
+    book.set_budget("b", parse_budget_spec({"limits": {"A100-80GB": 4}, "preemptionGraceSeconds": 5}))
+    assert preemption_grace_s(book, "ns", {}) == 5
+
+
+def test_the_in_flight_query_reads_running_and_waiting_by_pod_of_one_service() -> None:
+    q = in_flight_by_pod(ENGINES["vllm"], "team-a", "chat")
+    assert q.startswith("sum by (pod) (")
+    for name in ("vllm:num_requests_running", "vllm_num_requests_waiting"):
+        assert name in q
+    assert 'namespace="team-a"' in q and "chat" in q
