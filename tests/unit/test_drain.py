@@ -4,10 +4,13 @@ requests finish within the bound or are cut and counted, the least-loaded replic
 a budget's preemption frees GPUs within its grace while the lower priority stays saturated,
 and a fleet run ends at the loads' end plus its drain."""
 
+import json
 import math
 import random
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from kvscale.api.budget import parse_budget_spec
 from kvscale.api.models import Condition, InferenceServiceStatus
@@ -19,6 +22,7 @@ from kvscale.autoscaling.drain import (
     drain_order,
     victims,
 )
+from kvscale.cli import app
 from kvscale.control.budget import BudgetBook
 from kvscale.control.drain import preempted, preemption_grace_s, scale_down_marks
 from kvscale.control.inventory import EnginePod
@@ -218,3 +222,47 @@ def test_the_in_flight_query_reads_running_and_waiting_by_pod_of_one_service() -
     for name in ("vllm:num_requests_running", "vllm_num_requests_waiting"):
         assert name in q
     assert 'namespace="team-a"' in q and "chat" in q
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def test_simulate_fleet_reports_what_each_service_lost_and_what_it_would_meet_alone(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        """
+budget: {L40S: 4}
+routing: gateway
+preemption_grace: 10s
+drain: 1m
+services:
+  - name: chat
+    model: llama-3.1-8b
+    priority: 100
+    slo: {ttft: 1s, tpot: 60ms}
+    load: steps:2@0,10@150,0@300
+  - name: batch
+    model: llama-3.1-8b
+    priority: 1
+    slo: {ttft: 1s, tpot: 60ms}
+    load: poisson:rate=60,duration=5m,input=400,output=400
+"""
+    )
+    result = CliRunner().invoke(app, ["simulate", "--fleet", str(fleet), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["preemption_grace_s"] == 10 and data["drain_s"] == 60
+    assert data["duration_s"] <= 300 + 60
+    rows = {r["name"]: r for r in data["services"]}
+    for r in rows.values():
+        assert {"alone_slo_attainment", "rejected", "cut", "preemptions", "grant_wait_s"} <= set(r)
+    # batch, saturated, loses requests the report counts; chat, the top priority, takes its GPUs.
+    assert rows["batch"]["rejected"] + rows["batch"]["cut"] > 0
+    assert rows["batch"]["preemptions"] > 0
+    # Alone (no budget) batch scales to its load; under the budget it keeps its floor.
+    assert rows["batch"]["alone_slo_attainment"] > 0.99 > rows["batch"]["slo_attainment"]
+    assert rows["chat"]["alone_slo_attainment"] >= rows["chat"]["slo_attainment"]
+    assert rows["chat"]["grant_wait_s"] > 0
+    human = CliRunner().invoke(app, ["simulate", "--fleet", str(fleet)])
+    assert human.exit_code == 0, human.output
+    assert "preemption grace 10s" in " ".join(human.output.split())
