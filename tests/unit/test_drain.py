@@ -7,6 +7,7 @@ and a fleet run ends at the loads' end plus its drain."""
 import json
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,17 @@ services:
     human = CliRunner().invoke(app, ["simulate", "--fleet", str(fleet)])
     assert human.exit_code == 0, human.output
     assert "preemption grace 10s" in " ".join(human.output.split())
+
+
+def test_a_single_service_run_reports_the_requests_its_scale_downs_cut() -> None:
+    from kvscale.sim.policies import StaticPolicy
+    from kvscale.sim.report import summary
+    from kvscale.sim.run import Source, simulate
+
+    setup = option("L40S", 5.0).setup
+    # Two replicas, then one: the policy drops a replica holding requests far longer than the bound.
+    trace = [TraceRequest(0.1 * i, 400, 20_000) for i in range(8)]
+    result = simulate(replace(setup, initial_replicas=2), Source(trace), StaticPolicy(1))
+    row = summary(result, SLO)
+    assert row["cut_by_scale_down"] == sum(1 for r in result.requests if r.lost == "cut") > 0
+    assert all(r.done or r.lost == "cut" for r in result.requests)
