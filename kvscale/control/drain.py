@@ -4,8 +4,10 @@ least loaded (kvscale.autoscaling.drain, the rule the simulator uses too).
 
 What follows the deletion is Kubernetes' and the pod's: a pod being deleted leaves routing at
 once (the EndpointSlice controller marks its endpoint not ready and terminating, k8s.io/endpointslice
-v0.34.4 utils.go podToEndpoint, so kube-proxy and a gateway's endpoint picker send it nothing
-new; tests/cluster/test_drain.py watches it happen), the preStop sleep
+v0.34.4 utils.go podToEndpoint, so kube-proxy sends it nothing new; the InferencePool's endpoint
+picker drops a pod with a deletionTimestamp from its datastore, sigs.k8s.io/gateway-api-inference-extension
+v1.3.0 pkg/epp/util/pod/pod.go IsPodReady and pkg/epp/controller/pod_reconciler.go;
+tests/cluster/test_drain.py watches the EndpointSlice), the preStop sleep
 (kvscale.control.resources.PRE_STOP_SLEEP_S) lets its in-flight requests finish, and only then
 does the engine get SIGTERM, on which vLLM 0.11 stops at once (vllm/entrypoints/launcher.py,
 serve_http: the handler cancels the HTTP server task; api_server.py shuts the engine down before
