@@ -37,6 +37,7 @@ class SimRequest:
     start_step: int = 0  # replica step at which this admission's decode began
     preemptions: int = 0
     replica: int = -1
+    lost: str = ""  # "cut": on a replica when its drain bound passed; "rejected": never reached one (HTTP 429)
     _version: int = field(default=0, repr=False)
     _held_at_start: int = field(default=0, repr=False)  # KV tokens held when this admission's decode began
 
@@ -122,6 +123,7 @@ class Replica:
         self.ready_s = ready_s
         self.stopped_s: float | None = None
         self.draining = False
+        self.drain_deadline_s = math.inf  # while draining: in-flight requests left at this time are cut
         self.clock = ready_s
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []  # admission order; preemption takes the newest
@@ -220,6 +222,17 @@ class Replica:
             free -= need
             tokens += need
         return admitted
+
+    def release(self) -> list[SimRequest]:
+        """Takes every request off the replica (running and waiting), as a pod killed at the end
+        of its grace period drops them."""
+        taken = [*self.running, *self.waiting]
+        for request in list(self.running):
+            request.generated += self.step - request.start_step
+            self._leave(request)
+        self.waiting.clear()
+        self._finish_heap.clear()
+        return taken
 
     # -- time --------------------------------------------------------------------------
 
