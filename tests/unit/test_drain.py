@@ -30,13 +30,13 @@ from kvscale.control.inventory import EnginePod
 from kvscale.control.resources import PRE_STOP_SLEEP_S, TERMINATION_GRACE_PERIOD_S
 from kvscale.metrics.engines import ENGINES
 from kvscale.metrics.promql import in_flight_by_pod
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sim.budget_run import FleetService, ServiceOption, simulate_fleet
 from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.fleet import DRAIN_BOUND_S, Fleet
 from kvscale.sim.run import SimSetup
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import default_catalog
-from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.workload import Slo, Workload
 
 CAT = default_catalog()
