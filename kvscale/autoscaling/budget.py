@@ -25,8 +25,12 @@ Order of the decision:
 Hysteresis, so allocations do not flap from tick to tick:
 - a service stays on the GPU type it runs on while that type holds its want (a move is a
   redeploy and a cold start); it returns to a preferred (cheaper) option only when that
-  option holds its want with `return_margin` to spare; held everywhere, it moves only for
-  `move_margin` more of its want;
+  option holds its want with `return_margin` to spare; held everywhere, it moves whenever
+  another option serves more of its want (issue 29: rag sat on 4 L40S while 4 H100 were
+  idle, as a 25% margin on the share of a 100-replica want never qualified), counted in
+  requests/s where the options say what a replica carries (a want capped at maxReplicas on
+  both types is no measure of which serves more), by at least one replica of where it runs
+  (a move costs a cold start; less than a replica's worth is within rounding);
 - SLO gaps reorder services of one priority only when they differ by more than
   `gap_margin`; within that, last tick's order holds.
 """
@@ -46,8 +50,13 @@ class Option:
     gpu_type: str
     gpus_per_replica: int
     wanted: int
+    # Requests/s one replica carries within the SLO here (the plan's); 0 when not known: then
+    # options are compared by the share of their own want they hold.
+    rate_per_replica: float = 0.0
 
     def __post_init__(self) -> None:
+        if not self.rate_per_replica >= 0:
+            raise ValueError(f"rate_per_replica must be >= 0, got {self.rate_per_replica}")
         if self.gpus_per_replica < 1:
             raise ValueError(f"gpus_per_replica must be >= 1, got {self.gpus_per_replica}")
         if self.wanted < 0:
@@ -104,7 +113,6 @@ class Budget:
 class AllocatorConfig:
     gap_margin: float = 0.25  # SLO gaps closer than this count as equal within a priority
     return_margin: float = 0.25  # spare share of its want a preferred option needs before a move back
-    move_margin: float = 0.25  # share of its want another option must add before a held service moves there
 
 
 @dataclass(frozen=True)
@@ -354,7 +362,8 @@ def _room(ledger: _Ledger, d: Demand, i: int, lower: list[Demand], at: dict[str,
 def _choose(d: Demand, room: Mapping[int, int], floor_got: int, config: AllocatorConfig) -> int:
     """The option for `d`: where it runs now while that holds its want; else the first that
     holds its want (a preferred one only with `return_margin` to spare when leaving where it
-    runs); else the largest share of its want (never less than the floor it already has)."""
+    runs); else the one that serves the most of its want (never less than the floor it
+    already has), where it runs unless another serves a replica's worth more."""
     here = _index(d, d.current_gpu_type)
     full = [i for i, o in enumerate(d.options) if room[i] >= max(o.wanted, d.min_replicas)]
     if here is not None and here in full:
@@ -370,13 +379,18 @@ def _choose(d: Demand, room: Mapping[int, int], floor_got: int, config: Allocato
         i for i in range(len(d.options)) if min(room[i], max(d.options[i].wanted, d.min_replicas)) >= floor_got
     ] or list(range(len(d.options)))
 
-    def share(i: int) -> float:
+    def served(i: int, extra: int = 0) -> float:
+        """What option i serves of the want, with `extra` replicas more: requests/s where
+        every option knows its per-replica rate, else the share of its own want."""
         o = d.options[i]
-        return min(room[i], max(o.wanted, d.min_replicas)) / max(o.wanted, d.min_replicas, 1)
+        want = max(o.wanted, d.min_replicas)
+        n = min(room[i], want) + extra
+        return n * o.rate_per_replica if by_rate else n / max(want, 1)
 
-    best = max(eligible, key=lambda i: (share(i), i == here, -i))
-    if here is not None and here in eligible and share(best) < share(here) + config.move_margin:
-        return here  # a move is a redeploy: only for a clearly larger share
+    by_rate = all(o.rate_per_replica > 0 for o in d.options)
+    best = max(eligible, key=lambda i: (served(i), i == here, -i))
+    if here is not None and here in eligible and served(best) < served(here, extra=1):
+        return here  # a move is a redeploy and a cold start: only for a replica's worth more
     return best
 
 

@@ -182,7 +182,7 @@ def options(plan: PlanStatus, wanted: int, max_replicas: int) -> tuple[Option, .
     by_type = {
         plan.gpu_type: (
             per_rate(plan.cost_per_hour, plan.replicas, plan.rate_per_replica),
-            Option(plan.gpu_type, gpr, wanted),
+            Option(plan.gpu_type, gpr, wanted, max(plan.rate_per_replica, 0.0)),
         )
     }
     for alt in plan.alternatives:
@@ -195,7 +195,7 @@ def options(plan: PlanStatus, wanted: int, max_replicas: int) -> tuple[Option, .
             continue
         n = min(max_replicas, math.ceil(wanted * plan.rate_per_replica / alt.rate_per_replica - 1e-9))
         cost = per_rate(alt.cost_per_hour, alt.replicas, alt.rate_per_replica)
-        by_type[alt.gpu_type] = (cost, Option(alt.gpu_type, alt.gpus_per_replica, n))
+        by_type[alt.gpu_type] = (cost, Option(alt.gpu_type, alt.gpus_per_replica, n, alt.rate_per_replica))
     first = plan.budget_moved_from if plan.budget_moved_from in by_type else plan.gpu_type
     rest = sorted((v for t, v in by_type.items() if t != first), key=lambda v: v[0])
     return (by_type[first][1], *(o for _, o in rest))

@@ -229,7 +229,7 @@ class _ServiceRun:
         options = []
         for i, o in enumerate(self.svc.options):
             n = wanted if i == self.active else math.ceil(wanted * base_rate / o.rate_per_replica - 1e-9)
-            options.append(Option(o.gpu_type, o.gpus_per_replica, min(self.svc.max_replicas, n)))
+            options.append(Option(o.gpu_type, o.gpus_per_replica, min(self.svc.max_replicas, n), o.rate_per_replica))
         gaps = [0.0]
         if obs.ttft_p_s is not None:
             gaps.append(obs.ttft_p_s / self.configs[self.active].ttft_target_s - 1)

@@ -12,7 +12,7 @@ from kvscale.autoscaling.budget import Allocation, Budget, Demand, Grant, Option
 H100, L40S, A100 = "H100-SXM", "L40S", "A100-80GB"
 
 
-def d(name: str, *options: tuple[str, int, int], **kw: object) -> Demand:
+def d(name: str, *options: tuple[str, int, int] | tuple[str, int, int, float], **kw: object) -> Demand:
     return Demand(name, tuple(Option(*o) for o in options), **kw)  # type: ignore[arg-type]
 
 
@@ -124,6 +124,40 @@ def test_the_move_back_needs_the_margin() -> None:
     assert allocate(Budget("b", {H100: 5, L40S: 8}), [moved]).grant("x").gpu_type == H100
 
 
+def test_a_held_service_moves_where_more_of_its_want_is_served_in_requests_per_s() -> None:
+    # deploy/budget/fleet.yaml (issue 29): rag held its 4 L40S while 4 H100 sat idle. Its want
+    # is capped at maxReplicas 100 on both types, so each holds 4% of it; by what a replica
+    # carries, 4 H100 replicas serve 2.5x what 4 L40S replicas do.
+    rag = d(
+        "rag",
+        (H100, 1, 100, 5.0),
+        (L40S, 1, 100, 2.0),
+        priority=50,
+        min_replicas=1,
+        current_gpu_type=L40S,
+    )
+    chat = d("chat", (H100, 1, 2, 15.0), priority=100, min_replicas=1, current_gpu_type=H100)
+    a = allocate(Budget("fleet", {H100: 6, L40S: 4}), [chat, rag])
+    assert (a.grant("rag").gpu_type, a.grant("rag").replicas) == (H100, 4)
+    assert a.grant("chat").replicas == 2
+
+
+def test_a_move_needs_a_replicas_worth_more_of_the_want() -> None:
+    # 4 replicas of 1.2 req/s on H100 serve 4.8 req/s; the 4 on L40S serve 4.0, and a fifth
+    # would serve 5.0: within a replica's worth, a move's cold start buys nothing.
+    x = d("x", (H100, 1, 100, 1.2), (L40S, 1, 100, 1.0), current_gpu_type=L40S)
+    assert allocate(Budget("b", {H100: 4, L40S: 4}), [x]).grant("x").gpu_type == L40S
+    assert allocate(Budget("b", {H100: 5, L40S: 4}), [x]).grant("x").gpu_type == H100  # 6.0 >= 5.0
+
+
+def test_without_rates_a_move_is_for_a_replicas_worth_more_of_the_share() -> None:
+    # Held everywhere, rates unknown: 3 of 10 on H100 is one replica more than the 2 of 10 it
+    # has on L40S (a 25% margin on the share asked 4.5 of 10 before).
+    x = d("x", (H100, 1, 10), (L40S, 1, 10), current_gpu_type=L40S)
+    assert allocate(Budget("b", {H100: 3, L40S: 2}), [x]).grant("x").gpu_type == H100
+    assert allocate(Budget("b", {H100: 2, L40S: 2}), [x]).grant("x").gpu_type == L40S
+
+
 def test_bad_input_is_refused_with_the_field() -> None:
     with pytest.raises(ValueError, match="at least one option"):
         Demand("x", ())
@@ -146,8 +180,13 @@ def scenarios(draw: st.DrawFn) -> tuple[Budget, list[Demand]]:
         types = draw(st.lists(st.sampled_from(TYPES), min_size=1, max_size=3, unique=True))
         base = draw(st.integers(0, 12))  # the policy's count; other types need more or fewer replicas
         options = tuple(
-            Option(t, draw(st.sampled_from((1, 2, 4))), draw(st.integers(max(1, base // 2), 2 * base)) if base else 0)
-            for t in types
+            Option(
+                t,
+                draw(st.sampled_from((1, 2, 4))),
+                draw(st.integers(max(1, base // 2), 2 * base)) if base else 0,
+                rate,  # what a replica carries: the move rule compares requests/s when all know it
+            )
+            for t, rate in zip(types, draw(st.sampled_from(((0.0,) * 3, (1.0, 2.5, 0.7)))), strict=False)
         )
         demands.append(
             Demand(
