@@ -19,7 +19,13 @@ Order of the decision:
    gives it the largest share of its want. Floors of lower priorities are moved to another
    GPU type they accept (their next-cheapest feasible plan) when that makes room for a
    higher priority, rather than left in its way.
-3. Never above a limit: per GPU type, and per namespace and type where the budget says.
+3. Room ahead of need: once every service of a priority has its want, each of them is held
+   room for the replicas its forecast asks for one lead further (Option.ahead: the policy's
+   own lead over the cold start, kvscale.autoscaling.policy.replicas_ahead), before any lower
+   priority's want. The room is reserved, not granted: the service scales into it when its
+   want rises, without waiting for a lower priority to release GPUs first (issue 29: a
+   diurnal rise waited for a preemption each time). Lower priorities' floors come first.
+4. Never above a limit: per GPU type, and per namespace and type where the budget says.
    GPU types the budget does not list are not limited by it.
 
 Hysteresis, so allocations do not flap from tick to tick:
@@ -53,6 +59,9 @@ class Option:
     # Requests/s one replica carries within the SLO here (the plan's); 0 when not known: then
     # options are compared by the share of their own want they hold.
     rate_per_replica: float = 0.0
+    # Replicas beyond `wanted` its forecast asks for one lead further: room held for them
+    # ahead of lower priorities' wants (kvscale.autoscaling.policy.replicas_ahead).
+    ahead: int = 0
 
     def __post_init__(self) -> None:
         if not self.rate_per_replica >= 0:
@@ -61,6 +70,8 @@ class Option:
             raise ValueError(f"gpus_per_replica must be >= 1, got {self.gpus_per_replica}")
         if self.wanted < 0:
             raise ValueError(f"wanted must be >= 0, got {self.wanted}")
+        if self.ahead < 0:
+            raise ValueError(f"ahead must be >= 0, got {self.ahead}")
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,7 @@ class Grant:
     reason: str
     floor_short: int = 0  # replicas of minReplicas the budget could not hold
     over_limit: int = 0  # replicas granted beyond the limit: the one a service without a gateway keeps
+    ahead: int = 0  # replicas of room held for it beyond its grant, ahead of its forecast's rise
 
     @property
     def floor_kept(self) -> bool:
@@ -152,6 +164,7 @@ class Allocation:
     grants: tuple[Grant, ...]  # in rank order
     used: Mapping[str, int]  # GPUs granted per type (limited types and others)
     wanted: Mapping[str, int]  # GPUs each service wanted on its first option, summed per type
+    reserved: Mapping[str, int] = field(default_factory=dict)  # GPUs held as room ahead of need, per type
 
     def grant(self, name: str) -> Grant:
         for g in self.grants:
@@ -232,6 +245,7 @@ def allocate(
     at: dict[str, int] = {}  # option index each service holds
     held: dict[str, int] = {}  # replicas it holds there
     over: dict[str, int] = {}  # the replica a service without a gateway keeps beyond the limit
+    ahead: dict[str, int] = {}  # replicas of room held for it ahead of its forecast
 
     # 1. Floors, in order.
     for d in order:
@@ -242,10 +256,15 @@ def allocate(
         if choice is None:  # floors placed before it that can go elsewhere make room
             placed = [x for x in order if x.name in at]
             for i in tries:
+                saved = (dict(ledger.used), dict(ledger.ns_used), dict(at))
                 _make_room(ledger, d, d.options[i], floor * d.options[i].gpus_per_replica, placed, at, held)
                 if ledger.fits(d.namespace, d.options[i], floor) >= floor:
                     choice = i
                     break
+                # Moves that made too little room are undone: floors that shuffle without
+                # making room would move again next tick (a redeploy each time, for nothing).
+                ledger.used, ledger.ns_used = saved[0], saved[1]
+                at.update(saved[2])
         if choice is None:  # no option holds the whole floor: the most that fits
             choice = max(tries, key=lambda i: (ledger.fits(d.namespace, d.options[i], floor), -tries.index(i)))
         got = ledger.fits(d.namespace, d.options[choice], floor)
@@ -288,6 +307,16 @@ def allocate(
         at[d.name], held[d.name] = choice, got
         # What this turn freed elsewhere (a floor that moved) goes first to those before it.
         _fill(order[:n], ledger, at, held)
+        if n + 1 == len(order) or order[n + 1].priority < d.priority:
+            # Its priority's wants are all placed: room ahead of need, before lower priorities.
+            _fill(order[: n + 1], ledger, at, held)
+            for e in order[: n + 1]:
+                if e.priority != d.priority or e.name in ahead:
+                    continue
+                eo = e.options[at[e.name]]
+                spare = ledger.fits(e.namespace, eo, eo.ahead) if held[e.name] >= eo.wanted else 0
+                ledger.take(e.namespace, eo, spare)
+                ahead[e.name] = spare
 
     # 3. Reasons, once every grant is known.
     grants: list[Grant] = []
@@ -298,7 +327,7 @@ def allocate(
         got = held[d.name] + over.get(d.name, 0)
         want = max(opt.wanted, d.floor)
         short = max(0, d.min_replicas - got)
-        reason = _reason(budget, d, at[d.name], got, want, short, over.get(d.name, 0), order, at, held, ledger)
+        reason = _reason(budget, d, at[d.name], got, want, short, over.get(d.name, 0), order, at, held, ledger, ahead)
         grants.append(
             Grant(
                 d.name,
@@ -313,6 +342,7 @@ def allocate(
                 reason,
                 short,
                 over.get(d.name, 0),
+                ahead.get(d.name, 0),
             )
         )
     wanted: dict[str, int] = {}
@@ -324,8 +354,13 @@ def allocate(
     for name, n in over.items():  # what runs beyond the limit is allocated all the same
         g = next(g for g in grants if g.name == name)
         ledger.used[g.gpu_type] = ledger.used.get(g.gpu_type, 0) + n * g.gpus_per_replica
+    reserved: dict[str, int] = {}
+    for g in grants:
+        if g.ahead:
+            reserved[g.gpu_type] = reserved.get(g.gpu_type, 0) + g.ahead * g.gpus_per_replica
+            ledger.used[g.gpu_type] -= g.ahead * g.gpus_per_replica  # held as room, not granted
     used = {gpu: n for gpu, n in ledger.used.items() if n > 0}
-    return Allocation(budget.name, tuple(grants), used, wanted)
+    return Allocation(budget.name, tuple(grants), used, wanted, reserved)
 
 
 def _fill(before: Sequence[Demand], ledger: _Ledger, at: dict[str, int], held: dict[str, int]) -> None:
@@ -431,6 +466,7 @@ def _reason(
     at: dict[str, int],
     held: dict[str, int],
     ledger: _Ledger,
+    ahead: Mapping[str, int],
 ) -> str:
     opt = d.options[i]
     where = f"{opt.gpu_type} x{opt.gpus_per_replica}"
@@ -443,12 +479,15 @@ def _reason(
             f"; {over_limit} replica beyond the {opt.gpu_type} limit: no gateway holds its requests at zero "
             "(spec.routing.inferencePool or kedaHttp), so it keeps one"
         )
+    if ahead.get(d.name):
+        moved += f"; room for {ahead[d.name]} more held ahead of its forecast"
     if got >= want:
         return f"wanted {want}, got {got} on {where}{moved}"
     limit = budget.limits.get(opt.gpu_type)
     ns_limit = budget.namespace_limits.get(d.namespace, {}).get(opt.gpu_type)
     holders = [
         f"{x.name} (priority {x.priority}) {held[x.name] * x.options[at[x.name]].gpus_per_replica}"
+        + (f" (+{ahead[x.name] * x.options[at[x.name]].gpus_per_replica} ahead)" if ahead.get(x.name) else "")
         for x in order
         if x.name != d.name and x.options[at[x.name]].gpu_type == opt.gpu_type and held[x.name] > 0
     ]

@@ -93,10 +93,12 @@ def _read(path: Path) -> _FleetIn:
     return fleet
 
 
-def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None:
+def fleet_services(path: Path, cat: Catalog) -> tuple[Any, list[Any], str]:
+    """The budget, the services (each with its cheapest feasible plan per accepted GPU type)
+    and the routing a fleet file describes: what `simulate --fleet` runs, for a benchmark to
+    run the same (benchmarks/budget_contention.py). Exits with the file's error."""
     from kvscale.autoscaling.budget import Budget
-    from kvscale.cli.common import duration, model, write_picture
-    from kvscale.sim import budget_run
+    from kvscale.cli.common import duration, model
     from kvscale.sim.budget_run import FleetService
     from kvscale.sim.fleet import RoutingError, check_routing
 
@@ -136,11 +138,20 @@ def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None
                 idle_window_s=duration(s.idle_window, f"services[{s.name}].idle_window"),
             )
         )
+    return budget, services, spec.routing
+
+
+def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None:
+    from kvscale.cli.common import write_picture
+    from kvscale.sim import budget_run
+
+    budget, services, routing = fleet_services(path, cat)
+    limits = dict(budget.limits)
     result = budget_run.simulate_fleet(budget, services)
     rows = [_row(r) for r in result.services]
     out = {
         "budget": dict(limits),
-        "routing": spec.routing,
+        "routing": routing,
         "duration_s": round(result.duration_s, 1),
         "max_gpus_used": result.max_gpus_used,
         "services": rows,

@@ -26,6 +26,7 @@ from kvscale.autoscaling.budget import Allocation, Budget, Demand, Grant, Option
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.idle import idle_replicas
 from kvscale.autoscaling.observation import Observation
+from kvscale.autoscaling.policy import replicas_ahead
 from kvscale.autoscaling.tuning import policy_config
 from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.fleet import Fleet
@@ -225,11 +226,19 @@ class _ServiceRun:
         wanted, _ = idle_replicas(
             decision.replicas, self.svc.min_replicas, now_s - self.last_arrival_s, self.svc.idle_window_s, waiting
         )
+        # Room ahead of need: what its forecast asks for one lead further (none while idle).
+        ahead = replicas_ahead(decision, self.policy.state, self.policy.config, now_s) if wanted else 0
+        ahead = max(wanted, ahead)
         base_rate = self.svc.options[self.active].rate_per_replica
         options = []
         for i, o in enumerate(self.svc.options):
-            n = wanted if i == self.active else math.ceil(wanted * base_rate / o.rate_per_replica - 1e-9)
-            options.append(Option(o.gpu_type, o.gpus_per_replica, min(self.svc.max_replicas, n), o.rate_per_replica))
+            n, m = (
+                (wanted, ahead)
+                if i == self.active
+                else (math.ceil(x * base_rate / o.rate_per_replica - 1e-9) for x in (wanted, ahead))
+            )
+            n, m = min(self.svc.max_replicas, n), min(self.svc.max_replicas, m)
+            options.append(Option(o.gpu_type, o.gpus_per_replica, n, o.rate_per_replica, m - n))
         gaps = [0.0]
         if obs.ttft_p_s is not None:
             gaps.append(obs.ttft_p_s / self.configs[self.active].ttft_target_s - 1)
