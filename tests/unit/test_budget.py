@@ -455,7 +455,7 @@ def test_with_room_ahead_the_allocation_settles_and_never_cycles(case: tuple[Bud
         now = [(g.name, g.gpu_type, g.replicas, g.ahead) for g in a.grants]
         if seen and now == seen[-1]:
             return
-        assert now not in seen, f"the allocation cycles: {seen + [now]}"
+        assert now not in seen, f"the allocation cycles: {[*seen, now]}"
         seen.append(now)
         previous, where = a.by_name, {g.name: g.gpu_type for g in a.grants}
     raise AssertionError(f"not settled within 4 ticks: {seen}")
