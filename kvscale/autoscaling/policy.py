@@ -347,7 +347,17 @@ def _backlog_target(
 def decide(
     obs: Observation, state: PolicyState, capacity: Capacity, config: PolicyConfig
 ) -> tuple[Decision, PolicyState]:
-    """One tick: the replica count, the term that set it (its kind) and why, and the new state."""
+    """One tick: the replica count, the term that set it (its kind) and why, and the new
+    state; with the replicas its forecast asks for one lead further (Decision.lead_replicas)."""
+    decision, state = _decide(obs, state, capacity, config)
+    if decision.capacity_per_replica:
+        decision = replace(decision, lead_replicas=replicas_ahead(decision, state, config, obs.time_s))
+    return decision, state
+
+
+def _decide(
+    obs: Observation, state: PolicyState, capacity: Capacity, config: PolicyConfig
+) -> tuple[Decision, PolicyState]:
     state = state.learn_cold_start(obs.started_to_ready_s, config)
     cold_start_s = state.cold_start_s(config)
     current = obs.current_replicas

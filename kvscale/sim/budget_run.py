@@ -26,7 +26,6 @@ from kvscale.autoscaling.budget import Allocation, Budget, Demand, Grant, Option
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.idle import idle_replicas
 from kvscale.autoscaling.observation import Observation
-from kvscale.autoscaling.policy import replicas_ahead
 from kvscale.autoscaling.tuning import policy_config
 from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.fleet import Fleet
@@ -227,8 +226,7 @@ class _ServiceRun:
             decision.replicas, self.svc.min_replicas, now_s - self.last_arrival_s, self.svc.idle_window_s, waiting
         )
         # Room ahead of need: what its forecast asks for one lead further (none while idle).
-        ahead = replicas_ahead(decision, self.policy.state, self.policy.config, now_s) if wanted else 0
-        ahead = max(wanted, ahead)
+        ahead = max(wanted, decision.lead_replicas or 0) if wanted else 0
         base_rate = self.svc.options[self.active].rate_per_replica
         options = []
         for i, o in enumerate(self.svc.options):
