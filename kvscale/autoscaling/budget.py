@@ -19,14 +19,24 @@ Order of the decision:
    gives it the largest share of its want. Floors of lower priorities are moved to another
    GPU type they accept (their next-cheapest feasible plan) when that makes room for a
    higher priority, rather than left in its way.
-3. Never above a limit: per GPU type, and per namespace and type where the budget says.
+3. Room ahead of need: once every service of a priority has its want, each of them is held
+   room for the replicas its forecast asks for one lead further (Option.ahead: the policy's
+   own lead over the cold start, kvscale.autoscaling.policy.replicas_ahead), before any lower
+   priority's want. The room is reserved, not granted: the service scales into it when its
+   want rises, without waiting for a lower priority to release GPUs first (issue 29: a
+   diurnal rise waited for a preemption each time). Lower priorities' floors come first.
+4. Never above a limit: per GPU type, and per namespace and type where the budget says.
    GPU types the budget does not list are not limited by it.
 
 Hysteresis, so allocations do not flap from tick to tick:
 - a service stays on the GPU type it runs on while that type holds its want (a move is a
   redeploy and a cold start); it returns to a preferred (cheaper) option only when that
-  option holds its want with `return_margin` to spare; held everywhere, it moves only for
-  `move_margin` more of its want;
+  option holds its want with `return_margin` to spare; held everywhere, it moves whenever
+  another option serves more of its want (issue 29: rag sat on 4 L40S while 4 H100 were
+  idle, as a 25% margin on the share of a 100-replica want never qualified), counted in
+  requests/s where the options say what a replica carries (a want capped at maxReplicas on
+  both types is no measure of which serves more), by at least one replica of where it runs
+  (a move costs a cold start; less than a replica's worth is within rounding);
 - SLO gaps reorder services of one priority only when they differ by more than
   `gap_margin`; within that, last tick's order holds.
 """
@@ -46,12 +56,22 @@ class Option:
     gpu_type: str
     gpus_per_replica: int
     wanted: int
+    # Requests/s one replica carries within the SLO here (the plan's); 0 when not known: then
+    # options are compared by the share of their own want they hold.
+    rate_per_replica: float = 0.0
+    # Replicas beyond `wanted` its forecast asks for one lead further: room held for them
+    # ahead of lower priorities' wants (kvscale.autoscaling.policy.replicas_ahead).
+    ahead: int = 0
 
     def __post_init__(self) -> None:
+        if not self.rate_per_replica >= 0:
+            raise ValueError(f"rate_per_replica must be >= 0, got {self.rate_per_replica}")
         if self.gpus_per_replica < 1:
             raise ValueError(f"gpus_per_replica must be >= 1, got {self.gpus_per_replica}")
         if self.wanted < 0:
             raise ValueError(f"wanted must be >= 0, got {self.wanted}")
+        if self.ahead < 0:
+            raise ValueError(f"ahead must be >= 0, got {self.ahead}")
 
 
 @dataclass(frozen=True)
@@ -104,7 +124,6 @@ class Budget:
 class AllocatorConfig:
     gap_margin: float = 0.25  # SLO gaps closer than this count as equal within a priority
     return_margin: float = 0.25  # spare share of its want a preferred option needs before a move back
-    move_margin: float = 0.25  # share of its want another option must add before a held service moves there
 
 
 @dataclass(frozen=True)
@@ -123,6 +142,7 @@ class Grant:
     reason: str
     floor_short: int = 0  # replicas of minReplicas the budget could not hold
     over_limit: int = 0  # replicas granted beyond the limit: the one a service without a gateway keeps
+    ahead: int = 0  # replicas of room held for it beyond its grant, ahead of its forecast's rise
 
     @property
     def floor_kept(self) -> bool:
@@ -144,6 +164,7 @@ class Allocation:
     grants: tuple[Grant, ...]  # in rank order
     used: Mapping[str, int]  # GPUs granted per type (limited types and others)
     wanted: Mapping[str, int]  # GPUs each service wanted on its first option, summed per type
+    reserved: Mapping[str, int] = field(default_factory=dict)  # GPUs held as room ahead of need, per type
 
     def grant(self, name: str) -> Grant:
         for g in self.grants:
@@ -224,6 +245,7 @@ def allocate(
     at: dict[str, int] = {}  # option index each service holds
     held: dict[str, int] = {}  # replicas it holds there
     over: dict[str, int] = {}  # the replica a service without a gateway keeps beyond the limit
+    ahead: dict[str, int] = {}  # replicas of room held for it ahead of its forecast
 
     # 1. Floors, in order.
     for d in order:
@@ -234,10 +256,15 @@ def allocate(
         if choice is None:  # floors placed before it that can go elsewhere make room
             placed = [x for x in order if x.name in at]
             for i in tries:
+                saved = (dict(ledger.used), dict(ledger.ns_used), dict(at))
                 _make_room(ledger, d, d.options[i], floor * d.options[i].gpus_per_replica, placed, at, held)
                 if ledger.fits(d.namespace, d.options[i], floor) >= floor:
                     choice = i
                     break
+                # Moves that made too little room are undone: floors that shuffle without
+                # making room would move again next tick (a redeploy each time, for nothing).
+                ledger.used, ledger.ns_used = saved[0], saved[1]
+                at.update(saved[2])
         if choice is None:  # no option holds the whole floor: the most that fits
             choice = max(tries, key=lambda i: (ledger.fits(d.namespace, d.options[i], floor), -tries.index(i)))
         got = ledger.fits(d.namespace, d.options[choice], floor)
@@ -280,6 +307,16 @@ def allocate(
         at[d.name], held[d.name] = choice, got
         # What this turn freed elsewhere (a floor that moved) goes first to those before it.
         _fill(order[:n], ledger, at, held)
+        if n + 1 == len(order) or order[n + 1].priority < d.priority:
+            # Its priority's wants are all placed: room ahead of need, before lower priorities.
+            _fill(order[: n + 1], ledger, at, held)
+            for e in order[: n + 1]:
+                if e.priority != d.priority or e.name in ahead:
+                    continue
+                eo = e.options[at[e.name]]
+                spare = ledger.fits(e.namespace, eo, eo.ahead) if held[e.name] >= eo.wanted else 0
+                ledger.take(e.namespace, eo, spare)
+                ahead[e.name] = spare
 
     # 3. Reasons, once every grant is known.
     grants: list[Grant] = []
@@ -290,7 +327,7 @@ def allocate(
         got = held[d.name] + over.get(d.name, 0)
         want = max(opt.wanted, d.floor)
         short = max(0, d.min_replicas - got)
-        reason = _reason(budget, d, at[d.name], got, want, short, over.get(d.name, 0), order, at, held, ledger)
+        reason = _reason(budget, d, at[d.name], got, want, short, over.get(d.name, 0), order, at, held, ledger, ahead)
         grants.append(
             Grant(
                 d.name,
@@ -305,6 +342,7 @@ def allocate(
                 reason,
                 short,
                 over.get(d.name, 0),
+                ahead.get(d.name, 0),
             )
         )
     wanted: dict[str, int] = {}
@@ -316,8 +354,13 @@ def allocate(
     for name, n in over.items():  # what runs beyond the limit is allocated all the same
         g = next(g for g in grants if g.name == name)
         ledger.used[g.gpu_type] = ledger.used.get(g.gpu_type, 0) + n * g.gpus_per_replica
+    reserved: dict[str, int] = {}
+    for g in grants:
+        if g.ahead:
+            reserved[g.gpu_type] = reserved.get(g.gpu_type, 0) + g.ahead * g.gpus_per_replica
+            ledger.used[g.gpu_type] -= g.ahead * g.gpus_per_replica  # held as room, not granted
     used = {gpu: n for gpu, n in ledger.used.items() if n > 0}
-    return Allocation(budget.name, tuple(grants), used, wanted)
+    return Allocation(budget.name, tuple(grants), used, wanted, reserved)
 
 
 def _fill(before: Sequence[Demand], ledger: _Ledger, at: dict[str, int], held: dict[str, int]) -> None:
@@ -354,7 +397,8 @@ def _room(ledger: _Ledger, d: Demand, i: int, lower: list[Demand], at: dict[str,
 def _choose(d: Demand, room: Mapping[int, int], floor_got: int, config: AllocatorConfig) -> int:
     """The option for `d`: where it runs now while that holds its want; else the first that
     holds its want (a preferred one only with `return_margin` to spare when leaving where it
-    runs); else the largest share of its want (never less than the floor it already has)."""
+    runs); else the one that serves the most of its want (never less than the floor it
+    already has), where it runs unless another serves a replica's worth more."""
     here = _index(d, d.current_gpu_type)
     full = [i for i, o in enumerate(d.options) if room[i] >= max(o.wanted, d.min_replicas)]
     if here is not None and here in full:
@@ -370,13 +414,18 @@ def _choose(d: Demand, room: Mapping[int, int], floor_got: int, config: Allocato
         i for i in range(len(d.options)) if min(room[i], max(d.options[i].wanted, d.min_replicas)) >= floor_got
     ] or list(range(len(d.options)))
 
-    def share(i: int) -> float:
+    def served(i: int, extra: int = 0) -> float:
+        """What option i serves of the want, with `extra` replicas more: requests/s where
+        every option knows its per-replica rate, else the share of its own want."""
         o = d.options[i]
-        return min(room[i], max(o.wanted, d.min_replicas)) / max(o.wanted, d.min_replicas, 1)
+        want = max(o.wanted, d.min_replicas)
+        n = min(room[i], want) + extra
+        return n * o.rate_per_replica if by_rate else n / max(want, 1)
 
-    best = max(eligible, key=lambda i: (share(i), i == here, -i))
-    if here is not None and here in eligible and share(best) < share(here) + config.move_margin:
-        return here  # a move is a redeploy: only for a clearly larger share
+    by_rate = all(o.rate_per_replica > 0 for o in d.options)
+    best = max(eligible, key=lambda i: (served(i), i == here, -i))
+    if here is not None and here in eligible and served(best) < served(here, extra=1):
+        return here  # a move is a redeploy and a cold start: only for a replica's worth more
     return best
 
 
@@ -417,6 +466,7 @@ def _reason(
     at: dict[str, int],
     held: dict[str, int],
     ledger: _Ledger,
+    ahead: Mapping[str, int],
 ) -> str:
     opt = d.options[i]
     where = f"{opt.gpu_type} x{opt.gpus_per_replica}"
@@ -429,12 +479,15 @@ def _reason(
             f"; {over_limit} replica beyond the {opt.gpu_type} limit: no gateway holds its requests at zero "
             "(spec.routing.inferencePool or kedaHttp), so it keeps one"
         )
+    if ahead.get(d.name):
+        moved += f"; room for {ahead[d.name]} more held ahead of its forecast"
     if got >= want:
         return f"wanted {want}, got {got} on {where}{moved}"
     limit = budget.limits.get(opt.gpu_type)
     ns_limit = budget.namespace_limits.get(d.namespace, {}).get(opt.gpu_type)
     holders = [
         f"{x.name} (priority {x.priority}) {held[x.name] * x.options[at[x.name]].gpus_per_replica}"
+        + (f" (+{ahead[x.name] * x.options[at[x.name]].gpus_per_replica} ahead)" if ahead.get(x.name) else "")
         for x in order
         if x.name != d.name and x.options[at[x.name]].gpu_type == opt.gpu_type and held[x.name] > 0
     ]

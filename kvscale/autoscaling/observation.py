@@ -229,3 +229,6 @@ class Decision:
     capacity_per_replica: float | None = None  # requests/s one replica sustains within the SLO
     calibration: float = 1.0
     cold_start_s: float | None = None  # the cold start the policy planned with (learned or default)
+    # Replicas its forecast asks for one lead further (policy.replicas_ahead): the room a GPU
+    # budget holds for it ahead of need; None when the policy says nothing of capacity.
+    lead_replicas: int | None = None

@@ -347,7 +347,17 @@ def _backlog_target(
 def decide(
     obs: Observation, state: PolicyState, capacity: Capacity, config: PolicyConfig
 ) -> tuple[Decision, PolicyState]:
-    """One tick: the replica count, the term that set it (its kind) and why, and the new state."""
+    """One tick: the replica count, the term that set it (its kind) and why, and the new
+    state; with the replicas its forecast asks for one lead further (Decision.lead_replicas)."""
+    decision, state = _decide(obs, state, capacity, config)
+    if decision.capacity_per_replica:
+        decision = replace(decision, lead_replicas=replicas_ahead(decision, state, config, obs.time_s))
+    return decision, state
+
+
+def _decide(
+    obs: Observation, state: PolicyState, capacity: Capacity, config: PolicyConfig
+) -> tuple[Decision, PolicyState]:
     state = state.learn_cold_start(obs.started_to_ready_s, config)
     cold_start_s = state.cold_start_s(config)
     current = obs.current_replicas
@@ -478,3 +488,33 @@ def decide(
         ),
         state,
     )
+
+
+def replicas_ahead(
+    decision: Decision, state: PolicyState, config: PolicyConfig, now_s: float, lead_s: float | None = None
+) -> int:
+    """Replicas the forecast asks for one lead beyond the decision's horizon: the damped
+    trend read `lead_s` further (default the policy's own lead over the cold start, its
+    horizon of one cold start and a tick), over what one replica carries, with headroom;
+    within maxReplicas, and never below the decision.
+
+    Under a GPU budget a replica may have to wait for a lower priority to release GPUs
+    before its cold start begins; the budget holds room for this many (issue 29: "room ahead
+    of need"), so a diurnal rise does not wait for a release each time. 0 extra on a flat or
+    falling rate; the decision's own count when it says nothing of capacity (held metrics)."""
+    per_replica = decision.capacity_per_replica
+    if not per_replica or per_replica <= 0 or not state.rates:
+        return decision.replicas
+    cold_start_s = decision.cold_start_s if decision.cold_start_s is not None else state.cold_start_s(config)
+    horizon_s = cold_start_s + config.tick_s
+    lead = horizon_s if lead_s is None else max(lead_s, 0.0)
+    rate = forecast_rate(
+        state.rates,
+        now_s,
+        config.forecast_window_s,
+        horizon_s + lead,
+        config.trend_damping_s,
+        config.rate_window_s / 2,
+    )
+    ahead = _replicas_for(rate, per_replica, config.headroom) if rate > 0 else 0
+    return max(decision.replicas, min(config.max_replicas, ahead))

@@ -97,10 +97,12 @@ def _read(path: Path) -> _FleetIn:
     return fleet
 
 
-def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None:
+def fleet_services(path: Path, cat: Catalog) -> tuple[Any, list[Any], str]:
+    """The budget, the services (each with its cheapest feasible plan per accepted GPU type)
+    and the routing a fleet file describes: what `simulate --fleet` runs, for a benchmark to
+    run the same (benchmarks/budget_contention.py). Exits with the file's error."""
     from kvscale.autoscaling.budget import Budget
-    from kvscale.cli.common import duration, model, write_picture
-    from kvscale.sim import budget_run
+    from kvscale.cli.common import duration, model
     from kvscale.sim.budget_run import FleetService
     from kvscale.sim.fleet import RoutingError, check_routing
 
@@ -140,6 +142,17 @@ def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None
                 idle_window_s=duration(s.idle_window, f"services[{s.name}].idle_window"),
             )
         )
+    return budget, services, spec.routing
+
+
+def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None:
+    from kvscale.autoscaling.budget import Budget
+    from kvscale.cli.common import duration, write_picture
+    from kvscale.sim import budget_run
+
+    budget, services, routing = fleet_services(path, cat)
+    spec = _read(path)
+    limits = dict(budget.limits)
     grace_s = duration(spec.preemption_grace, "preemption_grace")
     drain_s = duration(spec.drain, "drain")
     result = budget_run.simulate_fleet(budget, services, drain_limit_s=drain_s, preemption_grace_s=grace_s)
@@ -151,7 +164,7 @@ def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None
     rows = [_row(r, alone[r.service.name]) for r in result.services]
     out = {
         "budget": dict(limits),
-        "routing": spec.routing,
+        "routing": routing,
         "preemption_grace_s": grace_s,
         "drain_s": drain_s,
         "duration_s": round(result.duration_s, 1),

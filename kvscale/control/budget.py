@@ -167,11 +167,13 @@ def _within_free(
     return current + max(0, min(target - current, math.floor(free / gpr)))
 
 
-def options(plan: PlanStatus, wanted: int, max_replicas: int) -> tuple[Option, ...]:
+def options(plan: PlanStatus, wanted: int, max_replicas: int, lead: int = 0) -> tuple[Option, ...]:
     """The ways the service can run, preferred first: the planner's choice (the GPU type a
     budget moved it off, if one did), then the best alternative on each other GPU type its
     spec accepts, the cheapest per request/s first, as the plan's alternatives recorded them.
-    The policy's want is converted between types by per-replica capacity."""
+    The policy's want is converted between types by per-replica capacity, and so is `lead`
+    (Decision.lead_replicas: the room held ahead of need is what it asks beyond the want)."""
+    lead = max(lead, wanted)
 
     def per_rate(cost_per_hour: float | None, replicas: int | None, rate: float | None) -> float:
         if not cost_per_hour or not replicas or not rate:
@@ -182,7 +184,9 @@ def options(plan: PlanStatus, wanted: int, max_replicas: int) -> tuple[Option, .
     by_type = {
         plan.gpu_type: (
             per_rate(plan.cost_per_hour, plan.replicas, plan.rate_per_replica),
-            Option(plan.gpu_type, gpr, wanted),
+            Option(
+                plan.gpu_type, gpr, wanted, max(plan.rate_per_replica, 0.0), max(0, min(max_replicas, lead) - wanted)
+            ),
         )
     }
     for alt in plan.alternatives:
@@ -193,9 +197,15 @@ def options(plan: PlanStatus, wanted: int, max_replicas: int) -> tuple[Option, .
             or plan.rate_per_replica <= 0
         ):
             continue
-        n = min(max_replicas, math.ceil(wanted * plan.rate_per_replica / alt.rate_per_replica - 1e-9))
+        n, m = (
+            min(max_replicas, math.ceil(x * plan.rate_per_replica / alt.rate_per_replica - 1e-9))
+            for x in (wanted, lead)
+        )
         cost = per_rate(alt.cost_per_hour, alt.replicas, alt.rate_per_replica)
-        by_type[alt.gpu_type] = (cost, Option(alt.gpu_type, alt.gpus_per_replica, n))
+        by_type[alt.gpu_type] = (
+            cost,
+            Option(alt.gpu_type, alt.gpus_per_replica, n, alt.rate_per_replica, max(0, m - n)),
+        )
     first = plan.budget_moved_from if plan.budget_moved_from in by_type else plan.gpu_type
     rest = sorted((v for t, v in by_type.items() if t != first), key=lambda v: v[0])
     return (by_type[first][1], *(o for _, o in rest))
@@ -255,7 +265,7 @@ def govern(
     now_s = now.timestamp()
     demand = Demand(
         key,
-        options(plan, wanted, intent.scaling.max_replicas),
+        options(plan, wanted, intent.scaling.max_replicas, done.decision.lead_replicas or 0),
         intent.spec.scaling.priority,
         intent.scaling.min_replicas,
         res.namespace,

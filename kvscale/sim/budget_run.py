@@ -246,11 +246,18 @@ class _ServiceRun:
             decision.replicas, self.svc.min_replicas, now_s - self.last_arrival_s, self.svc.idle_window_s, waiting
         )
         self.wanted = min(self.svc.max_replicas, wanted)
+        # Room ahead of need: what its forecast asks for one lead further (none while idle).
+        ahead = max(wanted, decision.lead_replicas or 0) if wanted else 0
         base_rate = self.svc.options[self.active].rate_per_replica
         options = []
         for i, o in enumerate(self.svc.options):
-            n = wanted if i == self.active else math.ceil(wanted * base_rate / o.rate_per_replica - 1e-9)
-            options.append(Option(o.gpu_type, o.gpus_per_replica, min(self.svc.max_replicas, n)))
+            n, m = (
+                (wanted, ahead)
+                if i == self.active
+                else (math.ceil(x * base_rate / o.rate_per_replica - 1e-9) for x in (wanted, ahead))
+            )
+            n, m = min(self.svc.max_replicas, n), min(self.svc.max_replicas, m)
+            options.append(Option(o.gpu_type, o.gpus_per_replica, n, o.rate_per_replica, m - n))
         gaps = [0.0]
         if obs.ttft_p_s is not None:
             gaps.append(obs.ttft_p_s / self.configs[self.active].ttft_target_s - 1)

@@ -391,3 +391,36 @@ def test_a_pin_counts_against_the_budget_and_is_held_to_its_grant() -> None:
     assert govern_pin(BudgetBook(), RES, {}, intent, pinned, seen, NOW, TTL) == pinned
     gone = govern_pin(BudgetBook(), RES, {}, intent, replace(pinned, status=grown.status), seen, NOW, TTL)
     assert get_condition(gone.status, CONDITION) is None
+
+
+def test_room_ahead_of_the_forecast_is_held_from_a_lower_priority() -> None:
+    """Issue 29, room ahead of need: the policy's lead (Decision.lead_replicas) reaches the
+    allocator as Option.ahead on every type, converted like the want, and a lower priority's
+    grant leaves that room free."""
+    from kvscale.control.budget import options
+
+    book = BudgetBook()
+    intent, status, start = _planned(SPEC)
+    obs = _obs(50.0, start.ready)  # 5 replicas, within maxReplicas 10
+    done = tick(intent, RES, status, start, obs, None, ScalerMemory(), CAT, SETTINGS, NOW)
+    assert done.decision.lead_replicas is not None and done.decision.lead_replicas >= done.decision.replicas
+    plan, wanted = start.plan, done.decision.replicas
+    gpu, tp = plan.gpu_type, plan.tensor_parallel
+    opts = options(plan, 10, 100, lead=13)
+    assert (opts[0].wanted, opts[0].ahead, opts[0].rate_per_replica) == (10, 3, plan.rate_per_replica)
+    alt = next(a for a in plan.alternatives if a.gpu_type == opts[1].gpu_type)
+    assert alt.rate_per_replica is not None
+    ceil = [math.ceil(n * plan.rate_per_replica / alt.rate_per_replica - 1e-9) for n in (10, 13)]
+    assert (opts[1].wanted, opts[1].ahead) == (ceil[0], ceil[1] - ceil[0])
+    assert options(plan, 10, 11, lead=13)[0].ahead == 1  # within maxReplicas
+    # On the tick: chat (priority 0) asks 3 beyond its want; low (-1) wants everything.
+    book.set_budget("b", parse_budget_spec({"limits": {gpu: (wanted + 10) * tp}}))
+    low = Demand("ns/low", (Option(gpu, tp, 100),), priority=-1)
+    book.entries["ns/low"] = Entry("b", low, "ns", "low", 0, gpu, NOW.timestamp())
+    ahead = replace(done, decision=replace(done.decision, lead_replicas=wanted + 3))
+    govern(book, RES, {"tier": "x"}, intent, status, start, obs, ahead, NOW, TTL)
+    a = book.allocation("b", NOW.timestamp(), TTL)
+    assert (a.grant("ns/chat").replicas, a.grant("ns/chat").ahead) == (wanted, 3)
+    assert a.grant("ns/low").replicas == 7  # a limit of 15 replicas, less chat's 5 and the 3 held for it
+    assert a.reserved == {gpu: 3 * tp}
+    assert "chat (priority 0) " in a.grant("ns/low").reason and "ahead)" in a.grant("ns/low").reason

@@ -203,3 +203,33 @@ def test_simulate_fleet_bad_files_name_the_field(tmp_path: Path) -> None:
         assert result.exit_code == 2 and needle in result.stderr, (text, result.stderr)
     result = CliRunner().invoke(app, ["simulate", "--fleet", str(fleet), "--model", "llama-3.1-8b"])
     assert result.exit_code == 2 and "leave out --model" in result.stderr
+
+
+def ramp(r0: float, r1: float, duration_s: float, seed: int) -> list[TraceRequest]:
+    """Poisson arrivals whose rate rises linearly from r0 to r1 (by thinning)."""
+    rng, t = random.Random(seed), 0.0
+    out: list[TraceRequest] = []
+    while True:
+        t += rng.expovariate(r1)
+        if t >= duration_s:
+            return out
+        if rng.random() * r1 <= r0 + (r1 - r0) * t / duration_s:
+            out.append(TraceRequest(t, 400, 60))
+
+
+def test_a_rising_top_priority_is_held_room_ahead_of_its_want() -> None:
+    """Issue 29, room ahead of need: while top's rate rises, its forecast one lead further
+    asks for a replica more than its want; the budget holds that room from low (saturated),
+    so low's grant shrinks a tick before top's want grows."""
+    top = FleetService("top", (option("L40S", 6.0),), ramp(2.0, 120.0, 400, 1), priority=10)
+    low = FleetService("low", (option("L40S", 6.0),), poisson(150.0, 400, 2))
+    result = simulate_fleet(Budget("b", {"L40S": 8}), [top, low])
+    top_run, low_run = result.services
+    held_ahead = [t for t, reason in top_run.reasons if "room for 1 more held ahead of its forecast" in reason]
+    assert len(held_ahead) >= 2
+    at = {p.time_s: (p, q) for p, q in zip(top_run.timeline, low_run.timeline, strict=True)}
+    for t in held_ahead:
+        p, q = at[t]
+        assert q.granted == 8 - p.granted - 1  # the room is not low's
+    for _, used in result.usage:
+        assert used.get("L40S", 0) <= 8
