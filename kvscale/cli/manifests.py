@@ -185,7 +185,20 @@ def objects_for(
                 name, spec, cfg, launch, pool, replicas, port, pod_labels(name, "", cfg), tolerations, policy=policy
             )
             if multi
-            else deployment(name, "", spec, result.model, cfg, chosen, pool, replicas, port, tolerations, policy=policy)
+            else deployment(
+                name,
+                "",
+                spec,
+                result.model,
+                cfg,
+                chosen,
+                pool,
+                replicas,
+                port,
+                tolerations,
+                policy=policy,
+                launch=launch,
+            )
         )
     except (EngineImageError, NotAllowed, lws.MultiNodeUnsupported) as exc:
         fail(f"{name}: {exc}")

@@ -56,7 +56,7 @@ class Unplanned:
 def deployability(intent: Intent, catalog: Catalog, model: ModelArch) -> Unplanned | None:
     """Candidate-independent refusals: a context above the model's limit, a precision without a
     matching checkpoint, an engine that cannot run the KV-cache precision."""
-    w, m = intent.spec.workload, intent.spec.model
+    w, m = intent.as_written, intent.model
     try:
         check_requested_context(
             model,
@@ -72,7 +72,7 @@ def deployability(intent: Intent, catalog: Catalog, model: ModelArch) -> Unplann
         resolve_checkpoint(model, catalog.precision(precision), requested_source(m.name, m.source, precision))
     except CheckpointError as exc:
         return Unplanned("NoMatchingCheckpoint", str(exc), retry=False)
-    unsupported = unsupported_by_engine(intent.engine, m.kv_cache_precision)
+    unsupported = unsupported_by_engine(intent.engine, intent.kv_cache_precision)
     if unsupported is not None:
         return Unplanned("EngineUnsupported", f"spec.engine.type: {unsupported}", retry=False)
     return None
@@ -80,7 +80,7 @@ def deployability(intent: Intent, catalog: Catalog, model: ModelArch) -> Unplann
 
 def _with_engine_images(intent: Intent, catalog: Catalog, allowed: tuple[str, ...]) -> tuple[str, ...]:
     """Leave out AMD GPUs when the engine has no ROCm image (none in the catalog or the spec)."""
-    if intent.spec.engine.rocm_image or catalog.engine(intent.engine).rocm_image:
+    if intent.rocm_image or catalog.engine(intent.engine).rocm_image:
         return allowed
     if allowed and all(catalog.gpu(g).vendor == "amd" for g in allowed):
         return ()
@@ -258,7 +258,7 @@ def plan_service(
 def _substitution(intent: Intent, catalog: Catalog, model: ModelArch, precision: str) -> str | None:
     """The plan's checkpoint when it is another repository than the one named (a published
     quantization of the same model), said first; deployability() refused the rest already."""
-    m = intent.spec.model
+    m = intent.model
     try:
         checkpoint = resolve_checkpoint(
             model, catalog.precision(precision), requested_source(m.name, m.source, precision)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from kvscale.api import LABEL_GPU_TYPE, selector
-from kvscale.api.intent import Intent, SpecError, child_name_problems, parse_intent
+from kvscale.api.intent import Intent, SpecError, child_name_problems
 from kvscale.api.models import Condition, InferenceServiceStatus, status_patch
 from kvscale.control import children as owned
 from kvscale.control import exclusions
@@ -335,7 +335,7 @@ def _summary(planned: Planned, replicas: int) -> str:
 
 
 def reconcile(
-    spec: Mapping[str, Any],
+    intent: Intent | SpecError,
     res: Resource,
     status: InferenceServiceStatus,
     observed: Observed,
@@ -347,12 +347,11 @@ def reconcile(
     prefer_gpu: str | None = None,
 ) -> Result:
     """Plan, then build the children (mode auto) or only record the plan (mode recommend).
-    `traffic` (the observed workload, on drift) replaces spec.workload for the planner;
-    `prefer_gpu` (a GPUBudget's move) picks the best plan on that GPU type where one fits."""
-    try:
-        intent = parse_intent(spec)
-    except SpecError as exc:
-        return _failed(status, res, exc.reason, exc.message, now=now)
+    `intent`: the spec as the handler parsed it, once (a SpecError becomes the Planned
+    condition). `traffic` (the observed workload, on drift) replaces spec.workload for the
+    planner; `prefer_gpu` (a GPUBudget's move) picks the best plan on that GPU type where one fits."""
+    if isinstance(intent, SpecError):
+        return _failed(status, res, intent.reason, intent.message, now=now)
     problems = child_name_problems(res.name, intent.spec)
     if problems:
         return _failed(status, res, "InvalidName", "; ".join(problems), now=now)
@@ -367,7 +366,7 @@ def reconcile(
         delay = settings.retry_backoff_s if outcome.retry else None
         return _failed(status, res, outcome.reason, outcome.message, delay, now)
     cache_env = outcome.config.engine.cache_env
-    if any(e.name == cache_env for e in intent.spec.engine.env):
+    if cache_env in intent.env_names:
         message = (
             f"spec.engine.env: {cache_env} is set by kvscale (where the engine keeps downloaded weights, "
             "mounted from spec.model.cache); remove it from spec.engine.env and set spec.model.cache instead"
@@ -571,6 +570,7 @@ def _workload(
         settings.extra_tolerations,
         pool_labels=joined,
         policy=settings.pod_policy,
+        launch=launch,
     )
 
 
@@ -705,7 +705,7 @@ def settled(result: Result, before: InferenceServiceStatus, observed: Observed, 
 
 
 def refresh(
-    spec: Mapping[str, Any],
+    intent: Intent | SpecError,
     res: Resource,
     status: InferenceServiceStatus,
     observed: Observed,
@@ -715,7 +715,7 @@ def refresh(
 ) -> Result | None:
     """The status tick; None when there is nothing to look at (not deployed)."""
     if conflicted(status):  # a child's name was taken: deploy once it is free (reconcile says if not)
-        return reconcile(spec, res, status, observed, catalog, settings, now=now)
+        return reconcile(intent, res, status, observed, catalog, settings, now=now)
     if status.phase in (None, "Failed", "Pending", "Recommended") or status.plan is None:
         return None
     gpu = status.plan.gpu_type
@@ -724,7 +724,7 @@ def refresh(
         back = ", ".join(status.plan.excluded_gpu_types)
         message = f"{back} left out for KVSCALE_GPU_EXCLUSION_TTL ({ttl_s:.0f}s): planning with every GPU type again"
         returned = reconcile(
-            spec, res, without_condition(status, exclusions.CONDITION), observed, catalog, settings, (), now
+            intent, res, without_condition(status, exclusions.CONDITION), observed, catalog, settings, (), now
         )
         return replace(returned, events=(Event("Normal", "GPUTypesReturned", message), *returned.events))
     if replans(status, observed, settings, now):
@@ -739,17 +739,17 @@ def refresh(
             condition(status, "Scheduled", False, "GPUTypeUnschedulable", message, res.generation, now),
             exclusions.excluded(left_out, "their pods found no free GPUs", now, ttl_s, res.generation),
         )
-        replanned = reconcile(spec, res, marked, observed, catalog, settings, left_out, now)
+        replanned = reconcile(intent, res, marked, observed, catalog, settings, left_out, now)
         return replace(replanned, events=(Event("Warning", "GPUTypeUnschedulable", message[:1000]), *replanned.events))
     if pool_api_missing(status) and observed.pool is not None and observed.pool.api_installed:
-        return reconcile(spec, res, status, observed, catalog, settings, now=now)  # the CRD arrived
+        return reconcile(intent, res, status, observed, catalog, settings, now=now)  # the CRD arrived
     found = owned.check(observed.applied_children, observed.children, res.uid)
     if found.reapply or found.foreign or get_condition(status, NAME_CONFLICT) is not None:
         return _restore(status, res, observed, found, now)
     seen = observed.workload(multi_node(status))
     if seen is None:
         return None
-    pinned = (spec.get("scaling") or {}).get("replicas")
+    pinned = None if isinstance(intent, SpecError) else intent.scaling.pinned_replicas
     ready = _readiness(status, res, observed, seen, now, settings.unschedulable_timeout_s, pinned)
     return _finish_replan(ready, res, observed, seen, now) if rolling_out(status) else ready
 

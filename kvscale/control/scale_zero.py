@@ -50,8 +50,7 @@ def _s(seconds: float) -> str:
 
 
 def pool_name(intent: Intent, res: Resource) -> str | None:
-    pool = intent.spec.routing.inference_pool
-    return None if pool is None else (pool.name or res.name)
+    return intent.routing.pool(res.name)
 
 
 def queue_promql(namespace: str, pool: str) -> str:
@@ -85,9 +84,9 @@ def queue_queries(intent: Intent, res: Resource) -> tuple[str, ...]:
     pool = pool_name(intent, res)
     if pool is not None:
         queries.append(queue_promql(res.namespace, pool))
-    keda = intent.spec.routing.keda_http
+    keda = intent.routing.scaled_object(res.name)
     if keda is not None:
-        queries.append(keda_promql(res.namespace, keda.http_scaled_object or res.name))
+        queries.append(keda_promql(res.namespace, keda))
     return tuple(queries)
 
 

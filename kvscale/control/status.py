@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -169,6 +170,25 @@ def planned_workload(recorded: PlannedWorkloadStatus, max_context_tokens: int | 
         return None
 
 
+def _seconds(value: float) -> float | None:
+    """A prediction as status carries it: microseconds kept, no infinity (JSON has none)."""
+    return round(value, 6) if math.isfinite(value) else None
+
+
+def predicted_ttft_s(plan: PlanStatus) -> float:
+    """The plan's predicted TTFT as written in seconds; a status written before the number was
+    recorded gives its rounded text (the next plan writes the number)."""
+    if plan.predicted_ttft_seconds is not None:
+        return plan.predicted_ttft_seconds
+    return parse_duration_s(plan.predicted_ttft)
+
+
+def predicted_tpot_s(plan: PlanStatus) -> float:
+    if plan.predicted_tpot_seconds is not None:
+        return plan.predicted_tpot_seconds
+    return parse_duration_s(plan.predicted_tpot)
+
+
 def plan_status(
     planned: Planned, max_context: int, excluded: tuple[str, ...], workload: PlannedWorkloadStatus | None = None
 ) -> PlanStatus:
@@ -188,6 +208,8 @@ def plan_status(
         replicas=p.replicas,
         predicted_ttft=format_duration(p.ttft_p_s),
         predicted_tpot=format_duration(p.tpot_p_s),
+        predicted_ttft_seconds=_seconds(p.ttft_p_s),
+        predicted_tpot_seconds=_seconds(p.tpot_p_s),
         predicted_itl_p99=format_duration(p.itl_p99_s),
         throughput_tokens_per_second=round(p.throughput_tokens_per_s, 1),
         rate_per_replica=round(p.rate_per_replica_max, 4),

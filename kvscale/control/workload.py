@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
-from kvscale.api.intent import SpecError, parse_intent
+from kvscale.api.intent import Intent, SpecError
 from kvscale.api.models import (
     BurstinessStatus,
     InferenceServiceStatus,
@@ -234,7 +233,7 @@ def predates(
 
 
 def workload_tick(
-    spec: Mapping[str, Any],
+    intent: Intent | SpecError,
     res: Resource,
     status: InferenceServiceStatus,
     cluster: Callable[[], Observed],
@@ -249,9 +248,7 @@ def workload_tick(
     asked only for a re-plan (it may read the API server)."""
     if status.plan is None or status.phase in (None, "Failed", "Pending"):
         return None
-    try:
-        intent = parse_intent(spec)
-    except SpecError:
+    if isinstance(intent, SpecError):
         return None
     if w is None:  # unread: keep what was observed, say why; the drift clock does not move
         kept = status.observed_workload or ObservedWorkloadStatus()
@@ -276,7 +273,7 @@ def workload_tick(
         return Result(shown)
     held = f"{hold_s:.0f}s"
     settled = shown.model_copy(update={"observed_workload": observed_status(w, None, None, missing)})
-    result = reconcile(spec, res, settled, cluster(), catalog, settings, now=now, traffic=workload)
+    result = reconcile(intent, res, settled, cluster(), catalog, settings, now=now, traffic=workload)
     if result.retry is not None:
         # No plan for the observed workload: the current plan stays; try again after another hold.
         why = result.retry.message

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import kopf
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from kvscale.api.intent import Intent, SpecError, parse_intent
+from kvscale.api.intent import Intent, SpecError, read_spec
 from kvscale.api.models import InferenceServiceStatus, PlanStatus, parse_status
 from kvscale.autoscaling.budget import Grant
 from kvscale.autoscaling.observation import Observation
@@ -200,10 +200,11 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
 
 @dataclass(frozen=True)
 class Call:
-    """One handler call: the object, kopf's patch and per-object memo, the informers."""
+    """One handler call: the object, its spec parsed once (the Intent, or the SpecError that
+    says what to fix), kopf's patch and per-object memo, the informers."""
 
     body: kopf.Body
-    spec: Mapping[str, Any]
+    intent: Intent | SpecError
     patch: kopf.Patch
     memo: Any
     res: Resource
@@ -213,14 +214,21 @@ class Call:
     @classmethod
     def of(cls, rt: Runtime, kw: Mapping[str, Any]) -> Call:
         res = resource(kw["meta"], kw["namespace"], kw["name"])
-        return cls(kw["body"], kw["spec"], kw["patch"], kw["memo"], res, parse_status(kw["status"]), rt.inventory)
+        intent = read_spec(kw["spec"])
+        return cls(kw["body"], intent, kw["patch"], kw["memo"], res, parse_status(kw["status"]), rt.inventory)
+
+    def valid(self) -> Intent:
+        """The Intent; a tick with a spec that cannot be read fails (spec handling says why)."""
+        if isinstance(self.intent, SpecError):
+            raise self.intent
+        return self.intent
 
     def observed(self, rt: Runtime | None = None) -> Observed:
         """The informers' view; with `rt`, also the InferencePool the spec asks for and, in mode
         auto, any object holding a child's name that the informers do not show as this
         resource's (API reads: such an object is someone else's, and is left alone)."""
         seen = observed(self.res, self.memo, self.inventory, self._pool(rt) if rt is not None else None)
-        if rt is None or (self.spec.get("scaling") or {}).get("mode") == "recommend":
+        if rt is None or (isinstance(self.intent, Intent) and self.intent.scaling.mode == "recommend"):
             return seen
         names = [(k.kind, owned.child_name(k.kind, self.res.name)) for k in owned.KINDS if k.named_as_owner]
         unknown = [
@@ -231,10 +239,8 @@ class Call:
         return confirmed(rt, self.res, seen, unknown) if unknown else seen
 
     def _pool(self, rt: Runtime) -> PoolView | None:
-        routing = (self.spec.get("routing") or {}).get("inferencePool")
-        if not isinstance(routing, Mapping):
-            return None
-        return rt.kube.pool_view(self.res.namespace, str(routing.get("name") or self.res.name))
+        name = self.intent.routing.pool(self.res.name) if isinstance(self.intent, Intent) else None
+        return None if name is None else rt.kube.pool_view(self.res.namespace, name)
 
     def apply(self, rt: Runtime, result: Result) -> None:
         remember(self.memo, result)
@@ -358,7 +364,7 @@ def spec_changed(rt: Runtime, call: Call, resumed: bool = False) -> None:
     with telemetry.RECONCILE_SECONDS.time():
         seen = call.observed(rt)
         result = under_budget(
-            rt, call, reconcile(call.spec, call.res, call.before, seen, rt.catalog, rt.settings), seen
+            rt, call, reconcile(call.intent, call.res, call.before, seen, rt.catalog, rt.settings), seen
         )
     if result.retry is not None and result.retry.delay_s is None:
         telemetry.ERRORS.labels("reconcile").inc()
@@ -372,9 +378,8 @@ def under_budget(rt: Runtime, call: Call, result: Result, seen: Observed) -> Res
     """A reconcile's workload within what the governing GPUBudget has free now (kvscale.control.budget)."""
     if not result.apply or result.status.plan is None:
         return result
-    try:
-        intent = parse_intent(call.spec)
-    except SpecError:
+    intent = call.intent
+    if isinstance(intent, SpecError):
         return result
     labels = (call.body.get("metadata") or {}).get("labels") or {}
     existing = seen.workload(multi_node(result.status))
@@ -393,9 +398,9 @@ async def status_tick(rt: Runtime, call: Call) -> None:
             seen = await rt.io(confirmed, rt, call.res, seen, names)
         if pool_api_missing(call.before) or replans(call.before, seen, rt.settings, now) or conflicted(call.before):
             seen = await rt.io(call.observed, rt)  # the InferencePool too: a reconcile follows
-            result = await rt.io(refresh, call.spec, call.res, call.before, seen, rt.catalog, rt.settings, now)
+            result = await rt.io(refresh, call.intent, call.res, call.before, seen, rt.catalog, rt.settings, now)
         else:
-            result = refresh(call.spec, call.res, call.before, seen, rt.catalog, rt.settings, now)
+            result = refresh(call.intent, call.res, call.before, seen, rt.catalog, rt.settings, now)
         result = None if result is None else under_budget(rt, call, result, seen)
         result = refusals(rt, call, result, now)
     except Exception as exc:  # counted and shown in status; the timer runs again
@@ -432,7 +437,7 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
         return
     started = time.monotonic()
     try:
-        intent = parse_intent(call.spec)
+        intent = call.valid()
         seen = call.observed().workload(multi_node(call.before))
         start = fleet(intent, call.before, seen, call.res.generation)
         if start is not None and not isinstance(start, Fleet):  # a pin counts against a GPUBudget too
@@ -490,7 +495,7 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
     if predates(call.memo.get("replanned"), call.before, call.res.generation):
         return  # the status handed in is older than this operator's own re-plan: wait for the watch
     try:
-        intent = parse_intent(call.spec)
+        intent = call.valid()
         s = rt.settings
         workload, missing = await observe_workload_batched(
             rt.workload_reader,
@@ -506,7 +511,7 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
         if workload is not None:
             call.memo["workload"] = workload
         now = dt.datetime.now(dt.UTC)
-        args = (call.spec, call.res, call.before, lambda: call.observed(rt), workload, missing, rt.catalog, s, now)
+        args = (intent, call.res, call.before, lambda: call.observed(rt), workload, missing, rt.catalog, s, now)
         result = await rt.io(workload_tick, *args)
         result = None if result is None else under_budget(rt, call, result, call.observed())
     except Exception as exc:  # counted and shown in status; the timer runs again
@@ -570,7 +575,7 @@ def _move(
     """A budget's move: the plan re-made on the granted GPU type, at the granted replicas
     within what that type has free now."""
     seen = call.observed(rt)
-    result = reconcile(call.spec, call.res, status, seen, rt.catalog, rt.settings, now=now, prefer_gpu=grant.gpu_type)
+    result = reconcile(call.intent, call.res, status, seen, rt.catalog, rt.settings, now=now, prefer_gpu=grant.gpu_type)
     out = moved(result, before, grant, budget)
     return None if out is None else under_budget(rt, call, out, seen)
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 
 from kvscale.api.budget import parse_budget_spec
+from kvscale.api.intent import read_spec
 from kvscale.autoscaling.budget import Demand, Option
 from kvscale.control.budget import CONDITION, BudgetBook, Entry, budget_status, govern, govern_pin
 from kvscale.control.reconcile import Resource, Result
@@ -180,7 +181,9 @@ def test_a_service_whose_type_is_full_moves_to_its_next_option_and_back() -> Non
     c = get_condition(governed.result.status, CONDITION)
     assert c is not None and "next-cheapest feasible plan" in c.message
     # The move: re-planned on the granted type at the granted replicas, marked, one Event.
-    replanned = reconcile(SPEC, RES, governed.result.status, Observed(POOLS), CAT, SETTINGS, now=NOW, prefer_gpu=to)
+    replanned = reconcile(
+        read_spec(SPEC), RES, governed.result.status, Observed(POOLS), CAT, SETTINGS, now=NOW, prefer_gpu=to
+    )
     out = moved(replanned, plan, grant, "b")
     assert out is not None and out.status.plan is not None
     assert (out.status.plan.gpu_type, out.status.plan.budget_moved_from) == (to, gpu)
@@ -192,14 +195,16 @@ def test_a_service_whose_type_is_full_moves_to_its_next_option_and_back() -> Non
     # Moved, its options start with the type the planner chose: it goes back when that has room.
     assert options(out.status.plan, 2, 100)[0].gpu_type == gpu
     back_grant = replace(grant, gpu_type=gpu, replicas=1)
-    again = reconcile(SPEC, RES, out.status, Observed(POOLS), CAT, SETTINGS, now=NOW, prefer_gpu=gpu)
+    again = reconcile(read_spec(SPEC), RES, out.status, Observed(POOLS), CAT, SETTINGS, now=NOW, prefer_gpu=gpu)
     back = moved(again, out.status.plan, back_grant, "b")
     assert back is not None and back.status.plan is not None
     assert (back.status.plan.gpu_type, back.status.plan.budget_moved_from) == (gpu, None)
     assert "moved back from" in next(e.message for e in back.events if e.reason == MOVED)
     # No plan on the granted type fits the cluster: nothing moves.
     nowhere = replace(grant, gpu_type="MI300X")
-    stay = reconcile(SPEC, RES, governed.result.status, Observed(POOLS), CAT, SETTINGS, now=NOW, prefer_gpu="MI300X")
+    stay = reconcile(
+        read_spec(SPEC), RES, governed.result.status, Observed(POOLS), CAT, SETTINGS, now=NOW, prefer_gpu="MI300X"
+    )
     assert moved(stay, plan, nowhere, "b") is None
 
 
