@@ -51,9 +51,11 @@ from kvscale.control.reconcile import (
     pool_api_missing,
     reconcile,
     refresh,
+    replan,
     replans,
     settled,
 )
+from kvscale.control.replan import BudgetMove
 from kvscale.control.scale_zero import gateway_queue, queue_queries, scale_zero, wants_zero
 from kvscale.control.scaling import (
     NO_ENGINE_PODS,
@@ -575,8 +577,8 @@ def _move(
     """A budget's move: the plan re-made on the granted GPU type, at the granted replicas
     within what that type has free now."""
     seen = call.observed(rt)
-    result = reconcile(call.intent, call.res, status, seen, rt.catalog, rt.settings, now=now, prefer_gpu=grant.gpu_type)
-    out = moved(result, before, grant, budget)
+    result = replan(BudgetMove(grant, budget), call.intent, call.res, status, seen, rt.catalog, rt.settings, now)
+    out = moved(result, before, grant)
     return None if out is None else under_budget(rt, call, out, seen)
 
 

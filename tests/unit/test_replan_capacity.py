@@ -10,8 +10,9 @@ from typing import Any
 
 from kvscale.api.intent import read_spec
 from kvscale.api.models import InferenceServiceStatus, ObservedStatus
-from kvscale.control.reconcile import DeploymentView, Observed, Resource, Result, reconcile, refresh
-from kvscale.control.replan import TARGET_ANNOTATION, Before, recorded_target, size
+from kvscale.autoscaling.budget import Grant
+from kvscale.control.reconcile import DeploymentView, Observed, Resource, Result, reconcile, refresh, replan
+from kvscale.control.replan import TARGET_ANNOTATION, Before, BudgetMove, recorded_target, size
 from tests.unit.test_reconcile import CAT, NOW, POOLS, SETTINGS, condition_of, deployed, spec
 
 A100 = {"hardware": {"gpuTypes": ["A100-80GB"]}}
@@ -245,8 +246,7 @@ def test_a_drift_replan_sizes_the_new_pods_for_the_load() -> None:
 def test_a_budget_move_to_another_gpu_type_keeps_the_running_replicas() -> None:
     status, seen = _running_on_a100(6)
     both = spec(hardware={"gpuTypes": ["A100-80GB", "H100-SXM"]})
-    moved = reconcile(
-        read_spec(both), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW, prefer_gpu="H100-SXM"
-    )
+    grant = Grant("chat", 0, "H100-SXM", 8, 6, 6, 1, 0, True, "a budget's move")
+    moved = replan(BudgetMove(grant, "b"), read_spec(both), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, NOW)
     assert moved.status.plan is not None and moved.status.plan.gpu_type == "H100-SXM"
     assert _deployment(moved)["spec"]["replicas"] == 6 and condition_of(moved.status, "Replanning")[0] == "True"
