@@ -59,8 +59,14 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 @pytest.fixture
 def applied(monkeypatch: pytest.MonkeyPatch) -> list[Result]:
+    """What the handlers apply, remembered as Call.apply does; the writes (effects.apply) left out."""
     out: list[Result] = []
-    monkeypatch.setattr(handlers.Call, "apply", lambda self, rt, result: out.append(result))
+
+    def apply(self: handlers.Call, rt: Any, result: Result) -> None:
+        handlers.remember(self.memo, result)
+        out.append(result)
+
+    monkeypatch.setattr(handlers.Call, "apply", apply)
     return out
 
 
@@ -146,3 +152,36 @@ def test_the_tick_reads_the_predictions_as_numbers_not_as_the_text_it_wrote() ->
     start = type(start)(start.current, start.ready, written)
     done = tick(intent, RES, status, start, _obs(4.0, start.ready), None, ScalerMemory(), CAT, SETTINGS, NOW)
     assert (done.gauges.ttft_predicted_s, done.gauges.tpot_predicted_s) == (0.41234, 0.0217)
+
+
+def test_the_memory_is_one_frozen_value_under_one_key_and_a_tick_builds_the_pools_once(
+    monkeypatch: pytest.MonkeyPatch, applied: list[Result]
+) -> None:
+    """Every handler stores one ServiceMemory under MEMO_KEY (no loose memo keys); the scale
+    tick reads the informers' view, GPU pools and all, once."""
+    rt = _runtime(Settings())
+    memo: dict[str, Any] = {}
+    _seen(monkeypatch, None)
+    handlers.spec_changed(rt, _call(rt, InferenceServiceStatus(), memo))
+    planned = applied[-1].status
+    assert planned.plan is not None
+    replicas = planned.replicas or 1
+    _seen(monkeypatch, DeploymentView(replicas, replicas, planned.plan.gpu_type))
+    views = [0]
+    real = handlers.observed
+
+    def counted(*args: Any, **kw: Any) -> Observed:
+        views[0] += 1
+        return real(*args, **kw)
+
+    monkeypatch.setattr(handlers, "observed", counted)
+    asyncio.run(handlers.scale_tick(rt, _call(rt, planned, memo)))
+    assert views[0] == 1
+    assert len(memo) == 1, sorted(memo)
+    from kvscale.control.memory import MEMO_KEY, ServiceMemory
+
+    assert set(memo) == {MEMO_KEY}
+    stored = memo[MEMO_KEY]
+    assert isinstance(stored, ServiceMemory) and stored.scaler.capacity is not None and stored.applied is not None
+    with pytest.raises(AttributeError):
+        stored.deleted = True  # type: ignore[misc]
