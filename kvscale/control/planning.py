@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from kvscale.api.intent import Intent, SpecError, allowed_gpus, plan_request, resolve_model, weight_precision
+from kvscale.api.intent import (
+    Intent,
+    SpecError,
+    allowed_gpus,
+    child_name_problems,
+    plan_request,
+    resolve_model,
+    weight_precision,
+)
 from kvscale.control.inventory import GpuPool
 from kvscale.sizing.catalog import Catalog, ModelArch
 from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint, substitution
@@ -203,6 +211,24 @@ def _unservable(
         return Unplanned("DoesNotFit", _does_not_fit(intent, catalog, model, local, pools), retry=False)
     hint = "; ".join(local.suggestions)
     return Unplanned("SLOInfeasible", f"no GPU type meets spec.slo for this model and workload: {hint}", retry=False)
+
+
+def precheck(name: str, intent: Intent, catalog: Catalog) -> SpecError | None:
+    """What is refused before planning, by the operator and `kvscale manifests` alike: names
+    the API server would refuse in the children (kvscale.api.intent.child_name_problems), and
+    the engine's weights-cache variable in spec.engine.env (kvscale sets it, from spec.model.cache;
+    the CRD's CEL rule says the same where the API server checks it)."""
+    problems = child_name_problems(name, intent.spec)
+    if problems:
+        return SpecError("InvalidName", "; ".join(problems))
+    cache_env = catalog.engine(intent.engine).cache_env
+    if cache_env in intent.env_names:
+        return SpecError(
+            "InvalidEnv",
+            f"spec.engine.env: {cache_env} is set by kvscale (where the engine keeps downloaded weights, "
+            "mounted from spec.model.cache); remove it from spec.engine.env and set spec.model.cache instead",
+        )
+    return None
 
 
 def plan_service(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from kvscale.api import LABEL_GPU_TYPE, selector
-from kvscale.api.intent import Intent, SpecError, child_name_problems
+from kvscale.api.intent import Intent, SpecError
 from kvscale.api.models import Condition, InferenceServiceStatus, status_patch
 from kvscale.control import children as owned
 from kvscale.control import exclusions
@@ -23,7 +23,7 @@ from kvscale.control import leader_worker_set as lws
 from kvscale.control.inference_pool import CONDITION as POOL_CONDITION
 from kvscale.control.inference_pool import PoolPlan, plan_pool
 from kvscale.control.inventory import EnginePod, GpuPool
-from kvscale.control.planning import Planned, Unplanned, plan_service
+from kvscale.control.planning import Planned, Unplanned, plan_service, precheck
 from kvscale.control.replan import (
     CONDITION,
     Before,
@@ -394,9 +394,9 @@ def _plan_and_build(
 ) -> Result:
     if isinstance(intent, SpecError):
         return _failed(status, res, intent.reason, intent.message, now=now)
-    problems = child_name_problems(res.name, intent.spec)
-    if problems:
-        return _failed(status, res, "InvalidName", "; ".join(problems), now=now)
+    refused = precheck(res.name, intent, catalog)
+    if refused is not None:
+        return _failed(status, res, refused.reason, refused.message, now=now)
     traffic = steer.traffic or kept_workload(status, res, intent.workload.max_context_tokens)
     if traffic is not None:
         intent = replace(intent, workload=traffic)
@@ -408,13 +408,6 @@ def _plan_and_build(
     if isinstance(outcome, Unplanned):
         delay = settings.retry_backoff_s if outcome.retry else None
         return _failed(status, res, outcome.reason, outcome.message, delay, now)
-    cache_env = outcome.config.engine.cache_env
-    if cache_env in intent.env_names:
-        message = (
-            f"spec.engine.env: {cache_env} is set by kvscale (where the engine keeps downloaded weights, "
-            "mounted from spec.model.cache); remove it from spec.engine.env and set spec.model.cache instead"
-        )
-        return _failed(status, res, "InvalidEnv", message, now=now)
     try:
         launch = planned_launch(
             intent.spec,
