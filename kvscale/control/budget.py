@@ -256,7 +256,7 @@ def govern(
     demand = Demand(
         key,
         options(plan, wanted, intent.scaling.max_replicas),
-        intent.spec.scaling.priority,
+        intent.scaling.priority,
         intent.scaling.min_replicas,
         res.namespace,
         slo_gap(obs, intent),
@@ -452,7 +452,7 @@ def cap_deploy(
     demand = Demand(
         key,
         (Option(plan.gpu_type, gpr, replicas),),
-        intent.spec.scaling.priority,
+        intent.scaling.priority,
         intent.scaling.min_replicas,
         res.namespace,
         prior.demand.slo_gap if prior is not None else 0.0,
@@ -549,7 +549,7 @@ def govern_pin(
     demand = Demand(
         key,
         (Option(plan.gpu_type, gpr, pin),),
-        intent.spec.scaling.priority,
+        intent.scaling.priority,
         0,
         res.namespace,
         0.0,
