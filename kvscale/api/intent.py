@@ -45,14 +45,51 @@ class ScalingIntent:
     scale_down_stabilization_s: float
     pinned_replicas: int | None  # spec.scaling.replicas (the scale subresource)
     idle_window_s: float = 300.0  # with minReplicas 0: no requests this long releases the last replica
+    priority: int = 0  # spec.scaling.priority: who gives GPUs up first under a GPUBudget
 
     def bounded(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
 
 
 @dataclass(frozen=True)
+class Routing:
+    """How requests reach the engines (spec.routing): through an InferencePool, whose endpoint
+    picker routes to the least-loaded pods, and/or the KEDA HTTP add-on's interceptor."""
+
+    inference_pool: bool = False
+    pool_name: str | None = None  # as written; None: the service's own name
+    keda_http: bool = False
+    http_scaled_object: str | None = None  # as written; None: the service's own name
+
+    @property
+    def least_loaded(self) -> bool:
+        """Behind an InferencePool the endpoint picker sends a request to the least-loaded pod;
+        behind a plain Service a backlog stays where it is."""
+        return self.inference_pool
+
+    def pool(self, service: str) -> str | None:
+        return (self.pool_name or service) if self.inference_pool else None
+
+    def scaled_object(self, service: str) -> str | None:
+        return (self.http_scaled_object or service) if self.keda_http else None
+
+
+@dataclass(frozen=True)
+class ModelIntent:
+    """spec.model beyond its architecture: what tells replicas of one model apart, where the
+    weights come from, and whether a cache keeps them across pods."""
+
+    key: str  # the catalog name, or the architecture as JSON: replicas that start alike share it
+    name: str | None
+    source: str | None  # spec.model.source as written
+    weights_cached: bool  # spec.model.cache is set: a new pod does not download the checkpoint
+
+
+@dataclass(frozen=True)
 class Intent:
-    """What an InferenceService asks for, in domain values."""
+    """What an InferenceService asks for, in domain values. The pure core reads these fields;
+    `spec`, the validated wire form, only travels to the builders that copy it through into
+    the children (image, env, volumes) and to the pre-planning name check."""
 
     spec: InferenceServiceSpec  # the validated wire form, for what the builders copy through
     workload: Workload
@@ -65,6 +102,16 @@ class Intent:
     engine: EngineType
     scaling: ScalingIntent
     max_itl_s: float | None = None  # spec.slo.maxInterTokenLatency: bounds the chunk budget
+    routing: Routing = Routing()
+    model: ModelIntent = ModelIntent("", None, None, False)
+    written: Workload | None = None  # spec.workload as written (`workload` may be a re-plan's observed one)
+    env_names: tuple[str, ...] = ()  # spec.engine.env's names, in order
+    rocm_image: bool = False  # spec.engine.rocmImage is set
+    data_parallel_attention: bool = False  # spec.hardware.dataParallelAttention
+
+    @property
+    def as_written(self) -> Workload:
+        return self.written or self.workload
 
     @property
     def max_context_tokens(self) -> int:
@@ -118,12 +165,46 @@ def parse_intent(raw: Mapping[str, Any] | InferenceServiceSpec) -> Intent:
             stabilization_s,
             sc.replicas,
             _seconds(sc.idle_window, "spec.scaling.idleWindow"),
+            sc.priority,
         ),
         max_itl_s=(
             _seconds(s.max_inter_token_latency, "spec.slo.maxInterTokenLatency")
             if s.max_inter_token_latency is not None
             else None
         ),
+        routing=_routing(spec),
+        model=ModelIntent(
+            spec.model.name
+            or (spec.model.architecture.model_dump_json() if spec.model.architecture is not None else ""),
+            spec.model.name,
+            spec.model.source,
+            spec.model.cache is not None,
+        ),
+        written=workload,
+        env_names=tuple(e.name for e in spec.engine.env),
+        rocm_image=bool(spec.engine.rocm_image),
+        data_parallel_attention=spec.hardware.data_parallel_attention,
+    )
+
+
+def read_spec(raw: Mapping[str, Any] | InferenceServiceSpec) -> Intent | SpecError:
+    """The one parse of a handler call: the Intent, or the SpecError that says what to fix
+    (a value, so the pure core can turn it into a condition instead of catching it)."""
+    try:
+        return parse_intent(raw)
+    except SpecError as exc:
+        return exc
+
+
+def _routing(spec: InferenceServiceSpec) -> Routing:
+    r = spec.routing
+    pool = r.inference_pool if r is not None else None
+    keda = r.keda_http if r is not None else None
+    return Routing(
+        pool is not None,
+        pool.name if pool is not None else None,
+        keda is not None,
+        keda.http_scaled_object if keda is not None else None,
     )
 
 
@@ -211,10 +292,10 @@ def plan_request(
         max_replicas=intent.scaling.max_replicas,
         gpu_limits=gpu_limits,
         engine=intent.engine,
-        data_parallel_attention=intent.spec.hardware.data_parallel_attention,
+        data_parallel_attention=intent.data_parallel_attention,
         # Behind an InferencePool the endpoint picker routes to the least-loaded pods, as the
         # autoscaler's capacity model takes it (kvscale.control.scaling.capacity).
-        least_loaded=intent.spec.routing.inference_pool is not None,
+        least_loaded=intent.routing.least_loaded,
         knobs=RESOURCE_KNOBS,  # the operator's conditions name the resource's fields, not the CLI's flags
         max_itl_s=intent.max_itl_s,
     )
@@ -235,7 +316,7 @@ def policy_config(intent: Intent, cold_start_s: float, interval_s: float, window
         window_s=window_s,
         # Behind an InferencePool the endpoint picker sends requests to the least-loaded pods,
         # so a backlog reaches new replicas; behind the plain Service it stays where it is.
-        least_loaded_routing=intent.spec.routing.inference_pool is not None,
+        least_loaded_routing=intent.routing.least_loaded,
         scale_down_stabilization_s=intent.scaling.scale_down_stabilization_s,
     )
 

@@ -516,6 +516,12 @@ class PlanStatus(_Status):
     replicas: int = Field(description="Replicas the plan needs at the spec's request rate.")
     predicted_ttft: str = Field(description="Predicted TTFT at the percentile and the spec's load.")
     predicted_tpot: str = Field(description="Predicted TPOT at the percentile and the spec's load.")
+    predicted_ttft_seconds: float | None = Field(
+        default=None, description="predictedTTFT in seconds, unrounded (what the autoscaler's gauges export)."
+    )
+    predicted_tpot_seconds: float | None = Field(
+        default=None, description="predictedTPOT in seconds, unrounded (what the autoscaler's gauges export)."
+    )
     predicted_itl_p99: str | None = Field(
         default=None,
         description="Predicted p99 gap between two tokens of one request at the spec's load (prefill chunk steps "

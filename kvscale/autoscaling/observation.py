@@ -193,8 +193,6 @@ class Observation:
     prefill_tokens_per_s: float | None = None  # prompt tokens computed: after prefix-cache hits
     decode_tokens_per_s: float | None = None  # generated tokens
     prefix_cache_hit_ratio: float | None = None  # of the prompt tokens looked up, found in the cache
-    # The slower, longer-window view (length distributions, peaks), refreshed every few ticks.
-    workload: ObservedWorkload | None = None
 
     @property
     def complete(self) -> bool:

@@ -129,7 +129,7 @@ def objects_for(
     from kvscale.api.intent import SpecError, parse_intent
     from kvscale.control import leader_worker_set as lws
     from kvscale.control.inference_pool import inference_pool
-    from kvscale.control.planning import Unplanned, plan_service
+    from kvscale.control.planning import Unplanned, plan_service, precheck
     from kvscale.control.pod_policy import DEFAULT_POLICY
     from kvscale.control.resources import (
         EngineImageError,
@@ -148,6 +148,9 @@ def objects_for(
         intent = parse_intent(doc["spec"])
     except SpecError as exc:
         fail(f"{name}: {exc.message}")
+    refused = precheck(name, intent, catalog)  # what the operator refuses before planning
+    if refused is not None:
+        fail(f"{name}: {refused.message}")
     spec = intent.spec
     pools = gpu_pools(catalog, gpus, spec.scaling.max_replicas)
     result = plan_service(intent, catalog, pools)
@@ -185,7 +188,20 @@ def objects_for(
                 name, spec, cfg, launch, pool, replicas, port, pod_labels(name, "", cfg), tolerations, policy=policy
             )
             if multi
-            else deployment(name, "", spec, result.model, cfg, chosen, pool, replicas, port, tolerations, policy=policy)
+            else deployment(
+                name,
+                "",
+                spec,
+                result.model,
+                cfg,
+                chosen,
+                pool,
+                replicas,
+                port,
+                tolerations,
+                policy=policy,
+                launch=launch,
+            )
         )
     except (EngineImageError, NotAllowed, lws.MultiNodeUnsupported) as exc:
         fail(f"{name}: {exc}")

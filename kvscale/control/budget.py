@@ -266,7 +266,7 @@ def govern(
     demand = Demand(
         key,
         options(plan, wanted, intent.scaling.max_replicas, done.decision.lead_replicas or 0),
-        intent.spec.scaling.priority,
+        intent.scaling.priority,
         intent.scaling.min_replicas,
         res.namespace,
         slo_gap(obs, intent),
@@ -462,7 +462,7 @@ def cap_deploy(
     demand = Demand(
         key,
         (Option(plan.gpu_type, gpr, replicas),),
-        intent.spec.scaling.priority,
+        intent.scaling.priority,
         intent.scaling.min_replicas,
         res.namespace,
         prior.demand.slo_gap if prior is not None else 0.0,
@@ -506,11 +506,11 @@ def cap_deploy(
 MOVED = "MovedByBudget"
 
 
-def moved(result: Result, before: PlanStatus, grant: Grant, budget: str) -> Result | None:
-    """A re-plan for a budget's move (reconcile with prefer_gpu = the granted type) as the
-    tick applies it: the workload on the granted type at the granted replicas, the plan
-    marked with the type the planner chose (the service moves back when that has room), one
-    Event. None when no plan on the granted type fits the cluster now (the service stays)."""
+def moved(result: Result, before: PlanStatus, grant: Grant) -> Result | None:
+    """A re-plan for a budget's move (kvscale.control.reconcile.replan with a BudgetMove, whose
+    Event says it) as the tick applies it: the workload on the granted type at the granted
+    replicas, the plan marked with the type the planner chose (the service moves back when that
+    has room). None when no plan on the granted type fits the cluster now (the service stays)."""
     plan = result.status.plan
     workload = next((o for o in result.apply if o.get("kind") in (DEPLOYMENT, lws.KIND)), None)
     if result.retry is not None or plan is None or plan.gpu_type != grant.gpu_type or workload is None:
@@ -521,19 +521,11 @@ def moved(result: Result, before: PlanStatus, grant: Grant, budget: str) -> Resu
     status = result.status.model_copy(
         update={"plan": marked, "replicas": grant.replicas, "desired_replicas": grant.replicas}
     )
-    back = " back" if plan.gpu_type == origin else ""
-    message = (
-        f"budget {budget}: moved{back} from {before.gpu_type} TP{before.tensor_parallel} to {plan.gpu_type} "
-        f"TP{plan.tensor_parallel} with {grant.replicas} replica(s) (the pods on {before.gpu_type} go as the new "
-        f"ones become ready): {grant.reason}"
-    )
-    events = (Event("Normal", MOVED, message[:1000]), *(e for e in result.events if e.reason != "Planned"))
     return replace(
         result,
         status=status,
         apply=tuple(sized if o is workload else o for o in result.apply),
         applied_deployment=sized if result.applied_deployment is workload else result.applied_deployment,
-        events=events,
         scale_to=None,
     )
 
@@ -567,7 +559,7 @@ def govern_pin(
     demand = Demand(
         key,
         (Option(plan.gpu_type, gpr, pin),),
-        intent.spec.scaling.priority,
+        intent.scaling.priority,
         0,
         res.namespace,
         0.0,

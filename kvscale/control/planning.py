@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from kvscale.api.intent import Intent, SpecError, allowed_gpus, plan_request, resolve_model, weight_precision
+from kvscale.api.intent import (
+    Intent,
+    SpecError,
+    allowed_gpus,
+    child_name_problems,
+    plan_request,
+    resolve_model,
+    weight_precision,
+)
 from kvscale.control.inventory import GpuPool
 from kvscale.engines.args import requested_source, unsupported_by_engine
 from kvscale.engines.knobs import RESOURCE_KNOBS
@@ -56,7 +64,7 @@ class Unplanned:
 def deployability(intent: Intent, catalog: Catalog, model: ModelArch) -> Unplanned | None:
     """Candidate-independent refusals: a context above the model's limit, a precision without a
     matching checkpoint, an engine that cannot run the KV-cache precision."""
-    w, m = intent.spec.workload, intent.spec.model
+    w, m = intent.as_written, intent.model
     try:
         check_requested_context(
             model,
@@ -72,7 +80,7 @@ def deployability(intent: Intent, catalog: Catalog, model: ModelArch) -> Unplann
         resolve_checkpoint(model, catalog.precision(precision), requested_source(m.name, m.source, precision))
     except CheckpointError as exc:
         return Unplanned("NoMatchingCheckpoint", str(exc), retry=False)
-    unsupported = unsupported_by_engine(intent.engine, m.kv_cache_precision)
+    unsupported = unsupported_by_engine(intent.engine, intent.kv_cache_precision)
     if unsupported is not None:
         return Unplanned("EngineUnsupported", f"spec.engine.type: {unsupported}", retry=False)
     return None
@@ -80,7 +88,7 @@ def deployability(intent: Intent, catalog: Catalog, model: ModelArch) -> Unplann
 
 def _with_engine_images(intent: Intent, catalog: Catalog, allowed: tuple[str, ...]) -> tuple[str, ...]:
     """Leave out AMD GPUs when the engine has no ROCm image (none in the catalog or the spec)."""
-    if intent.spec.engine.rocm_image or catalog.engine(intent.engine).rocm_image:
+    if intent.rocm_image or catalog.engine(intent.engine).rocm_image:
         return allowed
     if allowed and all(catalog.gpu(g).vendor == "amd" for g in allowed):
         return ()
@@ -205,6 +213,24 @@ def _unservable(
     return Unplanned("SLOInfeasible", f"no GPU type meets spec.slo for this model and workload: {hint}", retry=False)
 
 
+def precheck(name: str, intent: Intent, catalog: Catalog) -> SpecError | None:
+    """What is refused before planning, by the operator and `kvscale manifests` alike: names
+    the API server would refuse in the children (kvscale.api.intent.child_name_problems), and
+    the engine's weights-cache variable in spec.engine.env (kvscale sets it, from spec.model.cache;
+    the CRD's CEL rule says the same where the API server checks it)."""
+    problems = child_name_problems(name, intent.spec)
+    if problems:
+        return SpecError("InvalidName", "; ".join(problems))
+    cache_env = catalog.engine(intent.engine).cache_env
+    if cache_env in intent.env_names:
+        return SpecError(
+            "InvalidEnv",
+            f"spec.engine.env: {cache_env} is set by kvscale (where the engine keeps downloaded weights, "
+            "mounted from spec.model.cache); remove it from spec.engine.env and set spec.model.cache instead",
+        )
+    return None
+
+
 def plan_service(
     intent: Intent,
     catalog: Catalog,
@@ -258,7 +284,7 @@ def plan_service(
 def _substitution(intent: Intent, catalog: Catalog, model: ModelArch, precision: str) -> str | None:
     """The plan's checkpoint when it is another repository than the one named (a published
     quantization of the same model), said first; deployability() refused the rest already."""
-    m = intent.spec.model
+    m = intent.model
     try:
         checkpoint = resolve_checkpoint(
             model, catalog.precision(precision), requested_source(m.name, m.source, precision)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from kvscale.api import LABEL_GPU_TYPE, selector
-from kvscale.api.intent import Intent, SpecError, child_name_problems, parse_intent
+from kvscale.api.intent import Intent, SpecError
 from kvscale.api.models import Condition, InferenceServiceStatus, status_patch
 from kvscale.control import children as owned
 from kvscale.control import exclusions
@@ -23,8 +23,19 @@ from kvscale.control import leader_worker_set as lws
 from kvscale.control.inference_pool import CONDITION as POOL_CONDITION
 from kvscale.control.inference_pool import PoolPlan, plan_pool
 from kvscale.control.inventory import EnginePod, GpuPool
-from kvscale.control.planning import Planned, Unplanned, plan_service
-from kvscale.control.replan import CONDITION, Before, Sizing, annotate, recorded_target, size
+from kvscale.control.planning import Planned, Unplanned, plan_service, precheck
+from kvscale.control.replan import (
+    CONDITION,
+    Before,
+    Replan,
+    Sizing,
+    Steer,
+    TypesReturned,
+    Unschedulable,
+    annotate,
+    recorded_target,
+    size,
+)
 from kvscale.control.resources import (
     EngineImageError,
     NotAllowed,
@@ -335,44 +346,68 @@ def _summary(planned: Planned, replicas: int) -> str:
 
 
 def reconcile(
-    spec: Mapping[str, Any],
+    intent: Intent | SpecError,
     res: Resource,
     status: InferenceServiceStatus,
     observed: Observed,
     catalog: Catalog,
     settings: Settings,
-    excluded: tuple[str, ...] | None = None,
     now: dt.datetime | None = None,
-    traffic: Workload | None = None,
-    prefer_gpu: str | None = None,
 ) -> Result:
-    """Plan, then build the children (mode auto) or only record the plan (mode recommend).
-    `traffic` (the observed workload, on drift) replaces spec.workload for the planner;
-    `prefer_gpu` (a GPUBudget's move) picks the best plan on that GPU type where one fits."""
-    try:
-        intent = parse_intent(spec)
-    except SpecError as exc:
-        return _failed(status, res, exc.reason, exc.message, now=now)
-    problems = child_name_problems(res.name, intent.spec)
-    if problems:
-        return _failed(status, res, "InvalidName", "; ".join(problems), now=now)
-    traffic = traffic or kept_workload(status, res, intent.workload.max_context_tokens)
+    """Plan from the spec, then build the children (mode auto) or only record the plan (mode
+    recommend). `intent`: the spec as the handler parsed it, once (a SpecError becomes the
+    Planned condition). The GPU types left out earlier stay out while their time lasts, and the
+    observed workload a re-plan chose stays planned for while the spec is the same; what else
+    changes a plan is a re-plan's reason (`replan`)."""
+    return _plan_and_build(intent, res, status, observed, catalog, settings, now, Steer())
+
+
+def replan(
+    reason: Replan,
+    intent: Intent | SpecError,
+    res: Resource,
+    status: InferenceServiceStatus,
+    observed: Observed,
+    catalog: Catalog,
+    settings: Settings,
+    now: dt.datetime,
+) -> Result:
+    """The one re-plan: the reason marks status, steers the planner (GPU types left out, the
+    observed workload, a budget's GPU type), and says why in one Event, first; the plan and
+    the children are reconcile's."""
+    marked = reason.mark(status, res.generation, now)
+    result = _plan_and_build(intent, res, marked, observed, catalog, settings, now, reason.steer())
+    event = Event(reason.event_type, reason.reason, reason.says(status.plan, result.status.plan)[:1000])
+    rest = (e for e in result.events if not (reason.quiet_plan and e.reason == "Planned"))
+    return replace(result, events=(event, *rest))
+
+
+def _plan_and_build(
+    intent: Intent | SpecError,
+    res: Resource,
+    status: InferenceServiceStatus,
+    observed: Observed,
+    catalog: Catalog,
+    settings: Settings,
+    now: dt.datetime | None,
+    steer: Steer,
+) -> Result:
+    if isinstance(intent, SpecError):
+        return _failed(status, res, intent.reason, intent.message, now=now)
+    refused = precheck(res.name, intent, catalog)
+    if refused is not None:
+        return _failed(status, res, refused.reason, refused.message, now=now)
+    traffic = steer.traffic or kept_workload(status, res, intent.workload.max_context_tokens)
     if traffic is not None:
         intent = replace(intent, workload=traffic)
     planned_for = planned_workload_status(intent.workload, "spec" if traffic is None else "observed")
+    excluded = steer.excluded
     if excluded is None:  # those left out earlier, while their time lasts
         excluded = exclusions.active(status, settings.gpu_exclusion_ttl_s, now or dt.datetime.now(dt.UTC))
-    outcome = plan_service(intent, catalog, observed.pools, excluded, prefer_gpu)
+    outcome = plan_service(intent, catalog, observed.pools, excluded, steer.prefer_gpu)
     if isinstance(outcome, Unplanned):
         delay = settings.retry_backoff_s if outcome.retry else None
         return _failed(status, res, outcome.reason, outcome.message, delay, now)
-    cache_env = outcome.config.engine.cache_env
-    if any(e.name == cache_env for e in intent.spec.engine.env):
-        message = (
-            f"spec.engine.env: {cache_env} is set by kvscale (where the engine keeps downloaded weights, "
-            "mounted from spec.model.cache); remove it from spec.engine.env and set spec.model.cache instead"
-        )
-        return _failed(status, res, "InvalidEnv", message, now=now)
     try:
         launch = planned_launch(
             intent.spec,
@@ -571,6 +606,7 @@ def _workload(
         settings.extra_tolerations,
         pool_labels=joined,
         policy=settings.pod_policy,
+        launch=launch,
     )
 
 
@@ -705,7 +741,7 @@ def settled(result: Result, before: InferenceServiceStatus, observed: Observed, 
 
 
 def refresh(
-    spec: Mapping[str, Any],
+    intent: Intent | SpecError,
     res: Resource,
     status: InferenceServiceStatus,
     observed: Observed,
@@ -715,7 +751,7 @@ def refresh(
 ) -> Result | None:
     """The status tick; None when there is nothing to look at (not deployed)."""
     if conflicted(status):  # a child's name was taken: deploy once it is free (reconcile says if not)
-        return reconcile(spec, res, status, observed, catalog, settings, now=now)
+        return reconcile(intent, res, status, observed, catalog, settings, now=now)
     if status.phase in (None, "Failed", "Pending", "Recommended") or status.plan is None:
         return None
     gpu = status.plan.gpu_type
@@ -723,10 +759,7 @@ def refresh(
     if exclusions.expired(status, ttl_s, now):
         back = ", ".join(status.plan.excluded_gpu_types)
         message = f"{back} left out for KVSCALE_GPU_EXCLUSION_TTL ({ttl_s:.0f}s): planning with every GPU type again"
-        returned = reconcile(
-            spec, res, without_condition(status, exclusions.CONDITION), observed, catalog, settings, (), now
-        )
-        return replace(returned, events=(Event("Normal", "GPUTypesReturned", message), *returned.events))
+        return replan(TypesReturned(message), intent, res, status, observed, catalog, settings, now)
     if replans(status, observed, settings, now):
         why = diagnosis(status, observed, _waiting(status, observed)[0])
         message = (
@@ -734,22 +767,17 @@ def refresh(
             f"re-planning without {gpu}"
         )
         left_out = (*exclusions.active(status, ttl_s, now), gpu)
-        marked = with_conditions(
-            status,
-            condition(status, "Scheduled", False, "GPUTypeUnschedulable", message, res.generation, now),
-            exclusions.excluded(left_out, "their pods found no free GPUs", now, ttl_s, res.generation),
-        )
-        replanned = reconcile(spec, res, marked, observed, catalog, settings, left_out, now)
-        return replace(replanned, events=(Event("Warning", "GPUTypeUnschedulable", message[:1000]), *replanned.events))
+        stuck = Unschedulable(gpu, left_out, message, ttl_s)
+        return replan(stuck, intent, res, status, observed, catalog, settings, now)
     if pool_api_missing(status) and observed.pool is not None and observed.pool.api_installed:
-        return reconcile(spec, res, status, observed, catalog, settings, now=now)  # the CRD arrived
+        return reconcile(intent, res, status, observed, catalog, settings, now=now)  # the CRD arrived
     found = owned.check(observed.applied_children, observed.children, res.uid)
     if found.reapply or found.foreign or get_condition(status, NAME_CONFLICT) is not None:
         return _restore(status, res, observed, found, now)
     seen = observed.workload(multi_node(status))
     if seen is None:
         return None
-    pinned = (spec.get("scaling") or {}).get("replicas")
+    pinned = None if isinstance(intent, SpecError) else intent.scaling.pinned_replicas
     ready = _readiness(status, res, observed, seen, now, settings.unschedulable_timeout_s, pinned)
     return _finish_replan(ready, res, observed, seen, now) if rolling_out(status) else ready
 

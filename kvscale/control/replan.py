@@ -20,10 +20,17 @@ change too.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from kvscale.api.models import InferenceServiceStatus, PlanStatus
+from kvscale.autoscaling.budget import Grant
+from kvscale.control import exclusions
+from kvscale.control.status import condition, with_conditions, without_condition
+from kvscale.sizing.workload import Workload
 
 CONDITION = "Replanning"
 TARGET_ANNOTATION = "kvscale.io/replan-replicas"  # the load's count, applied once the rollout is done
@@ -89,3 +96,146 @@ def recorded_target(applied: Mapping[str, Any] | None) -> int | None:
     annotations = ((applied or {}).get("metadata") or {}).get("annotations") or {}
     value = annotations.get(TARGET_ANNOTATION)
     return int(value) if value is not None and str(value).isdigit() else None
+
+
+# Why a re-plan runs: one type per trigger (as Karpenter has one per disruption method), each
+# saying what it changes for the planner (`steer`), what it marks in status before planning
+# (`mark`) and, once, why (`says`). `kvscale.control.reconcile.replan` is their one caller.
+
+
+@dataclass(frozen=True)
+class Steer:
+    """What a re-plan changes for the planner; None: as reconcile takes it from status and spec."""
+
+    excluded: tuple[str, ...] | None = None  # GPU types left out
+    traffic: Workload | None = None  # the workload planned for instead of spec.workload
+    prefer_gpu: str | None = None  # the GPU type to pick where a plan fits there
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    """The planned GPU type's pods waited too long for free GPUs: plan without it (and the types
+    left out earlier, while their time lasts)."""
+
+    gpu: str
+    left_out: tuple[str, ...]
+    message: str  # the Scheduled condition's, and the Event's
+    ttl_s: float
+
+    event_type: ClassVar[Literal["Normal", "Warning"]] = "Warning"
+    reason: ClassVar[str] = "GPUTypeUnschedulable"
+    quiet_plan: ClassVar[bool] = False  # the reconcile's own Planned Event follows
+
+    def steer(self) -> Steer:
+        return Steer(excluded=self.left_out)
+
+    def mark(self, status: InferenceServiceStatus, generation: int | None, now: dt.datetime) -> InferenceServiceStatus:
+        return with_conditions(
+            status,
+            condition(status, "Scheduled", False, self.reason, self.message, generation, now),
+            exclusions.excluded(self.left_out, "their pods found no free GPUs", now, self.ttl_s, generation),
+        )
+
+    def says(self, before: PlanStatus | None, after: PlanStatus | None) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class TypesReturned:
+    """The GPU types left out earlier are due back: plan with every type again."""
+
+    message: str
+
+    event_type: ClassVar[Literal["Normal", "Warning"]] = "Normal"
+    reason: ClassVar[str] = "GPUTypesReturned"
+    quiet_plan: ClassVar[bool] = False
+
+    def steer(self) -> Steer:
+        return Steer(excluded=())
+
+    def mark(self, status: InferenceServiceStatus, generation: int | None, now: dt.datetime) -> InferenceServiceStatus:
+        return without_condition(status, exclusions.CONDITION)
+
+    def says(self, before: PlanStatus | None, after: PlanStatus | None) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class Drifted:
+    """The observed workload stayed away from the planned one: plan for what was observed."""
+
+    workload: Workload
+    drift: str  # the measures that drifted, said
+    held: str  # how long, said
+
+    event_type: ClassVar[Literal["Normal", "Warning"]] = "Normal"
+    reason: ClassVar[str] = "Replanned"
+    quiet_plan: ClassVar[bool] = True  # this Event says the plan; reconcile's Planned would say it twice
+
+    def steer(self) -> Steer:
+        return Steer(traffic=self.workload)
+
+    def mark(self, status: InferenceServiceStatus, generation: int | None, now: dt.datetime) -> InferenceServiceStatus:
+        return status
+
+    def says(self, before: PlanStatus | None, after: PlanStatus | None) -> str:
+        if before is None or after is None:
+            return f"Re-planned for the observed workload (drifted for {self.held}: {self.drift})"
+        shape = ((p.gpu_type, p.tensor_parallel, p.max_batch, p.max_num_batched_tokens) for p in (before, after))
+        old, new = (f"{g} TP{tp} batch {b} budget {t}" for g, tp, b, t in shape)
+        change = f"configuration unchanged ({old})" if old == new else f"{old} -> {new}"
+        return f"Re-planned for the observed workload (drifted for {self.held}: {self.drift}): {change}"
+
+
+@dataclass(frozen=True)
+class BudgetMove:
+    """A GPUBudget granted another GPU type: plan on that type where a plan fits there."""
+
+    grant: Grant
+    budget: str
+
+    event_type: ClassVar[Literal["Normal", "Warning"]] = "Normal"
+    reason: ClassVar[str] = "MovedByBudget"
+    quiet_plan: ClassVar[bool] = True
+
+    def steer(self) -> Steer:
+        return Steer(prefer_gpu=self.grant.gpu_type)
+
+    def mark(self, status: InferenceServiceStatus, generation: int | None, now: dt.datetime) -> InferenceServiceStatus:
+        return status
+
+    def says(self, before: PlanStatus | None, after: PlanStatus | None) -> str:
+        if before is None or after is None:
+            return f"budget {self.budget}: {self.grant.reason}"
+        origin = before.budget_moved_from or before.gpu_type
+        back = " back" if after.gpu_type == origin else ""
+        return (
+            f"budget {self.budget}: moved{back} from {before.gpu_type} TP{before.tensor_parallel} to {after.gpu_type} "
+            f"TP{after.tensor_parallel} with {self.grant.replicas} replica(s) (the pods on {before.gpu_type} go as "
+            f"the new ones become ready): {self.grant.reason}"
+        )
+
+
+@dataclass(frozen=True)
+class ProfileCalibrated:
+    """A calibrated performance profile for the planned configuration changed what the model
+    predicts: plan again with it. Nothing raises this one yet (the calibration feeds, issue 26,
+    name it when they land)."""
+
+    profile: str
+
+    event_type: ClassVar[Literal["Normal", "Warning"]] = "Normal"
+    reason: ClassVar[str] = "ProfileCalibrated"
+    quiet_plan: ClassVar[bool] = True
+
+    def steer(self) -> Steer:
+        return Steer()
+
+    def mark(self, status: InferenceServiceStatus, generation: int | None, now: dt.datetime) -> InferenceServiceStatus:
+        return status
+
+    def says(self, before: PlanStatus | None, after: PlanStatus | None) -> str:
+        return f"Re-planned with the calibrated profile {self.profile}"
+
+
+Replan = Unschedulable | TypesReturned | Drifted | BudgetMove | ProfileCalibrated

@@ -323,12 +323,13 @@ def deployment(
     extra_tolerations: tuple[dict[str, str], ...] = (),
     pool_labels: Mapping[str, str] | None = None,
     policy: PodPolicy = DEFAULT_POLICY,
+    launch: PlannedLaunch | None = None,
 ) -> dict[str, Any]:
     """`pool_labels`: a foreign InferencePool's selector labels, so the pods join it. `policy`: the
     node paths and images the operator allows (NotAllowed, naming the fields, when the spec asks
-    for others)."""
+    for others). `launch`: the planned launch where the caller made it already (one per plan)."""
     check_policy(spec, cfg, policy)
-    planned = planned_launch(spec, cfg, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, port)
+    planned = launch or planned_launch(spec, cfg, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, port)
     command, engine_args = planned.command
     gpus = cfg.gpus  # tensor x pipeline parallel, all on one node
     container = engine_container(

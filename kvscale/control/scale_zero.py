@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import replace
-from typing import Any
 
 from kvscale.api.intent import Intent
 from kvscale.api.models import InferenceServiceStatus
@@ -50,8 +49,7 @@ def _s(seconds: float) -> str:
 
 
 def pool_name(intent: Intent, res: Resource) -> str | None:
-    pool = intent.spec.routing.inference_pool
-    return None if pool is None else (pool.name or res.name)
+    return intent.routing.pool(res.name)
 
 
 def queue_promql(namespace: str, pool: str) -> str:
@@ -85,9 +83,9 @@ def queue_queries(intent: Intent, res: Resource) -> tuple[str, ...]:
     pool = pool_name(intent, res)
     if pool is not None:
         queries.append(queue_promql(res.namespace, pool))
-    keda = intent.spec.routing.keda_http
+    keda = intent.routing.scaled_object(res.name)
     if keda is not None:
-        queries.append(keda_promql(res.namespace, keda.http_scaled_object or res.name))
+        queries.append(keda_promql(res.namespace, keda))
     return tuple(queries)
 
 
@@ -111,16 +109,19 @@ def scale_zero(
     obs: Observation,
     queue: float | None,
     done: Tick,
-    memo: Any,
+    last_active_s: float | None,
     cold_start_s: float,
     now: dt.datetime,
-) -> Tick:
-    """The tick with the idle rule applied (unchanged unless minReplicas is 0)."""
+) -> tuple[Tick, float | None]:
+    """The tick with the idle rule applied (unchanged unless minReplicas is 0), and when
+    requests last arrived or waited (`last_active_s`, moved on to now while they do)."""
     status = done.result.status
     if not wants_zero(intent):
         if any(c.type == CONDITION for c in status.conditions):
-            return replace(done, result=replace(done.result, status=without_condition(status, CONDITION)))
-        return done
+            return replace(
+                done, result=replace(done.result, status=without_condition(status, CONDITION))
+            ), last_active_s
+        return done, last_active_s
     current, decided = fleet_.current, done.decision.replicas
     if not queue_queries(intent, res):
         message = (
@@ -136,9 +137,9 @@ def scale_zero(
         # Unknown traffic is never idle: a missing metric never releases the last replica.
         rate = obs.arrival_rate_per_s
         active = queue is None or queue > 0 or (current > 0 and (rate is None or rate > 0))
-        if active or memo.get("last_active_s") is None:
-            memo["last_active_s"] = now_s
-        idle_s = now_s - float(memo["last_active_s"])
+        if active or last_active_s is None:
+            last_active_s = now_s
+        idle_s = now_s - last_active_s
         # A wake is sized by the queue and the arrival rate, not one replica: the policy sees no
         # engine queue while no replica runs (issue 29: 50 waiting, one replica for 40 s).
         drain_s = cold_start_s + intent.slo.ttft_s
@@ -154,7 +155,7 @@ def scale_zero(
         cond = condition(status, CONDITION, True, "Enabled", message, res.generation, now)
     new = with_conditions(status, cond)
     if target == decided:
-        return replace(done, result=replace(done.result, status=new))
+        return replace(done, result=replace(done.result, status=new)), last_active_s
     done = replace(done, decision=replace(done.decision, replicas=target, reason=why))
     events = [e for e in done.result.events if e.reason != "Scaled"]
     scale_to = target if target != current else None
@@ -177,4 +178,5 @@ def scale_zero(
                 "last_scale_reason": why[:500],
             }
         )
-    return replace(done, result=replace(done.result, status=new, scale_to=scale_to, events=tuple(events)))
+    result = replace(done.result, status=new, scale_to=scale_to, events=tuple(events))
+    return replace(done, result=result), last_active_s

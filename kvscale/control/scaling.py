@@ -20,12 +20,21 @@ from kvscale.autoscaling.policy import PolicyState, decide
 from kvscale.control.inventory import EnginePod
 from kvscale.control.reconcile import DeploymentView, Event, Resource, Result, rolling_out, workload_kind
 from kvscale.control.settings import Settings
-from kvscale.control.status import condition, now_rfc3339, observed_status, planned_workload, steady, with_conditions
+from kvscale.control.status import (
+    condition,
+    now_rfc3339,
+    observed_status,
+    planned_workload,
+    predicted_tpot_s,
+    predicted_ttft_s,
+    steady,
+    with_conditions,
+)
 from kvscale.engines.args import requested_source
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.checkpoints import CheckpointError, replica_cold_start
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.units import format_duration, parse_duration_s
+from kvscale.sizing.units import format_duration
 
 
 @dataclass(frozen=True)
@@ -122,9 +131,10 @@ def capacity(
         plan.data_parallel,
         plan.precision,
         plan.max_batch,
-        intent.spec.model,
+        intent.model,
+        intent.kv_cache_precision,
         intent.slo,
-        intent.spec.routing.inference_pool is not None,
+        intent.routing.least_loaded,
     )
     key = (*configuration, plan.workload)
     if memory.key == key and memory.capacity is not None:
@@ -132,9 +142,7 @@ def capacity(
     cfg = serving_config(intent, plan, catalog)
     shape = planned_workload(plan.workload, intent.workload.max_context_tokens) if plan.workload else None
     # Behind an InferencePool the endpoint picker sends a request to the least-loaded replica.
-    model = SizingCapacity(
-        cfg, intent.slo, plan.max_batch, shape, least_loaded=intent.spec.routing.inference_pool is not None
-    )
+    model = SizingCapacity(cfg, intent.slo, plan.max_batch, shape, least_loaded=intent.routing.least_loaded)
     if memory.key is not None and memory.key[:-1] == configuration:
         return model, ScalerMemory(key, model, memory.cold_start_s, memory.state)
     return model, ScalerMemory(key, model, default_cold_start_s(intent, cfg), PolicyState(cold_start_samples=learned))
@@ -142,9 +150,7 @@ def capacity(
 
 def cold_start_key(intent: Intent, plan: PlanStatus) -> tuple[str, str, int, str]:
     """Replicas that start alike: one model (name or shapes), GPU type, tensor parallelism and precision."""
-    m = intent.spec.model
-    model = m.name or (m.architecture.model_dump_json() if m.architecture else "")
-    return (model, plan.gpu_type, plan.tensor_parallel * plan.data_parallel, plan.precision)
+    return (intent.model.key, plan.gpu_type, plan.tensor_parallel * plan.data_parallel, plan.precision)
 
 
 def newly_ready(
@@ -164,7 +170,7 @@ def _on(pods: tuple[EnginePod, ...], name: str, gpu_type: str) -> bool:
 def default_cold_start_s(intent: Intent, cfg: ServingConfig) -> float:
     """The policy's cold start until it has observed one: the checkpoint's download (each new
     pod downloads it unless spec.model.cache keeps it) plus engine start and shard load."""
-    m = intent.spec.model
+    m = intent.model
     try:
         start = replica_cold_start(
             cfg.model,
@@ -172,7 +178,7 @@ def default_cold_start_s(intent: Intent, cfg: ServingConfig) -> float:
             cfg.tensor_parallel * cfg.data_parallel,
             cfg.engine,
             requested_source(m.name, m.source, cfg.precision.name),
-            cached=m.cache is not None,
+            cached=m.weights_cached,
         )
     except CheckpointError:  # refused at planning; keep the engine-only estimate
         return cfg.cold_start_s
@@ -197,8 +203,8 @@ def _gauges(intent: Intent, plan: PlanStatus, fleet_: Fleet, obs: Observation, d
         ready=fleet_.ready if running else None,
         ttft_target_s=intent.slo.ttft_s,
         tpot_target_s=intent.slo.tpot_s,
-        ttft_predicted_s=parse_duration_s(plan.predicted_ttft),
-        tpot_predicted_s=parse_duration_s(plan.predicted_tpot),
+        ttft_predicted_s=predicted_ttft_s(plan),
+        tpot_predicted_s=predicted_tpot_s(plan),
         ttft_observed_s=obs.ttft_p_s,
         tpot_observed_s=obs.tpot_p_s,
         cost_usd_per_hour=fleet_.current * plan.cost_per_hour / max(plan.replicas, 1) if running else None,

@@ -19,6 +19,7 @@ from kvscale.api.models import (
 from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.control.planning import Planned
 from kvscale.planner.search import Candidate, Feasible, Rejected
+from kvscale.planner.serialize import figures
 from kvscale.sizing.units import format_duration, parse_duration_s
 from kvscale.sizing.workload import Burstiness, LengthDistribution, Slo, Workload
 
@@ -72,7 +73,8 @@ def get_condition(status: InferenceServiceStatus, type_: str) -> Condition | Non
 
 
 def candidate_status(c: Candidate) -> CandidateStatus:
-    p = c.prediction if isinstance(c, Feasible) else None
+    """A candidate as status lists it; its figures as the CLI's JSON has them (kvscale.planner.serialize.figures)."""
+    p = figures(c) if isinstance(c, Feasible) else None
     return CandidateStatus(
         gpu_type=c.gpu,
         tensor_parallel=c.tensor_parallel,
@@ -81,9 +83,9 @@ def candidate_status(c: Candidate) -> CandidateStatus:
         precision=c.precision,
         reason=c.reason[:300],
         replicas=p.replicas if p is not None else None,
-        cost_per_hour=round(p.cost_usd_per_hour, 4) if p is not None else None,
-        rate_per_replica=round(p.rate_per_replica_max, 4) if p is not None else None,
-        gpus_per_replica=c.tensor_parallel * c.pipeline_parallel * c.data_parallel if p is not None else None,
+        cost_per_hour=p.cost_usd_per_hour if p is not None else None,
+        rate_per_replica=p.rate_per_replica_per_s if p is not None else None,
+        gpus_per_replica=p.gpus_per_replica if p is not None else None,
     )
 
 
@@ -169,10 +171,25 @@ def planned_workload(recorded: PlannedWorkloadStatus, max_context_tokens: int | 
         return None
 
 
+def predicted_ttft_s(plan: PlanStatus) -> float:
+    """The plan's predicted TTFT as written in seconds; a status written before the number was
+    recorded gives its rounded text (the next plan writes the number)."""
+    if plan.predicted_ttft_seconds is not None:
+        return plan.predicted_ttft_seconds
+    return parse_duration_s(plan.predicted_ttft)
+
+
+def predicted_tpot_s(plan: PlanStatus) -> float:
+    if plan.predicted_tpot_seconds is not None:
+        return plan.predicted_tpot_seconds
+    return parse_duration_s(plan.predicted_tpot)
+
+
 def plan_status(
     planned: Planned, max_context: int, excluded: tuple[str, ...], workload: PlannedWorkloadStatus | None = None
 ) -> PlanStatus:
     chosen, p, plan = planned.chosen, planned.prediction, planned.plan
+    f = figures(chosen)
     return PlanStatus(
         gpu_type=chosen.gpu,
         gpu_product=planned.pool.product_label,
@@ -185,16 +202,18 @@ def plan_status(
         max_batch=p.max_batch,
         max_context_tokens=max_context,
         max_num_batched_tokens=chosen.max_num_batched_tokens,
-        replicas=p.replicas,
+        replicas=f.replicas,
         predicted_ttft=format_duration(p.ttft_p_s),
         predicted_tpot=format_duration(p.tpot_p_s),
+        predicted_ttft_seconds=f.ttft_s,
+        predicted_tpot_seconds=f.tpot_s,
         predicted_itl_p99=format_duration(p.itl_p99_s),
-        throughput_tokens_per_second=round(p.throughput_tokens_per_s, 1),
-        rate_per_replica=round(p.rate_per_replica_max, 4),
+        throughput_tokens_per_second=f.throughput_tokens_per_s,
+        rate_per_replica=f.rate_per_replica_per_s,
         limited_by=p.limited_by,
-        mbu=round(p.mbu, 4),
-        mfu=round(p.mfu, 4),
-        cost_per_hour=round(p.cost_usd_per_hour, 4),
+        mbu=f.mbu,
+        mfu=f.mfu,
+        cost_per_hour=f.cost_usd_per_hour,
         reason=chosen.reason[:500],
         excluded_gpu_types=list(excluded),
         workload=workload,

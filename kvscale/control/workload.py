@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from kvscale.api.intent import SpecError, parse_intent
+from kvscale.api.intent import Intent, SpecError
 from kvscale.api.models import (
     BurstinessStatus,
     InferenceServiceStatus,
@@ -36,7 +35,8 @@ from kvscale.api.models import (
     TokenLengthsStatus,
 )
 from kvscale.autoscaling.observation import LengthHistogram, ObservedWorkload, dispersion_noise
-from kvscale.control.reconcile import Event, Observed, Resource, Result, reconcile
+from kvscale.control.reconcile import Event, Observed, Resource, Result, replan
+from kvscale.control.replan import Drifted
 from kvscale.control.settings import Settings
 from kvscale.control.status import burstiness_status, now_rfc3339, planned_workload
 from kvscale.sizing.catalog import Catalog
@@ -234,7 +234,7 @@ def predates(
 
 
 def workload_tick(
-    spec: Mapping[str, Any],
+    intent: Intent | SpecError,
     res: Resource,
     status: InferenceServiceStatus,
     cluster: Callable[[], Observed],
@@ -249,9 +249,7 @@ def workload_tick(
     asked only for a re-plan (it may read the API server)."""
     if status.plan is None or status.phase in (None, "Failed", "Pending"):
         return None
-    try:
-        intent = parse_intent(spec)
-    except SpecError:
+    if isinstance(intent, SpecError):
         return None
     if w is None:  # unread: keep what was observed, say why; the drift clock does not move
         kept = status.observed_workload or ObservedWorkloadStatus()
@@ -276,28 +274,11 @@ def workload_tick(
         return Result(shown)
     held = f"{hold_s:.0f}s"
     settled = shown.model_copy(update={"observed_workload": observed_status(w, None, None, missing)})
-    result = reconcile(spec, res, settled, cluster(), catalog, settings, now=now, traffic=workload)
+    result = replan(Drifted(workload, check.drift or "", held), intent, res, settled, cluster(), catalog, settings, now)
     if result.retry is not None:
         # No plan for the observed workload: the current plan stays; try again after another hold.
         why = result.retry.message
         again = shown.model_copy(update={"observed_workload": observed_status(w, check.drift, now, missing)})
         message = f"the workload drifted for {held} ({check.drift}) but re-planning for it failed: {why}"
         return Result(again, events=(Event("Warning", "ReplanFailed", message[:1000]),))
-    before, after = status.plan, result.status.plan
-    if after is None:  # reconcile records a plan whenever it succeeds
-        return result
-    change = (
-        f"{before.gpu_type} TP{before.tensor_parallel} batch {before.max_batch} budget {before.max_num_batched_tokens}"
-        f" -> {after.gpu_type} TP{after.tensor_parallel} batch {after.max_batch} budget {after.max_num_batched_tokens}"
-    )
-    same = (before.gpu_type, before.tensor_parallel, before.max_batch, before.max_num_batched_tokens) == (
-        after.gpu_type,
-        after.tensor_parallel,
-        after.max_batch,
-        after.max_num_batched_tokens,
-    )
-    message = f"Re-planned for the observed workload (drifted for {held}: {check.drift}): " + (
-        f"configuration unchanged ({change.split(' -> ')[0]})" if same else change
-    )
-    events = (Event("Normal", "Replanned", message[:1000]), *(e for e in result.events if e.reason != "Planned"))
-    return replace(result, events=events)
+    return result

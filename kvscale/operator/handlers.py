@@ -22,6 +22,7 @@ import contextvars
 import datetime as dt
 import functools
 import logging
+import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -32,15 +33,17 @@ from typing import Any, TypeVar
 import kopf
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from kvscale.api.intent import Intent, SpecError, parse_intent
+from kvscale.api.intent import Intent, SpecError, read_spec
 from kvscale.api.models import InferenceServiceStatus, PlanStatus, parse_status
 from kvscale.autoscaling.budget import Grant
 from kvscale.autoscaling.observation import Observation
 from kvscale.control import children as owned
-from kvscale.control import inference_pool
-from kvscale.control.budget import BudgetBook, cap_deploy, govern, govern_pin, moved, moving_to
+from kvscale.control.autoscale import Autoscaled, Governor, Readings, autoscale
+from kvscale.control.autoscale import moved as moved_tick
+from kvscale.control.budget import BudgetBook, cap_deploy, govern_pin, moved
 from kvscale.control.drain import preemption_grace_s
 from kvscale.control.inventory import pools
+from kvscale.control.memory import MEMO_KEY, ServiceMemory
 from kvscale.control.reconcile import (
     DeploymentView,
     Observed,
@@ -52,20 +55,18 @@ from kvscale.control.reconcile import (
     pool_api_missing,
     reconcile,
     refresh,
+    replan,
     replans,
     settled,
 )
-from kvscale.control.scale_zero import gateway_queue, queue_queries, scale_zero, wants_zero
+from kvscale.control.replan import BudgetMove
+from kvscale.control.scale_zero import gateway_queue, queue_queries, wants_zero
 from kvscale.control.scaling import (
     NO_ENGINE_PODS,
     Fleet,
-    ScalerMemory,
-    Tick,
     cold_start_key,
     fleet,
-    newly_ready,
     planned,
-    tick,
 )
 from kvscale.control.settings import Settings
 from kvscale.control.status import mark_synced
@@ -144,8 +145,9 @@ def resource(meta: Mapping[str, Any], namespace: str | None, name: str) -> Resou
 
 def observed(res: Resource, memo: Any, inventory: Inventory | None, pool: PoolView | None = None) -> Observed:
     """The cluster from the informers (memory, no API request), and the pool if looked at."""
+    mine = memory(memo)
     if inventory is None:
-        return Observed(pools={}, applied=memo.get("applied"), pool=pool, applied_children=applied_children(memo))
+        return Observed(pools={}, applied=mine.applied, pool=pool, applied_children=mine.applied_children())
     key = (res.namespace, res.name)
     deployments = inventory.deployments.get(key)
     sets = inventory.leader_worker_sets.get(key)
@@ -153,36 +155,33 @@ def observed(res: Resource, memo: Any, inventory: Inventory | None, pool: PoolVi
         pools=pools(inventory.nodes.values(), inventory.gpu_pods.values(), exclude_owner_uid=res.uid),
         deployment=deployments[0] if deployments else None,
         pods=tuple(inventory.engine_pods.get(key)),
-        applied=memo.get("applied"),
+        applied=mine.applied,
         pool=pool,
         leader_worker_set=sets[0] if sets else None,
         children=tuple(inventory.children_of(*key)),
-        applied_children=applied_children(memo),
+        applied_children=mine.applied_children(),
     )
 
 
-def applied_children(memo: Any) -> tuple[dict[str, Any], ...]:
-    """The children kvscale last applied (memo["children"]); the Deployment as memo["applied"],
-    which the scale tick keeps at the replicas it set."""
-    bodies = [b for (kind, _), b in (memo.get("children") or {}).items() if kind != "Deployment"]
-    deployment = memo.get("applied")
-    return (*bodies, *((deployment,) if deployment is not None else ()))
+_MEMORY_LOCK = threading.Lock()  # spec handling runs in the workers, the timers in the loop
+
+
+def memory(memo: Any) -> ServiceMemory:
+    """The service's memory (kvscale.control.memory), one frozen value under one memo key."""
+    found = memo.get(MEMO_KEY)
+    return found if isinstance(found, ServiceMemory) else ServiceMemory()
+
+
+def update(memo: Any, change: Callable[[ServiceMemory], ServiceMemory]) -> None:
+    """Store `change` of the memory as it is now: each handler changes only the fields it owns,
+    and one that awaited meanwhile does not write back what another stored."""
+    with _MEMORY_LOCK:
+        memo[MEMO_KEY] = change(memory(memo))
 
 
 def remember(memo: Any, result: Result) -> None:
-    """What `result` applied, deleted or pruned, in memo["children"]."""
-    known: dict[tuple[str, str], dict[str, Any]] = memo.setdefault("children", {})
-    for kind, name in list(known):
-        deleted = kind in result.delete
-        pruned = result.prune_pools and kind == inference_pool.KIND and name != result.keep_pool
-        if deleted or pruned:
-            del known[kind, name]
-            if kind == "Deployment":
-                memo.pop("applied", None)
-    for body in result.apply:
-        known[owned.key(body)] = body
-    if result.applied_deployment is not None:
-        memo["applied"] = result.applied_deployment
+    """What `result` applied, deleted or pruned."""
+    update(memo, lambda m: m.remembered(result))
 
 
 def confirmed(rt: Runtime, res: Resource, seen: Observed, names: list[tuple[str, str]]) -> Observed:
@@ -202,10 +201,11 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
 
 @dataclass(frozen=True)
 class Call:
-    """One handler call: the object, kopf's patch and per-object memo, the informers."""
+    """One handler call: the object, its spec parsed once (the Intent, or the SpecError that
+    says what to fix), kopf's patch and per-object memo, the informers."""
 
     body: kopf.Body
-    spec: Mapping[str, Any]
+    intent: Intent | SpecError
     patch: kopf.Patch
     memo: Any
     res: Resource
@@ -215,14 +215,23 @@ class Call:
     @classmethod
     def of(cls, rt: Runtime, kw: Mapping[str, Any]) -> Call:
         res = resource(kw["meta"], kw["namespace"], kw["name"])
-        return cls(kw["body"], kw["spec"], kw["patch"], kw["memo"], res, parse_status(kw["status"]), rt.inventory)
+        intent = read_spec(kw["spec"])
+        return cls(kw["body"], intent, kw["patch"], kw["memo"], res, parse_status(kw["status"]), rt.inventory)
 
-    def observed(self, rt: Runtime | None = None) -> Observed:
-        """The informers' view; with `rt`, also the InferencePool the spec asks for and, in mode
-        auto, any object holding a child's name that the informers do not show as this
-        resource's (API reads: such an object is someone else's, and is left alone)."""
-        seen = observed(self.res, self.memo, self.inventory, self._pool(rt) if rt is not None else None)
-        if rt is None or (self.spec.get("scaling") or {}).get("mode") == "recommend":
+    def valid(self) -> Intent:
+        """The Intent; a tick with a spec that cannot be read fails (spec handling says why)."""
+        if isinstance(self.intent, SpecError):
+            raise self.intent
+        return self.intent
+
+    def observed(self, rt: Runtime | None = None, base: Observed | None = None) -> Observed:
+        """The informers' view (`base`: as read earlier in this call, its GPU pools not built
+        again); with `rt`, also the InferencePool the spec asks for and, in mode auto, any
+        object holding a child's name that the informers do not show as this resource's (API
+        reads: such an object is someone else's, and is left alone)."""
+        pool = self._pool(rt) if rt is not None else None
+        seen = observed(self.res, self.memo, self.inventory, pool) if base is None else replace(base, pool=pool)
+        if rt is None or (isinstance(self.intent, Intent) and self.intent.scaling.mode == "recommend"):
             return seen
         names = [(k.kind, owned.child_name(k.kind, self.res.name)) for k in owned.KINDS if k.named_as_owner]
         unknown = [
@@ -233,10 +242,8 @@ class Call:
         return confirmed(rt, self.res, seen, unknown) if unknown else seen
 
     def _pool(self, rt: Runtime) -> PoolView | None:
-        routing = (self.spec.get("routing") or {}).get("inferencePool")
-        if not isinstance(routing, Mapping):
-            return None
-        return rt.kube.pool_view(self.res.namespace, str(routing.get("name") or self.res.name))
+        name = self.intent.routing.pool(self.res.name) if isinstance(self.intent, Intent) else None
+        return None if name is None else rt.kube.pool_view(self.res.namespace, name)
 
     def apply(self, rt: Runtime, result: Result) -> None:
         remember(self.memo, result)
@@ -285,7 +292,7 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="forget", optional=True, registry=registry)
     async def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-        memo["deleted"] = True  # a tick in flight exports nothing after this
+        update(memo, lambda m: replace(m, deleted=True))  # a tick in flight exports nothing after this
         rt.budgets.forget(namespace or "", name)
         telemetry.forget(namespace or "", name)
 
@@ -360,7 +367,7 @@ def spec_changed(rt: Runtime, call: Call, resumed: bool = False) -> None:
     with telemetry.RECONCILE_SECONDS.time():
         seen = call.observed(rt)
         result = under_budget(
-            rt, call, reconcile(call.spec, call.res, call.before, seen, rt.catalog, rt.settings), seen
+            rt, call, reconcile(call.intent, call.res, call.before, seen, rt.catalog, rt.settings), seen
         )
     if result.retry is not None and result.retry.delay_s is None:
         telemetry.ERRORS.labels("reconcile").inc()
@@ -374,9 +381,8 @@ def under_budget(rt: Runtime, call: Call, result: Result, seen: Observed) -> Res
     """A reconcile's workload within what the governing GPUBudget has free now (kvscale.control.budget)."""
     if not result.apply or result.status.plan is None:
         return result
-    try:
-        intent = parse_intent(call.spec)
-    except SpecError:
+    intent = call.intent
+    if isinstance(intent, SpecError):
         return result
     labels = (call.body.get("metadata") or {}).get("labels") or {}
     existing = seen.workload(multi_node(result.status))
@@ -395,9 +401,9 @@ async def status_tick(rt: Runtime, call: Call) -> None:
             seen = await rt.io(confirmed, rt, call.res, seen, names)
         if pool_api_missing(call.before) or replans(call.before, seen, rt.settings, now) or conflicted(call.before):
             seen = await rt.io(call.observed, rt)  # the InferencePool too: a reconcile follows
-            result = await rt.io(refresh, call.spec, call.res, call.before, seen, rt.catalog, rt.settings, now)
+            result = await rt.io(refresh, call.intent, call.res, call.before, seen, rt.catalog, rt.settings, now)
         else:
-            result = refresh(call.spec, call.res, call.before, seen, rt.catalog, rt.settings, now)
+            result = refresh(call.intent, call.res, call.before, seen, rt.catalog, rt.settings, now)
         result = None if result is None else under_budget(rt, call, result, seen)
         result = refusals(rt, call, result, now)
     except Exception as exc:  # counted and shown in status; the timer runs again
@@ -434,67 +440,74 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
         return
     started = time.monotonic()
     try:
-        intent = parse_intent(call.spec)
-        seen = call.observed().workload(multi_node(call.before))
-        start = fleet(intent, call.before, seen, call.res.generation)
+        intent = call.valid()
+        seen = call.observed()  # the GPU pools built once for the tick
+        workload = seen.workload(multi_node(call.before))
+        start = fleet(intent, call.before, workload, call.res.generation)
         if start is not None and not isinstance(start, Fleet):  # a pin counts against a GPUBudget too
-            start = _pin_under_budget(rt, call, intent, start, seen)
+            start = _pin_under_budget(rt, call, intent, start, workload)
         if isinstance(start, Fleet):
-            podless = intent.scaling.mode == "auto" and rt.inventory is not None and not call.observed().pods
-            obs, missing = await _observe(rt, call.res, intent.engine, intent.slo.percentile, start, podless)
-            obs, learned = cold_starts(rt, call, intent, start, obs)
-            memory = call.memo.get("scaler", ScalerMemory())
-            now = dt.datetime.now(dt.UTC)
-            done = tick(
-                intent, call.res, call.before, start, obs, missing, memory, rt.catalog, rt.settings, now, learned
-            )
-            done = await _zero_and_budget(rt, call, intent, start, obs, done, now)
+            scaled = await _autoscale(rt, call, intent, start, seen)
     except Exception as exc:  # counted and shown in status; the timer runs again
         if not rt.stopping:  # at shutdown the closed clients fail a tick in flight: not news
             effects.timer_failed("autoscale", call.body, call.patch, call.before, call.res, exc)
         return
     if not isinstance(start, Fleet):
         if start is not None:  # pinned replicas: recorded, the policy is not asked
-            await _drain_and_apply(rt, call, intent, seen, start)
+            await _drain_and_apply(rt, call, intent, workload, seen.pods, start)
         return
-    call.memo["scaler"] = done.memory
-    if not call.memo.get("deleted"):
+    done = scaled.tick
+    update(call.memo, lambda now: now.after_tick(scaled.memory, done.result.scale_to))
+    if not memory(call.memo).deleted:
         telemetry.export(call.res.namespace, call.res.name, done.gauges)
-    if done.result.scale_to is not None and call.memo.get("applied") is not None:
-        call.memo["applied"]["spec"]["replicas"] = done.result.scale_to
     synced = replace(done.result, status=mark_synced("autoscale", done.result.status, call.res.generation))
-    await _drain_and_apply(rt, call, intent, seen, synced)
+    await _drain_and_apply(rt, call, intent, workload, seen.pods, synced)
     telemetry.TICK_SECONDS.observe(time.monotonic() - started)
 
 
 async def _drain_and_apply(
-    rt: Runtime, call: Call, intent: Intent, seen: DeploymentView | None, result: Result
+    rt: Runtime, call: Call, intent: Intent, current: DeploymentView | None, pods: Any, result: Result
 ) -> None:
     """The tick's result applied; before it, a scale-down marks the least-loaded pods to go first,
     and pods the budget took drain within its grace (kvscale.operator.drain)."""
-    current = seen.replicas if seen is not None else None
-    pods = call.observed().pods
-    await mark_scale_down(rt.kube, rt.prometheus, rt.io, call.res, intent.engine, current, pods, result)
+    replicas = current.replicas if current is not None else None
+    await mark_scale_down(rt.kube, rt.prometheus, rt.io, call.res, intent.engine, replicas, pods, result)
     labels = (call.body.get("metadata") or {}).get("labels") or {}
     grace_s = preemption_grace_s(rt.budgets, call.res.namespace, labels)
     await shorten_preempted(rt.kube, rt.io, call.res, grace_s, result.status, pods)
     await call.apply_async(rt, result)
 
 
-def cold_starts(
-    rt: Runtime, call: Call, intent: Intent, start: Fleet, obs: Observation
-) -> tuple[Observation, tuple[float, ...]]:
-    """The observation with the start-to-ready times of pods newly ready (each counted once)
-    and the last observed workload, and what replicas of this model on this GPU type showed
-    so far, recorded for the others."""
-    fresh, counted = newly_ready(call.observed().pods, start.plan, call.memo.get("ready_pods", frozenset()))
-    call.memo["ready_pods"] = counted
+async def _autoscale(rt: Runtime, call: Call, intent: Intent, start: Fleet, seen: Observed) -> Autoscaled:
+    """Read (the engines' metrics, the gateway's queue, the cold starts other replicas showed),
+    decide (kvscale.control.autoscale), and make a GPUBudget's move if it grants another type."""
+    podless = intent.scaling.mode == "auto" and rt.inventory is not None and not seen.pods
+    obs, missing = await _observe(rt, call.res, intent.engine, intent.slo.percentile, start, podless)
+    queue = await _gateway_queue(rt, call.res, intent)
     key = cold_start_key(intent, start.plan)
-    learned = rt.cold_starts.get(key, ())
-    if fresh:
-        rt.cold_starts[key] = (*learned, *fresh)[-COLD_START_SAMPLES:]
-    # The slower view (length distributions, hour and day peaks) as the workload timer last read it.
-    return replace(obs, started_to_ready_s=fresh, workload=call.memo.get("workload")), learned
+    read = Readings(obs, missing, queue, rt.cold_starts.get(key, ()), seen.pods)
+    labels = (call.body.get("metadata") or {}).get("labels") or {}
+    governor = Governor(rt.budgets, labels, budget_ttl_s(rt))
+    now = dt.datetime.now(dt.UTC)
+    scaled = autoscale(
+        intent, call.res, call.before, start, read, memory(call.memo), governor, rt.catalog, rt.settings, now
+    )
+    if scaled.fresh:  # recorded for the others: a new service starts from what these showed
+        rt.cold_starts[key] = (*read.learned, *scaled.fresh)[-COLD_START_SAMPLES:]
+    if scaled.move is None:
+        return scaled
+    status = scaled.tick.result.status
+    result = await rt.io(_move, rt, call, status, start.plan, scaled.move, scaled.budget, now, seen)
+    return moved_tick(scaled, result, start.plan)
+
+
+async def _gateway_queue(rt: Runtime, res: Resource, intent: Intent) -> float | None:
+    """Requests waiting at the gateway, read only where minReplicas is 0 and a gateway holds them."""
+    queries = queue_queries(intent, res)
+    if not (wants_zero(intent) and queries and rt.prometheus is not None):
+        return None
+    readings = [await rt.prometheus.scalar(q, timeout_s=rt.observation_deadline_s()) for q in queries]
+    return gateway_queue([r if isinstance(r, float) else None for r in readings])
 
 
 async def observe_workload(rt: Runtime, call: Call) -> None:
@@ -502,10 +515,10 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
     planner and the API reads in the workers)."""
     if not planned(call.before) or call.before.phase == "Recommended" or rt.workload_reader is None:
         return  # nothing runs in recommend mode: no engine to read
-    if predates(call.memo.get("replanned"), call.before, call.res.generation):
+    if predates(memory(call.memo).replanned, call.before, call.res.generation):
         return  # the status handed in is older than this operator's own re-plan: wait for the watch
     try:
-        intent = parse_intent(call.spec)
+        intent = call.valid()
         s = rt.settings
         workload, missing = await observe_workload_batched(
             rt.workload_reader,
@@ -518,10 +531,8 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
             deadline_s=rt.workload_deadline_s(),
             burst_window=s.burst_window,
         )
-        if workload is not None:
-            call.memo["workload"] = workload
         now = dt.datetime.now(dt.UTC)
-        args = (call.spec, call.res, call.before, lambda: call.observed(rt), workload, missing, rt.catalog, s, now)
+        args = (intent, call.res, call.before, lambda: call.observed(rt), workload, missing, rt.catalog, s, now)
         result = await rt.io(workload_tick, *args)
         result = None if result is None else under_budget(rt, call, result, call.observed())
     except Exception as exc:  # counted and shown in status; the timer runs again
@@ -530,47 +541,9 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
         return
     if result is not None:
         if any(e.reason == "Replanned" for e in result.events) and result.status.plan is not None:
-            call.memo["replanned"] = (call.res.generation, result.status.plan.workload)
+            replanned = (call.res.generation, result.status.plan.workload)
+            update(call.memo, lambda m: replace(m, replanned=replanned))
         await call.apply_async(rt, replace(result, status=mark_synced("workload", result.status, call.res.generation)))
-
-
-async def _zero_and_budget(
-    rt: Runtime, call: Call, intent: Intent, start: Fleet, obs: Observation, done: Tick, now: dt.datetime
-) -> Tick:
-    """The tick under scale to zero (the gateway's queue read when minReplicas is 0) and under
-    the GPUBudget that governs the service, if any."""
-    queue: float | None = None
-    queries = queue_queries(intent, call.res)
-    if wants_zero(intent) and queries and rt.prometheus is not None:
-        readings = [await rt.prometheus.scalar(q, timeout_s=rt.observation_deadline_s()) for q in queries]
-        queue = gateway_queue([r if isinstance(r, float) else None for r in readings])
-    cold_start_s = done.decision.cold_start_s or done.memory.cold_start_s
-    done = scale_zero(intent, call.res, call.before, start, obs, queue, done, call.memo, cold_start_s, now)
-    labels = (call.body.get("metadata") or {}).get("labels") or {}
-    draining = _draining(call, start)
-    ttl_s = budget_ttl_s(rt)
-    done = govern(rt.budgets, call.res, labels, intent, call.before, start, obs, done, now, ttl_s, draining)
-    grant = moving_to(rt.budgets, call.res, labels, start.plan)
-    if grant is None:
-        return done
-    budget = rt.budgets.governing(call.res.namespace, labels) or ""
-    result = await rt.io(_move, rt, call, done.result.status, start.plan, grant, budget, now)
-    if result is None:
-        return done
-    call.memo["budget_draining"] = (start.plan.gpu_type, start.plan.tensor_parallel)
-    return replace(done, decision=replace(done.decision, replicas=grant.replicas), result=result)
-
-
-def _draining(call: Call, start: Fleet) -> dict[str, int]:
-    """GPUs the service's pods of the plan before a budget's move still hold, per type."""
-    former = call.memo.get("budget_draining")
-    if former is None:
-        return {}
-    gpu, per_pod = former
-    pods = sum(1 for p in call.observed().pods if p.gpu_type == gpu and gpu != start.plan.gpu_type)
-    if pods == 0:
-        call.memo.pop("budget_draining", None)
-    return {gpu: pods * int(per_pod)}
 
 
 def _move(
@@ -581,12 +554,13 @@ def _move(
     grant: Grant,
     budget: str,
     now: dt.datetime,
+    base: Observed,
 ) -> Result | None:
     """A budget's move: the plan re-made on the granted GPU type, at the granted replicas
-    within what that type has free now."""
-    seen = call.observed(rt)
-    result = reconcile(call.spec, call.res, status, seen, rt.catalog, rt.settings, now=now, prefer_gpu=grant.gpu_type)
-    out = moved(result, before, grant, budget)
+    within what that type has free now (the tick's view of the cluster, and the API's reads)."""
+    seen = call.observed(rt, base)
+    result = replan(BudgetMove(grant, budget), call.intent, call.res, status, seen, rt.catalog, rt.settings, now)
+    out = moved(result, before, grant)
     return None if out is None else under_budget(rt, call, out, seen)
 
 

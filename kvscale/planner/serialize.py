@@ -1,10 +1,15 @@
-"""Plans and predictions as plain dicts (JSON for the CLI, status for the operator).
+"""Plans and predictions as plain values: `figures`, a feasible candidate's numbers in SI
+units rounded once, which both the CLI's JSON (here) and the operator's status
+(kvscale.control.status) carry; and the CLI's dicts.
 
-Times leave in milliseconds with `_ms` in the key; everything else keeps its SI unit.
+Times leave the JSON in milliseconds with `_ms` in the key (status: seconds, and the readable
+text beside them); everything else keeps its SI unit.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from kvscale.planner.search import Candidate, Feasible, Plan, Rejected, SimulatedSizing
@@ -14,6 +19,40 @@ from kvscale.sizing.units import GIB
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1e3, 3)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A feasible candidate's figures, SI units, rounded once for every serialized form."""
+
+    replicas: int
+    gpus_per_replica: int
+    rate_per_replica_per_s: float
+    cost_usd_per_hour: float
+    throughput_tokens_per_s: float
+    mbu: float
+    mfu: float
+    ttft_s: float | None  # microseconds kept; None where the prediction is unbounded (JSON has no infinity)
+    tpot_s: float | None
+
+
+def _s(seconds: float) -> float | None:
+    return round(seconds, 6) if math.isfinite(seconds) else None
+
+
+def figures(c: Feasible) -> Figures:
+    p = c.prediction
+    return Figures(
+        replicas=p.replicas,
+        gpus_per_replica=c.tensor_parallel * c.pipeline_parallel * c.data_parallel,
+        rate_per_replica_per_s=round(p.rate_per_replica_max, 4),
+        cost_usd_per_hour=round(p.cost_usd_per_hour, 4),
+        throughput_tokens_per_s=round(p.throughput_tokens_per_s, 1),
+        mbu=round(p.mbu, 4),
+        mfu=round(p.mfu, 4),
+        ttft_s=_s(p.ttft_p_s),
+        tpot_s=_s(p.tpot_p_s),
+    )
 
 
 def candidate_to_dict(c: Candidate) -> dict[str, Any]:
@@ -30,26 +69,26 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
         "reason": c.reason,
     }
     if isinstance(c, Feasible):
-        p = c.prediction
+        p, f = c.prediction, figures(c)
         out.update(
-            replicas=p.replicas,
+            replicas=f.replicas,
             gpus_total=c.total_gpus,
             max_batch=p.max_batch,
-            rate_per_replica_max=round(p.rate_per_replica_max, 4),
+            rate_per_replica_max=f.rate_per_replica_per_s,
             ttft_ms=_ms(p.ttft_p_s),
             tpot_ms=_ms(p.tpot_p_s),
             # Per token gap, not per request: the stalls a chunk step puts in a stream (the
             # p99 at the requested load, and the longest step a running request can meet).
             itl_p99_ms=_ms(p.itl_p99_s),
             itl_max_ms=_ms(p.itl_max_s),
-            throughput_tokens_per_s=round(p.throughput_tokens_per_s, 1),
+            throughput_tokens_per_s=f.throughput_tokens_per_s,
             limited_by=p.limited_by,
             limited_why=p.limited_why,
-            mbu=round(p.mbu, 4),
-            mfu=round(p.mfu, 4),
+            mbu=f.mbu,
+            mfu=f.mfu,
             kv_cache_tokens=p.kv_cache_tokens,
             weights_gib_per_gpu=round(p.weights_bytes_per_gpu / GIB, 2),
-            cost_usd_per_hour=round(p.cost_usd_per_hour, 4),
+            cost_usd_per_hour=f.cost_usd_per_hour,
             max_num_batched_tokens=c.max_num_batched_tokens,
             # The model's count beside `replicas` (the simulator's, when a check sized the plan).
             analytic_replicas=c.analytic_replicas,

@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 
 from kvscale.api.budget import parse_budget_spec
+from kvscale.api.intent import read_spec
 from kvscale.autoscaling.budget import Demand, Option
 from kvscale.control.budget import CONDITION, BudgetBook, Entry, budget_status, govern, govern_pin
 from kvscale.control.reconcile import Resource, Result
@@ -155,7 +156,8 @@ def test_a_new_service_starts_with_what_the_budget_has_free_and_is_counted_at_on
 
 def test_a_service_whose_type_is_full_moves_to_its_next_option_and_back() -> None:
     from kvscale.control.budget import MOVED, moved, moving_to, options
-    from kvscale.control.reconcile import Observed, reconcile
+    from kvscale.control.reconcile import Observed, replan
+    from kvscale.control.replan import BudgetMove
     from tests.unit.test_reconcile import POOLS, SETTINGS
 
     book = BudgetBook()
@@ -180,8 +182,9 @@ def test_a_service_whose_type_is_full_moves_to_its_next_option_and_back() -> Non
     c = get_condition(governed.result.status, CONDITION)
     assert c is not None and "next-cheapest feasible plan" in c.message
     # The move: re-planned on the granted type at the granted replicas, marked, one Event.
-    replanned = reconcile(SPEC, RES, governed.result.status, Observed(POOLS), CAT, SETTINGS, now=NOW, prefer_gpu=to)
-    out = moved(replanned, plan, grant, "b")
+    status = governed.result.status
+    replanned = replan(BudgetMove(grant, "b"), read_spec(SPEC), RES, status, Observed(POOLS), CAT, SETTINGS, NOW)
+    out = moved(replanned, plan, grant)
     assert out is not None and out.status.plan is not None
     assert (out.status.plan.gpu_type, out.status.plan.budget_moved_from) == (to, gpu)
     (workload,) = [o for o in out.apply if o["kind"] == "Deployment"]
@@ -192,15 +195,15 @@ def test_a_service_whose_type_is_full_moves_to_its_next_option_and_back() -> Non
     # Moved, its options start with the type the planner chose: it goes back when that has room.
     assert options(out.status.plan, 2, 100)[0].gpu_type == gpu
     back_grant = replace(grant, gpu_type=gpu, replicas=1)
-    again = reconcile(SPEC, RES, out.status, Observed(POOLS), CAT, SETTINGS, now=NOW, prefer_gpu=gpu)
-    back = moved(again, out.status.plan, back_grant, "b")
+    again = replan(BudgetMove(back_grant, "b"), read_spec(SPEC), RES, out.status, Observed(POOLS), CAT, SETTINGS, NOW)
+    back = moved(again, out.status.plan, back_grant)
     assert back is not None and back.status.plan is not None
     assert (back.status.plan.gpu_type, back.status.plan.budget_moved_from) == (gpu, None)
     assert "moved back from" in next(e.message for e in back.events if e.reason == MOVED)
     # No plan on the granted type fits the cluster: nothing moves.
     nowhere = replace(grant, gpu_type="MI300X")
-    stay = reconcile(SPEC, RES, governed.result.status, Observed(POOLS), CAT, SETTINGS, now=NOW, prefer_gpu="MI300X")
-    assert moved(stay, plan, nowhere, "b") is None
+    stay = replan(BudgetMove(nowhere, "b"), read_spec(SPEC), RES, status, Observed(POOLS), CAT, SETTINGS, NOW)
+    assert moved(stay, plan, nowhere) is None
 
 
 def test_gpus_a_moved_service_still_holds_on_its_old_type_count_against_the_budget() -> None:

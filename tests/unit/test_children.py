@@ -8,6 +8,7 @@ import copy
 from dataclasses import replace
 from typing import Any
 
+from kvscale.api.intent import read_spec
 from kvscale.api.models import InferenceServiceStatus
 from kvscale.control.children import KINDS, ChildView, check, covers
 from kvscale.control.reconcile import CHILD_KINDS, DeploymentView, Observed, Result, reconcile, refresh, settled
@@ -22,7 +23,7 @@ def mine(body: dict[str, Any]) -> ChildView:
 
 def running() -> tuple[Result, Observed]:
     """A deployed service, Ready, as the status tick sees it with every child in place."""
-    first = reconcile(SPEC, RES, InferenceServiceStatus(), Observed(POOLS), CAT, SETTINGS, now=NOW)
+    first = reconcile(read_spec(SPEC), RES, InferenceServiceStatus(), Observed(POOLS), CAT, SETTINGS, now=NOW)
     dep = first.apply[-1]
     replicas = int(dep["spec"]["replicas"])
     ready = first.status.model_copy(update={"phase": "Ready"})
@@ -43,14 +44,14 @@ def _image(dep: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
 
 def test_nothing_missing_changes_nothing() -> None:
     first, seen = running()
-    result = refresh(SPEC, RES, first.status, seen, CAT, SETTINGS, NOW)
+    result = refresh(read_spec(SPEC), RES, first.status, seen, CAT, SETTINGS, NOW)
     assert result is not None and result.apply == () and result.events == ()
 
 
 def test_a_deleted_service_and_pdb_are_applied_again_and_status_says_so() -> None:
     first, seen = running()
     kept = tuple(v for v in seen.children if v.kind == "Deployment")
-    result = refresh(SPEC, RES, first.status, replace(seen, children=kept), CAT, SETTINGS, NOW)
+    result = refresh(read_spec(SPEC), RES, first.status, replace(seen, children=kept), CAT, SETTINGS, NOW)
     assert result is not None
     assert [b["kind"] for b in result.apply] == ["Service", "PodDisruptionBudget"]
     state, reason, message = condition_of(result.status, "Children")
@@ -72,7 +73,7 @@ def test_a_deleted_deployment_is_recreated_with_its_replicas_and_ready_turns_fal
         applied_children=(*first.apply[:-1], applied),
         children=tuple(v for v in seen.children if v.kind != "Deployment"),
     )
-    result = refresh(SPEC, RES, first.status, gone, CAT, SETTINGS, NOW)
+    result = refresh(read_spec(SPEC), RES, first.status, gone, CAT, SETTINGS, NOW)
     assert result is not None
     [dep] = result.apply
     assert dep["kind"] == "Deployment" and dep["spec"]["replicas"] == 5
@@ -86,7 +87,7 @@ def test_an_edited_service_selector_is_reverted() -> None:
         replace(v, spec={**(v.spec or {}), "selector": {"app": "payments"}}) if v.kind == "Service" else v
         for v in seen.children
     )
-    result = refresh(SPEC, RES, first.status, replace(seen, children=edited), CAT, SETTINGS, NOW)
+    result = refresh(read_spec(SPEC), RES, first.status, replace(seen, children=edited), CAT, SETTINGS, NOW)
     assert result is not None and [b["kind"] for b in result.apply] == ["Service"]
     assert "(edited outside kvscale)" in condition_of(result.status, "Children")[2]
 
@@ -102,7 +103,7 @@ def test_defaults_the_api_server_adds_are_not_edits() -> None:
 def test_a_foreign_service_under_the_name_is_left_alone_with_one_event() -> None:
     foreign = ChildView("Service", "ns", "chat", (), {"selector": {"app": "payments"}})
     seen = Observed(POOLS, children=(foreign,))
-    result = reconcile(SPEC, RES, InferenceServiceStatus(), seen, CAT, SETTINGS, now=NOW)
+    result = reconcile(read_spec(SPEC), RES, InferenceServiceStatus(), seen, CAT, SETTINGS, now=NOW)
     assert result.apply == () and result.delete == ()
     state, _, message = condition_of(result.status, "NameConflict")
     assert state == "True" and "Service ns/chat" in message
@@ -111,30 +112,34 @@ def test_a_foreign_service_under_the_name_is_left_alone_with_one_event() -> None
     # No kopf retry (it logged an ERROR every backoff while the conflict lasted, issue 28 LOW):
     # the status tick looks again, quietly, and deploys once the name is free.
     assert result.retry is None
-    again = refresh(SPEC, RES, result.status, seen, CAT, SETTINGS, NOW)
+    again = refresh(read_spec(SPEC), RES, result.status, seen, CAT, SETTINGS, NOW)
     assert again is not None and again.events == () and again.apply == () and again.retry is None
-    cleared = refresh(SPEC, RES, result.status, Observed(POOLS), CAT, SETTINGS, NOW)
+    cleared = refresh(read_spec(SPEC), RES, result.status, Observed(POOLS), CAT, SETTINGS, NOW)
     assert cleared is not None and len(cleared.apply) == 3 and cleared.retry is None
     assert all(c.type != "NameConflict" for c in cleared.status.conditions)
 
 
 def test_a_deployment_owned_by_another_resource_is_a_conflict() -> None:
     other = ChildView("Deployment", "ns", "chat", ("someone-else",))
-    result = reconcile(SPEC, RES, InferenceServiceStatus(), Observed(POOLS, children=(other,)), CAT, SETTINGS, now=NOW)
+    result = reconcile(
+        read_spec(SPEC), RES, InferenceServiceStatus(), Observed(POOLS, children=(other,)), CAT, SETTINGS, now=NOW
+    )
     assert result.apply == () and "Deployment ns/chat" in condition_of(result.status, "NameConflict")[2]
 
 
 def test_recommend_mode_never_deletes_a_foreign_object() -> None:
     foreign = ChildView("Service", "ns", "chat", ())
     body = spec(scaling={"mode": "recommend"})
-    result = reconcile(body, RES, InferenceServiceStatus(), Observed(POOLS, children=(foreign,)), CAT, SETTINGS)
+    result = reconcile(
+        read_spec(body), RES, InferenceServiceStatus(), Observed(POOLS, children=(foreign,)), CAT, SETTINGS
+    )
     assert result.delete == ()
 
 
 def test_a_foreign_object_in_a_deleted_childs_place_is_named_not_taken() -> None:
     first, seen = running()
     taken = tuple(ChildView("Service", "ns", "chat", ()) if v.kind == "Service" else v for v in seen.children)
-    result = refresh(SPEC, RES, first.status, replace(seen, children=taken), CAT, SETTINGS, NOW)
+    result = refresh(read_spec(SPEC), RES, first.status, replace(seen, children=taken), CAT, SETTINGS, NOW)
     assert result is not None and result.apply == ()
     assert condition_of(result.status, "NameConflict")[0] == "True"
     # Never NameConflict=True beside Ready=True (issue 28, LOW): the engine runs, a child is not ours.
@@ -148,14 +153,21 @@ def test_every_child_kind_reconcile_builds_is_watched() -> None:
 
 def test_a_resume_that_changes_nothing_is_settled() -> None:
     first, seen = running()
-    again = reconcile(SPEC, RES, first.status, seen, CAT, SETTINGS, now=NOW)
+    again = reconcile(read_spec(SPEC), RES, first.status, seen, CAT, SETTINGS, now=NOW)
     assert settled(again, first.status, seen, RES)
     without_pdb = replace(seen, children=tuple(v for v in seen.children if v.kind != "PodDisruptionBudget"))
     assert not settled(
-        reconcile(SPEC, RES, first.status, without_pdb, CAT, SETTINGS, now=NOW), first.status, without_pdb, RES
+        reconcile(read_spec(SPEC), RES, first.status, without_pdb, CAT, SETTINGS, now=NOW),
+        first.status,
+        without_pdb,
+        RES,
     )
     assert seen.deployment is not None
     scaled = replace(seen, deployment=replace(seen.deployment, image="other:1"))
-    assert not settled(reconcile(SPEC, RES, first.status, scaled, CAT, SETTINGS, now=NOW), first.status, scaled, RES)
-    edited = reconcile(spec(workload={"requestsPerSecond": 40}), RES, first.status, seen, CAT, SETTINGS, now=NOW)
+    assert not settled(
+        reconcile(read_spec(SPEC), RES, first.status, scaled, CAT, SETTINGS, now=NOW), first.status, scaled, RES
+    )
+    edited = reconcile(
+        read_spec(spec(workload={"requestsPerSecond": 40})), RES, first.status, seen, CAT, SETTINGS, now=NOW
+    )
     assert not settled(edited, first.status, seen, RES)

@@ -119,3 +119,34 @@ def test_no_capacity_and_unreadable_files(tmp_path: Path) -> None:
     assert missing[0] == 2 and "cannot read" in missing[2]
     (tmp_path / "other.yaml").write_text("kind: ConfigMap\nmetadata: {name: x}\n")
     assert manifests("-f", str(tmp_path / "other.yaml"))[0] == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "env", "says"),
+    [
+        ("chat", [{"name": "HF_HOME", "value": "/x"}], "spec.engine.env: HF_HOME is set by kvscale"),
+        ("chat", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}], "'A' is set twice"),
+    ],
+)
+def test_manifests_refuses_what_the_operator_refuses_before_planning(
+    tmp_path: Path, name: str, env: list[dict[str, str]], says: str
+) -> None:
+    """One pre-planning check (kvscale.control.planning.precheck): `kvscale manifests` exits 2
+    with the words of the operator's Planned condition, instead of printing children the API
+    server or the operator would refuse."""
+    from kvscale.api.intent import read_spec
+    from kvscale.api.models import InferenceServiceStatus
+    from kvscale.control.reconcile import Observed, Resource, reconcile
+    from kvscale.control.settings import Settings
+
+    body = sample("llama-3.1-8b-chat")
+    body["metadata"]["name"] = name
+    body["spec"].setdefault("engine", {})["env"] = env
+    code, _, out = manifests("-f", str(write(tmp_path, body)), "--gpus", "A10G=16,L4=16")
+    assert code == 2 and says in out
+    res = Resource("ns", name, "uid", 1)
+    failed = reconcile(
+        read_spec(body["spec"]), res, InferenceServiceStatus(), Observed({}), default_catalog(), Settings()
+    )
+    planned = next(c for c in failed.status.conditions if c.type == "Planned")
+    assert says in planned.message and " ".join(out.split()).endswith(" ".join(planned.message.split()))

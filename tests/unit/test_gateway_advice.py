@@ -9,6 +9,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
+from kvscale.api.intent import read_spec
 from kvscale.cli import app
 from kvscale.control.reconcile import GATEWAY_CONDITION, Observed, reconcile
 from kvscale.planner.routing_advice import gateway_advice
@@ -77,11 +78,15 @@ def test_the_operator_advises_once_and_not_behind_a_pool() -> None:
     assert "spec.routing.inferencePool" in message
     assert [e.reason for e in first.events].count(GATEWAY_CONDITION) == 1
     # A re-plan keeps the condition and does not repeat the Event.
-    again = reconcile(LONG_SPEC, replace(RES, generation=2), first.status, Observed(POOLS), CAT, SETTINGS, now=NOW)
+    again = reconcile(
+        read_spec(LONG_SPEC), replace(RES, generation=2), first.status, Observed(POOLS), CAT, SETTINGS, now=NOW
+    )
     assert condition_of(again.status, GATEWAY_CONDITION)[0] == "True"
     assert GATEWAY_CONDITION not in [e.reason for e in again.events]
     # Behind a pool the plan already assumes the gateway: the advice goes.
     pooled = {**LONG_SPEC, "routing": {"inferencePool": {}}}
-    behind = reconcile(pooled, replace(RES, generation=3), again.status, Observed(POOLS), CAT, SETTINGS, now=NOW)
+    behind = reconcile(
+        read_spec(pooled), replace(RES, generation=3), again.status, Observed(POOLS), CAT, SETTINGS, now=NOW
+    )
     assert not any(c.type == GATEWAY_CONDITION for c in behind.status.conditions)
     assert not any(c.type == GATEWAY_CONDITION for c in deployed().status.conditions)

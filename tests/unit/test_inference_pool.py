@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kvscale.api.intent import parse_intent
+from kvscale.api.intent import parse_intent, read_spec
 from kvscale.api.models import InferencePoolRouting, InferenceServiceStatus, parse_spec
 from kvscale.control.inference_pool import inference_pool, owned_by, plan_pool
 from kvscale.control.inventory import gpu_inventory
@@ -185,7 +185,9 @@ GPUS = gpu_inventory(default_catalog(), list(node_objects(Path(__file__).parents
 
 def reconciled(body: dict[str, Any], pool: PoolView | None, status: InferenceServiceStatus | None = None) -> Result:
     observed = Observed(GPUS, pool=pool)
-    return reconcile(body, RES, status or InferenceServiceStatus(), observed, default_catalog(), Settings(), now=NOW)
+    return reconcile(
+        read_spec(body), RES, status or InferenceServiceStatus(), observed, default_catalog(), Settings(), now=NOW
+    )
 
 
 def pool_condition(result: Result) -> tuple[str, str] | None:
@@ -236,9 +238,15 @@ def test_refresh_reconciles_once_the_crd_arrives() -> None:
     missing = reconciled(ROUTED, PoolView(api_installed=False))
     seen = Observed(GPUS, pool=PoolView(api_installed=True))
     status = missing.status.model_copy(update={"phase": "Ready"})
-    later = refresh(ROUTED, RES, status, seen, default_catalog(), Settings(), NOW)
+    later = refresh(read_spec(ROUTED), RES, status, seen, default_catalog(), Settings(), NOW)
     assert later is not None and later.apply[-1]["kind"] == "InferencePool"
     still = refresh(
-        ROUTED, RES, status, Observed(GPUS, pool=PoolView(api_installed=False)), default_catalog(), Settings(), NOW
+        read_spec(ROUTED),
+        RES,
+        status,
+        Observed(GPUS, pool=PoolView(api_installed=False)),
+        default_catalog(),
+        Settings(),
+        NOW,
     )
     assert still is None or all(c["kind"] != "InferencePool" for c in still.apply)

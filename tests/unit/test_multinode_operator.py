@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from kvscale.api import labels
-from kvscale.api.intent import parse_intent
+from kvscale.api.intent import parse_intent, read_spec
 from kvscale.api.models import InferenceServiceStatus
 from kvscale.autoscaling.observation import Observation
 from kvscale.control import leader_worker_set as lws
@@ -63,7 +63,9 @@ def two_nodes(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
 
 
 def deployed(body: dict[str, Any] | None = None, observed: Observed | None = None, res: Resource = RES) -> Result:
-    return reconcile(body or SPEC, res, InferenceServiceStatus(), observed or Observed(POOLS), CAT, SETTINGS, now=NOW)
+    return reconcile(
+        read_spec(body or SPEC), res, InferenceServiceStatus(), observed or Observed(POOLS), CAT, SETTINGS, now=NOW
+    )
 
 
 def condition_of(status: InferenceServiceStatus, kind: str) -> tuple[str, str, str]:
@@ -125,7 +127,7 @@ def test_readiness_counts_groups_and_drift_is_reverted_in_the_leader_template() 
     # The Deployment informer's view of another kind is not this plan's workload.
     stray = DeploymentView(7, 7, "H100-SXM")
     pending = refresh(
-        SPEC,
+        read_spec(SPEC),
         RES,
         first.status,
         Observed(POOLS, deployment=stray, leader_worker_set=half, applied=group),
@@ -138,7 +140,9 @@ def test_readiness_counts_groups_and_drift_is_reverted_in_the_leader_template() 
     [drifted] = [e for e in pending.events if e.reason == "DriftReverted"]
     assert f"replicas 2 -> {group['spec']['replicas']}" in drifted.message and pending.apply == (group,)
     ready = replace(seen, ready_replicas=seen.replicas)
-    done = refresh(SPEC, RES, first.status, Observed(POOLS, leader_worker_set=ready, applied=group), CAT, SETTINGS, NOW)
+    done = refresh(
+        read_spec(SPEC), RES, first.status, Observed(POOLS, leader_worker_set=ready, applied=group), CAT, SETTINGS, NOW
+    )
     assert done is not None and done.status.phase == "Ready" and done.apply == ()
 
 

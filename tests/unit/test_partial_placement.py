@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
+from kvscale.api.intent import read_spec
 from kvscale.control.inventory import EnginePod
 from kvscale.control.reconcile import refresh
 from tests.unit.test_children import running
@@ -21,13 +22,13 @@ def test_partly_placed_past_the_timeout_says_why_and_posts_one_event() -> None:
         EnginePod("chat-a-2", gpu, None, "Pending", since, False, unschedulable_message=SHORT),
     )
     seen = replace(seen, pods=pods)
-    result = refresh(SPEC, RES, first.status, seen, CAT, SETTINGS, NOW)
+    result = refresh(read_spec(SPEC), RES, first.status, seen, CAT, SETTINGS, NOW)
     assert result is not None and result.apply == ()  # no re-plan
     state, reason, message = condition_of(result.status, "Scheduled")
     assert (state, reason) == ("False", "PartiallyPlaced") and "does not re-plan" in message
     assert [e.reason for e in result.events] == ["PartiallyPlaced"]
-    again = refresh(SPEC, RES, result.status, seen, CAT, SETTINGS, NOW)
+    again = refresh(read_spec(SPEC), RES, result.status, seen, CAT, SETTINGS, NOW)
     assert again is not None and "PartiallyPlaced" not in [e.reason for e in again.events]
     early = replace(seen, pods=(pods[0], replace(pods[1], unschedulable_since=NOW)))
-    waiting = refresh(SPEC, RES, first.status, early, CAT, SETTINGS, NOW)
+    waiting = refresh(read_spec(SPEC), RES, first.status, early, CAT, SETTINGS, NOW)
     assert waiting is not None and condition_of(waiting.status, "Scheduled")[1] == "WaitingForGPUs"

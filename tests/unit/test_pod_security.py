@@ -18,7 +18,7 @@ import yaml
 from typer.testing import CliRunner
 
 from kvscale.api import labels
-from kvscale.api.intent import parse_intent
+from kvscale.api.intent import parse_intent, read_spec
 from kvscale.api.models import InferenceServiceStatus
 from kvscale.cli import app
 from kvscale.control import leader_worker_set as lws
@@ -357,7 +357,7 @@ def test_policy_settings_default_to_no_node_path_and_any_image() -> None:
 def test_the_hostile_spec_is_refused_and_nothing_is_applied() -> None:
     running = DeploymentView(1, 1, "L4", "vllm/vllm-openai:v0.11.0")
     before = InferenceServiceStatus(phase="Ready")
-    result = reconcile(HOSTILE, RES, before, Observed(POOLS, running), CAT, Settings(), now=NOW)
+    result = reconcile(read_spec(HOSTILE), RES, before, Observed(POOLS, running), CAT, Settings(), now=NOW)
     assert result.apply == () and result.delete == () and result.scale_to is None
     assert result.retry is not None and result.retry.delay_s is None  # permanent until the spec changes
     planned = get_condition(result.status, "Planned")
@@ -375,7 +375,7 @@ def test_the_hostile_spec_is_refused_and_nothing_is_applied() -> None:
 def test_reconcile_deploys_under_the_operator_settings() -> None:
     settings = Settings.from_env({"KVSCALE_HOST_PATH_PREFIXES": MODELS, "KVSCALE_ALLOWED_IMAGES": "vllm/"})
     result = reconcile(
-        cached(f"{MODELS}/llama"), RES, InferenceServiceStatus(), Observed(POOLS), CAT, settings, now=NOW
+        read_spec(cached(f"{MODELS}/llama")), RES, InferenceServiceStatus(), Observed(POOLS), CAT, settings, now=NOW
     )
     assert [c["kind"] for c in result.apply] == ["Service", "PodDisruptionBudget", "Deployment"]
     assert result.apply[1]["spec"]["minAvailable"] == "50%"
@@ -383,7 +383,7 @@ def test_reconcile_deploys_under_the_operator_settings() -> None:
     volume, mount = cache_parts(pod)
     assert volume["hostPath"]["path"] == f"{MODELS}/llama" and mount["readOnly"] is True
     refused = reconcile(
-        cached(f"{MODELS}/llama", engine={"image": "busybox"}),
+        read_spec(cached(f"{MODELS}/llama", engine={"image": "busybox"})),
         RES,
         InferenceServiceStatus(),
         Observed(POOLS),
@@ -447,7 +447,7 @@ def two_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_reconcile_sizes_the_budget_by_pods_per_group(two_nodes: None) -> None:
     raw = with_(model={"name": "llama-3.1-70b"}, hardware={"gpuTypes": ["H100-SXM"], "maxTensorParallel": 8})
-    result = reconcile(raw, RES, InferenceServiceStatus(), Observed(POOLS), CAT, Settings(), now=NOW)
+    result = reconcile(read_spec(raw), RES, InferenceServiceStatus(), Observed(POOLS), CAT, Settings(), now=NOW)
     kinds = {c["kind"]: c for c in result.apply}
     assert "LeaderWorkerSet" in kinds, [c["kind"] for c in result.apply]
     assert kinds["PodDisruptionBudget"]["spec"]["minAvailable"] == "75%"  # groups of 2 pods

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kvscale.api.intent import parse_intent
+from kvscale.api.intent import parse_intent, read_spec
 from kvscale.api.models import InferenceServiceStatus, status_dict, status_patch
 from kvscale.autoscaling.observation import Observation
 from kvscale.control.children import ChildView
@@ -51,7 +51,7 @@ def spec(**patch: Any) -> dict[str, Any]:
 
 
 def deployed(body: dict[str, Any] | None = None, res: Resource = RES) -> Result:
-    return reconcile(body or SPEC, res, InferenceServiceStatus(), Observed(POOLS), CAT, SETTINGS, now=NOW)
+    return reconcile(read_spec(body or SPEC), res, InferenceServiceStatus(), Observed(POOLS), CAT, SETTINGS, now=NOW)
 
 
 def condition_of(status: InferenceServiceStatus, kind: str) -> tuple[str, str, str]:
@@ -76,7 +76,7 @@ def test_reconcile_builds_the_children_service_first() -> None:
 def test_reconcile_twice_writes_nothing_the_second_time() -> None:
     first = deployed()
     seen = DeploymentView(first.status.replicas or 0, 0, first.status.plan.gpu_type if first.status.plan else None)
-    again = reconcile(SPEC, RES, first.status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
+    again = reconcile(read_spec(SPEC), RES, first.status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
     assert status_patch(first.status, again.status) == {}
     assert again.apply == first.apply
 
@@ -84,7 +84,9 @@ def test_reconcile_twice_writes_nothing_the_second_time() -> None:
 def test_recommend_mode_deletes_its_own_children_and_deploys_nothing() -> None:
     mine = tuple(ChildView(kind, "ns", "chat", (RES.uid,)) for kind in CHILD_KINDS)
     seen = Observed(POOLS, children=mine)
-    result = reconcile(spec(scaling={"mode": "recommend"}), RES, InferenceServiceStatus(), seen, CAT, SETTINGS, now=NOW)
+    result = reconcile(
+        read_spec(spec(scaling={"mode": "recommend"})), RES, InferenceServiceStatus(), seen, CAT, SETTINGS, now=NOW
+    )
     assert result.apply == () and result.delete == CHILD_KINDS
     assert result.status.phase == "Recommended"
     assert condition_of(result.status, "Ready")[1] == "RecommendOnly"
@@ -131,7 +133,9 @@ def test_a_plan_needing_more_replicas_grows_the_deployment_and_says_so() -> None
     assert plan is not None
     seen = DeploymentView(plan.replicas, plan.replicas, plan.gpu_type)
     busier = spec(workload={"requestsPerSecond": 80}, hardware={"gpuTypes": ["A100-80GB"]})
-    result = reconcile(busier, Resource("ns", "chat", "uid-1", 2), first.status, Observed(POOLS, seen), CAT, SETTINGS)
+    result = reconcile(
+        read_spec(busier), Resource("ns", "chat", "uid-1", 2), first.status, Observed(POOLS, seen), CAT, SETTINGS
+    )
     new_plan = result.status.plan
     assert new_plan is not None and new_plan.replicas > plan.replicas
     assert result.apply[-1]["spec"]["replicas"] == new_plan.replicas == result.status.replicas
@@ -144,7 +148,7 @@ def test_an_autoscaled_size_is_kept_on_resume() -> None:
     assert plan is not None
     scaled = first.status.model_copy(update={"desired_replicas": plan.replicas + 2})
     seen = DeploymentView(plan.replicas + 2, plan.replicas + 2, plan.gpu_type)
-    result = reconcile(SPEC, RES, scaled, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
+    result = reconcile(read_spec(SPEC), RES, scaled, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
     assert result.apply[-1]["spec"]["replicas"] == plan.replicas + 2
     assert "(the plan needs" in result.events[0].message
 
@@ -154,10 +158,10 @@ def test_refresh_reports_readiness_once() -> None:
     assert first.applied_deployment is not None
     seen = DeploymentView.of(first.applied_deployment)
     ready = Observed(POOLS, replace(seen, ready_replicas=seen.replicas), applied=first.applied_deployment)
-    result = refresh(SPEC, RES, first.status, ready, CAT, SETTINGS, NOW)
+    result = refresh(read_spec(SPEC), RES, first.status, ready, CAT, SETTINGS, NOW)
     assert result is not None and result.status.phase == "Ready" and result.apply == ()
     assert [e.reason for e in result.events] == ["Ready"]
-    again = refresh(SPEC, RES, result.status, ready, CAT, SETTINGS, NOW)
+    again = refresh(read_spec(SPEC), RES, result.status, ready, CAT, SETTINGS, NOW)
     assert again is not None and again.events == () and status_patch(result.status, again.status) == {}
 
 
@@ -168,7 +172,7 @@ def test_refresh_reverts_drift_in_replicas_and_args() -> None:
     container = applied["spec"]["template"]["spec"]["containers"][0]
     gpu = first.status.plan.gpu_type if first.status.plan else None
     edited = DeploymentView(5, 5, gpu, container["image"], (*container["args"], "--enforce-eager"))
-    result = refresh(SPEC, RES, first.status, Observed(POOLS, edited, applied=applied), CAT, SETTINGS, NOW)
+    result = refresh(read_spec(SPEC), RES, first.status, Observed(POOLS, edited, applied=applied), CAT, SETTINGS, NOW)
     assert result is not None and result.apply == (applied,)
     [event] = [e for e in result.events if e.reason == "DriftReverted"]
     assert "replicas 5 -> " in event.message and "engine args" in event.message
@@ -181,7 +185,7 @@ def test_refresh_replans_without_a_gpu_type_that_stays_unschedulable() -> None:
         "chat-1", gpu, None, "Pending", NOW - dt.timedelta(seconds=600), False, unschedulable_message=SHORT
     )
     seen = Observed(POOLS, DeploymentView(1, 0, gpu), (stuck,))
-    result = refresh(SPEC, RES, first.status, seen, CAT, SETTINGS, NOW)
+    result = refresh(read_spec(SPEC), RES, first.status, seen, CAT, SETTINGS, NOW)
     assert result is not None and result.status.plan is not None
     assert result.status.plan.excluded_gpu_types == [gpu] and result.status.plan.gpu_type != gpu
     assert result.events[0].reason == "GPUTypeUnschedulable"
@@ -190,7 +194,7 @@ def test_refresh_replans_without_a_gpu_type_that_stays_unschedulable() -> None:
 
 def test_refresh_ignores_what_is_not_deployed() -> None:
     failed = deployed(spec(model={"name": "gpt-17"}))
-    assert refresh(SPEC, RES, failed.status, Observed(POOLS), CAT, SETTINGS, NOW) is None
+    assert refresh(read_spec(SPEC), RES, failed.status, Observed(POOLS), CAT, SETTINGS, NOW) is None
 
 
 def _obs(rate: float | None, ready: int, ttft: float | None = 0.2, tpot: float | None = 0.03) -> Observation:
@@ -277,7 +281,9 @@ def test_status_round_trips_through_the_wire_form() -> None:
 def test_an_env_the_deployment_cannot_carry_fails_once_with_the_field(
     env: list[dict[str, str]], reason: str, says: str
 ) -> None:
-    result = reconcile(spec(engine={"env": env}), RES, InferenceServiceStatus(), Observed(POOLS), CAT, SETTINGS)
+    result = reconcile(
+        read_spec(spec(engine={"env": env})), RES, InferenceServiceStatus(), Observed(POOLS), CAT, SETTINGS
+    )
     assert result.apply == () and result.retry is not None and result.retry.delay_s is None
     status, why, message = condition_of(result.status, "Planned")
     assert (status, why) == ("False", reason) and says in message

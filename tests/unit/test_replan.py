@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from kvscale.api.intent import read_spec
 from kvscale.api.models import InferenceServiceStatus
 from kvscale.autoscaling.observation import LengthHistogram, ObservedWorkload
 from kvscale.control.reconcile import Observed, Resource, Result, reconcile
@@ -47,7 +48,7 @@ def at(minutes: float) -> dt.datetime:
 
 def tick(status: InferenceServiceStatus, w: ObservedWorkload | None, minutes: float, res: Resource = RES) -> Result:
     result = workload_tick(
-        SPEC, res, status, lambda: Observed(POOLS), w, None if w else "timed out", CAT, SETTINGS, at(minutes)
+        read_spec(SPEC), res, status, lambda: Observed(POOLS), w, None if w else "timed out", CAT, SETTINGS, at(minutes)
     )
     assert result is not None
     return result
@@ -121,10 +122,12 @@ def test_status_shows_the_workload_and_a_long_drift_replans_with_an_event() -> N
 def test_an_observed_plan_survives_a_resume_but_not_a_spec_change() -> None:
     first = tick(deployed().status, observed(4096), 0)
     replanned = tick(first.status, observed(4096), 10).status
-    resumed = reconcile(SPEC, RES, replanned, Observed(POOLS), CAT, SETTINGS, now=at(20))
+    resumed = reconcile(read_spec(SPEC), RES, replanned, Observed(POOLS), CAT, SETTINGS, now=at(20))
     assert resumed.status.plan is not None and resumed.status.plan.workload is not None
     assert resumed.status.plan.workload.source == "observed" and resumed.status.plan == replanned.plan
-    edited = reconcile(SPEC, Resource("ns", "chat", "uid-1", 2), replanned, Observed(POOLS), CAT, SETTINGS, now=at(20))
+    edited = reconcile(
+        read_spec(SPEC), Resource("ns", "chat", "uid-1", 2), replanned, Observed(POOLS), CAT, SETTINGS, now=at(20)
+    )
     assert edited.status.plan is not None and edited.status.plan.workload is not None
     assert (edited.status.plan.workload.source, edited.status.plan.workload.input_tokens) == ("spec", 512)
 
@@ -153,7 +156,9 @@ def test_drift_replanning_can_be_turned_off() -> None:
     off = Settings(replan_drift=None)
     start = deployed().status
     for minutes in (0, 30):
-        result = workload_tick(SPEC, RES, start, lambda: Observed(POOLS), observed(4096), None, CAT, off, at(minutes))
+        result = workload_tick(
+            read_spec(SPEC), RES, start, lambda: Observed(POOLS), observed(4096), None, CAT, off, at(minutes)
+        )
         assert result is not None and result.apply == () and result.status.observed_workload is not None
         start = result.status
     assert start.observed_workload is not None and start.observed_workload.drift is None

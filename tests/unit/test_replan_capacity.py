@@ -8,9 +8,11 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from kvscale.api.intent import read_spec
 from kvscale.api.models import InferenceServiceStatus, ObservedStatus
-from kvscale.control.reconcile import DeploymentView, Observed, Resource, Result, reconcile, refresh
-from kvscale.control.replan import TARGET_ANNOTATION, Before, recorded_target, size
+from kvscale.autoscaling.budget import Grant
+from kvscale.control.reconcile import DeploymentView, Observed, Resource, Result, reconcile, refresh, replan
+from kvscale.control.replan import TARGET_ANNOTATION, Before, BudgetMove, recorded_target, size
 from tests.unit.test_reconcile import CAT, NOW, POOLS, SETTINGS, condition_of, deployed, spec
 
 A100 = {"hardware": {"gpuTypes": ["A100-80GB"]}}
@@ -55,7 +57,7 @@ def _deployment(result: Result) -> dict[str, Any]:
 def test_a_gpu_type_change_keeps_the_running_replicas_and_aims_at_the_loads_count() -> None:
     status, seen = _running_on_a100(6)
     old_rate = status.plan.rate_per_replica if status.plan else 0.0
-    result = reconcile(spec(**H100), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
+    result = reconcile(read_spec(spec(**H100)), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
     plan = result.status.plan
     assert plan is not None and plan.gpu_type == "H100-SXM"
     need = 6 * old_rate
@@ -75,7 +77,7 @@ def test_a_change_to_a_smaller_replica_starts_at_the_loads_count_at_once() -> No
     status, seen = _running_on_a100(6)
     old_rate = status.plan.rate_per_replica if status.plan else 0.0
     body_spec = spec(**A10G, scaling={"maxReplicas": 100})
-    result = reconcile(body_spec, RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
+    result = reconcile(read_spec(body_spec), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
     plan = result.status.plan
     assert plan is not None and plan.gpu_type == "A10G"
     target = math.ceil(6 * old_rate / plan.rate_per_replica - 1e-9)
@@ -85,7 +87,7 @@ def test_a_change_to_a_smaller_replica_starts_at_the_loads_count_at_once() -> No
 def test_the_observed_rate_sizes_the_new_fleet_where_it_is_larger() -> None:
     status, seen = _running_on_a100(6)
     busy = status.model_copy(update={"observed": ObservedStatus(requests_per_second=150.0)})
-    result = reconcile(spec(**H100), RES2, busy, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
+    result = reconcile(read_spec(spec(**H100)), RES2, busy, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
     plan = result.status.plan
     assert plan is not None
     target = math.ceil(150.0 * 1.1 / plan.rate_per_replica - 1e-9)
@@ -94,7 +96,7 @@ def test_the_observed_rate_sizes_the_new_fleet_where_it_is_larger() -> None:
 
 def test_refresh_scales_to_the_loads_count_once_the_new_pods_are_all_ready() -> None:
     status, seen = _running_on_a100(6)
-    changed = reconcile(spec(**H100), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
+    changed = reconcile(read_spec(spec(**H100)), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
     applied = changed.applied_deployment
     assert applied is not None
     target = recorded_target(applied)
@@ -102,31 +104,41 @@ def test_refresh_scales_to_the_loads_count_once_the_new_pods_are_all_ready() -> 
     new = DeploymentView.of(applied)
     # Mid-rollout: 2 of 6 on the new pods, 7 pods in all (maxSurge 1): nothing is scaled.
     midway = replace(new, ready_replicas=6, updated_replicas=2, pods=7)
-    during = refresh(spec(**H100), RES2, changed.status, Observed(POOLS, midway, applied=applied), CAT, SETTINGS, NOW)
+    during = refresh(
+        read_spec(spec(**H100)), RES2, changed.status, Observed(POOLS, midway, applied=applied), CAT, SETTINGS, NOW
+    )
     assert during is not None and during.scale_to is None
     assert condition_of(during.status, "Replanning")[0] == "True"
     # Every replica on the new pods and ready, the old ones gone: the load's count.
     done = replace(new, ready_replicas=6, updated_replicas=6, pods=6)
-    after = refresh(spec(**H100), RES2, changed.status, Observed(POOLS, done, applied=applied), CAT, SETTINGS, NOW)
+    after = refresh(
+        read_spec(spec(**H100)), RES2, changed.status, Observed(POOLS, done, applied=applied), CAT, SETTINGS, NOW
+    )
     assert after is not None and after.scale_to == target == after.status.replicas == after.status.desired_replicas
     assert after.applied_deployment is not None and after.applied_deployment["spec"]["replicas"] == target
     assert condition_of(after.status, "Replanning")[:2] == ("False", "RolledOut")
     # And nothing more afterwards: the autoscaler owns the size again.
     settled = replace(done, replicas=target, ready_replicas=target, updated_replicas=target, pods=target)
     again = refresh(
-        spec(**H100), RES2, after.status, Observed(POOLS, settled, applied=after.applied_deployment), CAT, SETTINGS, NOW
+        read_spec(spec(**H100)),
+        RES2,
+        after.status,
+        Observed(POOLS, settled, applied=after.applied_deployment),
+        CAT,
+        SETTINGS,
+        NOW,
     )
     assert again is not None and again.scale_to is None and again.apply == ()
 
 
 def test_a_reconcile_during_the_rollout_keeps_every_running_replica() -> None:
     status, seen = _running_on_a100(6)
-    changed = reconcile(spec(**H100), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
+    changed = reconcile(read_spec(spec(**H100)), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
     applied = changed.applied_deployment
     assert applied is not None
     midway = replace(DeploymentView.of(applied), ready_replicas=6, updated_replicas=2, pods=7)
     # A resume: the status says 6 desired (the rollout's), the pods are alike: 6 stay, target kept.
-    again = reconcile(spec(**H100), RES2, changed.status, Observed(POOLS, midway), CAT, SETTINGS, now=NOW)
+    again = reconcile(read_spec(spec(**H100)), RES2, changed.status, Observed(POOLS, midway), CAT, SETTINGS, now=NOW)
     body = _deployment(again)
     assert body["spec"]["replicas"] == 6 and recorded_target(body) == recorded_target(applied)
 
@@ -145,7 +157,7 @@ def test_the_unschedulable_replan_keeps_the_load() -> None:
     )
     waiting = replace(seen, ready_replicas=0)
     both = spec(hardware={"gpuTypes": ["A100-80GB", "H100-SXM"]})
-    result = refresh(both, RES2, status, Observed(POOLS, waiting, (stuck,)), CAT, SETTINGS, NOW)
+    result = refresh(read_spec(both), RES2, status, Observed(POOLS, waiting, (stuck,)), CAT, SETTINGS, NOW)
     assert result is not None and result.status.plan is not None and result.status.plan.gpu_type == "H100-SXM"
     old_rate = status.plan.rate_per_replica if status.plan else 0.0
     target = max(result.status.plan.replicas, math.ceil(6 * old_rate / result.status.plan.rate_per_replica - 1e-9))
@@ -183,12 +195,12 @@ def _scale_downs(status: InferenceServiceStatus) -> list[int]:
 
 def test_the_autoscaler_does_not_scale_down_while_the_old_pods_are_replaced() -> None:
     status, seen = _running_on_a100(6)
-    changed = reconcile(spec(**H100), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
+    changed = reconcile(read_spec(spec(**H100)), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
     assert condition_of(changed.status, "Replanning")[0] == "True"
     assert _scale_downs(changed.status) == []
     # The same quiet load once the rollout is over: the policy scales down (the check can fail).
     finished = refresh(
-        spec(**H100),
+        read_spec(spec(**H100)),
         RES2,
         changed.status,
         Observed(
@@ -217,7 +229,7 @@ def test_a_drift_replan_sizes_the_new_pods_for_the_load() -> None:
     cluster = Observed(POOLS, six, applied=first.applied_deployment)
 
     def tick(s: InferenceServiceStatus, minutes: float) -> Result:
-        result = workload_tick(SPEC, RES, s, lambda: cluster, observed(4096), None, CAT, DRIFT, at(minutes))
+        result = workload_tick(read_spec(SPEC), RES, s, lambda: cluster, observed(4096), None, CAT, DRIFT, at(minutes))
         assert result is not None
         return result
 
@@ -234,6 +246,7 @@ def test_a_drift_replan_sizes_the_new_pods_for_the_load() -> None:
 def test_a_budget_move_to_another_gpu_type_keeps_the_running_replicas() -> None:
     status, seen = _running_on_a100(6)
     both = spec(hardware={"gpuTypes": ["A100-80GB", "H100-SXM"]})
-    moved = reconcile(both, RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW, prefer_gpu="H100-SXM")
+    grant = Grant("chat", 0, "H100-SXM", 8, 6, 6, 1, 0, True, "a budget's move")
+    moved = replan(BudgetMove(grant, "b"), read_spec(both), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, NOW)
     assert moved.status.plan is not None and moved.status.plan.gpu_type == "H100-SXM"
     assert _deployment(moved)["spec"]["replicas"] == 6 and condition_of(moved.status, "Replanning")[0] == "True"

@@ -53,7 +53,10 @@ def run(
         tpot_p_s=None,
     )
     done = tick(intent, RES, first.status, start, obs, None, ScalerMemory(), CAT, SETTINGS, at)
-    return scale_zero(intent, RES, first.status, start, obs, queue, done, memo, 95.0, at)
+    out, memo["last_active_s"] = scale_zero(
+        intent, RES, first.status, start, obs, queue, done, memo.get("last_active_s"), 95.0, at
+    )
+    return out
 
 
 def test_the_queue_query_reads_the_pickers_gauge_in_the_services_namespace() -> None:
@@ -176,10 +179,10 @@ def test_while_the_woken_replicas_start_the_queue_keeps_the_wake_sized() -> None
     obs = Observation(time_s=NOW.timestamp(), ready_replicas=0, starting_replicas=1)
     done = tick(intent, RES, first.status, start, obs, None, ScalerMemory(), CAT, SETTINGS, NOW)
     queue = 2.5 * plan.rate_per_replica * (95.0 + intent.slo.ttft_s)
-    out = scale_zero(intent, RES, first.status, start, obs, queue, done, {}, 95.0, NOW)
+    out, _ = scale_zero(intent, RES, first.status, start, obs, queue, done, None, 95.0, NOW)
     assert out.result.scale_to == 3
     # Once a replica is ready the policy sizes it from the engines' own queues.
     ready = Fleet(1, 1, plan)
     done = tick(intent, RES, first.status, ready, obs, None, ScalerMemory(), CAT, SETTINGS, NOW)
-    out = scale_zero(intent, RES, first.status, ready, obs, queue, done, {}, 95.0, NOW)
+    out, _ = scale_zero(intent, RES, first.status, ready, obs, queue, done, None, 95.0, NOW)
     assert out.decision.replicas == done.decision.replicas

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
+from kvscale.api.intent import read_spec
 from kvscale.api.models import InferenceServiceStatus
 from kvscale.control import exclusions
 from kvscale.control.inventory import EnginePod, engine_pod, gpu_inventory
@@ -163,14 +164,14 @@ def test_pods_held_by_a_taint_never_replan_and_the_condition_quotes_the_schedule
     waited = SETTINGS.unschedulable_timeout_s * 10
     seen = replace(tainted_pools(), deployment=DeploymentView(1, 0, gpu), pods=(stuck(gpu, TAINTED, waited),))
     assert not replans(first.status, seen, SETTINGS, NOW)
-    result = refresh(SPEC, RES, first.status, seen, CAT, SETTINGS, NOW)
+    result = refresh(read_spec(SPEC), RES, first.status, seen, CAT, SETTINGS, NOW)
     assert result is not None and result.apply == () and result.status.plan is not None
     assert result.status.plan.gpu_type == gpu and result.status.plan.excluded_gpu_types == []
     state, reason, message = condition_of(result.status, "Scheduled")
     assert (state, reason) == ("False", "UntoleratedTaint")
     assert f'"{TAINTED}"' in message and "maintenance=true:NoSchedule" in message and "does not re-plan" in message
     assert [e.reason for e in result.events] == ["UntoleratedTaint"]
-    again = refresh(SPEC, RES, result.status, seen, CAT, SETTINGS, NOW)
+    again = refresh(read_spec(SPEC), RES, result.status, seen, CAT, SETTINGS, NOW)
     assert again is not None and "UntoleratedTaint" not in [e.reason for e in again.events]
 
 
@@ -179,13 +180,13 @@ def test_a_gpu_shortage_waits_the_timeout_then_replans_and_leaves_the_type_out_f
     assert first.status.plan is not None
     gpu = first.status.plan.gpu_type
     early = Observed(POOLS, DeploymentView(1, 0, gpu), (stuck(gpu, SHORT, 1),))
-    waiting = refresh(SPEC, RES, first.status, early, CAT, SETTINGS, NOW)
+    waiting = refresh(read_spec(SPEC), RES, first.status, early, CAT, SETTINGS, NOW)
     assert waiting is not None and waiting.status.plan is not None and waiting.status.plan.gpu_type == gpu
     state, reason, message = condition_of(waiting.status, "Scheduled")
     assert (state, reason) == ("False", "WaitingForGPUs") and SHORT in message and "re-plans without" in message
     late = replace(early, pods=(stuck(gpu, SHORT, SETTINGS.unschedulable_timeout_s),))
     assert replans(first.status, late, SETTINGS, NOW)
-    result = refresh(SPEC, RES, first.status, late, CAT, SETTINGS, NOW)
+    result = refresh(read_spec(SPEC), RES, first.status, late, CAT, SETTINGS, NOW)
     assert result is not None and result.status.plan is not None
     assert result.status.plan.excluded_gpu_types == [gpu] and result.status.plan.gpu_type != gpu
     assert (
@@ -202,7 +203,7 @@ def excluded_status() -> tuple[InferenceServiceStatus, str]:
     assert first.status.plan is not None
     gpu = first.status.plan.gpu_type
     late = Observed(POOLS, DeploymentView(1, 0, gpu), (stuck(gpu, SHORT, SETTINGS.unschedulable_timeout_s),))
-    result = refresh(SPEC, RES, first.status, late, CAT, SETTINGS, NOW)
+    result = refresh(read_spec(SPEC), RES, first.status, late, CAT, SETTINGS, NOW)
     assert result is not None
     return result.status, gpu
 
@@ -214,11 +215,11 @@ def test_the_exclusion_expires_and_the_cheaper_plan_returns() -> None:
     there = Observed(POOLS, DeploymentView(1, 1, moved))
     before = NOW + dt.timedelta(seconds=TTL - 1)
     assert not replans(status, there, SETTINGS, before)
-    kept = refresh(SPEC, RES, status, there, CAT, SETTINGS, before)
+    kept = refresh(read_spec(SPEC), RES, status, there, CAT, SETTINGS, before)
     assert kept is not None and kept.status.plan is not None and kept.status.plan.gpu_type == moved
     at = NOW + dt.timedelta(seconds=TTL)
     assert replans(status, there, SETTINGS, at)
-    back = refresh(SPEC, RES, status, there, CAT, SETTINGS, at)
+    back = refresh(read_spec(SPEC), RES, status, there, CAT, SETTINGS, at)
     assert back is not None and back.status.plan is not None
     assert back.status.plan.gpu_type == gpu and back.status.plan.excluded_gpu_types == []
     assert exclusions.CONDITION not in [c.type for c in back.status.conditions]
@@ -230,16 +231,16 @@ def test_a_spec_change_keeps_an_exclusion_in_force_and_drops_one_expired_or_with
     status, gpu = excluded_status()
     assert status.plan is not None
     moved = status.plan.gpu_type
-    soon = reconcile(SPEC, RES, status, Observed(POOLS), CAT, SETTINGS, now=NOW + dt.timedelta(seconds=60))
+    soon = reconcile(read_spec(SPEC), RES, status, Observed(POOLS), CAT, SETTINGS, now=NOW + dt.timedelta(seconds=60))
     assert soon.status.plan is not None and soon.status.plan.gpu_type == moved
     assert soon.status.plan.excluded_gpu_types == [gpu]
-    later = reconcile(SPEC, RES, status, Observed(POOLS), CAT, SETTINGS, now=NOW + dt.timedelta(seconds=TTL))
+    later = reconcile(read_spec(SPEC), RES, status, Observed(POOLS), CAT, SETTINGS, now=NOW + dt.timedelta(seconds=TTL))
     assert later.status.plan is not None and later.status.plan.gpu_type == gpu
     assert exclusions.CONDITION not in [c.type for c in later.status.conditions]
     # An exclusion an older operator wrote, without a time: it kept services on dearer plans for good.
     legacy = status.model_copy(update={"conditions": [c for c in status.conditions if c.type != exclusions.CONDITION]})
     assert exclusions.expired(legacy, TTL, NOW)
-    again = reconcile(SPEC, RES, legacy, Observed(POOLS), CAT, SETTINGS, now=NOW)
+    again = reconcile(read_spec(SPEC), RES, legacy, Observed(POOLS), CAT, SETTINGS, now=NOW)
     assert again.status.plan is not None and again.status.plan.gpu_type == gpu
 
 
