@@ -95,7 +95,7 @@ def main() -> None:
     per_row(replayed)
     console.print(f"left out before replay: {skipped}")
     console.print(f"replay refused: {refused}")
-    moe = [r for r in replayed if any(k in r.run.model for k in MOE_MODELS)]
+    moe = [r for r in replayed if any(k.lower() in r.run.model.lower() for k in MOE_MODELS)]
     summary(
         "Default profiles: |error| median / p90",
         {
@@ -105,7 +105,7 @@ def main() -> None:
             **{f"case {k}": v for k, v in by(replayed, lambda run: run.case).items()},
             **{f"model {k}": v for k, v in by(replayed, lambda run: run.model).items()},
             "MoE models (GLM, Qwen3-235B, gpt-oss)": moe,
-            "sliding window (gpt-oss)": [r for r in replayed if "gpt-oss" in r.run.model],
+            "sliding window (gpt-oss)": [r for r in replayed if "gpt-oss" in r.run.model.lower()],
         },
     )
     if not args.grid:

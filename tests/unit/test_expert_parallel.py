@@ -38,6 +38,7 @@ from kvscale.sizing.roofline import decode_step, expected_experts_touched, prefi
 from kvscale.sizing.serialize import candidate_to_dict
 from kvscale.sizing.workload import Slo, Workload
 from tests.cluster.harness import node_objects
+from tests.unit.profiles import catalog_2023
 
 CAT = default_catalog()
 NODES = list(node_objects(Path(__file__).resolve().parents[1] / "cluster" / "nodepool.yaml"))
@@ -229,6 +230,7 @@ def test_engine_command_with_and_without_expert_parallelism() -> None:
 
 
 def test_the_operator_deploys_and_records_expert_parallelism() -> None:
+    cat = catalog_2023()  # the scenario's rates and fleets are sized on this profile (tests/unit/profiles.py)
     raw: dict[str, Any] = {
         "model": {
             "name": "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8",
@@ -242,14 +244,14 @@ def test_the_operator_deploys_and_records_expert_parallelism() -> None:
         "scaling": {"maxReplicas": 1},
     }
     intent = parse_intent(raw)
-    pools = gpu_inventory(CAT, NODES, [])
-    planned = plan_service(intent, CAT, pools)
+    pools = gpu_inventory(cat, NODES, [])
+    planned = plan_service(intent, cat, pools)
     assert isinstance(planned, Planned), planned.message
     assert planned.chosen.expert_parallel and planned.chosen.precision == "fp8"
     status = plan_status(planned, 8192, ())
     assert status.expert_parallel
     assert status.model_dump(by_alias=True)["expertParallel"] is True
-    cfg = serving_config(intent, status, CAT)
+    cfg = serving_config(intent, status, cat)
     assert cfg.expert_parallel
     dep = deployment("svc", "uid", intent.spec, planned.model, cfg, planned.chosen, planned.pool, 1, 8000)
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -369,24 +371,25 @@ H200_NODES = [
 
 
 def test_the_operator_deploys_data_parallel_attention_when_the_spec_allows_it() -> None:
+    cat = catalog_2023()  # the scenario's rates and fleets are sized on this profile (tests/unit/profiles.py)
     raw: dict[str, Any] = {
         "model": {"name": "deepseek-ai/DeepSeek-R1"},
         "workload": {"inputTokens": 2000, "outputTokens": 500, "requestsPerSecond": 20},
         "slo": {"timeToFirstToken": "2s", "timePerOutputToken": "80ms"},
         "hardware": {"gpuTypes": ["H200"]},
     }
-    pools = gpu_inventory(CAT, H200_NODES, [])
-    plain = plan_service(parse_intent(raw), CAT, pools)
+    pools = gpu_inventory(cat, H200_NODES, [])
+    plain = plan_service(parse_intent(raw), cat, pools)
     assert isinstance(plain, Planned) and plain.chosen.data_parallel == 1  # not asked for
     raw["hardware"]["dataParallelAttention"] = True
     intent = parse_intent(raw)
-    planned = plan_service(intent, CAT, pools)
+    planned = plan_service(intent, cat, pools)
     assert isinstance(planned, Planned), planned.message
     assert planned.chosen.data_parallel == 8 and planned.prediction.replicas == 2
     status = plan_status(planned, 163840, ())
     dumped = status.model_dump(by_alias=True)
     assert (dumped["dataParallel"], dumped["expertParallel"], dumped["tensorParallel"]) == (8, True, 1)
-    cfg = serving_config(intent, status, CAT)
+    cfg = serving_config(intent, status, cat)
     assert (cfg.data_parallel, cfg.gpus) == (8, 8)
     dep = deployment("svc", "uid", intent.spec, planned.model, cfg, planned.chosen, planned.pool, 2, 8000)
     container = dep["spec"]["template"]["spec"]["containers"][0]
