@@ -229,8 +229,9 @@ def modern(quick: bool) -> None:
     catalog = default_catalog()
     selected, skipped = gpustack.runs()
     as_is = gpustack.replay_all(selected, catalog)
-    table = {(-1.0, -1.0): as_is[0]} if quick else gpustack.grid(selected, catalog)
-    fitted = {"vllm": (-1.0, -1.0), "sglang": (-1.0, -1.0)} if quick else gpustack.fit(table, lambda run: True)
+    unfitted: gpustack.Point = (-1.0, -1.0, -1.0)  # the catalog's own profiles
+    table = {unfitted: as_is[0]} if quick else gpustack.grid(selected, catalog)
+    fitted = {"vllm": unfitted, "sglang": unfitted} if quick else gpustack.fit(table, lambda run: True)
     best = gpustack.predictions(table, fitted)
     rows = Table(title="6. GPUStack bursts replayed with `simulate --engine-command` (all prompts at t=0), as fitted")
     for col in ("row", "engine", "GPU", "case", "N", "in/out", "thr meas/sim", "TTFT meas/sim s", "TPOT meas/sim ms"):
@@ -271,7 +272,9 @@ def modern(quick: bool) -> None:
         add("leave-one-model-out", held_out)
         for engine in ("vllm", "sglang"):
             add(f"  leave-one-model-out, {engine}", [r for r in held_out if r.run.engine == engine])
-        console.print(f"leave-one-model-out fits (sequence overhead s, compute scale) per engine: {fits}")
+        console.print(
+            f"leave-one-model-out fits (sequence overhead s, compute scale, request overhead s) per engine: {fits}"
+        )
     console.print(totals)
 
 

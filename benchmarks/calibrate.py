@@ -414,9 +414,10 @@ def write_catalog(catalog: Catalog, c: Columns, theta: np.ndarray, lay: Layout, 
     gpus_path.write_text(text)
     engines_path = CATALOG_DIR / "engines.yaml"
     text = engines_path.read_text()
+    profile = catalog.engine(ENGINE).profile  # the release profile `tensorrt-llm` means (tensorrt-llm-0.9)
     for name, _ in ENGINE_PARAMS:
-        text = _set_field(text, ENGINE, name, f"{e[name]:.4g}" if e[name] >= 1e-9 else "0.0")
-    text = _set_field(text, ENGINE, "fitted", f'"{source}"')
+        text = _set_field(text, profile, name, f"{e[name]:.4g}" if e[name] >= 1e-9 else "0.0")
+    text = _set_field(text, profile, "fitted", f'"{source}"')
     engines_path.write_text(text)
 
 

@@ -30,7 +30,9 @@ from kvscale.sizing.catalog import Catalog, GpuSpec, default_catalog
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.roofline import StepTime, decode_step, prefill
 
-ENGINE = "vllm"  # the profile kvscale deploys; its overheads appear only in the step column
+# The profile without the CPU-side and GEMM-share fit of a serving engine (engines.yaml vllm-0.2): the
+# stack is plain torch, and only the per-layer and per-step overheads appear, in the step column.
+ENGINE = "vllm-0.2"
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ class Run:
     output_tok_s: float
     ttft_mean_s: float
     tpot_mean_s: float
+    engine_version: str = ""  # the row's engine release: which catalog profile replays it
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ def runs(path: Path = CSV) -> tuple[list[Run], dict[str, int]]:
                     thr,
                     ttft_ms / 1e3,
                     tpot_ms / 1e3,
+                    row["engine_version"],
                 )
             )
     return kept, skipped
@@ -127,7 +129,7 @@ def replay(run: Run, catalog: Catalog | None = None) -> Replayed | str:
     """The run through the simulator, or why it cannot be replayed."""
     catalog = catalog or default_catalog()
     try:
-        command = parse_engine_command(run.command)
+        command = parse_engine_command(run.command, run.engine_version or None)
         cc = command_config(catalog, command, catalog.gpu(GPUS[run.gpu]))
     except (EngineCommandError, CatalogError, KeyError) as exc:
         return f"{type(exc).__name__}: {' '.join(str(exc).split())[:100]}"
@@ -174,21 +176,31 @@ def replay_all(
 
 # --- calibration: a few engine factors fitted to the runs ----------------------------------
 
-# (per-sequence step cost, GEMM factor): the engine's CPU cost per running sequence per step
-# (scheduling, sampling, detokenizing, output processing; EngineProfile.sequence_overhead_s),
-# and the share of the GPU's GEMM efficiency its steps reach (EngineProfile.matmul_efficiency_factor). Fitted per engine (vLLM and SGLang
-# rows apart) on a small grid: every point replays every run.
+# (per-sequence step cost, GEMM factor, per-request cost): the engine's CPU cost per running
+# sequence per step (scheduling, sampling, detokenizing, output processing;
+# EngineProfile.sequence_overhead_s), the share of the GPU's GEMM efficiency its steps reach
+# (EngineProfile.matmul_efficiency_factor) and its intake cost per admitted request (HTTP,
+# tokenization, admission; EngineProfile.request_overhead_s). Fitted per engine (vLLM and
+# SGLang rows apart) on a small grid: every point replays every run.
 SEQUENCE_OVERHEADS_S = (0.0, 60e-6, 120e-6, 180e-6, 250e-6, 350e-6)
 COMPUTE_SCALES = (0.45, 0.6, 0.75, 1.0)
-Point = tuple[float, float]
+REQUEST_OVERHEADS_S = (0.0, 3e-3, 8e-3, 20e-3)
+Point = tuple[float, ...]
+FITTED_FIELDS = ("sequence_overhead_s", "matmul_efficiency_factor", "request_overhead_s")
 
 
-def scaled_catalog(catalog: Catalog, sequence_overhead_s: float, compute: float) -> Catalog:
-    """The catalog with vLLM's and SGLang's two fitted fields set to a grid point."""
+def scaled_catalog(catalog: Catalog, sequence_overhead_s: float, compute: float, request_s: float = 0.0) -> Catalog:
+    """The catalog with the fitted fields of the profiles the rows replay with (vLLM's and
+    SGLang's newest: the rows are vLLM 0.10-0.11 and SGLang 0.5) set to a grid point."""
     engines = dict(catalog.engines)
     for name in ("vllm", "sglang"):
-        engines[name] = engines[name].model_copy(
-            update={"sequence_overhead_s": sequence_overhead_s, "matmul_efficiency_factor": compute}
+        key = catalog.engine(name).profile
+        engines[key] = engines[key].model_copy(
+            update={
+                "sequence_overhead_s": sequence_overhead_s,
+                "matmul_efficiency_factor": compute,
+                "request_overhead_s": request_s,
+            }
         )
     return catalog.model_copy(update={"engines": engines})
 
@@ -202,9 +214,10 @@ def loss(replayed: list[Replayed]) -> float:
 def grid(selected: list[Run], catalog: Catalog) -> dict[Point, list[Replayed]]:
     """Every grid point's replays of `selected`."""
     return {
-        (seq, compute): replay_all(selected, scaled_catalog(catalog, seq, compute))[0]
+        (seq, compute, request): replay_all(selected, scaled_catalog(catalog, seq, compute, request))[0]
         for seq in SEQUENCE_OVERHEADS_S
         for compute in COMPUTE_SCALES
+        for request in REQUEST_OVERHEADS_S
     }
 
 
@@ -231,4 +244,16 @@ def leave_one_model_out(table: dict[Point, list[Replayed]]) -> tuple[dict[str, d
     for model in models:
         fits[model] = fit(table, lambda run, model=model: run.model != model)  # type: ignore[misc]
         held_out += [r for r in predictions(table, fits[model]) if r.run.model == model]
+    return fits, held_out
+
+
+def leave_one_gpu_out(table: dict[Point, list[Replayed]]) -> tuple[dict[str, dict[str, Point]], list[Replayed]]:
+    """For each GPU: the points fitted on the other GPUs' runs, and their replays of the held-out
+    GPU's runs (two GPUs here: fit on A100, predict H100, and the other way round)."""
+    gpus = sorted({r.run.gpu for r in next(iter(table.values()))})
+    fits: dict[str, dict[str, Point]] = {}
+    held_out: list[Replayed] = []
+    for gpu in gpus:
+        fits[gpu] = fit(table, lambda run, gpu=gpu: run.gpu != gpu)  # type: ignore[misc]
+        held_out += [r for r in predictions(table, fits[gpu]) if r.run.gpu == gpu]
     return fits, held_out

@@ -46,7 +46,7 @@ def _catalog(scheduler: str) -> Catalog:
         return catalog
     chunked, mixed = SCHEDULERS[scheduler]
     update = {"chunked_prefill": chunked, "decodes_during_prefill": mixed}
-    engine = catalog.engines[ENGINE].model_copy(update=update)
+    engine = catalog.engine(ENGINE).model_copy(update=update)
     return catalog.model_copy(update={"engines": {**catalog.engines, ENGINE: engine}})
 
 

@@ -67,6 +67,14 @@ EngineCommandOpt = Annotated[
         "defaults for --gpu.",
     ),
 ]
+EngineVersionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--engine-version",
+        help="The engine release --engine-command runs (e.g. 0.11.0, or an image such as vllm/vllm-openai:v0.11.0): "
+        "picks the engine's profile in the catalog (default: an image named in the command, else the newest).",
+    ),
+]
 ModelOpt = Annotated[
     str,
     typer.Option(
@@ -311,16 +319,21 @@ def write_picture(path: Path, draw: Any, option: str = "--png") -> None:
         fail(f"{option} {path}: could not write the picture: {_one_line(exc)}")
 
 
-def parse_command(text: str, gpu: str | None, tp: int | None, precision: str | None) -> EngineCommand:
+def parse_command(
+    text: str, gpu: str | None, tp: int | None, precision: str | None, version: str | None = None
+) -> EngineCommand:
     """--engine-command parsed; it sets parallelism and precision, so --tp/--precision cannot also be given."""
     if not gpu or len(split(gpu)) != 1:
         fail("--engine-command needs --gpu with one GPU type (the engine's defaults depend on it)")
     if tp is not None or precision is not None:
         fail("--engine-command sets the parallelism and precision: leave out --tp and --precision")
     from kvscale.engines.command import EngineCommandError, parse_engine_command
+    from kvscale.sizing.engine_profiles import release_of
 
+    if version is not None and release_of(version) is None and version.strip().lower() != "latest":
+        fail(f"--engine-version {version!r}: no release in it; give e.g. 0.11.0 or vllm/vllm-openai:v0.11.0")
     try:
-        return parse_engine_command(text)
+        return parse_engine_command(text, version)
     except EngineCommandError as exc:
         fail(str(exc))
 

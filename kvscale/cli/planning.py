@@ -15,6 +15,7 @@ from kvscale.cli.common import (
     MAX_TOKENS,
     CatalogOpt,
     EngineCommandOpt,
+    EngineVersionOpt,
     JsonOpt,
     ModelOpt,
     OptionalModelOpt,
@@ -584,6 +585,7 @@ def predict(
     ] = None,
     kv_cache_precision: Annotated[str, typer.Option("--kv-cache-precision")] = "auto",
     engine_command: EngineCommandOpt = None,
+    engine_version: EngineVersionOpt = None,
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -591,7 +593,7 @@ def predict(
     the parallelism, precision, chunk budget and memory share that command sets on --gpu)."""
     cat = load(catalog)
     if engine_command is not None:
-        command = parse_command(engine_command, gpu, tp, precision)
+        command = parse_command(engine_command, gpu, tp, precision, engine_version)
         arch = resolve_model(cat, model) if model is not None else command_model(cat, command)
         cfg = command_config_or_fail(cat, command, gpu, arch).config
         tp = cfg.tensor_parallel
@@ -603,6 +605,7 @@ def predict(
     positive(batch, "--batch", MAX_TOKENS)
     prediction = predict_batch(cfg, batch, tokens(input_tokens, "--input"), tokens(output_tokens, "--output"))
     data = prediction_to_dict(prediction, cfg.memory.weights_bytes, cfg.max_num_batched_tokens)
+    data["engine_profile"] = cfg.engine.profile  # the catalog profile the step times came from
     if as_json:
         print_json(data)
     else:

@@ -15,6 +15,7 @@ from kvscale.cli.common import (
     ITL_HELP,
     CatalogOpt,
     EngineCommandOpt,
+    EngineVersionOpt,
     JsonOpt,
     OptionalModelOpt,
     check_names,
@@ -142,6 +143,7 @@ def simulate(
         Path | None, typer.Option(help="Draw load, replicas and latency against time here (.png, .svg or .pdf).")
     ] = None,
     engine_command: EngineCommandOpt = None,
+    engine_version: EngineVersionOpt = None,
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -172,7 +174,7 @@ def simulate(
             )
         run_fleet(fleet, cat, as_json, png)
         return
-    command = parse_command(engine_command, gpu, tp, precision) if engine_command is not None else None
+    command = parse_command(engine_command, gpu, tp, precision, engine_version) if engine_command is not None else None
     if (model is None and command is None) or ttft is None or tpot is None:
         fail(
             "give --model (a catalog name, config.json or architecture file) or --engine-command, with --ttft and "

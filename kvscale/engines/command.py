@@ -32,12 +32,14 @@ Defaults that depend on the GPU:
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
 from kvscale.sizing.catalog import Catalog, CatalogError, GpuSpec, ModelArch
 from kvscale.sizing.config import ServingConfig, default_chunk_budget_tokens
+from kvscale.sizing.engine_profiles import profile_for
 
 CommandEngine = Literal["vllm", "sglang"]
 
@@ -66,6 +68,9 @@ class EngineCommand:
     quantization: str | None = None
     dtype: str | None = None
     ignored: tuple[str, ...] = field(default=())  # flags read but not modelled (speculative decoding, parsers, ...)
+    # The engine release (a version or an image reference with its tag; kvscale.sizing.engine_profiles):
+    # which of the engine's catalog profiles runs it. None: the engine's newest profile.
+    version: str | None = None
 
 
 # flag -> (field, kind); kind: int, float, str, or flag (no value)
@@ -149,13 +154,17 @@ def _engine_and_rest(words: list[str]) -> tuple[CommandEngine, list[str]]:
     )
 
 
-def parse_engine_command(text: str) -> EngineCommand:
-    """The modelled flags of a vLLM or SGLang launch command."""
+def parse_engine_command(text: str, version: str | None = None) -> EngineCommand:
+    """The modelled flags of a vLLM or SGLang launch command; `version` (a release or an image
+    reference, e.g. `vllm/vllm-openai:v0.11.0`) picks the engine profile. Without it, an image
+    reference in the command itself (`docker run ... lmsysorg/sglang:v0.5.4 python -m ...`) does."""
     try:
         words = shlex.split(text)
     except ValueError as exc:
         raise EngineCommandError(f"--engine-command: cannot split the command: {exc}") from exc
     engine, rest = _engine_and_rest(words)
+    if version is None:
+        version = next((w for w in words if _IMAGE.match(w)), None)
     table = _VLLM if engine == "vllm" else _SGLANG
     values: dict[str, object] = {}
     ignored: list[str] = []
@@ -191,7 +200,11 @@ def parse_engine_command(text: str) -> EngineCommand:
         values[key] = _value(name, raw, kind)
     if "model" not in values:
         raise EngineCommandError("--engine-command: no model in the command (vllm serve MODEL, or --model-path)")
-    return EngineCommand(engine=engine, ignored=tuple(ignored), **values)  # type: ignore[arg-type]
+    return EngineCommand(engine=engine, ignored=tuple(ignored), version=version, **values)  # type: ignore[arg-type]
+
+
+# An engine image reference with a tag, as `docker run` or a pod spec names it.
+_IMAGE = re.compile(r"^(?:[\w.-]+(?::\d+)?/)*(?:vllm-openai|vllm|sglang|text-generation-inference)[\w.-]*:[\w.+-]+$")
 
 
 def _value(name: str, raw: str, kind: str) -> object:
@@ -303,7 +316,7 @@ def command_config(
         or ("fp16" if (command.dtype in ("half", "float16") or not gpu.bf16_supported) else "bf16")
     )
     kv = "fp8" if command.kv_cache_dtype.lower().startswith("fp8") else "auto"
-    engine = catalog.engine(command.engine)
+    engine = profile_for(catalog, command.engine, command.version)
     updates: dict[str, object] = {}
     if command.block_size is not None:
         updates["kv_block_tokens"] = command.block_size

@@ -280,7 +280,10 @@ class Replica:
         mean_context = self.kv_used / n if n else 0.0
         full_s = self.steps.mixed(n, mean_context, room, mean_prompt) if full else 0.0
         rest_s = self.steps.mixed(n, mean_context, rest, mean_prompt) if rest else 0.0
-        self.clock += full * full_s + rest_s
+        # The engine's per-request intake (EngineProfile.request_overhead_s: HTTP, tokenization,
+        # admission), serial with its steps: a burst of short prompts waits on it.
+        intake_s = self.steps.cfg.engine.request_overhead_s * len(admitted)
+        self.clock += full * full_s + rest_s + intake_s
         chunks = full + (1 if rest else 0)
         if n:
             self._record_gaps(full_s, n * full)

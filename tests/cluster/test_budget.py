@@ -35,7 +35,7 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def service(name: str, priority: int) -> dict[str, Any]:
-    """Three A100 replicas at 30 req/s (one GPU each), minReplicas 1."""
+    """An A100 service at 30 req/s (one GPU a replica, five of them on the default vLLM profile), minReplicas 1."""
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "InferenceService",
@@ -123,7 +123,10 @@ def test_three_priorities_on_a_budget_smaller_than_their_sum(
             return total
 
         for name, priority in (("chat", 100), ("rag", 50), ("batch", 1)):
-            create(api, namespace, service(name, priority))
+            body = service(name, priority)
+            # 18 req/s: a plan of three A100 replicas each (kvscale plan, default vllm-0.11 profile; 16-20 req/s do)
+            body["spec"]["workload"]["requestsPerSecond"] = 18
+            create(api, namespace, body)
             # A new service's Deployment starts within what the budget has free (not its plan's 3).
             wait_until(functools.partial(deployed, api, namespace, name), 60, f"{name}'s Deployment")
             in_use()

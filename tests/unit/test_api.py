@@ -147,7 +147,9 @@ def test_the_crds_cache_variables_are_the_catalogs() -> None:
     from kvscale.api.models import EngineSpec
     from kvscale.sizing.catalog import default_catalog
 
-    engines = default_catalog().engines
+    catalog = default_catalog()
     served = set(typing.get_args(EngineSpec.model_fields["type"].annotation))
     assert set(ENGINE_CACHE_ENV) == served
-    assert {name: engines[name].cache_env for name in served} == ENGINE_CACHE_ENV
+    # every release's profile of an engine (engines.yaml keys vllm-0.11, vllm-0.2, ...)
+    cache_envs = {name: {p.cache_env for p in catalog.engine_profiles(name)} for name in served}
+    assert cache_envs == {name: {env} for name, env in ENGINE_CACHE_ENV.items()}

@@ -37,7 +37,12 @@ def poisson(rate: float, duration_s: float, seed: int, start_s: float = 0.0) -> 
 
 
 def option(gpu: str, rate: float, routing: str = "service") -> ServiceOption:
-    p = plan(CAT, PlanRequest(model=CAT.model("llama-3.1-8b"), workload=Workload(400, 60, rate), slo=SLO, gpus=(gpu,)))
+    # The scenarios' rates are sized on the vLLM profile without the burst fit (engines.yaml
+    # vllm-0.2): what each service wants is the budget's test, not one profile's speed.
+    request = PlanRequest(
+        model=CAT.model("llama-3.1-8b"), workload=Workload(400, 60, rate), slo=SLO, gpus=(gpu,), engine="vllm-0.2"
+    )
+    p = plan(CAT, request)
     assert p.chosen is not None
     c = p.chosen
     setup = SimSetup(c.config, SLO, c.prediction.max_batch, 60.0, c.prediction.replicas, routing=routing)

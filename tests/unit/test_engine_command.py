@@ -139,8 +139,10 @@ def test_per_sequence_cost_and_gemm_factor_of_an_engine() -> None:
     from kvscale.sizing.config import ServingConfig
     from kvscale.sizing.roofline import step
 
-    base = ServingConfig.build(CAT, CAT.model("qwen3-8b"), CAT.gpu("H100-SXM"))
-    engine = base.engine.model_copy(update={"sequence_overhead_s": 50e-6, "matmul_efficiency_factor": 0.5})
+    plain = ServingConfig.build(CAT, CAT.model("qwen3-8b"), CAT.gpu("H100-SXM"))
+    untuned = plain.engine.model_copy(update={"sequence_overhead_s": 0.0, "matmul_efficiency_factor": 1.0})
+    base = ServingConfig(plain.model, plain.gpu, plain.link, plain.precision, plain.kv, untuned, 1)
+    engine = untuned.model_copy(update={"sequence_overhead_s": 50e-6, "matmul_efficiency_factor": 0.5})
     tuned = ServingConfig(base.model, base.gpu, base.link, base.precision, base.kv, engine, 1)
     for seqs in (1, 100, 400):
         extra = step(tuned, seqs, 1000).overhead_s - step(base, seqs, 1000).overhead_s
@@ -157,4 +159,6 @@ def test_the_burst_fit_overlay_loads_over_the_catalog() -> None:
     assert cat.engine("vllm").sequence_overhead_s == pytest.approx(120e-6)
     assert cat.engine("sglang").matmul_efficiency_factor == pytest.approx(0.6)
     assert cat.engine("sglang").kv_block_tokens == 1  # the rest of the profile is kept
-    assert CAT.engine("vllm").sequence_overhead_s == 0.0  # not the built-in default
+    # An overlay's `vllm` sets vLLM's newest profile, the one `vllm` means.
+    assert cat.engine("vllm").profile == CAT.engine("vllm").profile == "vllm-0.11"
+    assert cat.engine("vllm-0.2") == CAT.engine("vllm-0.2")  # the older profile is untouched

@@ -38,6 +38,7 @@ from kvscale.sizing.memory import weight_bytes_per_gpu
 from kvscale.sizing.roofline import decode_step, expected_experts_touched, prefill
 from kvscale.sizing.workload import Slo, Workload
 from tests.cluster.harness import node_objects
+from tests.unit.profiles import catalog_2023
 
 CAT = default_catalog()
 NODES = list(node_objects(Path(__file__).resolve().parents[1] / "cluster" / "nodepool.yaml"))
@@ -234,9 +235,9 @@ def test_the_operator_deploys_and_records_expert_parallelism() -> None:
             "name": "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8",
             "architecture": {"huggingFaceConfig": copy.deepcopy(QWEN3_235B_FP8)},
         },
-        # one replica for 25 req/s: more than tensor parallel 4 carries (about 17), so a whole node,
-        # where tensor parallelism cannot split the experts
-        "workload": {"inputTokens": 1000, "outputTokens": 300, "requestsPerSecond": 25},
+        # one replica for 12 req/s: more than tensor parallel 4 carries (about 9 on the default
+        # vllm-0.11 profile), so a whole node, where tensor parallelism cannot split the experts
+        "workload": {"inputTokens": 1000, "outputTokens": 300, "requestsPerSecond": 12},
         "slo": {"timeToFirstToken": "3s", "timePerOutputToken": "150ms"},
         "hardware": {"gpuTypes": ["H100-SXM"]},
         "scaling": {"maxReplicas": 1},
@@ -369,24 +370,25 @@ H200_NODES = [
 
 
 def test_the_operator_deploys_data_parallel_attention_when_the_spec_allows_it() -> None:
+    cat = catalog_2023()  # the scenario's rates and fleets are sized on this profile (tests/unit/profiles.py)
     raw: dict[str, Any] = {
         "model": {"name": "deepseek-ai/DeepSeek-R1"},
         "workload": {"inputTokens": 2000, "outputTokens": 500, "requestsPerSecond": 20},
         "slo": {"timeToFirstToken": "2s", "timePerOutputToken": "80ms"},
         "hardware": {"gpuTypes": ["H200"]},
     }
-    pools = gpu_inventory(CAT, H200_NODES, [])
-    plain = plan_service(parse_intent(raw), CAT, pools)
+    pools = gpu_inventory(cat, H200_NODES, [])
+    plain = plan_service(parse_intent(raw), cat, pools)
     assert isinstance(plain, Planned) and plain.chosen.data_parallel == 1  # not asked for
     raw["hardware"]["dataParallelAttention"] = True
     intent = parse_intent(raw)
-    planned = plan_service(intent, CAT, pools)
+    planned = plan_service(intent, cat, pools)
     assert isinstance(planned, Planned), planned.message
     assert planned.chosen.data_parallel == 8 and planned.prediction.replicas == 2
     status = plan_status(planned, 163840, ())
     dumped = status.model_dump(by_alias=True)
     assert (dumped["dataParallel"], dumped["expertParallel"], dumped["tensorParallel"]) == (8, True, 1)
-    cfg = serving_config(intent, status, CAT)
+    cfg = serving_config(intent, status, cat)
     assert (cfg.data_parallel, cfg.gpus) == (8, 8)
     dep = deployment("svc", "uid", intent.spec, planned.model, cfg, planned.chosen, planned.pool, 2, 8000)
     container = dep["spec"]["template"]["spec"]["containers"][0]

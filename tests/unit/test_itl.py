@@ -30,6 +30,7 @@ from kvscale.sizing.load import CHUNK_BUDGETS, ReplicaModel
 from kvscale.sizing.roofline import mixed_step
 from kvscale.sizing.units import format_duration
 from kvscale.sizing.workload import LengthDistribution, Slo, Workload
+from tests.unit.profiles import VLLM_0_2_AS_VLLM, catalog_2023
 
 CAT = default_catalog()
 runner = CliRunner()
@@ -62,7 +63,7 @@ def plan_json(*extra: str) -> tuple[int, dict[str, Any]]:
 
 
 def test_without_a_bound_the_plan_shows_the_stall_its_chunk_budget_brings() -> None:
-    code, out = plan_json()
+    code, out = plan_json("--catalog", str(VLLM_0_2_AS_VLLM))  # sized on it (tests/unit/profiles.py)
     chosen = out["chosen"]
     assert code == 0 and out["slo"]["itl_ms"] is None
     # The reading: a 16k budget, whose full step is about a second on TP4 H100s,
@@ -165,20 +166,21 @@ def test_p99_gap_is_the_decode_step_until_chunk_steps_reach_the_tail() -> None:
 
 
 def test_simulated_p99_itl_is_within_10_percent_of_the_plans() -> None:
+    cat = catalog_2023()  # the rates are sized on this profile (tests/unit/profiles.py)
     # Tolerance 10%: the simulator schedules every step (chunks packed from the waiting queue,
     # decodes advancing beside them); the plan reads the p99 off the load model's chunk share
     # and a Poisson count of prompts sharing a step. Ten minutes of Poisson arrivals on the
     # planned fleet, at the planned rate, with and without a bound (16384 and 1024 tokens).
     for bound_s, budget in ((None, 16384), (0.06, 1024)):
         request = PlanRequest(
-            CAT.model("llama-3.1-8b"),
+            cat.model("llama-3.1-8b"),
             Workload(3000, 200, 4.0),
             Slo(2.0, 0.03),
             gpus=("H100-SXM",),
             tensor_parallel=(1,),
             max_itl_s=bound_s,
         )
-        chosen = plan(CAT, request).chosen
+        chosen = plan(cat, request).chosen
         assert chosen is not None and chosen.max_num_batched_tokens == budget
         p = chosen.prediction
         rng, t, trace = random.Random(11), 0.0, []
@@ -194,6 +196,7 @@ def test_simulated_p99_itl_is_within_10_percent_of_the_plans() -> None:
 
 def test_simulate_takes_the_bound_and_reports_p99_itl() -> None:
     base = ["simulate", "--model", "llama-3.1-8b", "--ttft", "2s", "--tpot", "30ms", "--gpu", "H100-SXM", "--tp", "1"]
+    base += ["--catalog", str(VLLM_0_2_AS_VLLM)]  # the load is sized on it (tests/unit/profiles.py)
     load = ["--load", "poisson:rate=4,input=3000,output=200,duration=3m", "--policy", "static"]
     rows = {}
     for extra in ([], ["--itl", "60ms"]):

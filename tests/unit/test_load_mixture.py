@@ -12,6 +12,7 @@ from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.load import ReplicaModel
 from kvscale.sizing.workload import Burstiness, LengthDistribution, Slo, Workload
+from tests.unit.profiles import catalog_2023
 
 CAT = default_catalog()
 
@@ -148,17 +149,18 @@ def test_ttft_grows_with_load_and_tpot_stays_bounded_under_any_burstiness(share:
 
 
 def test_the_issues_rag_example_plans_like_an_engineer() -> None:
+    cat = catalog_2023()  # the scenario's rates and fleets are sized on this profile (tests/unit/profiles.py)
     # Llama-3.1-70B fp8, 32k prompts, 500 out, 2 req/s, p95 TTFT 3 s / TPOT 60 ms on H100: an
     # engineer sizing by hand starts at 6-8 TP8 replicas (it was planned at 17 with a 2048
     # budget: the budget is now chosen with the load, 16384 here).
     request = PlanRequest(
-        model=CAT.model("llama-3.1-70b"),
+        model=cat.model("llama-3.1-70b"),
         workload=Workload(32000, 500, 2.0),
         slo=Slo(3.0, 0.06, 95.0),
         gpus=("H100-SXM",),
         precisions=("fp8",),
     )
-    chosen = plan(CAT, request).chosen
+    chosen = plan(cat, request).chosen
     assert chosen is not None
     assert chosen.tensor_parallel == 8
     assert 6 <= chosen.prediction.replicas <= 8

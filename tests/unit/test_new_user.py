@@ -14,6 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from kvscale.cli import app
+from tests.unit.profiles import VLLM_0_2_AS_VLLM
 
 runner = CliRunner()
 SLO = ["--ttft", "500ms", "--tpot", "50ms", "--rps", "10", "--input", "512", "--output", "256"]
@@ -176,7 +177,8 @@ def test_equal_cost_prefers_more_smaller_replicas_and_says_so() -> None:
     # 14 req/s: where one TP8 replica still keeps up (at 16 it no longer does with H100-SXM's
     # factors as GH100's fit gives them, issue 31)
     args = ["-m", "llama-3.1-70b", "--ttft", "2s", "--tpot", "60ms", "--rps", "14", "--input", "512"]
-    data = plan_json(*args, "--output", "256", "--gpu", "H100-SXM")
+    # sized on the vLLM profile without the burst fit (tests/unit/profiles.py)
+    data = plan_json(*args, "--output", "256", "--gpu", "H100-SXM", "--catalog", str(VLLM_0_2_AS_VLLM))
     chosen, runner_up = data["chosen"], data["alternatives"][0]
     assert (chosen["replicas"], chosen["tensor_parallel"]) == (2, 4)
     assert (runner_up["replicas"], runner_up["tensor_parallel"]) == (1, 8)

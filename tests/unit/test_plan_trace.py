@@ -13,6 +13,7 @@ from kvscale.sim.check import check_plan, sample
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.workload import LengthDistribution, Slo, Workload
+from tests.unit.profiles import catalog_2023
 
 runner = CliRunner()
 CAT = default_catalog()
@@ -90,6 +91,7 @@ def test_a_missed_check_adds_replicas_until_the_target() -> None:
 
 
 def test_the_check_finds_the_fewest_replicas_that_reach_the_target() -> None:
+    cat = catalog_2023()  # the scenario's rates and fleets are sized on this profile (tests/unit/profiles.py)
     rng = random.Random(4)
     trace = []
     for k in range(30):
@@ -97,14 +99,14 @@ def test_the_check_finds_the_fewest_replicas_that_reach_the_target() -> None:
         trace += [TraceRequest(start + rng.uniform(0, 1), 800, 20) for _ in range(30)]
     trace.sort(key=lambda r: r.arrival_s)
     request = PlanRequest(
-        model=CAT.model("llama-3.1-8b"),
+        model=cat.model("llama-3.1-8b"),
         workload=Workload(800, 20, 3.0),
         slo=Slo(1.5, 0.08, 99.0),
         gpus=("L4",),
         tensor_parallel=(1,),
         headroom=0.0,
     )
-    chosen = plan(CAT, request).chosen
+    chosen = plan(cat, request).chosen
     assert chosen is not None
     replay = sample(trace, 3.0)
     check = check_plan(chosen, request.slo, replay, routing="gateway")

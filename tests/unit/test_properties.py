@@ -13,6 +13,7 @@ from kvscale.sizing.load import ReplicaModel, chunk_budget_for
 from kvscale.sizing.memory import kv_bytes_per_token
 from kvscale.sizing.roofline import decode_step, prefill
 from kvscale.sizing.workload import Slo, Workload
+from tests.unit.profiles import catalog_2023
 
 CAT = default_catalog()
 MODELS = ["llama-2-7b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "mixtral-8x7b", "gemma-7b"]
@@ -110,16 +111,17 @@ def test_tighter_tpot_never_lets_a_replica_carry_more(gpu: str) -> None:
 
 
 def test_a_full_step_under_the_target_is_preferred_when_it_carries_more() -> None:
+    cat = catalog_2023()  # the scenario's rates and fleets are sized on this profile (tests/unit/profiles.py)
     # llama-3.1-8b on A100, 2048-token prompts, 28 out, TPOT 40 ms: a 256-token budget's full
     # mixed step (~35 ms) is under the target, so TPOT can never break and TTFT sets the rate.
     request = PlanRequest(
-        model=CAT.model("llama-3.1-8b"),
+        model=cat.model("llama-3.1-8b"),
         workload=Workload(2048, 28, 20.0),
         slo=Slo(2.0, 0.04),
         gpus=("A100-80GB",),
         tensor_parallel=(1,),
     )
-    chosen = plan(CAT, request).chosen
+    chosen = plan(cat, request).chosen
     assert chosen is not None
     cfg = chosen.config
     replica = ReplicaModel(cfg, request.workload)

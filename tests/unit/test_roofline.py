@@ -25,7 +25,7 @@ def test_decode_step_by_hand_batch_one() -> None:
     memory_s = weights / (g.hbm_bandwidth_bytes_per_s * g.bandwidth_efficiency) + kv / (
         g.hbm_bandwidth_bytes_per_s * g.bandwidth_efficiency
     )
-    overhead_s = 32 * e.decode_layer_overhead_s + e.step_overhead_s
+    overhead_s = 32 * e.decode_layer_overhead_s + e.step_overhead_s + 1 * e.sequence_overhead_s  # one sequence
     step = decode_step(c, 1, context)
     assert step.memory_s == pytest.approx(memory_s)
     assert step.communication_s == 0.0

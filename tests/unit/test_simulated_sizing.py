@@ -16,6 +16,7 @@ from kvscale.sim.check import check_and_size, check_plan, sample, search_replica
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.workload import Slo, Workload
+from tests.unit.profiles import VLLM_0_2_AS_VLLM, catalog_2023
 
 runner = CliRunner()
 CAT = default_catalog()
@@ -136,6 +137,8 @@ def test_a_check_no_fleet_passes_is_infeasible_with_the_closest_fleet() -> None:
     # would meet it.
     args = ["plan", "--model", "llama-3.1-70b", "--gpu", "H100-SXM", "--tp", "4", "--ttft", "10s", "--tpot", "80ms"]
     args += ["--percentile", "99", "--trace", str(MOONCAKE), "--rps", "0.5"]
+    # sized on the 2023 vLLM profile (tests/unit/profiles.py), as the scenario was measured
+    args += ["--catalog", str(VLLM_0_2_AS_VLLM)]
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 1, result.output
     out = json.loads(result.stdout)
@@ -155,7 +158,9 @@ def test_a_check_no_fleet_passes_is_infeasible_with_the_closest_fleet() -> None:
 def test_the_search_above_stays_within_the_replica_limit() -> None:
     # Batches behind a gateway that need more replicas than the analytic count, under --max-replicas
     # equal to that count: no fleet within the limit meets the SLO, so the plan is infeasible
-    # (it never deploys past the limit), and its reason names the limit.
+    # (it never deploys past the limit), and its reason names the limit. Sized on the 2023 vLLM
+    # profile (tests/unit/profiles.py): under vllm-0.11 the analytic count is far above the need.
+    cat = catalog_2023()
     rng = random.Random(4)
     trace = []
     for k in range(30):
@@ -163,18 +168,18 @@ def test_the_search_above_stays_within_the_replica_limit() -> None:
         trace += [TraceRequest(start + rng.uniform(0, 1), 800, 20) for _ in range(30)]
     trace.sort(key=lambda r: r.arrival_s)
     base = PlanRequest(
-        model=CAT.model("llama-3.1-8b"),
+        model=cat.model("llama-3.1-8b"),
         workload=Workload(800, 20, 3.0),
         slo=Slo(1.5, 0.08, 99.0),
         gpus=("L4",),
         tensor_parallel=(1,),
         headroom=0.0,
     )
-    free = check_and_size(plan(CAT, base), sample(trace, 3.0), routing="gateway")
+    free = check_and_size(plan(cat, base), sample(trace, 3.0), routing="gateway")
     assert free.chosen is not None and free.chosen.check is not None and free.feasible
     analytic = free.chosen.check.analytic_replicas
     assert free.chosen.prediction.replicas > analytic  # without a limit the search adds replicas
-    limited = check_and_size(plan(CAT, replace(base, max_replicas=analytic)), sample(trace, 3.0), routing="gateway")
+    limited = check_and_size(plan(cat, replace(base, max_replicas=analytic)), sample(trace, 3.0), routing="gateway")
     assert limited.chosen is not None and limited.chosen.check is not None
     assert not limited.feasible and limited.chosen.prediction.replicas <= analytic
     assert "at most" in limited.chosen.check.why

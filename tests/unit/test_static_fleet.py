@@ -16,8 +16,8 @@ from kvscale.sim.compare import busiest_minute_replicas
 from kvscale.sim.fit import fit_trace
 from kvscale.sim.load_profile import load_requests
 from kvscale.sim.trace import duration_s
-from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.workload import Slo
+from tests.unit.profiles import VLLM_0_2_AS_VLLM, catalog_2023
 
 runner = CliRunner()
 BASE = ["simulate", "--model", "llama-3.1-8b", "--ttft", "1s", "--tpot", "60ms", "--gpu", "L4"]
@@ -34,11 +34,13 @@ def test_replicas_help_says_what_the_default_is() -> None:
 
 
 def test_static_runs_the_busiest_minute_fleet_which_is_not_peaks() -> None:
-    result = runner.invoke(app, [*BASE, "--load", BURSTY, "--policy", "static,peak", "--json"])
+    # The bursts are sized on the vLLM profile without the burst fit (tests/unit/profiles.py).
+    overlay = ["--catalog", str(VLLM_0_2_AS_VLLM)]
+    result = runner.invoke(app, [*BASE, *overlay, "--load", BURSTY, "--policy", "static,peak", "--json"])
     assert result.exit_code == 0, result.output
     rows = {r["policy"]: r for r in json.loads(result.stdout)}
     # The same number, computed the way the static policy's default is documented.
-    cat = default_catalog()
+    cat = catalog_2023()
     trace = load_requests(BURSTY, 512, 256, 0, 1800.0)
     workload = fit_trace(trace).workload.at_rate(len(trace) / max(duration_s(trace), 1.0))
     chosen = plan(cat, PlanRequest(cat.model("llama-3.1-8b"), workload, Slo(1.0, 0.06), gpus=("L4",))).chosen

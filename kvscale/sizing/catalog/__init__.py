@@ -1,6 +1,7 @@
 """Catalogs as data: GPUs, models, precisions and engine profiles, each entry with a source."""
 
 from kvscale.sizing.catalog.loader import (
+    PERFORMANCE_FIELDS,
     Catalog,
     CatalogError,
     EngineProfile,
@@ -14,9 +15,11 @@ from kvscale.sizing.catalog.loader import (
     load_catalog,
     load_yaml,
     load_yaml_all,
+    version_key,
 )
 
 __all__ = [
+    "PERFORMANCE_FIELDS",
     "Catalog",
     "CatalogError",
     "EngineProfile",
@@ -30,4 +33,5 @@ __all__ = [
     "load_catalog",
     "load_yaml",
     "load_yaml_all",
+    "version_key",
 ]

@@ -337,8 +337,36 @@ class KvPrecisionSpec(_Frozen):
     source: str
 
 
+# The fields of a profile that model the engine's speed (not its memory rules or deployment
+# facts): each profile names, per field, the data it was fitted on or why it is what it is.
+PERFORMANCE_FIELDS = (
+    "decode_layer_overhead_s",
+    "prefill_layer_overhead_s",
+    "step_overhead_s",
+    "matmul_efficiency_factor",
+    "sequence_overhead_s",
+    "request_overhead_s",
+    "prefill_half_efficiency_flops",
+    "allreduce_efficiency",
+    "allreduce_hop_latency_s",
+)
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """`0.11.0`, `v0.5.4.post2`, `3.3.7-rocm` -> (0, 11, 0), (0, 5, 4), (3, 3, 7): the leading
+    dotted numbers, for ordering releases; () when the text starts with no number."""
+    match = re.match(r"v?(\d+(?:\.\d+)*)", version.strip().lower())
+    return tuple(int(part) for part in match.group(1).split(".")) if match else ()
+
+
 class EngineProfile(_Frozen):
-    name: str
+    name: str = Field(description="The engine (vllm, sglang, tgi, tensorrt-llm): what deploys it and reads its metrics")
+    profile: str = Field(default="", description="The catalog key of this profile, e.g. vllm-0.11 (defaults to name)")
+    version: str | None = Field(default=None, description="The engine release the profile describes")
+    covers_from: str = Field(
+        default="0",
+        description="The oldest release this profile is chosen for (kvscale.sizing.engine_profiles.profile_for)",
+    )
     gpu_memory_utilization: Efficiency = Field(gt=0, le=1)
     kv_memory_basis: Literal["total", "free"] = Field(
         default="total",
@@ -365,6 +393,12 @@ class EngineProfile(_Frozen):
         description="Per running sequence per step: the engine's CPU work for it (scheduling, sampling, "
         "detokenizing, output processing), which grows with the batch",
     )
+    request_overhead_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Per admitted request, once: the engine's work to take a new request in (HTTP, tokenization, "
+        "admission), serial with its steps",
+    )
     prefill_half_efficiency_flops: float = Field(ge=0)
     chunked_prefill: bool = Field(
         default=True,
@@ -382,6 +416,10 @@ class EngineProfile(_Frozen):
     cold_start_fixed_s: float = Field(ge=0)
     weight_load_bytes_per_s: float = Field(gt=0)
     fitted: str | None = Field(default=None, description="Which fields were fitted to what data, if any")
+    fitted_on: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per performance field (PERFORMANCE_FIELDS): the data it was fitted on, or why it is set as it is",
+    )
     # Deployment facts (kvscale.control.resources builds the pod from them).
     image: str | None = Field(default=None, description="Container image on NVIDIA GPUs")
     rocm_image: str | None = Field(default=None, description="Container image on AMD GPUs (ROCm); None: not offered")
@@ -392,6 +430,15 @@ class EngineProfile(_Frozen):
         default=250.0e6, gt=0, description="Checkpoint download rate from the model hub into an empty cache"
     )
     source: str
+
+    @model_validator(mode="after")
+    def _fitted_on_known(self) -> EngineProfile:
+        unknown = set(self.fitted_on) - set(PERFORMANCE_FIELDS)
+        if unknown:
+            raise ValueError(f"engine {self.profile or self.name}: fitted_on names unknown fields {sorted(unknown)}")
+        if not self.profile:
+            object.__setattr__(self, "profile", self.name)
+        return self
 
 
 class Catalog(_Frozen):
@@ -431,7 +478,15 @@ class Catalog(_Frozen):
         return self.kv_cache_precisions[_resolve(name, self.kv_cache_precisions, {}, "KV-cache precision", None)]
 
     def engine(self, name: str = "vllm") -> EngineProfile:
-        return self.engines[_resolve(name, self.engines, {}, "engine", None)]
+        """A profile by its key (`vllm-0.11`), or an engine's newest profile by the engine's name
+        (`vllm`)."""
+        newest = default_engine_profiles(self.engines)
+        return self.engines[_resolve(name, self.engines, newest, "engine", None)]
+
+    def engine_profiles(self, engine: str) -> list[EngineProfile]:
+        """Every profile of one engine, oldest release first."""
+        found = [p for p in self.engines.values() if p.name == engine.strip().lower()]
+        return sorted(found, key=lambda p: (version_key(p.covers_from), version_key(p.version or "")))
 
     def link(self, gpu: GpuSpec, tensor_parallel: int = 1) -> LinkSpec:
         """The link a tensor-parallel ring crosses: a bridged pair's own link at TP 2."""
@@ -451,6 +506,24 @@ class Catalog(_Frozen):
             gpu = self.gpu(name)
             gpus[gpu.name] = gpu.model_copy(update={"price_usd_per_gpu_hour": price})
         return self.model_copy(update={"gpus": gpus})
+
+
+def default_engine_profiles(engines: dict[str, Any]) -> dict[str, str]:
+    """Engine name -> the key of its newest profile (the release it covers from, then its
+    version): what `--engine vllm` and an engine image without a known tag mean. `engines` is
+    the catalog's section, profiles or the raw YAML mappings."""
+
+    def field(entry: Any, key: str, default: str) -> str:
+        value = entry.get(key) if isinstance(entry, dict) else getattr(entry, key, None)
+        return str(value) if value is not None else default
+
+    newest: dict[str, tuple[tuple[tuple[int, ...], tuple[int, ...]], str]] = {}
+    for key, entry in engines.items():
+        engine = field(entry, "engine" if isinstance(entry, dict) else "name", key)
+        rank = (version_key(field(entry, "covers_from", "0")), version_key(field(entry, "version", "")))
+        if engine not in newest or rank > newest[engine][0]:
+            newest[engine] = (rank, key)
+    return {engine: key for engine, (_, key) in newest.items() if engine not in engines}
 
 
 def _gpu_aliases(gpus: dict[str, GpuSpec]) -> dict[str, str]:
@@ -477,6 +550,16 @@ def _resolve(name: str, table: dict[str, Any], aliases: dict[str, str], what: st
 
 def _named(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {key: {"name": key, **value} for key, value in (entries or {}).items()}
+
+
+def _engine_profiles(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Profiles keyed `vllm-0.11`: `name` is the engine (the YAML's `engine`, else the key)."""
+    profiles = {}
+    for key, value in (entries or {}).items():
+        fields = dict(value or {})
+        engine = fields.pop("engine", key)
+        profiles[key] = {"name": engine, "profile": key, **fields}
+    return profiles
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -519,7 +602,10 @@ def load_catalog(*overlays: Path) -> Catalog:
             )
         for section, entries in extra.items():
             merged = dict(raw.get(section) or {})
+            # An overlay's `engines: {vllm: ...}` sets the engine's newest profile (what `vllm` means).
+            renamed = default_engine_profiles(merged) if section == "engines" else {}
             for key, value in (entries or {}).items():
+                key = renamed.get(key, key)
                 merged[key] = {**merged.get(key, {}), **(value or {})}
             raw[section] = merged
     try:
@@ -527,8 +613,9 @@ def load_catalog(*overlays: Path) -> Catalog:
             {
                 **{
                     section: _named(raw.get(section, {}))
-                    for section in ("gpus", "models", "precisions", "kv_cache_precisions", "engines")
+                    for section in ("gpus", "models", "precisions", "kv_cache_precisions")
                 },
+                "engines": _engine_profiles(raw.get("engines", {})),
                 "links": raw.get("links", {}),
             }
         )
