@@ -1,0 +1,130 @@
+"""The calibration fit (kvscale.calibration.fit): windows measured on an engine whose profile
+differs from the catalog's (tests/data/slower.yaml: half the GEMM efficiency, a 180 us
+per-sequence cost) give back that profile's fields and step times within 10%; too little data
+is an error that names the metric, never a fit."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvscale.calibration.fit import (
+    FIELDS,
+    NotEnoughData,
+    Window,
+    config_key,
+    fit,
+    predicted_gap_s,
+    predicted_prefill_s,
+    with_fields,
+)
+from kvscale.sizing.catalog import default_catalog, load_catalog
+from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.roofline import step
+
+SLOWER = Path(__file__).resolve().parents[1] / "data" / "slower.yaml"
+
+
+def _configs(gpu: str = "H100-SXM") -> tuple[ServingConfig, ServingConfig]:
+    cat, slow = default_catalog(), load_catalog(SLOWER)
+    return (
+        ServingConfig.build(cat, cat.model("llama-3.1-8b"), cat.gpu(gpu)),
+        ServingConfig.build(slow, slow.model("llama-3.1-8b"), slow.gpu(gpu)),
+    )
+
+
+def _measured(true: ServingConfig, batches: tuple[float, ...], noise: float = 0.02, seed: int = 1) -> list[Window]:
+    """Windows as the engine running `true` would report them, with 2% noise on each mean."""
+    rng = random.Random(seed)
+    out = []
+    for b in batches:
+        for prompt in (256.0, 1024.0, 3000.0):
+            shape = Window(b, prompt + 100, 1000, 1.0, 20, 1.0, prompt, 5000)
+            out.append(
+                Window(
+                    b,
+                    prompt + 100,
+                    1000,
+                    predicted_gap_s(true, shape) * rng.gauss(1, noise),
+                    20,
+                    predicted_prefill_s(true, shape) * rng.gauss(1, noise),
+                    prompt,
+                    5000,
+                )
+            )
+    return out
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-80GB"])
+def test_fit_recovers_the_slower_profile_within_10_percent(gpu: str) -> None:
+    base, true = _configs(gpu)
+    assert base.engine.matmul_efficiency_factor == 1.0 and true.engine.matmul_efficiency_factor == 0.5
+    c = fit(base, _measured(true, (2, 4, 8, 16, 24, 32, 48, 64)))
+    for name in ("matmul_efficiency_factor", "sequence_overhead_s"):
+        got, want = c.field(name).value, getattr(true.engine, name)
+        assert abs(got / want - 1) < 0.10, (name, got, want)
+    # Step times under the calibrated profile: within 10% of the engine's, decode and prefill.
+    calibrated = with_fields(base, c.updates())
+    for batch in (1, 8, 32, 64):
+        for ctx in (300.0, 2000.0):
+            got, want = step(calibrated, batch, ctx).seconds, step(true, batch, ctx).seconds
+            assert abs(got / want - 1) < 0.10, (batch, ctx, got, want)
+    got, want = step(calibrated, 4, 500, 2048, 1024).seconds, step(true, 4, 500, 2048, 1024).seconds
+    assert abs(got / want - 1) < 0.10
+    assert c.rms_error < 0.05 < c.prior_rms_error
+
+
+def test_each_field_has_an_uncertainty_and_its_samples() -> None:
+    base, true = _configs()
+    c = fit(base, _measured(true, (2, 8, 32, 64)))
+    assert [f.name for f in c.fields] == list(FIELDS)
+    for f in c.fields:
+        assert 0 < f.stderr < 0.2 * f.value, f
+        assert f.samples > 0 and f.windows > 0 and f.data.startswith("vllm:")
+    assert c.field("matmul_efficiency_factor").samples == 4 * 3 * 20  # timed prefills
+    assert c.field("sequence_overhead_s").samples == 4 * 3 * 1000  # token gaps
+    # More noise, a wider error.
+    noisy = fit(base, _measured(true, (2, 8, 32, 64), noise=0.10))
+    assert noisy.field("sequence_overhead_s").stderr > c.field("sequence_overhead_s").stderr
+
+
+def test_the_overlay_is_a_catalog_overlay_with_the_fitted_fields(tmp_path: Path) -> None:
+    base, true = _configs()
+    c = fit(base, _measured(true, (2, 8, 32, 64)))
+    path = tmp_path / "overlay.yaml"
+    path.write_text(yaml.safe_dump(c.overlay()))
+    engine = load_catalog(path).engine("vllm")
+    assert abs(engine.matmul_efficiency_factor / 0.5 - 1) < 0.1
+    assert abs(engine.sequence_overhead_s / 180e-6 - 1) < 0.1
+    assert engine.fitted is not None and config_key(base) in engine.fitted
+    assert config_key(base) == "llama-3.1-8b/H100-SXM/tp1/bf16/vllm@vllm/vllm-openai:v0.11.0"
+
+
+def test_too_few_windows_name_what_is_missing() -> None:
+    base, true = _configs()
+    few = _measured(true, (2, 8))[:4]
+    with pytest.raises(NotEnoughData, match=r"vllm:inter_token_latency_seconds: 4 window\(s\)"):
+        fit(base, few)
+    no_prefill = [
+        Window(w.batch, w.context_tokens, w.gaps, w.gap_s, 0, float("nan"), 0, w.steps)
+        for w in _measured(true, (2, 8, 32))
+    ]
+    with pytest.raises(NotEnoughData, match=r"vllm:request_prefill_time_seconds: 0 window\(s\)"):
+        fit(base, no_prefill)
+    thin = [
+        Window(w.batch, w.context_tokens, 10, w.gap_s, w.prefills, w.prefill_s, w.prompt_tokens)
+        for w in _measured(true, (2, 8, 32))
+    ]
+    with pytest.raises(NotEnoughData, match=">= 50 token gaps"):
+        fit(base, thin)
+
+
+def test_one_batch_size_cannot_tell_the_per_sequence_cost_from_the_per_step_cost() -> None:
+    base, true = _configs()
+    with pytest.raises(
+        NotEnoughData, match=r"vllm:num_requests_running: the running batch stayed between 16.0 and 16.0"
+    ):
+        fit(base, _measured(true, (16, 16, 16)))
