@@ -46,6 +46,7 @@ MIN_PREFILLS_PER_WINDOW = 3  # timed prefills in a window for their mean to coun
 MIN_DECODE_WINDOWS = 5
 MIN_PREFILL_WINDOWS = 3
 MIN_BATCH_SPREAD = 1.5  # largest over smallest mean batch: the per-sequence cost needs a slope
+ROBUST_SCALE = 0.05  # relative errors beyond 5% count linearly, not squared
 
 
 class NotEnoughData(ValueError):
@@ -140,29 +141,40 @@ def with_fields(cfg: ServingConfig, values: dict[str, float]) -> ServingConfig:
 # -- the model of each window's measurements --------------------------------------------------
 
 
+def prompts_per_step(w: Window) -> float:
+    """Prompts a prefill step carries: the request's own and those that arrived during the step
+    before it (the scheduler admits every waiting prompt the budget holds at once). With
+    Poisson arrivals at rate r and steps of length t, 1 + r t; r t is the share of steps that
+    see a new request, prefills over steps (a ratio of counts: no clock in it)."""
+    if not w.steps or w.prefills <= 0:
+        return 1.0
+    return 1.0 + min(w.prefills / w.steps, 4.0)
+
+
 def _chunks(cfg: ServingConfig, w: Window) -> int:
-    """Steps a prompt's prefill takes: the token budget less the running decodes per step."""
+    """Steps a prefill step's prompts take: the token budget less the running decodes per step."""
     room = max(1.0, cfg.max_num_batched_tokens - w.batch)
-    return max(1, math.ceil(w.prompt_tokens / room))
+    return max(1, math.ceil(prompts_per_step(w) * w.prompt_tokens / room))
 
 
 def prefill_step_s(cfg: ServingConfig, w: Window) -> float:
-    """One step that carries a chunk of the window's mean prompt beside its running decodes."""
-    chunks = _chunks(cfg, w)
-    return step(cfg, w.batch, w.context_tokens, w.prompt_tokens / chunks, w.prompt_tokens / 2.0).seconds
+    """One step that carries a chunk of the prompts admitted together, beside the running decodes."""
+    prompts = prompts_per_step(w)
+    chunk = prompts * w.prompt_tokens / _chunks(cfg, w)
+    return step(cfg, w.batch, w.context_tokens, chunk, w.prompt_tokens / 2.0, prompts).seconds
 
 
 def predicted_prefill_s(cfg: ServingConfig, w: Window) -> float:
     """vLLM's prefill time is first token less scheduled (vllm/v1/metrics/stats.py
-    update_from_finished_request): the steps that carry the prompt's chunks."""
+    update_from_finished_request): the steps that carry the chunks of the prompts admitted with it."""
     return _chunks(cfg, w) * prefill_step_s(cfg, w)
 
 
 def mixed_share(cfg: ServingConfig, w: Window) -> float:
-    """Share of the window's steps that also carried a prompt chunk (their gaps are longer)."""
+    """Share of the window's steps that also carried prompt chunks (their gaps are longer)."""
     if not w.steps or w.prefills <= 0:
         return 0.0
-    return min(1.0, w.prefills * _chunks(cfg, w) / w.steps)
+    return min(1.0, w.prefills / prompts_per_step(w) * _chunks(cfg, w) / w.steps)
 
 
 def predicted_gap_s(cfg: ServingConfig, w: Window) -> float:
@@ -308,7 +320,7 @@ def fit(cfg: ServingConfig, windows: Sequence[Window], metrics: dict[str, str] |
     def residuals(x: list[float]) -> list[float]:
         trial = with_fields(cfg, {n: xi * _SCALE[n] for n, xi in zip(FIELDS, x, strict=True)})
         gaps, prefills = relative_errors(trial, usable)
-        return [*gaps, *prefills]
+        return [_robust(e) for e in (*gaps, *prefills)]
 
     # Start between the bounds: a field at zero in the catalog (no per-sequence cost) is still fitted.
     x0 = [max(prior[n], _SCALE[n] * 0.1) / _SCALE[n] for n in FIELDS]
@@ -348,15 +360,25 @@ def fit(cfg: ServingConfig, windows: Sequence[Window], metrics: dict[str, str] |
             )
         )
     before = [e for errors in relative_errors(cfg, usable) for e in errors]
+    fitted = with_fields(cfg, {f.name: f.value for f in fields})
+    after = [e for errors in relative_errors(fitted, usable) for e in errors]
     return Calibration(
         key=config_key(cfg),
         engine=cfg.engine.name,
         fields=tuple(fields),
         decode_windows=len(decode),
         prefill_windows=len(prefill),
-        rms_error=_rms(r),
+        rms_error=_rms(after),
         prior_rms_error=_rms(before),
     )
+
+
+def _robust(error: float) -> float:
+    """A relative error as the least-squares residual of a soft-L1 loss (quadratic within
+    ROBUST_SCALE, linear beyond: a window that straddles a change of load, its batch and
+    prompts not those its steps ran with, pulls the fit less than its square would)."""
+    c = ROBUST_SCALE
+    return math.copysign(math.sqrt(2.0 * c * c * (math.sqrt(1.0 + (error / c) ** 2) - 1.0)), error)
 
 
 def _rms(values: Sequence[float]) -> float:
