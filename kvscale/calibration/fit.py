@@ -178,8 +178,11 @@ def mixed_share(cfg: ServingConfig, w: Window) -> float:
 
 
 def predicted_gap_s(cfg: ServingConfig, w: Window) -> float:
-    """The mean inter-token gap: decode steps, and the steps that carried a chunk."""
-    decode = step(cfg, max(w.batch, 1.0), w.context_tokens).seconds
+    """The mean inter-token gap: decode steps, and the steps that carried a chunk. A step of n
+    sequences makes n gaps, so the mean gap weighs each step by its batch: the batch a token
+    sees is E[n^2]/E[n] = mean + variance/mean, one more than the mean where the running count
+    is Poisson (requests that arrive at random and stay a while: an M/G/infinity occupancy)."""
+    decode = step(cfg, w.batch + 1.0, w.context_tokens).seconds
     share = mixed_share(cfg, w)
     return decode if share == 0.0 else (1.0 - share) * decode + share * prefill_step_s(cfg, w)
 

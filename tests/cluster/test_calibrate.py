@@ -82,6 +82,25 @@ def test_calibrate_recovers_the_standins_step_times(tmp_path: Path) -> None:
     ticker = threading.Thread(target=advance, daemon=True)
     try:
         with Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{port}"]) as prom:
+            # Before any traffic: a clear message naming what is missing, and no overlay.
+            prom.wait_for_series('vllm:num_requests_running{pod="llama-abc12-x1y2z"}')
+            early = tmp_path / "early.yaml"
+            idle = _kvscale(
+                "calibrate",
+                "--prometheus",
+                prom.url,
+                "--gpu",
+                GPU,
+                "--since",
+                "50s",
+                "--window",
+                "10s",
+                "--out",
+                str(early),
+            )
+            assert idle.returncode == 1, idle.stdout + idle.stderr
+            assert "too little data to calibrate" in idle.stderr and "vllm:inter_token_latency_seconds" in idle.stderr
+            assert "vllm:request_prefill_time_seconds" in idle.stderr and not early.exists()
             started = time.time()
             ticker.start()
             wait_until(finished.is_set, 4 * TRAFFIC_S / SPEED + 60, "ten simulated minutes of traffic", 0.5)

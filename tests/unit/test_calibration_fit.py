@@ -128,3 +128,108 @@ def test_one_batch_size_cannot_tell_the_per_sequence_cost_from_the_per_step_cost
         NotEnoughData, match=r"vllm:num_requests_running: the running batch stayed between 16.0 and 16.0"
     ):
         fit(base, _measured(true, (16, 16, 16)))
+
+
+# -- the reads (kvscale.metrics.calibration): PromQL and the answers into windows ------------
+
+
+def test_selector_and_queries() -> None:
+    from kvscale.metrics.calibration import SelectorError, matchers, window_queries
+    from kvscale.metrics.engines import ENGINES
+
+    assert matchers("ns", '{pod=~"llama-.*", job="vllm"}') == 'namespace="ns",pod=~"llama-.*", job="vllm"'
+    assert matchers(None, None) == ""
+    for bad in ("pod=llama", 'pod=~"a" job="b"', "up{}"):
+        with pytest.raises(SelectorError, match="--selector"):
+            matchers(None, bad)
+    q = window_queries(ENGINES["vllm"], 'namespace="ns"', "60s")
+    # Every name checked in vLLM 0.11.0 vllm/v1/metrics/loggers.py, and its escaped form.
+    assert 'increase({__name__="vllm:inter_token_latency_seconds_sum",namespace="ns"}[60s])' in q["gap_sum"]
+    assert "vllm_inter_token_latency_seconds_sum" in q["gap_sum"]
+    assert "vllm:time_per_output_token_seconds_count" in q["gap_count"]  # 0.11's deprecated twin
+    assert "vllm:request_prefill_time_seconds_sum" in q["prefill_sum"]
+    assert "vllm:request_decode_time_seconds_count" in q["decode_count"]
+    assert "vllm:iteration_tokens_total_count" in q["steps"]
+    assert 'avg_over_time({__name__="vllm:kv_cache_usage_perc"' in q["kv_usage"]
+    assert "vllm:num_requests_running" in q["running"]
+    assert all(p.startswith("sum by (namespace, pod, instance)") or p.startswith("avg by") for p in q.values())
+
+
+def _matrix(values: dict[str, float]) -> dict[str, object]:
+    return {
+        "status": "success",
+        "data": {
+            "resultType": "matrix",
+            "result": [
+                {"metric": {"namespace": "ns", "pod": "p-1"}, "values": [[100.0, str(v)] for v in values.values()]}
+            ],
+        },
+    }
+
+
+def test_windows_from_range_answers() -> None:
+    from kvscale.metrics.calibration import cache_tokens, matrix, windows
+
+    def one(value: float) -> dict[tuple[tuple[str, ...], float], float]:
+        return matrix(_matrix({"x": value}))
+
+    series = {
+        "gap_sum": one(2.0),
+        "gap_count": one(100.0),
+        "prefill_sum": one(0.5),
+        "prefill_count": one(10.0),
+        "prompt_sum": one(5120.0),
+        "prompt_count": one(10.0),
+        "steps": one(50.0),
+        "generated": one(400.0),
+        "running": one(8.0),
+        "kv_usage": one(0.25),
+    }
+    cache = cache_tokens([{"namespace": "ns", "pod": "p-1", "num_gpu_blocks": "1000", "block_size": "16"}])
+    (w,) = windows(series, lambda key: cache.get(key, 0.0))
+    assert (w.gap_s, w.gaps, w.prefill_s, w.prompt_tokens) == (0.02, 100.0, 0.05, 512.0)
+    assert w.batch == 8.0  # generated tokens per step
+    assert w.context_tokens == 0.25 * 16000 / 8.0
+    assert w.steps == 50.0 and w.label.startswith("p-1 @ ")
+    # No ITL histogram: the finished requests' decode time over their gaps (tokens less one each).
+    del series["gap_sum"], series["gap_count"]
+    series |= {"decode_sum": one(3.0), "decode_count": one(10.0), "generated_sum": one(160.0)}
+    (w,) = windows(series, lambda key: 0.0)
+    assert w.gaps == 150.0 and w.gap_s == 3.0 / 150.0
+    with pytest.raises(ValueError, match="matrix"):
+        matrix({"status": "success", "data": {"resultType": "vector", "result": []}})
+
+
+# -- the command's input checks --------------------------------------------------------------
+
+
+def _calibrate(*args: str) -> tuple[int, str]:
+    import socket
+
+    from typer.testing import CliRunner
+
+    from kvscale.cli import app
+
+    with socket.socket() as s:  # a port nothing listens on: a Prometheus that is not there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = CliRunner().invoke(app, ["calibrate", "--prometheus", f"http://127.0.0.1:{port}", *args])
+    return result.exit_code, result.output
+
+
+def test_calibrate_input_errors_name_the_option() -> None:
+    code, out = _calibrate("--gpu", "H100-SXM", "--selector", "pod=llama")
+    assert code == 2 and "--selector" in out
+    code, out = _calibrate("--gpu", "H100-SXM", "--window", "5s")
+    assert code == 2 and "--window 5s" in out
+    code, out = _calibrate("--gpu", "H100-SXM", "--since", "2m", "--window", "1m")
+    assert code == 2 and "five windows" in out
+    code, out = _calibrate("--gpu", "B300-Imaginary")
+    assert code == 2 and "unknown GPU type" in out
+    code, out = _calibrate("--gpu", "H100-SXM", "--engine", "tgi")
+    assert code == 2 and "--engine tgi" in out
+
+
+def test_calibrate_says_when_prometheus_is_not_there() -> None:
+    code, out = _calibrate("--gpu", "H100-SXM", "--model", "llama-3.1-8b")
+    assert code == 1 and "unreachable" in out
