@@ -386,3 +386,35 @@ def _robust(error: float) -> float:
 
 def _rms(values: Sequence[float]) -> float:
     return math.sqrt(statistics.fmean(v * v for v in values)) if values else math.nan
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A profile's predictions against what the windows measured, each weighted by its samples."""
+
+    predicted_gap_s: float
+    observed_gap_s: float
+    predicted_prefill_s: float
+    observed_prefill_s: float
+
+    def describe(self) -> str:
+        return (
+            f"inter-token gap {self.predicted_gap_s * 1e3:.1f} ms predicted, {self.observed_gap_s * 1e3:.1f} ms "
+            f"observed; prefill {self.predicted_prefill_s * 1e3:.0f} ms predicted, "
+            f"{self.observed_prefill_s * 1e3:.0f} ms observed"
+        )
+
+
+def compare(cfg: ServingConfig, windows: Sequence[Window]) -> Comparison | None:
+    """`cfg`'s mean gap and prefill against the measured ones; None without usable windows."""
+    decode = [w for w in windows if w.decode_usable]
+    prefill = [w for w in windows if w.prefill_usable]
+    if not decode or not prefill:
+        return None
+    gaps, prefills = sum(w.gaps for w in decode), sum(w.prefills for w in prefill)
+    return Comparison(
+        sum(predicted_gap_s(cfg, w) * w.gaps for w in decode) / gaps,
+        sum(w.gap_s * w.gaps for w in decode) / gaps,
+        sum(predicted_prefill_s(cfg, w) * w.prefills for w in prefill) / prefills,
+        sum(w.prefill_s * w.prefills for w in prefill) / prefills,
+    )

@@ -45,7 +45,7 @@ def calibrate(
     own metrics; print each with its uncertainty and samples; write an overlay for `plan --catalog`."""
     import yaml
 
-    from kvscale.calibration.fit import NotEnoughData, fit, with_fields
+    from kvscale.calibration.fit import NotEnoughData, compare, fit, with_fields
     from kvscale.cli.common import check_names, tp_values
     from kvscale.cli.common import model as resolve_model
     from kvscale.metrics.calibration import SelectorError, matchers, read_windows
@@ -114,6 +114,10 @@ def calibrate(
         f"  step times against the windows: rms error {result.rms_error:.1%} calibrated, "
         f"{result.prior_rms_error:.1%} with the catalog's profile (KV cache size: {kv})"
     )
+    for who, profile in (("calibrated", calibrated), ("catalog", cfg)):
+        against = compare(profile, found)
+        if against is not None:
+            typer.echo(f"  {who}: {against.describe()}")
     typer.echo(
         f"  decode step at batch 1 / 32: {calibrated_ms(calibrated, 1)} / {calibrated_ms(calibrated, 32)} "
         f"(catalog {calibrated_ms(cfg, 1)} / {calibrated_ms(cfg, 32)})"
