@@ -109,14 +109,19 @@ class PodFleet:
                 self.pods.pop(pod).replica.stopped_s = now
 
     def tick(self) -> None:
+        """Runs the engines to now. Each request reaches its engine at its own arrival time (the
+        engines run up to it first), as a real engine sees it: handed over at the tick, an idle
+        engine would start it before it arrived, and a tick's arrivals would share one prefill."""
         now = self.now()
         with self.lock:
+            finished: list[SimRequest] = []
             for arrival in self.arrivals.until(now):
                 self._ids += 1
+                self.fleet.advance_to(arrival.arrival_s, finished)
                 self.fleet.route(
-                    SimRequest(self._ids, arrival.arrival_s, arrival.input_tokens, arrival.output_tokens), now
+                    SimRequest(self._ids, arrival.arrival_s, arrival.input_tokens, arrival.output_tokens),
+                    arrival.arrival_s,
                 )
-            finished: list[SimRequest] = []
             self.fleet.advance_to(now, finished)
             by_replica = {stats.replica.id: stats for stats in self.pods.values()}
             for request in finished:
