@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvscale.autoscaling.capacity import SizingCapacity, default_cold_start_s
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sim.compare import make_policies, run_bound, run_oracle, run_peak
 from kvscale.sim.fit import fit_trace
 from kvscale.sim.generators import generate, parse_load
@@ -36,7 +37,6 @@ from kvscale.sim.run import SimResult, SimSetup, Source, simulate
 from kvscale.sim.session import SimulationError, setup_from_plan
 from kvscale.sim.trace import TraceRequest, rate_scale, read_trace
 from kvscale.sizing.catalog import default_catalog
-from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.workload import Slo
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvscale.engines.command import EngineCommandError, command_config, parse_engine_command
 from kvscale.sim.policies import StaticPolicy
 from kvscale.sim.run import SimSetup, Source, simulate
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import Catalog, CatalogError, default_catalog
-from kvscale.sizing.engine_command import EngineCommandError, command_config, parse_engine_command
 from kvscale.sizing.workload import Slo
 
 CSV = Path(__file__).resolve().parent / "data" / "reference" / "gpustack-perf-lab.csv"

@@ -25,11 +25,11 @@ from rich.console import Console
 from rich.table import Table
 
 from kvscale.autoscaling.observation import ObservedWorkload, bursts_of_counts, dispersion_of_counts
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sim.fit import fit_trace
 from kvscale.sim.generators import generate, parse_load
 from kvscale.sim.trace import TraceRequest, read_trace
 from kvscale.sizing.catalog import default_catalog
-from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.workload import Burstiness, Slo, Workload
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"

@@ -14,8 +14,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sizing.catalog import default_catalog
-from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.workload import Slo, Workload
 
 CASES = [

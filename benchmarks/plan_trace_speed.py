@@ -41,7 +41,7 @@ from kvscale.cli.common import load, slo as make_slo
 from kvscale.sim.check import check_plan, sample
 from kvscale.sim.fit import fit_trace
 from kvscale.sim.trace import read_trace
-from kvscale.sizing.planner import PlanRequest, cheapest, plan
+from kvscale.planner.search import PlanRequest, cheapest, plan
 model, ttft, tpot, percentile, trace = sys.argv[1:6]
 cat = load(None)
 arch = cat.model(model)

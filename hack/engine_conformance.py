@@ -32,13 +32,13 @@ import yaml  # noqa: E402
 
 from kvscale.api.models import parse_spec  # noqa: E402
 from kvscale.cli.manifests import gpu_pools  # noqa: E402
-from kvscale.operator.planning import plan_service  # noqa: E402
-from kvscale.operator.resources import planned_launch  # noqa: E402
+from kvscale.control.planning import plan_service  # noqa: E402
+from kvscale.control.resources import planned_launch  # noqa: E402
+from kvscale.engines.args import engine_command, plan_launch  # noqa: E402
+from kvscale.planner.search import PlanRequest, plan  # noqa: E402
 from kvscale.sizing.catalog import default_catalog  # noqa: E402
 from kvscale.sizing.checkpoints import CheckpointError  # noqa: E402
 from kvscale.sizing.context_limit import ContextLimitError  # noqa: E402
-from kvscale.sizing.engine_args import engine_command, plan_launch  # noqa: E402
-from kvscale.sizing.planner import PlanRequest, plan  # noqa: E402
 from kvscale.sizing.workload import Slo, Workload  # noqa: E402
 
 

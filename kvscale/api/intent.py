@@ -15,12 +15,12 @@ from kvscale.api.crd import DNS_LABEL_1035, ENV_VAR_NAME, MAX_NAME_LENGTH
 from kvscale.api.models import InferenceServiceSpec, PlanStatus, parse_spec
 from kvscale.autoscaling import tuning
 from kvscale.autoscaling.policy import PolicyConfig
+from kvscale.engines.knobs import RESOURCE_KNOBS
+from kvscale.planner.search import TENSOR_PARALLEL_DEGREES, Objective, PlanRequest
 from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch
 from kvscale.sizing.checkpoints import EngineType, default_precision
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.hf_config import arch_from_hf_config
-from kvscale.sizing.knobs import RESOURCE_KNOBS
-from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES, Objective, PlanRequest
 from kvscale.sizing.units import UnitError, parse_duration_s
 from kvscale.sizing.workload import Slo, Workload
 
@@ -213,7 +213,7 @@ def plan_request(
         engine=intent.engine,
         data_parallel_attention=intent.spec.hardware.data_parallel_attention,
         # Behind an InferencePool the endpoint picker routes to the least-loaded pods, as the
-        # autoscaler's capacity model takes it (kvscale.operator.scaling.capacity).
+        # autoscaler's capacity model takes it (kvscale.control.scaling.capacity).
         least_loaded=intent.spec.routing.inference_pool is not None,
         knobs=RESOURCE_KNOBS,  # the operator's conditions name the resource's fields, not the CLI's flags
         max_itl_s=intent.max_itl_s,

@@ -207,8 +207,8 @@ def _predicted(
     """The plan `kvscale plan` makes for this model, workload and SLO, and its predictions;
     None when no candidate meets the SLO."""
     from kvscale.cli.planning import _with_checkpoints, served_id
+    from kvscale.planner.search import PlanRequest, plan
     from kvscale.sizing.checkpoints import default_precision
-    from kvscale.sizing.planner import PlanRequest, plan
 
     arch = resolve_model(cat, model)
     precisions = _with_checkpoints(cat, arch, split(default_precision(None, arch)), served_id(model), None)

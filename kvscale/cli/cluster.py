@@ -39,7 +39,7 @@ def operator(
     ] = None,
 ) -> None:
     """Run the operator against the cluster of the current kubeconfig (or in-cluster config)."""
-    from kvscale.operator.settings import SettingsError
+    from kvscale.control.settings import SettingsError
 
     try:
         from kvscale.operator.run import run_operator

@@ -17,13 +17,13 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from kvscale.planner.search import TENSOR_PARALLEL_DEGREES
 from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch, load_catalog, load_yaml
-from kvscale.sizing.planner import TENSOR_PARALLEL_DEGREES
 from kvscale.sizing.units import UnitError, parse_duration_s
 from kvscale.sizing.workload import Slo
 
 if TYPE_CHECKING:  # --engine-command and config.json models import these when given
-    from kvscale.sizing.engine_command import CommandConfig, EngineCommand
+    from kvscale.engines.command import CommandConfig, EngineCommand
 
 # Wide enough for the plan and policy tables when output goes to a pipe or a file.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -317,7 +317,7 @@ def parse_command(text: str, gpu: str | None, tp: int | None, precision: str | N
         fail("--engine-command needs --gpu with one GPU type (the engine's defaults depend on it)")
     if tp is not None or precision is not None:
         fail("--engine-command sets the parallelism and precision: leave out --tp and --precision")
-    from kvscale.sizing.engine_command import EngineCommandError, parse_engine_command
+    from kvscale.engines.command import EngineCommandError, parse_engine_command
 
     try:
         return parse_engine_command(text)
@@ -328,7 +328,7 @@ def parse_command(text: str, gpu: str | None, tp: int | None, precision: str | N
 def command_model(cat: Catalog, command: EngineCommand | None) -> ModelArch:
     """The catalog model an engine command serves (an -FP8 checkpoint name resolves to its base)."""
     assert command is not None
-    from kvscale.sizing.engine_command import resolve_command_model
+    from kvscale.engines.command import resolve_command_model
 
     try:
         return resolve_command_model(cat, command.model)[0]
@@ -337,7 +337,7 @@ def command_model(cat: Catalog, command: EngineCommand | None) -> ModelArch:
 
 
 def command_config_or_fail(cat: Catalog, command: EngineCommand, gpu: str, arch: ModelArch) -> CommandConfig:
-    from kvscale.sizing.engine_command import command_config
+    from kvscale.engines.command import command_config
 
     try:
         cc = command_config(cat, command, cat.gpu(gpu), arch)

@@ -18,13 +18,13 @@ from kvscale.cli.root import app
 from kvscale.sizing.catalog import Catalog, load_yaml_all
 
 if TYPE_CHECKING:
-    from kvscale.operator.pod_policy import PodPolicy
+    from kvscale.control.pod_policy import PodPolicy
 
 
 def gpu_pools(catalog: Catalog, text: str | None, max_replicas: int) -> dict[str, Any]:
     """--gpus TYPE=COUNT,... as the operator's inventory; without it, every catalog type with room
     for maxReplicas full nodes."""
-    from kvscale.operator.inventory import GpuPool
+    from kvscale.control.inventory import GpuPool
 
     def pool(name: str, count: int) -> GpuPool:
         gpu = catalog.gpu(name)
@@ -59,7 +59,7 @@ def assumed_inventory(gpus: str | None) -> str:
 
 def _notes(name: str, spec: Any, launch: Any, cfg: Any) -> list[str]:
     """What the objects need that they do not create: the token Secret, a durable cache."""
-    from kvscale.operator.resources import cache_size_limit
+    from kvscale.control.resources import cache_size_limit
     from kvscale.sizing.checkpoints import known_gated
 
     notes = []
@@ -127,11 +127,11 @@ def objects_for(
     summary; exits 2 naming the field for specs the operator would refuse (`policy`: the
     operator's hostPath and image settings; default: its defaults)."""
     from kvscale.api.intent import SpecError, parse_intent
-    from kvscale.operator import leader_worker_set as lws
-    from kvscale.operator.inference_pool import inference_pool
-    from kvscale.operator.planning import Unplanned, plan_service
-    from kvscale.operator.pod_policy import DEFAULT_POLICY
-    from kvscale.operator.resources import (
+    from kvscale.control import leader_worker_set as lws
+    from kvscale.control.inference_pool import inference_pool
+    from kvscale.control.planning import Unplanned, plan_service
+    from kvscale.control.pod_policy import DEFAULT_POLICY
+    from kvscale.control.resources import (
         EngineImageError,
         NotAllowed,
         deployment,
@@ -262,7 +262,7 @@ def manifests(
         fail(f"--port must be in 1..65535, got {port}")
     if not diff and (namespace is not None or kubeconfig is not None):
         fail("--namespace and --kubeconfig go with --diff (the live objects to compare with)")
-    from kvscale.operator.settings import Settings, SettingsError, parse_tolerations
+    from kvscale.control.settings import Settings, SettingsError, parse_tolerations
 
     try:
         extra = parse_tolerations(tolerations or "", "--tolerations")

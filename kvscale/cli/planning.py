@@ -44,16 +44,16 @@ from kvscale.cli.common import (
     slo as make_slo,
 )
 from kvscale.cli.root import app
+from kvscale.engines.args import ENGINE_TYPES, PlannedLaunch, engine_command, plan_launch, requested_source
+from kvscale.planner.routing_advice import GatewayAdvice, gateway_advice
+from kvscale.planner.search import DEFAULT_HEADROOM, Feasible, Plan, PlanRequest, cheapest, plan
+from kvscale.planner.serialize import candidate_to_dict, plan_to_dict, prediction_to_dict
 from kvscale.sizing.batching import predict_batch, throughput_latency_curve
 from kvscale.sizing.catalog import Catalog, ModelArch
 from kvscale.sizing.checkpoints import CheckpointError, default_precision, resolve_checkpoint, substitution
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
-from kvscale.sizing.engine_args import ENGINE_TYPES, PlannedLaunch, engine_command, plan_launch, requested_source
-from kvscale.sizing.planner import DEFAULT_HEADROOM, Feasible, Plan, PlanRequest, cheapest, plan
 from kvscale.sizing.roofline import ideal_batch, ops_per_byte
-from kvscale.sizing.routing_advice import GatewayAdvice, gateway_advice
-from kvscale.sizing.serialize import candidate_to_dict, plan_to_dict, prediction_to_dict
 from kvscale.sizing.units import GIB
 from kvscale.sizing.workload import Workload
 

@@ -48,8 +48,8 @@ from kvscale.cli.common import (
     slo as make_slo,
 )
 from kvscale.cli.root import app
+from kvscale.planner.search import DEFAULT_HEADROOM, PlanRequest, plan
 from kvscale.sizing.checkpoints import default_precision
-from kvscale.sizing.planner import DEFAULT_HEADROOM, PlanRequest, plan
 from kvscale.sizing.workload import Workload
 
 # Bounds that keep one run to minutes on a laptop; the messages say how to get under them.

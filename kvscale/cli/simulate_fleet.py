@@ -194,10 +194,10 @@ def _options(
     """The cheapest feasible plan on each accepted GPU type, cheapest first."""
     from dataclasses import replace
 
+    from kvscale.planner.search import PlanRequest, plan
     from kvscale.sim.budget_run import ServiceOption
     from kvscale.sim.session import setup_from_plan
     from kvscale.sim.trace import duration_s
-    from kvscale.sizing.planner import PlanRequest, plan
     from kvscale.sizing.workload import Workload
 
     span = max(duration_s(trace), 1.0)

@@ -29,7 +29,7 @@ def _num(value: float | None, digits: int = 2) -> str:
 
 def _excluded(types: list[str], status: InferenceServiceStatus, now: dt.datetime | None) -> str:
     """The GPU types the plan leaves out, and until when (the GPUTypesExcluded condition)."""
-    from kvscale.operator import exclusions
+    from kvscale.control import exclusions
 
     found = next((c for c in status.conditions if c.type == exclusions.CONDITION), None)
     until = exclusions.until_in(found.message if found is not None else None)

@@ -24,8 +24,8 @@ from kubernetes import client
 
 from kvscale.api import GROUP
 from kvscale.api.models import InferenceServiceStatus
-from kvscale.operator.reconcile import Event, Resource
-from kvscale.operator.status import condition, with_conditions, without_condition
+from kvscale.control.reconcile import Event, Resource
+from kvscale.control.status import condition, with_conditions, without_condition
 
 log = logging.getLogger("kvscale.operator")
 RETRY_CAP_S = 60.0  # a refused or failing request is retried at least this often, forever

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from kvscale.api import GROUP, VERSION
 from kvscale.api.budget import BUDGET_PLURAL, GPUBudgetSpec, budget_spec_error, parse_budget_spec
-from kvscale.operator.budget import BudgetBook, budget_status
+from kvscale.control.budget import BudgetBook, budget_status
 
 log = logging.getLogger("kvscale.operator")
 TTL_TICKS = 3  # a service's want older than this many scale intervals (and a minute) no longer counts

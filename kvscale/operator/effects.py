@@ -10,10 +10,10 @@ import kopf
 
 from kvscale.api import selector
 from kvscale.api.models import InferenceServiceStatus, status_patch
+from kvscale.control.reconcile import NAME_CONFLICT, Resource, Result, name_conflict
+from kvscale.control.status import condition, with_conditions
 from kvscale.operator import telemetry
 from kvscale.operator.k8s import Foreign, Kube, Refused
-from kvscale.operator.reconcile import NAME_CONFLICT, Resource, Result, name_conflict
-from kvscale.operator.status import condition, with_conditions
 
 log = logging.getLogger("kvscale.operator")
 

@@ -36,19 +36,11 @@ from kvscale.api.intent import Intent, SpecError, parse_intent
 from kvscale.api.models import InferenceServiceStatus, PlanStatus, parse_status
 from kvscale.autoscaling.budget import Grant
 from kvscale.autoscaling.observation import Observation
-from kvscale.metrics.batch import FleetReader
-from kvscale.metrics.client import AsyncPrometheusClient
-from kvscale.metrics.observe import observe_batched, observe_workload_batched, tick_queries, workload_reads
-from kvscale.operator import children as owned
-from kvscale.operator import effects, inference_pool, telemetry
-from kvscale.operator.access import Access, RetryForever, budgets_watched
-from kvscale.operator.budget import BudgetBook, cap_deploy, govern, govern_pin, moved, moving_to
-from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
-from kvscale.operator.diffbase import DigestDiffBaseStorage
-from kvscale.operator.informers import Inventory
-from kvscale.operator.inventory import pools
-from kvscale.operator.k8s import Kube
-from kvscale.operator.reconcile import (
+from kvscale.control import children as owned
+from kvscale.control import inference_pool
+from kvscale.control.budget import BudgetBook, cap_deploy, govern, govern_pin, moved, moving_to
+from kvscale.control.inventory import pools
+from kvscale.control.reconcile import (
     DeploymentView,
     Observed,
     PoolView,
@@ -62,8 +54,8 @@ from kvscale.operator.reconcile import (
     replans,
     settled,
 )
-from kvscale.operator.scale_zero import gateway_queue, queue_queries, scale_zero, wants_zero
-from kvscale.operator.scaling import (
+from kvscale.control.scale_zero import gateway_queue, queue_queries, scale_zero, wants_zero
+from kvscale.control.scaling import (
     NO_ENGINE_PODS,
     Fleet,
     ScalerMemory,
@@ -74,9 +66,18 @@ from kvscale.operator.scaling import (
     planned,
     tick,
 )
-from kvscale.operator.settings import Settings
-from kvscale.operator.status import mark_synced
-from kvscale.operator.workload import predates, workload_tick
+from kvscale.control.settings import Settings
+from kvscale.control.status import mark_synced
+from kvscale.control.workload import predates, workload_tick
+from kvscale.metrics.batch import FleetReader
+from kvscale.metrics.client import AsyncPrometheusClient
+from kvscale.metrics.observe import observe_batched, observe_workload_batched, tick_queries, workload_reads
+from kvscale.operator import effects, telemetry
+from kvscale.operator.access import Access, RetryForever, budgets_watched
+from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
+from kvscale.operator.diffbase import DigestDiffBaseStorage
+from kvscale.operator.informers import Inventory
+from kvscale.operator.k8s import Kube
 from kvscale.sizing.catalog import Catalog
 
 INVENTORY_SYNC_S = 300.0
@@ -368,7 +369,7 @@ def spec_changed(rt: Runtime, call: Call, resumed: bool = False) -> None:
 
 
 def under_budget(rt: Runtime, call: Call, result: Result, seen: Observed) -> Result:
-    """A reconcile's workload within what the governing GPUBudget has free now (kvscale.operator.budget)."""
+    """A reconcile's workload within what the governing GPUBudget has free now (kvscale.control.budget)."""
     if not result.apply or result.status.plan is None:
         return result
     try:
@@ -419,7 +420,7 @@ def refusals(rt: Runtime, call: Call, result: Result | None, now: dt.datetime) -
 
 
 def _pin_under_budget(rt: Runtime, call: Call, intent: Intent, pinned: Result, seen: DeploymentView | None) -> Result:
-    """A pinned service's tick held to its GPUBudget's grant (kvscale.operator.budget.govern_pin)."""
+    """A pinned service's tick held to its GPUBudget's grant (kvscale.control.budget.govern_pin)."""
     labels = (call.body.get("metadata") or {}).get("labels") or {}
     return govern_pin(rt.budgets, call.res, labels, intent, pinned, seen, dt.datetime.now(dt.UTC), budget_ttl_s(rt))
 

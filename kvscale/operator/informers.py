@@ -22,11 +22,11 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from kvscale.api import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
-from kvscale.operator import leader_worker_set as lws
-from kvscale.operator.children import KINDS, ChildKind, ChildView, instance_of
-from kvscale.operator.inventory import EnginePod, NodeGpus, PodGpus, engine_pod, node_entry, pod_entry
+from kvscale.control import leader_worker_set as lws
+from kvscale.control.children import KINDS, ChildKind, ChildView, instance_of
+from kvscale.control.inventory import EnginePod, NodeGpus, PodGpus, engine_pod, node_entry, pod_entry
+from kvscale.control.reconcile import DeploymentView
 from kvscale.operator.k8s import raw_get
-from kvscale.operator.reconcile import DeploymentView
 from kvscale.sizing.catalog import Catalog
 
 V = TypeVar("V")

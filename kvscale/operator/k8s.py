@@ -19,10 +19,10 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
-from kvscale.operator import inference_pool
-from kvscale.operator import leader_worker_set as lws
-from kvscale.operator.children import BY_KIND, ChildKind, ChildView
-from kvscale.operator.reconcile import PoolView
+from kvscale.control import inference_pool
+from kvscale.control import leader_worker_set as lws
+from kvscale.control.children import BY_KIND, ChildKind, ChildView
+from kvscale.control.reconcile import PoolView
 
 FIELD_MANAGER = "kvscale-operator"
 CONFLICT_RETRY_S = 1.0

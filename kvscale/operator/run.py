@@ -14,11 +14,11 @@ from urllib.parse import urlsplit
 import kopf
 from aiohttp import web
 
+from kvscale.control.settings import Settings, SettingsError
 from kvscale.operator import access, leader, telemetry
 from kvscale.operator.handlers import KUBE_WORKERS, RESUME_WORKERS, Runtime, register
 from kvscale.operator.informers import INFORMERS, inventory
 from kvscale.operator.k8s import Kube, new_api_client
-from kvscale.operator.settings import Settings, SettingsError
 from kvscale.sizing.catalog import load_catalog
 
 log = logging.getLogger("kvscale.operator")

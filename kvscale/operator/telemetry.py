@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from kvscale.operator.scaling import Gauges
+from kvscale.control.scaling import Gauges
 
 REGISTRY = CollectorRegistry()
 LABELS = ("namespace", "inferenceservice")

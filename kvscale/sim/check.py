@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kvscale.planner.search import Feasible
 from kvscale.sim.engine import StepTimes
 from kvscale.sim.policies import StaticPolicy
 from kvscale.sim.report import attainment
 from kvscale.sim.run import SimSetup, Source, simulate
 from kvscale.sim.trace import TraceRequest
-from kvscale.sizing.planner import Feasible
 from kvscale.sizing.workload import Slo
 
 SAMPLE_SPAN_S = 600.0  # the busiest stretch of the trace this long is replayed

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscale.autoscaling.capacity import SizingCapacity
+from kvscale.planner.search import Plan
 from kvscale.sim.compare import REFERENCE_NAMES, make_policies, run_bound, run_oracle, run_peak
 from kvscale.sim.report import summary
 from kvscale.sim.run import SimResult, SimSetup, Source, simulate
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import Catalog
-from kvscale.sizing.planner import Plan
 from kvscale.sizing.workload import Workload
 
 

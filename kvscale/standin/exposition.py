@@ -31,7 +31,7 @@ KV_BLOCK_TOKENS = 16  # vLLM's default block size (the catalog's kv_block_tokens
 ENGINE_INDEX = "0"  # vLLM's `engine` label: the engine core's index within the server
 
 
-ENGINE_CONTAINER, ENGINE_PORT_NAME = "engine", "http"  # as kvscale.operator.resources names them
+ENGINE_CONTAINER, ENGINE_PORT_NAME = "engine", "http"  # as kvscale.control.resources names them
 
 
 class EngineCollector(Collector):

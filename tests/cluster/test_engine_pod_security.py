@@ -18,9 +18,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from kvscale.operator.pod_policy import PodPolicy
-from kvscale.operator.resources import PRE_STOP_SLEEP_S
-from kvscale.operator.settings import Settings
+from kvscale.control.pod_policy import PodPolicy
+from kvscale.control.resources import PRE_STOP_SLEEP_S
+from kvscale.control.settings import Settings
 from tests.cluster.harness import Cluster, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.test_chart import render

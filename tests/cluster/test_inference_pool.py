@@ -14,8 +14,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from kvscale.operator import inference_pool as ip
-from kvscale.operator.resources import labels
+from kvscale.control import inference_pool as ip
+from kvscale.control.resources import labels
 from tests.cluster.harness import Cluster, find_inference_crd, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.test_operator import SAMPLES, condition, create, engine_pods, get, objects, wait_phase

@@ -18,14 +18,14 @@ from kubernetes.client.rest import ApiException
 
 from kvscale.api import labels
 from kvscale.api.intent import parse_intent
+from kvscale.control import leader_worker_set as lws
+from kvscale.control.inventory import GpuPool
+from kvscale.control.settings import parse_tolerations
+from kvscale.engines.args import plan_launch
 from kvscale.operator import informers
-from kvscale.operator import leader_worker_set as lws
-from kvscale.operator.inventory import GpuPool
 from kvscale.operator.k8s import Kube
-from kvscale.operator.settings import parse_tolerations
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import plan_launch
 from tests.cluster.harness import Cluster, find_lws_crd, wait_until
 
 CAT = default_catalog()

@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from kvscale.operator import leader_worker_set as lws
+from kvscale.control import leader_worker_set as lws
 from tests.cluster.harness import GPU_TAINT, KWOK_TAINT, NODEPOOL, Cluster, node_objects, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.test_leader_worker_set import install_crd, read, uninstall_crd

@@ -9,7 +9,7 @@ import yaml
 from kubernetes import client
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from kvscale.operator import inference_pool as ip
+from kvscale.control import inference_pool as ip
 from tests.cluster.harness import Cluster, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.test_inference_pool import foreign_pool, install_crd, pools, read_pool, routed, wait_condition

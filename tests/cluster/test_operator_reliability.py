@@ -25,8 +25,8 @@ from kubernetes.client.rest import ApiException
 from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.api.intent import parse_intent, plan_request, resolve_model
 from kvscale.metrics.client import AsyncPrometheusClient, Missing
+from kvscale.planner.search import plan
 from kvscale.sizing.catalog import default_catalog
-from kvscale.sizing.planner import plan
 from tests.cluster.harness import Cluster, holds_for, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.test_reliability import FakePrometheus, vector

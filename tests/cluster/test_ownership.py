@@ -15,7 +15,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from kvscale.operator import inference_pool as ip
+from kvscale.control import inference_pool as ip
 from kvscale.operator.k8s import Foreign, Kube
 from tests.cluster.harness import Cluster, holds_for, wait_until
 from tests.cluster.processes import Operator

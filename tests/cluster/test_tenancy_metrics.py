@@ -26,11 +26,11 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from kvscale.api.intent import parse_intent
+from kvscale.control.reconcile import Resource
+from kvscale.control.scale_zero import KEDA_PENDING_METRIC, QUEUE_METRIC, gateway_queue, queue_queries
 from kvscale.metrics.batch import FleetReader
 from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.metrics.observe import observe_async, observe_batched, tick_queries
-from kvscale.operator.reconcile import Resource
-from kvscale.operator.scale_zero import KEDA_PENDING_METRIC, QUEUE_METRIC, gateway_queue, queue_queries
 from tests.cluster.harness import Cluster, free_port, holds_for, wait_until
 from tests.cluster.monitors import Discovered, chart_monitors, scrape_config
 from tests.cluster.processes import Operator

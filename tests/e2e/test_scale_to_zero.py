@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from kvscale.operator.scale_zero import KEDA_PENDING_METRIC, QUEUE_METRIC
+from kvscale.control.scale_zero import KEDA_PENDING_METRIC, QUEUE_METRIC
 from tests.cluster.harness import Cluster, free_port, wait_until
 from tests.cluster.processes import Operator, standin
 from tests.cluster.prometheus import Prometheus

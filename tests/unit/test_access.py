@@ -13,10 +13,10 @@ import kopf
 import pytest
 
 from kvscale.api.models import InferenceServiceStatus
+from kvscale.control.reconcile import Resource
+from kvscale.control.settings import Settings
 from kvscale.operator import access, leader, telemetry
 from kvscale.operator.handlers import configure
-from kvscale.operator.reconcile import Resource
-from kvscale.operator.settings import Settings
 
 RES = Resource("t1", "lead", "uid-1", 3)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -17,10 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kvscale.cli import app
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sim.bench import Measured, percentile, poisson_arrivals, summarize
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.workload import Slo, Workload
 from kvscale.standin.openai import ModelledEngine, start
 
@@ -136,7 +137,9 @@ def test_bench_human_output_is_a_table_with_the_prediction(endpoint: str) -> Non
     assert result.exit_code == 0, result.output
     assert "TTFT p95 (SLO)" in result.output
     assert "predicted ms" in result.output
-    assert "SLO attainment: 100.0%" in result.output
+    # the figure itself is test_bench_with_slo_options' (JSON); this one checks the human line's
+    # shape, which a loaded machine's latency cannot move
+    assert re.search(r"SLO attainment: \d+\.\d% of \d+ requests met both targets", result.output)
 
 
 def test_http_500_is_counted_not_fatal() -> None:

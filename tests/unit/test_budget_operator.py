@@ -8,10 +8,10 @@ from dataclasses import replace
 
 from kvscale.api.budget import parse_budget_spec
 from kvscale.autoscaling.budget import Demand, Option
-from kvscale.operator.budget import CONDITION, BudgetBook, Entry, budget_status, govern, govern_pin
-from kvscale.operator.reconcile import Resource, Result
-from kvscale.operator.scaling import ScalerMemory, tick
-from kvscale.operator.status import get_condition
+from kvscale.control.budget import CONDITION, BudgetBook, Entry, budget_status, govern, govern_pin
+from kvscale.control.reconcile import Resource, Result
+from kvscale.control.scaling import ScalerMemory, tick
+from kvscale.control.status import get_condition
 from tests.unit.test_reconcile import CAT, NOW, RES, SETTINGS, SPEC, _obs, _planned
 
 TTL = 45.0
@@ -109,8 +109,8 @@ def test_a_scale_up_stays_within_the_namespaces_limit_while_a_neighbour_still_ho
 
 def test_a_new_service_starts_with_what_the_budget_has_free_and_is_counted_at_once() -> None:
     from kvscale.api.intent import parse_intent
-    from kvscale.operator.budget import cap_deploy
-    from kvscale.operator.reconcile import DeploymentView
+    from kvscale.control.budget import cap_deploy
+    from kvscale.control.reconcile import DeploymentView
     from tests.unit.test_reconcile import deployed
 
     body = {**SPEC, "workload": {**SPEC["workload"], "requestsPerSecond": 200}}
@@ -154,8 +154,8 @@ def test_a_new_service_starts_with_what_the_budget_has_free_and_is_counted_at_on
 
 
 def test_a_service_whose_type_is_full_moves_to_its_next_option_and_back() -> None:
-    from kvscale.operator.budget import MOVED, moved, moving_to, options
-    from kvscale.operator.reconcile import Observed, reconcile
+    from kvscale.control.budget import MOVED, moved, moving_to, options
+    from kvscale.control.reconcile import Observed, reconcile
     from tests.unit.test_reconcile import POOLS, SETTINGS
 
     book = BudgetBook()
@@ -222,9 +222,9 @@ def test_gpus_a_moved_service_still_holds_on_its_old_type_count_against_the_budg
 
 def test_a_service_started_with_no_replicas_reads_as_none_and_waits_for_free_gpus() -> None:
     from kvscale.api.intent import parse_intent
-    from kvscale.operator.budget import cap_deploy
-    from kvscale.operator.reconcile import DeploymentView
-    from kvscale.operator.scaling import fleet
+    from kvscale.control.budget import cap_deploy
+    from kvscale.control.reconcile import DeploymentView
+    from kvscale.control.scaling import fleet
     from tests.unit.test_reconcile import deployed
 
     created = deployed(SPEC)
@@ -353,8 +353,8 @@ def test_a_pin_counts_against_the_budget_and_is_held_to_its_grant() -> None:
     # Issue 29: with a limit of 1 L4, `kubectl scale --replicas=2` ran 2 L4 pods and the
     # budget's status reported 0 allocated without listing the service.
     from kvscale.api.intent import parse_intent
-    from kvscale.operator.reconcile import DeploymentView
-    from kvscale.operator.scaling import fleet
+    from kvscale.control.reconcile import DeploymentView
+    from kvscale.control.scaling import fleet
     from tests.unit.test_reconcile import deployed
 
     body = {**SPEC, "scaling": {"replicas": 2, "maxReplicas": 4}}

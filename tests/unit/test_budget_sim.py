@@ -13,13 +13,13 @@ from kvscale.autoscaling.budget import Budget
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.tuning import policy_config
 from kvscale.cli import app
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sim.budget_run import FleetService, ServiceOption, simulate_fleet
 from kvscale.sim.policies import KvscalePolicy
 from kvscale.sim.report import attainment
 from kvscale.sim.run import SimSetup, Source, simulate
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import default_catalog
-from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.workload import Slo, Workload
 
 CAT = default_catalog()

@@ -21,12 +21,12 @@ from kvscale.autoscaling.observation import (
     dispersion_noise,
     dispersion_of_counts,
 )
+from kvscale.control.status import planned_workload, planned_workload_status
+from kvscale.control.workload import as_workload, check_drift
 from kvscale.metrics.client import Missing, MissingKind
 from kvscale.metrics.engines import ENGINES
 from kvscale.metrics.observe import assemble_workload
 from kvscale.metrics.promql import workload_queries
-from kvscale.operator.status import planned_workload, planned_workload_status
-from kvscale.operator.workload import as_workload, check_drift
 from kvscale.sim.load_profile import ProfileError, parse_profile
 from kvscale.sizing.workload import Burstiness, LengthDistribution, Workload
 from tests.unit.test_reconcile import NOW, deployed
@@ -228,7 +228,7 @@ def test_the_standin_sends_batches_at_the_same_mean_rate() -> None:
 
 def test_the_autoscaler_sizes_for_the_burstiness_planned_for() -> None:
     from kvscale.api.intent import parse_intent
-    from kvscale.operator.scaling import ScalerMemory, capacity
+    from kvscale.control.scaling import ScalerMemory, capacity
     from tests.unit.test_reconcile import CAT, SPEC
 
     intent = parse_intent(SPEC)

@@ -9,8 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 from kvscale.api.models import InferenceServiceStatus
-from kvscale.operator.children import KINDS, ChildView, check, covers
-from kvscale.operator.reconcile import CHILD_KINDS, DeploymentView, Observed, Result, reconcile, refresh, settled
+from kvscale.control.children import KINDS, ChildView, check, covers
+from kvscale.control.reconcile import CHILD_KINDS, DeploymentView, Observed, Result, reconcile, refresh, settled
 from tests.unit.test_reconcile import CAT, NOW, POOLS, RES, SETTINGS, SPEC, condition_of, spec
 
 

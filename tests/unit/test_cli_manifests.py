@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from kvscale.api.intent import parse_intent
 from kvscale.cli import app
-from kvscale.operator.planning import Planned, plan_service
-from kvscale.operator.resources import deployment
+from kvscale.control.planning import Planned, plan_service
+from kvscale.control.resources import deployment
 from kvscale.sizing.catalog import default_catalog
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -42,7 +42,7 @@ def test_app_is_the_typer_application_not_its_module() -> None:
 NOT_FOR_PLAN = (
     "kvscale.api",
     "kvscale.autoscaling.policy",
-    "kvscale.sizing.engine_command",
+    "kvscale.engines.command",
     "kvscale.sizing.hf_config",
     "kvscale.cli.manifests",
     "kvscale.cli.simulate",

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvscale.cli.manifests import project
 from kvscale.cli.status import status_lines
-from kvscale.operator import exclusions
+from kvscale.control import exclusions
 
 OBJ = {
     "metadata": {"name": "chat", "namespace": "prod", "generation": 3},

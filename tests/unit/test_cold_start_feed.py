@@ -7,8 +7,8 @@ from typing import Any
 
 from kvscale.api.intent import parse_intent
 from kvscale.autoscaling.observation import Observation
-from kvscale.operator.inventory import EnginePod, engine_pod
-from kvscale.operator.scaling import Fleet, ScalerMemory, cold_start_key, newly_ready, tick
+from kvscale.control.inventory import EnginePod, engine_pod
+from kvscale.control.scaling import Fleet, ScalerMemory, cold_start_key, newly_ready, tick
 from tests.unit.test_reconcile import CAT, NOW, RES, SETTINGS, SPEC, deployed
 
 

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvscale.cli import app
+from kvscale.engines.command import EngineCommandError, command_config, parse_engine_command
 from kvscale.sizing.catalog import default_catalog
-from kvscale.sizing.engine_command import EngineCommandError, command_config, parse_engine_command
 
 CAT = default_catalog()
 runner = CliRunner()

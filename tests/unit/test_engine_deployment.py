@@ -16,11 +16,12 @@ import pytest
 
 from kvscale.api.intent import parse_intent
 from kvscale.api.models import parse_spec
-from kvscale.operator.inventory import GpuPool, gpu_inventory
-from kvscale.operator.planning import Planned, Unplanned, plan_service
-from kvscale.operator.pod_policy import DEFAULT_POLICY, PodPolicy
-from kvscale.operator.resources import EngineImageError, deployment, engine_image, planned_launch
-from kvscale.operator.status import plan_status
+from kvscale.control.inventory import GpuPool, gpu_inventory
+from kvscale.control.planning import Planned, Unplanned, plan_service
+from kvscale.control.pod_policy import DEFAULT_POLICY, PodPolicy
+from kvscale.control.resources import EngineImageError, deployment, engine_image, planned_launch
+from kvscale.control.status import plan_status
+from kvscale.engines.args import engine_command, launch_for
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.checkpoints import (
     CheckpointError,
@@ -34,7 +35,6 @@ from kvscale.sizing.checkpoints import (
 )
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context, context_limit
-from kvscale.sizing.engine_args import engine_command, launch_for
 from tests.cluster.harness import node_objects
 
 CAT = default_catalog()
@@ -452,7 +452,7 @@ def test_replica_cold_start_is_what_a_policy_defaults_to() -> None:
 
 def test_the_policy_defaults_to_the_modelled_start_with_download() -> None:
     from kvscale.api.intent import parse_intent
-    from kvscale.operator.scaling import default_cold_start_s
+    from kvscale.control.scaling import default_cold_start_s
 
     cfg = ServingConfig.build(CAT, CAT.model("llama-3.1-70b"), CAT.gpu("H100-SXM"), "bf16", 4)
     uncached = default_cold_start_s(parse_intent(spec_with(model={"name": "llama-3.1-70b"})), cfg)

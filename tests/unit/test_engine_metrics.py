@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvscale.api.models import ObservedStatus
 from kvscale.autoscaling.observation import Decision, Observation
+from kvscale.control.status import observed_status
 from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.metrics.engines import (
     ENGINES,
@@ -25,7 +26,6 @@ from kvscale.metrics.engines import (
 )
 from kvscale.metrics.observe import observe_async
 from kvscale.metrics.promql import queries
-from kvscale.operator.status import observed_status
 from kvscale.sim.engine import StepTimes
 from kvscale.sim.fleet import FleetSpec
 from kvscale.sim.load_profile import parse_profile

@@ -16,15 +16,17 @@ from typing import Any
 import pytest
 
 from kvscale.api.intent import parse_intent, serving_config
-from kvscale.operator.inventory import gpu_inventory
-from kvscale.operator.planning import Planned, plan_service
-from kvscale.operator.resources import deployment
-from kvscale.operator.status import plan_status
+from kvscale.control.inventory import gpu_inventory
+from kvscale.control.planning import Planned, plan_service
+from kvscale.control.resources import deployment
+from kvscale.control.status import plan_status
+from kvscale.engines.args import engine_command, launch_for, sglang_args, vllm_args
+from kvscale.engines.command import command_config, parse_engine_command
+from kvscale.planner.search import PlanRequest, plan
+from kvscale.planner.serialize import candidate_to_dict
 from kvscale.sizing.catalog import ModelArch, default_catalog
 from kvscale.sizing.checkpoints import resolve_checkpoint
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import engine_command, launch_for, sglang_args, vllm_args
-from kvscale.sizing.engine_command import command_config, parse_engine_command
 from kvscale.sizing.experts import (
     block_fp8_split_problem,
     busiest_rank_experts_touched,
@@ -33,9 +35,7 @@ from kvscale.sizing.experts import (
 )
 from kvscale.sizing.hf_config import arch_from_hf_config
 from kvscale.sizing.memory import weight_bytes_per_gpu
-from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.roofline import decode_step, expected_experts_touched, prefill
-from kvscale.sizing.serialize import candidate_to_dict
 from kvscale.sizing.workload import Slo, Workload
 from tests.cluster.harness import node_objects
 
@@ -399,9 +399,9 @@ def test_the_operator_deploys_data_parallel_attention_when_the_spec_allows_it() 
 
 def test_data_parallel_attention_across_two_nodes_runs_as_a_leader_worker_set() -> None:
     from kvscale.api import labels
-    from kvscale.operator import leader_worker_set as lws
-    from kvscale.operator.inventory import GpuPool
-    from kvscale.sizing.engine_args import plan_launch
+    from kvscale.control import leader_worker_set as lws
+    from kvscale.control.inventory import GpuPool
+    from kvscale.engines.args import plan_launch
 
     h100 = CAT.gpu("H100-SXM")
     dp16 = _dp("deepseek-r1", "H100-SXM", "fp8", 16)

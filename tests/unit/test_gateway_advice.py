@@ -10,9 +10,9 @@ from typing import Any
 from typer.testing import CliRunner
 
 from kvscale.cli import app
-from kvscale.operator.reconcile import GATEWAY_CONDITION, Observed, reconcile
-from kvscale.sizing.planner import PlanRequest, plan
-from kvscale.sizing.routing_advice import gateway_advice
+from kvscale.control.reconcile import GATEWAY_CONDITION, Observed, reconcile
+from kvscale.planner.routing_advice import gateway_advice
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sizing.workload import Slo, Workload
 from tests.unit.test_reconcile import CAT, NOW, POOLS, RES, SETTINGS, condition_of, deployed
 

@@ -11,14 +11,14 @@ from pydantic import ValidationError
 
 from kvscale.api.intent import parse_intent
 from kvscale.api.models import InferencePoolRouting, InferenceServiceStatus, parse_spec
-from kvscale.operator.inference_pool import inference_pool, owned_by, plan_pool
-from kvscale.operator.inventory import gpu_inventory
-from kvscale.operator.labels import LABEL_VALUE, label_value, serving_labels
-from kvscale.operator.planning import Planned, plan_service
-from kvscale.operator.reconcile import Observed, PoolView, Resource, Result, reconcile, refresh
-from kvscale.operator.resources import deployment, labels
-from kvscale.operator.settings import Settings
-from kvscale.operator.status import get_condition
+from kvscale.control.inference_pool import inference_pool, owned_by, plan_pool
+from kvscale.control.inventory import gpu_inventory
+from kvscale.control.labels import LABEL_VALUE, label_value, serving_labels
+from kvscale.control.planning import Planned, plan_service
+from kvscale.control.reconcile import Observed, PoolView, Resource, Result, reconcile, refresh
+from kvscale.control.resources import deployment, labels
+from kvscale.control.settings import Settings
+from kvscale.control.status import get_condition
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
 from tests.cluster.harness import node_objects

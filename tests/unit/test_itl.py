@@ -16,9 +16,10 @@ from kvscale.api.crd import crd
 from kvscale.api.intent import parse_intent, plan_request
 from kvscale.cli import app
 from kvscale.cli.status import status_lines
-from kvscale.operator.inventory import GpuPool
-from kvscale.operator.planning import Planned
-from kvscale.operator.status import plan_status
+from kvscale.control.inventory import GpuPool
+from kvscale.control.planning import Planned
+from kvscale.control.status import plan_status
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sim.policies import StaticPolicy
 from kvscale.sim.report import summary
 from kvscale.sim.run import SimSetup, Source, simulate
@@ -26,7 +27,6 @@ from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.load import CHUNK_BUDGETS, ReplicaModel
-from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.roofline import mixed_step
 from kvscale.sizing.units import format_duration
 from kvscale.sizing.workload import LengthDistribution, Slo, Workload

@@ -11,13 +11,13 @@ import pytest
 
 from kvscale.api import labels
 from kvscale.api.intent import parse_intent
-from kvscale.operator import leader_worker_set as lws
-from kvscale.operator.inventory import GpuPool
-from kvscale.operator.resources import EngineImageError, service
-from kvscale.operator.settings import parse_tolerations
+from kvscale.control import leader_worker_set as lws
+from kvscale.control.inventory import GpuPool
+from kvscale.control.resources import EngineImageError, service
+from kvscale.control.settings import parse_tolerations
+from kvscale.engines.args import PlannedLaunch, plan_launch
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import PlannedLaunch, plan_launch
 
 CAT = default_catalog()
 H100 = CAT.gpu("H100-SXM")

@@ -9,8 +9,8 @@ import threading
 import httpx
 import pytest
 
+from kvscale.control.settings import SettingsError
 from kvscale.operator.run import serve_metrics
-from kvscale.operator.settings import SettingsError
 
 
 def listening() -> socket.socket:

@@ -1,9 +1,9 @@
 """A replica spanning nodes: tensor parallel within a node, pipeline parallel across nodes."""
 
+from kvscale.planner.search import PlanRequest, plan
+from kvscale.planner.serialize import candidate_to_dict
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.planner import PlanRequest, plan
-from kvscale.sizing.serialize import candidate_to_dict
 from kvscale.sizing.workload import Slo, Workload
 
 CAT = default_catalog()

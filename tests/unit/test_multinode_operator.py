@@ -19,16 +19,16 @@ from kvscale.api import labels
 from kvscale.api.intent import parse_intent
 from kvscale.api.models import InferenceServiceStatus
 from kvscale.autoscaling.observation import Observation
-from kvscale.operator import leader_worker_set as lws
-from kvscale.operator import planning
-from kvscale.operator import reconcile as reconcile_module
-from kvscale.operator.children import ChildView
-from kvscale.operator.inventory import gpu_inventory
-from kvscale.operator.planning import Planned
-from kvscale.operator.reconcile import DeploymentView, Observed, Resource, Result, reconcile, refresh
-from kvscale.operator.scaling import Fleet, ScalerMemory, fleet, tick
-from kvscale.operator.settings import Settings
-from kvscale.operator.status import get_condition
+from kvscale.control import leader_worker_set as lws
+from kvscale.control import planning
+from kvscale.control import reconcile as reconcile_module
+from kvscale.control.children import ChildView
+from kvscale.control.inventory import gpu_inventory
+from kvscale.control.planning import Planned
+from kvscale.control.reconcile import DeploymentView, Observed, Resource, Result, reconcile, refresh
+from kvscale.control.scaling import Fleet, ScalerMemory, fleet, tick
+from kvscale.control.settings import Settings
+from kvscale.control.status import get_condition
 from kvscale.sizing.catalog import default_catalog
 from tests.cluster.harness import node_objects
 

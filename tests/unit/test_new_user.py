@@ -266,7 +266,7 @@ def test_wide_printer_columns_show_the_expert_and_data_parallel_degrees() -> Non
 
 
 def test_operator_metrics_port_is_not_prometheus_own() -> None:
-    from kvscale.operator.settings import Settings
+    from kvscale.control.settings import Settings
 
     port = Settings.from_env({}).metrics_port
     assert port != 9090  # Prometheus' own port: a port-forward to both would collide
@@ -276,9 +276,9 @@ def test_operator_metrics_port_is_not_prometheus_own() -> None:
 
 
 def test_status_keeps_the_closest_few_rejections() -> None:
-    from kvscale.operator.status import MAX_REJECTED, closest_rejected
+    from kvscale.control.status import MAX_REJECTED, closest_rejected
+    from kvscale.planner.search import PlanRequest, plan
     from kvscale.sizing.catalog import default_catalog
-    from kvscale.sizing.planner import PlanRequest, plan
     from kvscale.sizing.workload import Slo, Workload
 
     cat = default_catalog()

@@ -4,10 +4,10 @@ from pathlib import Path
 
 from kvscale.api import labels
 from kvscale.api.intent import parse_intent
-from kvscale.operator.inventory import gpu_inventory
-from kvscale.operator.planning import Planned, Unplanned, plan_service
-from kvscale.operator.resources import deployment, pod_disruption_budget, service
-from kvscale.operator.settings import SettingsError, parse_tolerations
+from kvscale.control.inventory import gpu_inventory
+from kvscale.control.planning import Planned, Unplanned, plan_service
+from kvscale.control.resources import deployment, pod_disruption_budget, service
+from kvscale.control.settings import SettingsError, parse_tolerations
 from kvscale.sizing.catalog import default_catalog
 from tests.cluster.harness import node_objects
 

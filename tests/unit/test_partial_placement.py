@@ -6,8 +6,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-from kvscale.operator.inventory import EnginePod
-from kvscale.operator.reconcile import refresh
+from kvscale.control.inventory import EnginePod
+from kvscale.control.reconcile import refresh
 from tests.unit.test_children import running
 from tests.unit.test_reconcile import CAT, NOW, RES, SETTINGS, SHORT, SPEC, condition_of
 

@@ -3,7 +3,7 @@ coming). Its phase is Planned, and Ready says why nothing runs; lifting the pin 
 
 from __future__ import annotations
 
-from kvscale.operator.reconcile import DeploymentView, Observed, reconcile, refresh, settled
+from kvscale.control.reconcile import DeploymentView, Observed, reconcile, refresh, settled
 from tests.unit.test_children import mine
 from tests.unit.test_reconcile import CAT, NOW, POOLS, RES, SETTINGS, condition_of, deployed, spec
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from kvscale.cli import app
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sim.check import check_plan, sample
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import default_catalog
-from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.workload import LengthDistribution, Slo, Workload
 
 runner = CliRunner()

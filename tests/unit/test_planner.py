@@ -4,11 +4,11 @@ import time
 
 import pytest
 
+from kvscale.engines.args import launch_for, vllm_args
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.checkpoints import resolve_checkpoint
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import launch_for, vllm_args
-from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.workload import Slo, Workload
 
 CAT = default_catalog()

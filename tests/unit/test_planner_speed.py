@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvscale.planner.search import PlanRequest, cheapest, plan
 from kvscale.sizing import load
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.load import ReplicaModel
-from kvscale.sizing.planner import PlanRequest, cheapest, plan
 from kvscale.sizing.workload import Burstiness, LengthDistribution, Slo, Workload
 
 CAT = default_catalog()

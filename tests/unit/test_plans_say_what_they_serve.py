@@ -63,8 +63,8 @@ def test_a_quantization_of_the_model_named_is_served_and_said() -> None:
 
 def _operator_outcome(**changes: Any) -> Any:
     from kvscale.api.intent import parse_intent
-    from kvscale.operator.inventory import gpu_inventory
-    from kvscale.operator.planning import plan_service
+    from kvscale.control.inventory import gpu_inventory
+    from kvscale.control.planning import plan_service
     from kvscale.sizing.catalog import default_catalog
     from tests.cluster.harness import node_objects
 

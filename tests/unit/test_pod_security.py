@@ -21,11 +21,11 @@ from kvscale.api import labels
 from kvscale.api.intent import parse_intent
 from kvscale.api.models import InferenceServiceStatus
 from kvscale.cli import app
-from kvscale.operator import leader_worker_set as lws
-from kvscale.operator import planning
-from kvscale.operator.inventory import GpuPool, gpu_inventory
-from kvscale.operator.planning import Planned, plan_service
-from kvscale.operator.pod_policy import (
+from kvscale.control import leader_worker_set as lws
+from kvscale.control import planning
+from kvscale.control.inventory import GpuPool, gpu_inventory
+from kvscale.control.planning import Planned, plan_service
+from kvscale.control.pod_policy import (
     DEFAULT_POLICY,
     NotAllowed,
     PodPolicy,
@@ -34,18 +34,18 @@ from kvscale.operator.pod_policy import (
     normal_path,
     under,
 )
-from kvscale.operator.reconcile import DeploymentView, Observed, Resource, reconcile
-from kvscale.operator.resources import (
+from kvscale.control.reconcile import DeploymentView, Observed, Resource, reconcile
+from kvscale.control.resources import (
     PRE_STOP_SLEEP_S,
     deployment,
     min_available_percent,
     pod_disruption_budget,
 )
-from kvscale.operator.settings import Settings, SettingsError
-from kvscale.operator.status import get_condition
+from kvscale.control.settings import Settings, SettingsError
+from kvscale.control.status import get_condition
+from kvscale.engines.args import plan_launch
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import plan_launch
 from tests.cluster.harness import node_objects
 
 CAT = default_catalog()
@@ -441,7 +441,7 @@ def two_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         cfg = replace(out.config, tensor_parallel=8, pipeline_parallel=2)
         return replace(out, chosen=replace(out.chosen, config=cfg))
 
-    monkeypatch.setattr("kvscale.operator.reconcile.plan_service", planned)
+    monkeypatch.setattr("kvscale.control.reconcile.plan_service", planned)
     yield
 
 

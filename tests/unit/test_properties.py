@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.load import ReplicaModel, chunk_budget_for
 from kvscale.sizing.memory import kv_bytes_per_token
-from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.roofline import decode_step, prefill
 from kvscale.sizing.workload import Slo, Workload
 

@@ -14,11 +14,11 @@ import re
 import pytest
 
 from kvscale.api.intent import parse_intent
+from kvscale.control.reconcile import Resource
+from kvscale.control.scale_zero import queue_queries
 from kvscale.metrics.engines import ENGINES
 from kvscale.metrics.observe import tick_queries, workload_reads
 from kvscale.metrics.promql import Scope, queries, workload_queries
-from kvscale.operator.reconcile import Resource
-from kvscale.operator.scale_zero import queue_queries
 from tests.unit.test_reconcile import spec
 
 NS, NAME = "t2", "lead"

@@ -13,12 +13,12 @@ import pytest
 from kvscale.api.intent import parse_intent
 from kvscale.api.models import InferenceServiceStatus, status_dict, status_patch
 from kvscale.autoscaling.observation import Observation
-from kvscale.operator.children import ChildView
-from kvscale.operator.inventory import EnginePod, gpu_inventory
-from kvscale.operator.reconcile import CHILD_KINDS, DeploymentView, Observed, Resource, Result, reconcile, refresh
-from kvscale.operator.scaling import Fleet, ScalerMemory, fleet, tick
-from kvscale.operator.settings import Settings
-from kvscale.operator.status import get_condition
+from kvscale.control.children import ChildView
+from kvscale.control.inventory import EnginePod, gpu_inventory
+from kvscale.control.reconcile import CHILD_KINDS, DeploymentView, Observed, Resource, Result, reconcile, refresh
+from kvscale.control.scaling import Fleet, ScalerMemory, fleet, tick
+from kvscale.control.settings import Settings
+from kvscale.control.status import get_condition
 from kvscale.sizing.catalog import default_catalog
 from tests.cluster.harness import node_objects
 

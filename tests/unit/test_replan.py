@@ -8,9 +8,9 @@ import math
 
 from kvscale.api.models import InferenceServiceStatus
 from kvscale.autoscaling.observation import LengthHistogram, ObservedWorkload
-from kvscale.operator.reconcile import Observed, Resource, Result, reconcile
-from kvscale.operator.settings import Settings
-from kvscale.operator.workload import MIN_REQUESTS, as_workload, check_drift, predates, workload_tick
+from kvscale.control.reconcile import Observed, Resource, Result, reconcile
+from kvscale.control.settings import Settings
+from kvscale.control.workload import MIN_REQUESTS, as_workload, check_drift, predates, workload_tick
 from kvscale.sizing.workload import LengthDistribution, Workload
 from tests.unit.test_reconcile import CAT, NOW, POOLS, RES, SPEC, deployed
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 from kvscale.api.models import InferenceServiceStatus, ObservedStatus
-from kvscale.operator.reconcile import DeploymentView, Observed, Resource, Result, reconcile, refresh
-from kvscale.operator.replan import TARGET_ANNOTATION, Before, recorded_target, size
+from kvscale.control.reconcile import DeploymentView, Observed, Resource, Result, reconcile, refresh
+from kvscale.control.replan import TARGET_ANNOTATION, Before, recorded_target, size
 from tests.unit.test_reconcile import CAT, NOW, POOLS, SETTINGS, condition_of, deployed, spec
 
 A100 = {"hardware": {"gpuTypes": ["A100-80GB"]}}
@@ -134,7 +134,7 @@ def test_a_reconcile_during_the_rollout_keeps_every_running_replica() -> None:
 def test_the_unschedulable_replan_keeps_the_load() -> None:
     import datetime as dt
 
-    from kvscale.operator.inventory import EnginePod
+    from kvscale.control.inventory import EnginePod
 
     status, seen = _running_on_a100(6)
     # The A100 pods never placed (say the nodes went): after the timeout kvscale drops A100.
@@ -156,7 +156,7 @@ def _scale_downs(status: InferenceServiceStatus) -> list[int]:
     """The autoscaler's scale-downs over 10 quiet minutes, starting from 6 replicas."""
     from kvscale.api.intent import parse_intent
     from kvscale.autoscaling.observation import Observation
-    from kvscale.operator.scaling import Fleet, ScalerMemory, tick
+    from kvscale.control.scaling import Fleet, ScalerMemory, tick
 
     body = spec(**H100)
     intent = parse_intent(body)
@@ -205,7 +205,7 @@ def test_the_autoscaler_does_not_scale_down_while_the_old_pods_are_replaced() ->
 
 
 def test_a_drift_replan_sizes_the_new_pods_for_the_load() -> None:
-    from kvscale.operator.workload import workload_tick
+    from kvscale.control.workload import workload_tick
     from tests.unit.test_reconcile import RES, SPEC
     from tests.unit.test_replan import SETTINGS as DRIFT
     from tests.unit.test_replan import at, observed

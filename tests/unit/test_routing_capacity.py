@@ -127,7 +127,7 @@ def test_a_burst_across_a_window_edge_is_counted_whole() -> None:
 
 def test_the_operator_sizes_for_the_endpoint_pickers_routing_behind_an_inference_pool() -> None:
     from kvscale.api.intent import parse_intent
-    from kvscale.operator.scaling import ScalerMemory, capacity
+    from kvscale.control.scaling import ScalerMemory, capacity
     from tests.unit.test_reconcile import CAT, deployed, spec
 
     plan = deployed().status.plan

@@ -10,8 +10,8 @@ from typing import Any
 
 from kvscale.api.intent import parse_intent
 from kvscale.autoscaling.observation import Observation
-from kvscale.operator.reconcile import DeploymentView
-from kvscale.operator.scale_zero import (
+from kvscale.control.reconcile import DeploymentView
+from kvscale.control.scale_zero import (
     CONDITION,
     KEDA_PENDING_METRIC,
     QUEUE_METRIC,
@@ -20,8 +20,8 @@ from kvscale.operator.scale_zero import (
     queue_queries,
     scale_zero,
 )
-from kvscale.operator.scaling import Fleet, ScalerMemory, Tick, fleet, tick
-from kvscale.operator.status import get_condition
+from kvscale.control.scaling import Fleet, ScalerMemory, Tick, fleet, tick
+from kvscale.control.status import get_condition
 from tests.unit.test_reconcile import CAT, NOW, RES, SETTINGS, deployed, spec
 
 ZERO = spec(scaling={"minReplicas": 0, "idleWindow": "2m"})

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscale.operator.settings import Settings, SettingsError, settings_table
+from kvscale.control.settings import Settings, SettingsError, settings_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -13,7 +13,7 @@ def test_readme_table_is_generated_from_the_class() -> None:
     readme = (ROOT / "docs" / "operator.md").read_text()
     table = readme.split("<!-- settings:begin -->\n", 1)[1].split("\n<!-- settings:end -->", 1)[0]
     assert table == settings_table(), (
-        "docs/operator.md's settings table drifted: paste kvscale.operator.settings.settings_table()"
+        "docs/operator.md's settings table drifted: paste kvscale.control.settings.settings_table()"
     )
 
 

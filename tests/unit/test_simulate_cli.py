@@ -52,11 +52,11 @@ def test_all_includes_bound_and_peak_and_rows_compare_against_them() -> None:
 def test_the_fleet_starts_from_the_plan_made_behind_its_router() -> None:
     # Behind a gateway the operator plans least-loaded (an InferencePool): the simulation
     # starts from that plan, its batch limit and chunk budget, not from the Service's.
+    from kvscale.planner.search import PlanRequest, plan
     from kvscale.sim.fit import fit_trace
     from kvscale.sim.load_profile import DEFAULT_DURATION_S, load_requests
     from kvscale.sim.trace import duration_s
     from kvscale.sizing.catalog import default_catalog
-    from kvscale.sizing.planner import PlanRequest, plan
     from kvscale.sizing.workload import Slo
 
     load = "poisson:rate=8,input=8000,output=100,lengths=heavy,duration=3m"

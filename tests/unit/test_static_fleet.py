@@ -11,12 +11,12 @@ from typer.testing import CliRunner
 
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.cli import app
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sim.compare import busiest_minute_replicas
 from kvscale.sim.fit import fit_trace
 from kvscale.sim.load_profile import load_requests
 from kvscale.sim.trace import duration_s
 from kvscale.sizing.catalog import default_catalog
-from kvscale.sizing.planner import PlanRequest, plan
 from kvscale.sizing.workload import Slo
 
 runner = CliRunner()

@@ -8,7 +8,7 @@ import dataclasses
 
 from kvscale.api.models import InferenceServiceStatus, ObservedStatus, status_patch
 from kvscale.autoscaling.observation import Observation
-from kvscale.operator.scaling import ScalerMemory, tick
+from kvscale.control.scaling import ScalerMemory, tick
 from tests.unit.test_reconcile import CAT, NOW, RES, SETTINGS, SPEC, _obs, _planned
 
 

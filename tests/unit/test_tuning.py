@@ -11,12 +11,12 @@ from pathlib import Path
 from kvscale.api.intent import parse_intent, policy_config
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.policy import PolicyConfig
+from kvscale.planner.search import PlanRequest, plan
 from kvscale.sim.budget_run import FleetService, ServiceOption, _ServiceRun
 from kvscale.sim.compare import make_policies
 from kvscale.sim.policies import KvscalePolicy
 from kvscale.sim.run import SimSetup
 from kvscale.sim.trace import TraceRequest
-from kvscale.sizing.planner import PlanRequest, plan
 from tests.unit.test_reconcile import CAT, SETTINGS, spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,11 +9,11 @@ import datetime as dt
 from dataclasses import replace
 
 from kvscale.api.models import InferenceServiceStatus
-from kvscale.operator import exclusions
-from kvscale.operator.inventory import EnginePod, engine_pod, gpu_inventory
-from kvscale.operator.reconcile import DeploymentView, Observed, reconcile, refresh, replans
-from kvscale.operator.settings import Settings
-from kvscale.operator.unschedulable import Taint, Toleration, diagnose, scheduler_reasons, untolerated
+from kvscale.control import exclusions
+from kvscale.control.inventory import EnginePod, engine_pod, gpu_inventory
+from kvscale.control.reconcile import DeploymentView, Observed, reconcile, refresh, replans
+from kvscale.control.settings import Settings
+from kvscale.control.unschedulable import Taint, Toleration, diagnose, scheduler_reasons, untolerated
 from tests.unit.test_reconcile import CAT, NODES, NOW, POOLS, RES, SETTINGS, SHORT, SPEC, condition_of, deployed
 
 # The scheduler's messages on the test cluster (12 kwok nodes, 4 of the planned type); SHORT: GPUs taken.

@@ -371,7 +371,7 @@ class EngineProfile(_Frozen):
     cold_start_fixed_s: float = Field(ge=0)
     weight_load_bytes_per_s: float = Field(gt=0)
     fitted: str | None = Field(default=None, description="Which fields were fitted to what data, if any")
-    # Deployment facts (kvscale.operator.resources builds the pod from them).
+    # Deployment facts (kvscale.control.resources builds the pod from them).
     image: str | None = Field(default=None, description="Container image on NVIDIA GPUs")
     rocm_image: str | None = Field(default=None, description="Container image on AMD GPUs (ROCm); None: not offered")
     cache_dir: str = Field(default="/root/.cache/huggingface", description="Where the engine keeps downloaded weights")

@@ -36,9 +36,9 @@ from kvscale.api.models import (
     TokenLengthsStatus,
 )
 from kvscale.autoscaling.observation import LengthHistogram, ObservedWorkload, dispersion_noise
-from kvscale.operator.reconcile import Event, Observed, Resource, Result, reconcile
-from kvscale.operator.settings import Settings
-from kvscale.operator.status import burstiness_status, now_rfc3339, planned_workload
+from kvscale.control.reconcile import Event, Observed, Resource, Result, reconcile
+from kvscale.control.settings import Settings
+from kvscale.control.status import burstiness_status, now_rfc3339, planned_workload
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.workload import Burstiness, LengthDistribution, Workload
 

@@ -35,10 +35,10 @@ from kvscale.api.intent import Intent
 from kvscale.api.models import InferenceServiceStatus
 from kvscale.autoscaling.idle import idle_replicas, wake_replicas
 from kvscale.autoscaling.observation import Observation
+from kvscale.control.reconcile import Event, Resource
+from kvscale.control.scaling import Fleet, Tick
+from kvscale.control.status import condition, now_rfc3339, with_conditions, without_condition
 from kvscale.metrics.promql import escape_label_value
-from kvscale.operator.reconcile import Event, Resource
-from kvscale.operator.scaling import Fleet, Tick
-from kvscale.operator.status import condition, now_rfc3339, with_conditions, without_condition
 
 CONDITION = "ScaleToZero"
 QUEUE_METRIC = "inference_extension_flow_control_queue_size"

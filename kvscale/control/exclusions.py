@@ -20,7 +20,7 @@ import datetime as dt
 import re
 
 from kvscale.api.models import Condition, InferenceServiceStatus
-from kvscale.operator.status import get_condition, now_rfc3339
+from kvscale.control.status import get_condition, now_rfc3339
 
 CONDITION = "GPUTypesExcluded"
 _UNTIL = re.compile(r"until (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")

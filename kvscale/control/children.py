@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscale.api import LABEL_INSTANCE
-from kvscale.operator import inference_pool
-from kvscale.operator import leader_worker_set as lws
+from kvscale.control import inference_pool
+from kvscale.control import leader_worker_set as lws
 
 
 @dataclass(frozen=True)

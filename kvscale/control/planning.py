@@ -7,15 +7,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from kvscale.api.intent import Intent, SpecError, allowed_gpus, plan_request, resolve_model, weight_precision
-from kvscale.operator.inventory import GpuPool
+from kvscale.control.inventory import GpuPool
+from kvscale.engines.args import requested_source, unsupported_by_engine
+from kvscale.engines.knobs import RESOURCE_KNOBS
+from kvscale.planner.routing_advice import GatewayAdvice, gateway_advice
+from kvscale.planner.search import Feasible, Plan, Prediction, Rejected, plan
 from kvscale.sizing.catalog import Catalog, ModelArch
 from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint, substitution
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
-from kvscale.sizing.engine_args import requested_source, unsupported_by_engine
-from kvscale.sizing.knobs import RESOURCE_KNOBS
-from kvscale.sizing.planner import Feasible, Plan, Prediction, Rejected, plan
-from kvscale.sizing.routing_advice import GatewayAdvice, gateway_advice
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kvscale.operator.pod_policy import PodPolicy, parse_images, parse_prefixes
+from kvscale.control.pod_policy import PodPolicy, parse_images, parse_prefixes
 from kvscale.sizing.units import UnitError, parse_duration_s
 
 

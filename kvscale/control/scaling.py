@@ -17,14 +17,14 @@ from kvscale.api.models import InferenceServiceStatus, PlanStatus
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.autoscaling.policy import PolicyState, decide
-from kvscale.operator.inventory import EnginePod
-from kvscale.operator.reconcile import DeploymentView, Event, Resource, Result, rolling_out, workload_kind
-from kvscale.operator.settings import Settings
-from kvscale.operator.status import condition, now_rfc3339, observed_status, planned_workload, steady, with_conditions
+from kvscale.control.inventory import EnginePod
+from kvscale.control.reconcile import DeploymentView, Event, Resource, Result, rolling_out, workload_kind
+from kvscale.control.settings import Settings
+from kvscale.control.status import condition, now_rfc3339, observed_status, planned_workload, steady, with_conditions
+from kvscale.engines.args import requested_source
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.checkpoints import CheckpointError, replica_cold_start
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import requested_source
 from kvscale.sizing.units import format_duration, parse_duration_s
 
 
@@ -277,7 +277,7 @@ def tick(
     gauges = _gauges(intent, plan, fleet_, obs, decision, missing is None)
     current, target = fleet_.current, decision.replicas
     # While a re-plan's new pods replace the old ones, a scale-down would take old pods before
-    # new ones are ready (kvscale.operator.replan): the rollout's end scales to the load's count.
+    # new ones are ready (kvscale.control.replan): the rollout's end scales to the load's count.
     if target == current or (target < current and rolling_out(status)):
         return Tick(Result(new), memory, decision, gauges)
     if intent.scaling.mode == "recommend":

@@ -9,9 +9,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from kvscale.engines.knobs import CLI_KNOBS, Knobs
 from kvscale.sizing.catalog import Catalog, GpuSpec, ModelArch
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.knobs import CLI_KNOBS, Knobs
 from kvscale.sizing.load import CHUNK_BUDGETS, LoadPoint, ReplicaModel, chunk_budget_for
 from kvscale.sizing.queueing import replicas_for_rate
 from kvscale.sizing.units import GIB, format_duration

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kvscale.planner.search import Feasible, Plan, plan
 from kvscale.sizing.catalog import Catalog
-from kvscale.sizing.planner import Feasible, Plan, plan
 
 # Advise only where the gateway saves at least this share of the cost: a gateway is one more
 # thing to run, and a saving of a replica in ten is within the capacity model's own error

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvscale.api import LABEL_GPU_TYPE, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_OWNER_UID, MANAGED_BY
-from kvscale.operator.unschedulable import Taint, Toleration, taints_of, tolerations_of
+from kvscale.control.unschedulable import Taint, Toleration, taints_of, tolerations_of
 from kvscale.sizing.catalog import Catalog
 
 GPU_PRODUCT_LABELS = ("nvidia.com/gpu.product", "amd.com/gpu.product-name")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvscale.planner.search import Candidate, Feasible, Plan, Rejected
 from kvscale.sizing.batching import BatchPrediction
-from kvscale.sizing.planner import Candidate, Feasible, Plan, Rejected
 from kvscale.sizing.units import GIB
 
 

@@ -55,11 +55,11 @@ from kvscale.api.intent import Intent
 from kvscale.api.models import InferenceServiceStatus, PlanStatus
 from kvscale.autoscaling.budget import Allocation, Demand, Grant, Option, allocate
 from kvscale.autoscaling.observation import DecisionKind, Observation
-from kvscale.operator import leader_worker_set as lws
-from kvscale.operator.reconcile import DEPLOYMENT, DeploymentView, Event, Resource, Result, workload_kind
-from kvscale.operator.scale_zero import queue_queries
-from kvscale.operator.scaling import Fleet, Tick
-from kvscale.operator.status import condition, now_rfc3339, with_conditions, without_condition
+from kvscale.control import leader_worker_set as lws
+from kvscale.control.reconcile import DEPLOYMENT, DeploymentView, Event, Resource, Result, workload_kind
+from kvscale.control.scale_zero import queue_queries
+from kvscale.control.scaling import Fleet, Tick
+from kvscale.control.status import condition, now_rfc3339, with_conditions, without_condition
 
 CONDITION = "HeldByBudget"
 FLOORS = "FloorsKept"  # the budget's condition: every governed service's minReplicas within its limits
@@ -340,7 +340,7 @@ def govern(
 
 def has_gateway(intent: Intent, res: Resource) -> bool:
     """A gateway holds the service's requests while no replica runs (an InferencePool's
-    endpoint picker, or the KEDA HTTP add-on's interceptor; kvscale.operator.scale_zero)."""
+    endpoint picker, or the KEDA HTTP add-on's interceptor; kvscale.control.scale_zero)."""
     return bool(queue_queries(intent, res))
 
 

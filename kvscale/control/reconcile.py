@@ -17,15 +17,15 @@ from typing import Any, Literal
 from kvscale.api import LABEL_GPU_TYPE, selector
 from kvscale.api.intent import Intent, SpecError, child_name_problems, parse_intent
 from kvscale.api.models import Condition, InferenceServiceStatus, status_patch
-from kvscale.operator import children as owned
-from kvscale.operator import exclusions
-from kvscale.operator import leader_worker_set as lws
-from kvscale.operator.inference_pool import CONDITION as POOL_CONDITION
-from kvscale.operator.inference_pool import PoolPlan, plan_pool
-from kvscale.operator.inventory import EnginePod, GpuPool
-from kvscale.operator.planning import Planned, Unplanned, plan_service
-from kvscale.operator.replan import CONDITION, Before, Sizing, annotate, recorded_target, size
-from kvscale.operator.resources import (
+from kvscale.control import children as owned
+from kvscale.control import exclusions
+from kvscale.control import leader_worker_set as lws
+from kvscale.control.inference_pool import CONDITION as POOL_CONDITION
+from kvscale.control.inference_pool import PoolPlan, plan_pool
+from kvscale.control.inventory import EnginePod, GpuPool
+from kvscale.control.planning import Planned, Unplanned, plan_service
+from kvscale.control.replan import CONDITION, Before, Sizing, annotate, recorded_target, size
+from kvscale.control.resources import (
     EngineImageError,
     NotAllowed,
     deployment,
@@ -35,8 +35,8 @@ from kvscale.operator.resources import (
     pod_labels,
     service,
 )
-from kvscale.operator.settings import Settings
-from kvscale.operator.status import (
+from kvscale.control.settings import Settings
+from kvscale.control.status import (
     condition,
     get_condition,
     plan_status,
@@ -45,12 +45,12 @@ from kvscale.operator.status import (
     with_conditions,
     without_condition,
 )
-from kvscale.operator.unschedulable import Diagnosis, diagnose
+from kvscale.control.unschedulable import Diagnosis, diagnose
+from kvscale.engines.args import PlannedLaunch
+from kvscale.planner.search import DEFAULT_HEADROOM
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.checkpoints import CheckpointError
 from kvscale.sizing.context_limit import ContextLimitError
-from kvscale.sizing.engine_args import PlannedLaunch
-from kvscale.sizing.planner import DEFAULT_HEADROOM
 from kvscale.sizing.workload import Workload
 
 CHILD_KINDS = ("Service", "PodDisruptionBudget", "Deployment")  # the Deployment last: never without its Service
@@ -99,7 +99,7 @@ class DeploymentView:
     updated_replicas: int = 0
     pods: int = 0
     current_generation: bool | None = None
-    replan_target: int | None = None  # kvscale.operator.replan.TARGET_ANNOTATION
+    replan_target: int | None = None  # kvscale.control.replan.TARGET_ANNOTATION
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> DeploymentView:
@@ -266,7 +266,7 @@ def _replan(
 ) -> tuple[dict[str, Any], Sizing | None, list[str]]:
     """A re-plan that changes running pods (a spec edit, an unschedulable type, workload drift,
     a budget's move) starts the new fleet at the load's size and keeps the old pods until new
-    ones are ready (kvscale.operator.replan); anything else is built as it is."""
+    ones are ready (kvscale.control.replan); anything else is built as it is."""
     if existing is None or existing.replicas == 0 or intent.scaling.pinned_replicas is not None:
         return workload, None, []
     changes = _pods_change(status, planned, existing, DeploymentView.of(workload))

@@ -24,11 +24,11 @@ from typing import Any
 
 from kvscale.api import labels
 from kvscale.api.models import InferenceServiceSpec
-from kvscale.operator.inventory import GpuPool
-from kvscale.operator.pod_policy import DEFAULT_POLICY, PodPolicy
-from kvscale.operator.resources import check_policy, engine_container, pod_template, scrape_annotations
+from kvscale.control.inventory import GpuPool
+from kvscale.control.pod_policy import DEFAULT_POLICY, PodPolicy
+from kvscale.control.resources import check_policy, engine_container, pod_template, scrape_annotations
+from kvscale.engines.args import PlannedLaunch
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import PlannedLaunch
 
 GROUP = "leaderworkerset.x-k8s.io"
 VERSION = "v1"

@@ -17,8 +17,8 @@ from kvscale.api.models import (
     PlanStatus,
 )
 from kvscale.autoscaling.observation import Decision, Observation
-from kvscale.operator.planning import Planned
-from kvscale.sizing.planner import Candidate, Feasible, Rejected
+from kvscale.control.planning import Planned
+from kvscale.planner.search import Candidate, Feasible, Rejected
 from kvscale.sizing.units import format_duration, parse_duration_s
 from kvscale.sizing.workload import Burstiness, LengthDistribution, Slo, Workload
 

@@ -10,14 +10,14 @@ from typing import Any
 
 from kvscale.api import LABEL_OWNER_UID, MANAGED_BY, labels, selector
 from kvscale.api.models import InferenceServiceSpec
-from kvscale.operator.inventory import GpuPool
-from kvscale.operator.labels import serving_labels
-from kvscale.operator.pod_policy import DEFAULT_POLICY, NotAllowed, PodPolicy, host_path_problem, normal_path
-from kvscale.operator.pod_policy import check as policy_check
+from kvscale.control.inventory import GpuPool
+from kvscale.control.labels import serving_labels
+from kvscale.control.pod_policy import DEFAULT_POLICY, NotAllowed, PodPolicy, host_path_problem, normal_path
+from kvscale.control.pod_policy import check as policy_check
+from kvscale.engines.args import PlannedLaunch, plan_launch, requested_source
+from kvscale.planner.search import Feasible
 from kvscale.sizing.catalog import EngineProfile, GpuSpec, ModelArch
 from kvscale.sizing.config import ServingConfig
-from kvscale.sizing.engine_args import PlannedLaunch, plan_launch, requested_source
-from kvscale.sizing.planner import Feasible
 
 SHM_BYTES_PER_TP = 2 * 1024**3  # NCCL shared memory for tensor parallelism
 # Host resources the engine pod requests (kvscale's sizing rule, not an engine fact): the API
