@@ -51,3 +51,27 @@ def test_requests_reach_the_engine_at_their_arrival_not_at_the_tick() -> None:
     assert statistics.median(r.scheduled_s - r.arrival_s for r in done) < 0.01
     assert statistics.median(r.prefill_s for r in done) < 1.5 * one_prompt
     assert statistics.fmean(r.ttft_s for r in done) < 0.2 * TICK_S
+
+
+def test_sim_serve_speed_runs_the_engines_clock_faster() -> None:
+    import time
+
+    from typer.testing import CliRunner
+
+    from kvscale.cli import app
+    from kvscale.standin.serve import pod_fleet
+    from tests.unit.test_standin import CAT, PLAN, SPEC
+
+    obj = {"spec": SPEC, "status": {"plan": PLAN}}
+    before = time.monotonic()
+    fleet, _ = pod_fleet(CAT, obj, "constant:1", 0.0, 0, speed=10.0)
+    after = time.monotonic()
+    while time.monotonic() - after < 0.05:  # some wall time passes (polled)
+        pass
+    t0 = time.monotonic()
+    now = fleet.now()
+    t1 = time.monotonic()
+    assert 10.0 * (t0 - after) <= now <= 10.0 * (t1 - before)
+    for bad in ("0", "-1", "nan", "1000"):
+        result = CliRunner().invoke(app, ["sim", "serve", "--name", "x", "--speed", bad])
+        assert result.exit_code == 2 and "--speed" in result.output, result.output
