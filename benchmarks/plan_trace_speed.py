@@ -3,7 +3,7 @@ on the full catalog), and where the time goes. Prints two tables:
 
 - the command as a process, `--runs` times: wall and CPU (user + system of the child);
 - its stages in a fresh process each run, as `plan` runs them: start-up and imports, the
-  trace's fit, the plan, the fp8 line beside it, the simulated check.
+  trace's fit, the plan, the fp8 line beside it, the simulated check (with its sizing search, issue 26).
 
 Run: .venv/bin/python benchmarks/plan_trace_speed.py [--runs 7] [--model ... --ttft ...]
 The shared machine's load swings wall time: the load average is printed with the tables,
@@ -38,7 +38,7 @@ from pathlib import Path
 from kvscale.cli import load_commands
 load_commands(("planning",))
 from kvscale.cli.common import load, slo as make_slo
-from kvscale.sim.check import check_plan, sample
+from kvscale.sim.check import check_and_size, sample
 from kvscale.sim.fit import fit_trace
 from kvscale.sim.trace import read_trace
 from kvscale.planner.search import PlanRequest, cheapest, plan
@@ -61,8 +61,8 @@ if chosen is not None and chosen.precision in ("bf16", "fp16"):
     cheapest(cat, replace(request, gpus=(chosen.gpu,), precisions=("fp8",)))
 t["fp8 line"], mark = time.perf_counter() - mark, time.perf_counter()
 if chosen is not None:
-    check_plan(chosen, slo, sample(requests, w.requests_per_s))
-t["check"] = time.perf_counter() - mark
+    check_and_size(result, sample(requests, w.requests_per_s))
+t["check (search)"] = time.perf_counter() - mark
 print(json.dumps(t))
 """
 

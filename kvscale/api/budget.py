@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from kvscale.api.models import Condition, _Status, _Wire
 from kvscale.autoscaling.budget import Budget
+from kvscale.autoscaling.drain import DEFAULT_PREEMPTION_GRACE_S
 
 BUDGET_KIND = "GPUBudget"
 BUDGET_PLURAL = "gpubudgets"
@@ -26,6 +27,7 @@ NAMESPACE_LENGTH = 63  # a namespace is a DNS-1123 label
 LABEL_KEY_LENGTH = 317  # a 253-character prefix, '/', a 63-character name
 LABEL_VALUE_LENGTH = 63
 Namespace = Annotated[str, Field(max_length=NAMESPACE_LENGTH)]
+MAX_PREEMPTION_GRACE_S = 3600
 
 
 class BudgetSelector(_Wire):
@@ -63,6 +65,14 @@ class GPUBudgetSpec(_Wire):
     )
     selector: BudgetSelector = Field(
         default_factory=BudgetSelector, description="Which InferenceServices it governs (namespace and labels)."
+    )
+    preemption_grace_seconds: int = Field(
+        default=int(DEFAULT_PREEMPTION_GRACE_S),
+        ge=0,
+        le=MAX_PREEMPTION_GRACE_S,
+        description="How long a replica the budget takes from a lower priority (for a higher priority's want) "
+        "keeps serving its in-flight requests, out of routing, before it is stopped: the deleted pods' grace "
+        "period, shortened to this.",
     )
 
     @model_validator(mode="after")

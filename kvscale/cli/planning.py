@@ -46,8 +46,8 @@ from kvscale.cli.common import (
 from kvscale.cli.root import app
 from kvscale.engines.args import ENGINE_TYPES, PlannedLaunch, engine_command, plan_launch, requested_source
 from kvscale.planner.routing_advice import GatewayAdvice, gateway_advice
-from kvscale.planner.search import DEFAULT_HEADROOM, Feasible, Plan, PlanRequest, cheapest, plan
-from kvscale.planner.serialize import candidate_to_dict, plan_to_dict, prediction_to_dict
+from kvscale.planner.search import DEFAULT_HEADROOM, Feasible, Plan, PlanRequest, SimulatedSizing, cheapest, plan
+from kvscale.planner.serialize import candidate_to_dict, check_to_dict, plan_to_dict, prediction_to_dict
 from kvscale.sizing.batching import predict_batch, throughput_latency_curve
 from kvscale.sizing.catalog import Catalog, ModelArch
 from kvscale.sizing.checkpoints import CheckpointError, default_precision, resolve_checkpoint, substitution
@@ -55,7 +55,7 @@ from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
 from kvscale.sizing.roofline import ideal_batch, ops_per_byte
 from kvscale.sizing.units import GIB
-from kvscale.sizing.workload import Workload
+from kvscale.sizing.workload import Slo, Workload
 
 # A request rate above this is a typo: it would need more GPUs than any cloud region holds.
 MAX_RPS = 1_000_000.0
@@ -211,19 +211,22 @@ def plan_cmd(
         max_itl_s=max_itl_s,
     )
     result = plan(cat, request)
-    fp8 = _fp8_beside(cat, request, result, served, source)
+    # Both routers by the analytic model alike (the simulated check sizes only the chosen one).
     gateway = gateway_advice(cat, result)
+    if fitted is not None and result.chosen is not None:
+        from kvscale.sim.check import check_and_size, sample
+
+        # The analytic count proposes; the simulator's replay of the trace's busiest stretch
+        # (the same routing) sizes the plan, below or above that count.
+        result = check_and_size(result, sample(fitted.trace, workload.requests_per_s), routing)  # type: ignore[arg-type]
+    fp8 = _fp8_beside(cat, request, result, served, source)
     # A custom architecture or a config.json file names no checkpoint: the engine line needs
     # --source (without it the engine would be told to load the file's name).
     needs_source = names_no_checkpoint(model) and source is None
     launch = None if needs_source else _launch(result, served, source)
     if launch is not None and context_said is not None:
         launch = replace(launch, context=replace(launch.context, reason=context_said))
-    check = None
-    if fitted is not None and result.chosen is not None:
-        from kvscale.sim.check import check_plan, sample
-
-        check = check_plan(result.chosen, slo, sample(fitted.trace, workload.requests_per_s), routing)
+    check = result.chosen.check if result.chosen is not None else None
     command, args = engine_command(launch.launch) if launch else ([], None)
     if as_json:
         out = plan_to_dict(result, args)
@@ -250,28 +253,37 @@ def plan_cmd(
         if fitted is not None:
             out["workload"]["fitted"] = fitted.fit.describe()
         if check is not None:
-            out["check"] = {
-                "requests": check.requests,
-                "rate_per_s": round(check.rate_per_s, 4),
-                "planned_replicas": check.planned_replicas,
-                "planned_attainment": round(check.planned_attainment, 5),
-                "replicas": check.replicas,
-                "attainment": round(check.attainment, 5),
-                "met": check.met,
-            }
+            out["check"] = check_to_dict(check)
         print_json(out)
     else:
         if fitted is not None:
             console.print("[bold]Workload fitted from the trace[/]")
             for line in fitted.fit.describe():
                 console.print(f"  {line}")
-        _render_plan(result, [*command, *args] if args else None, show, launch, fp8, gateway)
+        checked = describe_check(check, slo) if check is not None else []
+        _render_plan(result, [*command, *args] if args else None, show, launch, fp8, gateway, checked)
         if needs_source and result.chosen is not None:
             console.print(f"  engine: {NEEDS_SOURCE}", highlight=False, soft_wrap=True)
-        if check is not None:
-            console.print(f"  {check.describe(slo)}")
     if not result.feasible:
         raise typer.Exit(EXIT_INFEASIBLE)
+
+
+def describe_check(check: SimulatedSizing, slo: Slo) -> list[str]:
+    """The simulated check in the plan's words: what was replayed, both counts, and why they differ."""
+    head = (
+        f"simulated check: {check.requests} requests ({check.span_s / 60:.1f} min at {check.rate_per_s:.2f} req/s, "
+        f"the trace's busiest stretch scaled to the planned rate, behind a {check.routing}): "
+        f"{check.analytic_replicas} replica(s) (the analytic count) {check.analytic_attainment:.2%} meet "
+        f"p{slo.percentile:g} TTFT/TPOT (target {check.target:.0%})"
+    )
+    if check.replicas == check.analytic_replicas and check.met:
+        return [head]
+    if check.met:
+        return [
+            head,
+            f"replicas: {check.replicas} (simulated) instead of {check.analytic_replicas} (analytic): {check.why}",
+        ]
+    return [head, f"closest fleet: {check.replicas} replica(s): {check.why}"]
 
 
 NEEDS_SOURCE = (
@@ -417,7 +429,10 @@ def _render_plan(
     launch: PlannedLaunch | None,
     fp8: dict[str, Any] | None = None,
     gateway: GatewayAdvice | None = None,
+    checked: list[str] | None = None,
 ) -> None:
+    """The plan as a table; `checked`: the simulated check's lines (printed under the plan)."""
+    checked = checked or []
     r = result.request
     console.print(
         f"[bold]{r.model.name}[/]: {people_rate(r.workload.requests_per_s)} req/s, {r.workload.input_tokens} in / "
@@ -430,8 +445,14 @@ def _render_plan(
     c = result.chosen
     if c is not None:
         p = c.prediction
+        head = "[bold green]Plan:[/]" if result.feasible else "[bold red]Closest fleet (infeasible):[/]"
+        counted = (
+            f" (simulated; the analytic model asked for {c.check.analytic_replicas})"
+            if c.check is not None and c.check.replicas != c.check.analytic_replicas
+            else ""
+        )
         console.print(
-            f"\n[bold green]Plan:[/] {p.replicas} x {_shape(c)} ({c.precision}), max batch {p.max_batch}, "
+            f"\n{head} {p.replicas} x {_shape(c)} ({c.precision}){counted}, max batch {p.max_batch}, "
             f"chunk budget {c.max_num_batched_tokens} tokens{' per rank' if c.data_parallel > 1 else ''}, "
             f"${p.cost_usd_per_hour:.2f}/h"
         )
@@ -467,6 +488,14 @@ def _render_plan(
         if gateway is not None:
             message = gateway.message("plan with --routing gateway and deploy behind an InferencePool")
             console.print(f"  gateway beside it: {message}", highlight=False, soft_wrap=True)
+        for line in checked:
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
+        if not result.feasible:
+            console.print(
+                "[bold red]Infeasible:[/] no fleet meets the SLO in the simulated check. It would be met with:"
+            )
+            for line in result.suggestions:
+                console.print(f"  - {line}", highlight=False, soft_wrap=True)
     else:
         console.print("\n[bold red]No candidate meets the SLO.[/] Closest:")
         for line in result.suggestions:

@@ -5,6 +5,8 @@ FILE (YAML):
 
     budget: {H100-SXM: 8, L40S: 8}          # GPUs per type; types not listed are not limited
     routing: gateway                          # optional: service (default), round-robin, gateway
+    preemption_grace: 15s                     # optional: how long a replica the budget takes drains
+    drain: 5m                                 # optional: the run ends this long after the loads end
     services:
       - name: chat
         model: llama-3.1-8b
@@ -62,6 +64,8 @@ class _FleetIn(BaseModel):
     budget: dict[str, int] = Field(min_length=1)
     routing: str = "service"
     seed: int = 0
+    preemption_grace: str = "15s"
+    drain: str = "5m"
     services: list[_ServiceIn] = Field(min_length=1, max_length=MAX_SERVICES)
 
 
@@ -136,11 +140,20 @@ def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None
                 idle_window_s=duration(s.idle_window, f"services[{s.name}].idle_window"),
             )
         )
-    result = budget_run.simulate_fleet(budget, services)
-    rows = [_row(r) for r in result.services]
+    grace_s = duration(spec.preemption_grace, "preemption_grace")
+    drain_s = duration(spec.drain, "drain")
+    result = budget_run.simulate_fleet(budget, services, drain_limit_s=drain_s, preemption_grace_s=grace_s)
+    # What each service would have met alone: the same load, fleet and policy, no budget.
+    alone = {
+        s.name: budget_run.simulate_fleet(Budget(f"{s.name}-alone", {}), [s], drain_limit_s=drain_s).services[0]
+        for s in services
+    }
+    rows = [_row(r, alone[r.service.name]) for r in result.services]
     out = {
         "budget": dict(limits),
         "routing": spec.routing,
+        "preemption_grace_s": grace_s,
+        "drain_s": drain_s,
         "duration_s": round(result.duration_s, 1),
         "max_gpus_used": result.max_gpus_used,
         "services": rows,
@@ -224,19 +237,29 @@ def _only(result: Any, candidate: Any) -> Any:
     return replace(result, chosen=candidate)
 
 
-def _row(r: Any) -> dict[str, Any]:
+def _attainment(r: Any) -> float:
     from kvscale.sim.report import attainment
     from kvscale.sim.run import SimResult
 
     svc = r.service
-    slo = svc.options[0].setup.slo
-    as_sim = SimResult(svc.name, r.requests, r.gpu_hours, r.cost_usd, 0, 0, 0.0)
+    return attainment(SimResult(svc.name, r.requests, r.gpu_hours, r.cost_usd, 0, 0, 0.0), svc.options[0].setup.slo)
+
+
+def _row(r: Any, alone: Any) -> dict[str, Any]:
+    svc = r.service
     ttfts = [x for x in r.first_request_ttfts_s if not math.isnan(x)]
     return {
         "name": svc.name,
         "priority": svc.priority,
         "requests": len(r.requests),
-        "slo_attainment": round(attainment(as_sim, slo), 5),
+        "slo_attainment": round(_attainment(r), 5),
+        "alone_slo_attainment": round(_attainment(alone), 5),
+        # Requests lost: rejected at the gateway (HTTP 429; never reached a replica) and cut
+        # (on a replica at a drain's bound or at the run's end).
+        "rejected": r.lost("rejected"),
+        "cut": r.lost("cut"),
+        "preemptions": r.preemptions,
+        "grant_wait_s": round(r.grant_wait_s, 1),
         "gpu_hours": round(r.gpu_hours, 4),
         "cost_usd": round(r.cost_usd, 4),
         "gpu_types": [o.gpu_type for o in svc.options],
@@ -256,13 +279,21 @@ def _row(r: Any) -> dict[str, Any]:
 def _render(out: dict[str, Any]) -> None:
     budget = ", ".join(f"{g} {n}" for g, n in out["budget"].items())
     used = ", ".join(f"{g} {n}" for g, n in out["max_gpus_used"].items())
-    console.print(f"Budget {budget}; at most {used} GPUs in use; routing {out['routing']}")
+    console.print(
+        f"Budget {budget}; at most {used} GPUs in use; routing {out['routing']}; preemption grace "
+        f"{out['preemption_grace_s']:.0f}s; the run ends {out['drain_s']:.0f}s after the loads end"
+    )
     table = Table(title="Services under one budget, in priority order")
     for col in (
         "service",
         "priority",
         "requests",
         "SLO met",
+        "alone",
+        "rejected",
+        "cut",
+        "preempted",
+        "grant wait",
         "GPU-h",
         "held ticks",
         "moves",
@@ -276,6 +307,11 @@ def _render(out: dict[str, Any]) -> None:
             str(row["priority"]),
             str(row["requests"]),
             f"{row['slo_attainment']:.2%}",
+            f"{row['alone_slo_attainment']:.2%}",
+            str(row["rejected"]),
+            str(row["cut"]),
+            str(row["preemptions"]),
+            f"{row['grant_wait_s']:.0f}s",
             f"{row['gpu_hours']:.2f}",
             f"{row['held_ticks']}/{row['ticks']}",
             str(row["moves"]),

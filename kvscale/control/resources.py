@@ -42,7 +42,14 @@ TERMINATION_GRACE_PERIOD_S = 60
 # (k8s.io/kubernetes v1.34.4 pkg/features/kube_features.go), and validation requires
 # 0 < seconds <= terminationGracePeriodSeconds (pkg/apis/core/validation/validation.go,
 # validateSleepAction).
-PRE_STOP_SLEEP_S = 10  # tests/unit/test_pod_security.py checks it against the grace period
+# It is also the drain's bound: a pod a scale-down deletes (the least loaded, kvscale.control.drain)
+# has left routing and keeps serving its in-flight requests until the sleep ends; then SIGTERM,
+# on which vLLM 0.11 stops at once rather than finishing them (vllm/entrypoints/launcher.py,
+# serve_http: the handler cancels the HTTP server task; api_server.py, run_server_worker, shuts
+# the engine down before it awaits the server). 30 s covers a chat answer (200 tokens at a
+# 50 ms TPOT is 10 s) and leaves half the grace period for the engine's exit. The simulator
+# drains as long (kvscale.sim.fleet.DRAIN_BOUND_S; tests/unit/test_drain.py holds them equal).
+PRE_STOP_SLEEP_S = 30  # tests/unit/test_pod_security.py checks it against the grace period
 
 # Engine pods run whatever image and arguments a tenant with InferenceService rights wrote, so
 # they get no more than an engine needs (issue 28). The vLLM, SGLang and TGI images run as root

@@ -62,6 +62,7 @@ class EngineCommand:
     kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float | None = None
     block_size: int | None = None
+    mixed_chunk: bool = False  # SGLang --enable-mixed-chunk: prefill chunks carry the running decodes
     quantization: str | None = None
     dtype: str | None = None
     ignored: tuple[str, ...] = field(default=())  # flags read but not modelled (speculative decoding, parsers, ...)
@@ -101,6 +102,7 @@ _SGLANG: dict[str, tuple[str, str]] = {
     "--ep": ("expert_parallel", "size"),
     "--max-running-requests": ("max_num_seqs", "int"),
     "--chunked-prefill-size": ("max_num_batched_tokens", "int"),
+    "--enable-mixed-chunk": ("mixed_chunk", "flag"),
     "--context-length": ("max_model_len", "int"),
     "--kv-cache-dtype": ("kv_cache_dtype", "str"),
     "--mem-fraction-static": ("gpu_memory_utilization", "float"),
@@ -122,7 +124,6 @@ _BOOLEAN = {
     "--disable-radix-cache",
     "--disable-cuda-graph",
     "--enable-torch-compile",
-    "--enable-mixed-chunk",
     "--disable-log-requests",
     "--disable-log-stats",
 }
@@ -315,6 +316,10 @@ def command_config(
             updates["gpu_memory_utilization"] = command.gpu_memory_utilization
     else:
         chunk = command.max_num_batched_tokens or _sglang_chunk(gpu)
+        if command.mixed_chunk:
+            # sglang/srt/managers/scheduler.py: is_mixed_chunk (chunked prefill and this flag) puts the
+            # running batch's decodes beside the prefill chunk; without it they wait the chunk out.
+            updates["decodes_during_prefill"] = True
         updates["gpu_memory_utilization"] = command.gpu_memory_utilization or _sglang_memory_fraction(
             gpu, chunk, tp, pp
         )

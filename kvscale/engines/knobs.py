@@ -18,6 +18,12 @@ class Knobs:
     joiner: str  # between two knobs set together
     smaller_precision: str  # what to write for a smaller precision (the CLI searches a list; the spec names one)
     itl: str = "--itl"  # the inter-token latency bound
+    # What a simulated check no fleet passes suggests (kvscale.sim.check): the percentile, the
+    # router in front of the fleet, the GPU type and the tensor-parallel degree.
+    percentile: str = "--percentile"
+    routing: str = "--routing gateway"
+    gpu: str = "--gpu"
+    tensor_parallel: str = "--tp"
 
     def to(self, knob: str, value: str) -> str:
         """`knob` set to `value`, as the user writes it."""
@@ -35,4 +41,8 @@ RESOURCE_KNOBS = Knobs(
     ", ",
     "fp8 (or int4 with a checkpoint quantized that way)",
     itl="spec.slo.maxInterTokenLatency",
+    percentile="spec.slo.percentile",
+    routing="spec.routing.inferencePool",
+    gpu="spec.hardware.gpuTypes",
+    tensor_parallel="spec.hardware.maxTensorParallel",
 )

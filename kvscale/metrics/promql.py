@@ -323,3 +323,12 @@ def scoped_workload_queries(
     if burst_window is not None and parse_duration_s(window) >= MIN_BURST_WINDOWS * parse_duration_s(burst_window):
         out.update(burst_queries(engine, sel, window, burst_window))
     return out
+
+
+def in_flight_by_pod(engine: EngineMetrics, namespace: str, name: str) -> str:
+    """Requests in flight on each engine pod of one service (running plus queued in the engine),
+    by pod: what a scale-down's pod-deletion-cost is made of (kvscale.autoscaling.drain). One
+    name matcher over the gauges as served and as escaped (a scrape stores one of them)."""
+    names = dict.fromkeys(n for m in (*engine.running_gauge, *engine.waiting_gauge) for n in (m, escaped(m)))
+    pattern = "|".join(re.escape(n) for n in names)
+    return f'sum by (pod) ({{__name__=~"{escape_label_value(pattern)}",{pod_selector(namespace, name)}}})'

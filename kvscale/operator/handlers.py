@@ -39,6 +39,7 @@ from kvscale.autoscaling.observation import Observation
 from kvscale.control import children as owned
 from kvscale.control import inference_pool
 from kvscale.control.budget import BudgetBook, cap_deploy, govern, govern_pin, moved, moving_to
+from kvscale.control.drain import preemption_grace_s
 from kvscale.control.inventory import pools
 from kvscale.control.reconcile import (
     DeploymentView,
@@ -76,6 +77,7 @@ from kvscale.operator import effects, telemetry
 from kvscale.operator.access import Access, RetryForever, budgets_watched
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
 from kvscale.operator.diffbase import DigestDiffBaseStorage
+from kvscale.operator.drain import mark_scale_down, shorten_preempted
 from kvscale.operator.informers import Inventory
 from kvscale.operator.k8s import Kube
 from kvscale.sizing.catalog import Catalog
@@ -453,17 +455,30 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
         return
     if not isinstance(start, Fleet):
         if start is not None:  # pinned replicas: recorded, the policy is not asked
-            await call.apply_async(rt, start)
+            await _drain_and_apply(rt, call, intent, seen, start)
         return
     call.memo["scaler"] = done.memory
     if not call.memo.get("deleted"):
         telemetry.export(call.res.namespace, call.res.name, done.gauges)
     if done.result.scale_to is not None and call.memo.get("applied") is not None:
         call.memo["applied"]["spec"]["replicas"] = done.result.scale_to
-    await call.apply_async(
-        rt, replace(done.result, status=mark_synced("autoscale", done.result.status, call.res.generation))
-    )
+    synced = replace(done.result, status=mark_synced("autoscale", done.result.status, call.res.generation))
+    await _drain_and_apply(rt, call, intent, seen, synced)
     telemetry.TICK_SECONDS.observe(time.monotonic() - started)
+
+
+async def _drain_and_apply(
+    rt: Runtime, call: Call, intent: Intent, seen: DeploymentView | None, result: Result
+) -> None:
+    """The tick's result applied; before it, a scale-down marks the least-loaded pods to go first,
+    and pods the budget took drain within its grace (kvscale.operator.drain)."""
+    current = seen.replicas if seen is not None else None
+    pods = call.observed().pods
+    await mark_scale_down(rt.kube, rt.prometheus, rt.io, call.res, intent.engine, current, pods, result)
+    labels = (call.body.get("metadata") or {}).get("labels") or {}
+    grace_s = preemption_grace_s(rt.budgets, call.res.namespace, labels)
+    await shorten_preempted(rt.kube, rt.io, call.res, grace_s, result.status, pods)
+    await call.apply_async(rt, result)
 
 
 def cold_starts(

@@ -10,7 +10,7 @@ API errors become kopf's retry policy at this edge:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,6 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
+from kvscale.autoscaling.drain import DELETION_COST_ANNOTATION
 from kvscale.control import inference_pool
 from kvscale.control import leader_worker_set as lws
 from kvscale.control.children import BY_KIND, ChildKind, ChildView
@@ -292,6 +293,40 @@ class Kube:
                     return None
                 raise
         return ChildView.of(json.loads(response.data), kind)
+
+    def mark_deletion_costs(self, namespace: str, costs: Mapping[str, int]) -> int:
+        """Writes each engine pod's `controller.kubernetes.io/pod-deletion-cost` (a merge patch of
+        that one annotation), so the ReplicaSet controller's next scale-down deletes the lowest
+        (kvscale.autoscaling.drain). A pod gone meanwhile is skipped. Returns the pods written."""
+        written = 0
+        for pod, cost in costs.items():
+            body = {"metadata": {"annotations": {DELETION_COST_ANNOTATION: str(cost)}}}
+            with self.errors(f"marking Pod {namespace}/{pod} with its deletion cost"):
+                try:
+                    self.core.patch_namespaced_pod(pod, namespace, body)
+                except ApiException as exc:
+                    if exc.status == 404:
+                        continue
+                    raise
+            written += 1
+        return written
+
+    def shorten_grace(self, namespace: str, pods: Sequence[str], grace_s: int) -> int:
+        """Deletes pods already being deleted again with `grace_s` (at least 1: 0 would remove
+        them from the API at once, before the kubelet stops them); the API server keeps the
+        shorter of the two. A pod gone meanwhile is skipped. Returns the pods written."""
+        body = client.V1DeleteOptions(grace_period_seconds=max(1, grace_s))
+        written = 0
+        for pod in pods:
+            with self.errors(f"shortening Pod {namespace}/{pod}'s grace period to {grace_s}s"):
+                try:
+                    self.core.delete_namespaced_pod(pod, namespace, body=body)
+                except ApiException as exc:
+                    if exc.status == 404:
+                        continue
+                    raise
+            written += 1
+        return written
 
     def scale(self, namespace: str, name: str, replicas: int, kind: str = "Deployment") -> None:
         """Through the scale subresource, so only the replica count changes (a LeaderWorkerSet's

@@ -118,17 +118,54 @@ def _label(
 
 
 @dataclass(frozen=True)
+class SimulatedSizing:
+    """The replica count the simulated check settled on (a sample of the workload replayed on
+    the plan's configuration, the same routing), beside the analytic model's count.
+
+    The analytic model proposes; the simulator disposes: `replicas` is the fewest the search
+    found meeting the SLO percentile, below or above the analytic count, or, when no fleet
+    it tried meets it (`met` false), the closest fleet: the fewest reaching the best
+    attainment seen. Filled by kvscale.sim.check (the sizing core does not simulate)."""
+
+    analytic_replicas: int
+    analytic_attainment: float  # share of the sample meeting both targets on the analytic count
+    replicas: int
+    attainment: float  # at `replicas`
+    target: float  # the SLO percentile as a share (0.99)
+    met: bool
+    requests: int  # the sample's size
+    span_s: float
+    routing: Literal["service", "gateway"] = "service"
+    # (replicas, attainment) of every replay run in full, in order (one stopped at its first
+    # miss beyond the allowance is not listed: it only said no)
+    tried: tuple[tuple[int, float], ...] = ()
+    why: str = ""  # why the counts differ, in a sentence ("" when they agree)
+
+    @property
+    def rate_per_s(self) -> float:
+        return self.requests / self.span_s if self.span_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class Feasible(_Configured):
     """A candidate that meets the SLO at the requested load: the chosen one or an alternative.
 
     It carries the exact configuration the prediction was made for (chunk budget
-    included), so callers deploy or simulate `config` instead of rebuilding one.
+    included), so callers deploy or simulate `config` instead of rebuilding one. A chosen
+    plan that was checked in the simulator carries that check: its prediction's replicas are
+    then the simulator's count and `check.analytic_replicas` the model's.
     """
 
     config: ServingConfig
     prediction: Prediction
     verdict: Literal["chosen", "alternative"]
     reason: str
+    check: SimulatedSizing | None = None
+
+    @property
+    def analytic_replicas(self) -> int:
+        """The replicas the analytic model asked for (the prediction's, when unchecked)."""
+        return self.check.analytic_replicas if self.check is not None else self.prediction.replicas
 
     @property
     def max_num_batched_tokens(self) -> int:
@@ -241,7 +278,9 @@ class Plan:
 
     @property
     def feasible(self) -> bool:
-        return self.chosen is not None
+        """A chosen candidate whose simulated check (when one ran) met the SLO: a check no
+        fleet passes makes the plan infeasible, its `chosen` then the closest fleet."""
+        return self.chosen is not None and (self.chosen.check is None or self.chosen.check.met)
 
     @property
     def candidates(self) -> tuple[Candidate, ...]:
@@ -1026,4 +1065,24 @@ def _chosen_reason(best: Feasible, objective: Objective, feasible_count: int) ->
         f"{what} of {feasible_count} feasible: {p.replicas} replica(s) x {_replica_shape(best)} at "
         f"${p.cost_usd_per_hour:.2f}/h, each up to {p.rate_per_replica_max:.2f} req/s within the SLO, "
         f"batch limit {p.max_batch}, limited by {p.limited_by}"
+    )
+
+
+def with_check(planned: Plan, check: SimulatedSizing, suggestions: tuple[str, ...] = ()) -> Plan:
+    """The plan with its chosen candidate sized by the simulated check: the check's replicas
+    (and their cost) replace the analytic count; the analytic count stays in `check`. When no
+    fleet met the SLO in the check, the plan is infeasible and `suggestions` say what would
+    make it feasible."""
+    chosen = planned.chosen
+    if chosen is None:
+        raise ValueError("only a plan with a chosen candidate can carry a simulated check")
+    prediction = replace(
+        chosen.prediction,
+        replicas=check.replicas,
+        cost_usd_per_hour=check.replicas * chosen.config.price_usd_per_hour,
+    )
+    return replace(
+        planned,
+        chosen=replace(chosen, prediction=prediction, check=check),
+        suggestions=planned.suggestions + (suggestions if not check.met else ()),
     )

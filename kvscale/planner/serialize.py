@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvscale.planner.search import Candidate, Feasible, Plan, Rejected
+from kvscale.planner.search import Candidate, Feasible, Plan, Rejected, SimulatedSizing
 from kvscale.sizing.batching import BatchPrediction
 from kvscale.sizing.units import GIB
 
@@ -51,7 +51,11 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
             weights_gib_per_gpu=round(p.weights_bytes_per_gpu / GIB, 2),
             cost_usd_per_hour=round(p.cost_usd_per_hour, 4),
             max_num_batched_tokens=c.max_num_batched_tokens,
+            # The model's count beside `replicas` (the simulator's, when a check sized the plan).
+            analytic_replicas=c.analytic_replicas,
         )
+        if c.check is not None:
+            out["check"] = check_to_dict(c.check)
     elif isinstance(c, Rejected):
         if c.best_ttft_s is not None:
             out["best_ttft_ms"] = _ms(c.best_ttft_s)
@@ -60,6 +64,26 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
         if c.best_itl_s is not None:
             out["best_itl_ms"] = _ms(c.best_itl_s)
     return out
+
+
+def check_to_dict(check: SimulatedSizing) -> dict[str, Any]:
+    """The simulated check that sized a plan (`plan --json`'s `check`)."""
+    return {
+        "requests": check.requests,
+        "rate_per_s": round(check.rate_per_s, 4),
+        "routing": check.routing,
+        "target": check.target,
+        "analytic_replicas": check.analytic_replicas,
+        "analytic_attainment": round(check.analytic_attainment, 5),
+        # the analytic count under its older names, kept for scripts that read them
+        "planned_replicas": check.analytic_replicas,
+        "planned_attainment": round(check.analytic_attainment, 5),
+        "replicas": check.replicas,
+        "attainment": round(check.attainment, 5),
+        "met": check.met,
+        "tried": [{"replicas": n, "attainment": round(a, 5)} for n, a in check.tried],
+        "why": check.why,
+    }
 
 
 def plan_to_dict(plan: Plan, engine_args: list[str] | None = None) -> dict[str, Any]:

@@ -11,6 +11,15 @@ drains on the old one at once and starts on the new one: requests wait at the ga
 through the cold start (a move is made only when the old type is wanted by a higher
 priority or holds much less of the service's want).
 
+Preemption with a bound: when the budget grants a service fewer replicas than it wants and it
+runs more, the replicas it releases leave routing at once and their in-flight requests have
+`preemption_grace_s` to finish (what is left then is cut); behind the gateway their queue goes
+back to the gateway. Their GPUs are free by then whatever the service's queue does, so a
+release never waits for a queue that the remaining load keeps filling.
+
+The run ends at the loads' end plus `drain_limit_s`: what a replica still holds then is cut and
+what waits at the gateway is rejected (HTTP 429), each counted per service.
+
 Scale to zero: a service with min_replicas 0 releases its last replica after `idle_window_s`
 without arrivals; requests that arrive while it has none wait at the gateway (held) until a
 replica is ready, and the policy sees them queued and scales back.
@@ -24,6 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from kvscale.autoscaling.budget import Allocation, Budget, Demand, Grant, Option, allocate
 from kvscale.autoscaling.capacity import SizingCapacity
+from kvscale.autoscaling.drain import DEFAULT_PREEMPTION_GRACE_S
 from kvscale.autoscaling.idle import idle_replicas
 from kvscale.autoscaling.observation import Observation
 from kvscale.autoscaling.tuning import policy_config
@@ -32,6 +42,8 @@ from kvscale.sim.fleet import Fleet
 from kvscale.sim.policies import KvscalePolicy
 from kvscale.sim.run import TICK_S, WINDOW_S, SimSetup, Source, _observe, _Window
 from kvscale.sim.trace import TraceRequest
+
+DRAIN_LIMIT_S = 300.0  # after the loads end, the run drains this long, then cuts and rejects the rest
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,12 @@ class ServiceResult:
     reasons: list[tuple[float, str]] = field(default_factory=list)  # each change of the grant's reason
     cold_starts_from_zero: int = 0
     first_request_ttfts_s: list[float] = field(default_factory=list)  # first request after each scale from zero
+    preemptions: int = 0  # replicas released because the budget granted fewer than the service wanted
+    grant_wait_s: float = 0.0  # time it ran fewer replicas than it wanted (held by the budget or its GPUs busy)
+
+    def lost(self, kind: str) -> int:
+        """Requests "cut" (on a replica at a drain's bound or the run's end) or "rejected"."""
+        return sum(1 for r in self.requests if r.lost == kind)
 
 
 @dataclass
@@ -143,6 +161,7 @@ class _ServiceRun:
         self.previous_reason = ""
         self.from_zero_at: float | None = None  # when the fleet last had no replica while requests came
         self._first: SimRequest | None = None  # the request that found no replica
+        self.wanted = 0  # the policy's want at the latest tick
 
     # -- the fleet of each GPU type it ran on ---------------------------------------------
 
@@ -177,6 +196,7 @@ class _ServiceRun:
     def _advance(self, now_s: float) -> None:
         for fleet in self.lanes.values():
             fleet.advance_to(now_s, self.finished)
+            self.done += len(fleet.take_lost())  # cut at a drain's bound
             # Held at a fleet with no replica left (an old GPU type): to the active one.
             if fleet is not self.lanes.get(self.active) and fleet.unrouted and not fleet.serving(now_s):
                 while fleet.unrouted:
@@ -225,6 +245,7 @@ class _ServiceRun:
         wanted, _ = idle_replicas(
             decision.replicas, self.svc.min_replicas, now_s - self.last_arrival_s, self.svc.idle_window_s, waiting
         )
+        self.wanted = min(self.svc.max_replicas, wanted)
         base_rate = self.svc.options[self.active].rate_per_replica
         options = []
         for i, o in enumerate(self.svc.options):
@@ -248,9 +269,11 @@ class _ServiceRun:
     def index_of(self, gpu_type: str) -> int:
         return next(i for i, o in enumerate(self.svc.options) if o.gpu_type == gpu_type)
 
-    def shrink(self, grant: Grant, now_s: float) -> None:
+    def shrink(self, grant: Grant, now_s: float, grace_s: float = DEFAULT_PREEMPTION_GRACE_S) -> None:
         """Scale-downs of this tick: the granted fleet to at most its grant; other GPU types to
-        none at once (their replicas drain: the GPUs they leave are another service's grant)."""
+        none at once (their replicas drain: the GPUs they leave are another service's grant).
+        A scale-down below what the service wants is a preemption: its replicas drain within
+        `grace_s`; one the policy asked for drains within the fleet's own bound."""
         index = self.index_of(grant.gpu_type)
         if index != self.active:
             self.active = index
@@ -260,7 +283,10 @@ class _ServiceRun:
             self.policy.state = replace(self.policy.state, calibration=1.0, slo_factor=1.0, targets=())
         fleet = self.lane(index)
         if fleet.desired_size() > grant.replicas:
-            fleet.scale_to(grant.replicas, now_s)
+            preempted = grant.replicas < self.wanted
+            released = fleet.scale_to(grant.replicas, now_s, grace_s if preempted else None)
+            if preempted:
+                self.result.preemptions += released
         for i, other in self.lanes.items():
             if i != index and other.desired_size():
                 other.scale_to(0, now_s)  # drains now: its GPUs are someone else's grant
@@ -281,6 +307,8 @@ class _ServiceRun:
     def record(self, now_s: float, grant: Grant) -> None:
         if grant.held:
             self.result.held_ticks += 1
+        if self.lane(self.active).desired_size() < self.wanted:
+            self.result.grant_wait_s += self.tick_s
         if grant.reason != self.previous_reason:
             self.result.reasons.append((now_s, grant.reason))
             self.previous_reason = grant.reason
@@ -304,7 +332,9 @@ class _ServiceRun:
     def finish(self, end_s: float) -> None:
         hours = cost = 0.0
         for i, fleet in self.lanes.items():
-            fleet.stop_all(end_s)
+            fleet.advance_to(end_s, self.finished)
+            fleet.end(end_s)  # cuts what replicas hold, rejects what waits at the gateway
+            self.done += len(fleet.take_lost())
             h = fleet.gpu_hours()
             hours += h
             cost += h * self.svc.options[i].setup.cfg.gpu.price_usd_per_gpu_hour
@@ -317,10 +347,12 @@ def simulate_fleet(
     tick_s: float = TICK_S,
     window_s: float = WINDOW_S,
     progress: Callable[[float], None] | None = None,
-    drain_limit_s: float = 3600.0,
+    drain_limit_s: float = DRAIN_LIMIT_S,
+    preemption_grace_s: float = DEFAULT_PREEMPTION_GRACE_S,
 ) -> FleetResult:
-    """Runs until every request ended, or `drain_limit_s` after the last arrival (a service
-    the budget gives no replica never ends its requests: they count as missed)."""
+    """Runs until every request ended, or `drain_limit_s` after the last arrival: then what
+    replicas hold is cut and what waits at the gateway rejected (each counted, and missed).
+    `preemption_grace_s`: how long a replica the budget takes from a service drains."""
     runs = [_ServiceRun(s, tick_s, window_s) for s in services]
     last_arrival_s = max((r.arrival_s for s in services for r in s.trace), default=0.0)
     # The start: each service's planned replicas, as the budget allows, warm.
@@ -363,7 +395,7 @@ def simulate_fleet(
             continue
         for run in runs:
             run.advance_to(now)
-        allocation = _tick(budget, runs, previous, now)
+        allocation = _tick(budget, runs, previous, now, preemption_grace_s)
         previous = allocation.by_name
         usage.append((now, _held(runs)))
         next_tick += tick_s
@@ -371,7 +403,7 @@ def simulate_fleet(
             progress(now)
     end = max([r.finish_s for run in runs for r in run.requests if r.done] + [0.0])
     if any(r.outstanding() for r in runs):
-        end = max(end, next_tick - tick_s)
+        end = min(max(end, next_tick - tick_s), last_arrival_s + drain_limit_s)
     for run in runs:
         run.finish(end)
     return FleetResult(budget, [r.result for r in runs], usage, end)
@@ -385,11 +417,13 @@ def _held(runs: list[_ServiceRun]) -> dict[str, int]:
     return held
 
 
-def _tick(budget: Budget, runs: list[_ServiceRun], previous: dict[str, Grant], now: float) -> Allocation:
+def _tick(
+    budget: Budget, runs: list[_ServiceRun], previous: dict[str, Grant], now: float, grace_s: float
+) -> Allocation:
     allocation = allocate(budget, [r.demand(now) for r in runs], previous)
     by_name = allocation.by_name
     for run in runs:
-        run.shrink(by_name[run.svc.name], now)
+        run.shrink(by_name[run.svc.name], now, grace_s)
     held = _held(runs)
     free: dict[str, float] = {gpu: limit - held.get(gpu, 0) for gpu, limit in budget.limits.items()}
     for grant in allocation.grants:  # in rank order: the first in line starts first

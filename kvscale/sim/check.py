@@ -1,12 +1,16 @@
-"""The plan checked before it is deployed: a sample of the workload replayed through the
-simulator on the chosen configuration, beside the analytic prediction."""
+"""The plan checked before it is deployed, and sized by that check: a sample of the workload
+replayed through the simulator on the chosen configuration (the same routing), searching
+below and above the analytic replica count for the fewest that meet the SLO percentile."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Literal
 
-from kvscale.planner.search import Feasible
-from kvscale.sim.engine import StepTimes
+from kvscale.planner.search import Feasible, Plan, SimulatedSizing, with_check
+from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.policies import StaticPolicy
 from kvscale.sim.report import attainment
 from kvscale.sim.run import SimSetup, Source, simulate
@@ -15,35 +19,19 @@ from kvscale.sizing.workload import Slo
 
 SAMPLE_SPAN_S = 600.0  # the busiest stretch of the trace this long is replayed
 SAMPLE_MAX_REQUESTS = 3000  # fewer when the rate is high, so the check stays a few seconds
-MAX_EXTRA_SHARE = 1.0  # more headroom is tried up to twice the planned replicas
+# The search. Each run replays the whole sample (0.2-0.6 s on this project's 2-core machine),
+# so it takes few: below the analytic count it steps down to DOWN of the last count that met,
+# above it doubles up to MAX_UP times the analytic count, then bisects until the bracket is
+# within TOLERANCE of its top (the aim is a plan within 1.1x the cheapest fixed fleet).
+DOWN = 0.7
+MAX_UP = 4
+TOLERANCE = 0.05
+# A doubling that closes less than this share of the gap to the target: the misses are not
+# queueing (prompts whose own prefill exceeds the TTFT target, a TPOT no spreading fixes), so
+# no fleet will meet the SLO and the search stops.
+PLATEAU = 0.25
 
-
-@dataclass(frozen=True)
-class PlanCheck:
-    """What the simulator says about a plan: attainment on the sample with the planned
-    replicas and, when that misses the SLO percentile, the replicas that reach it."""
-
-    requests: int
-    span_s: float
-    rate_per_s: float
-    planned_replicas: int
-    planned_attainment: float
-    replicas: int  # the fewest tried that reach the target (the planned count when it does)
-    attainment: float
-    target: float
-    met: bool
-
-    def describe(self, slo: Slo) -> str:
-        head = (
-            f"simulated check: {self.requests} requests ({self.span_s / 60:.1f} min at {self.rate_per_s:.2f} req/s, the "
-            f"trace's busiest stretch scaled to the planned rate) on {self.planned_replicas} replica(s): "
-            f"{self.planned_attainment:.2%} meet p{slo.percentile:g} TTFT/TPOT (target {self.target:.0%})"
-        )
-        if self.replicas == self.planned_replicas:
-            return head
-        if self.met:
-            return f"{head}; missed, so more headroom: {self.replicas} replica(s) reach {self.attainment:.2%}"
-        return f"{head}; missed, and even {self.replicas} replica(s) reach only {self.attainment:.2%}"
+Routing = Literal["service", "gateway"]
 
 
 def sample(trace: list[TraceRequest], rate_per_s: float) -> list[TraceRequest]:
@@ -65,44 +53,229 @@ def sample(trace: list[TraceRequest], rate_per_s: float) -> list[TraceRequest]:
     return [TraceRequest((r.arrival_s - start) * factor, r.input_tokens, r.output_tokens) for r in window]
 
 
-def check_plan(chosen: Feasible, slo: Slo, replay: list[TraceRequest], routing: str = "service") -> PlanCheck:
-    """Replays `replay` on the chosen configuration with its replicas warm; when the share of
-    requests meeting both targets is below the SLO percentile, finds the fewest replicas (up
-    to MAX_EXTRA_SHARE more) that reach it: the most first (when even they miss, that is the
-    answer), then by bisection between the planned count and the most."""
-    planned = chosen.prediction.replicas
-    setup = SimSetup(chosen.config, slo, chosen.prediction.max_batch, 0.0, planned, routing=routing)
+def search_replicas(
+    attain: Callable[[int], float],
+    analytic: int,
+    target: float,
+    seen: dict[int, float] | None = None,
+    meets: Callable[[int], bool] | None = None,
+    most: int | None = None,
+) -> tuple[int, bool]:
+    """The fewest replicas whose attainment (`attain(n)`) reaches `target`, searched from the
+    analytic count both ways, and whether one does. When none up to MAX_UP x analytic (or
+    `most`, a limit such as --max-replicas or the free GPUs, when lower) does,
+    the closest fleet: the fewest reaching the best attainment seen. `seen` collects every
+    count whose attainment was measured; `meets(n)` (default: attain(n) >= target) answers
+    only whether n meets, which may cost less (a replay stopped at its first miss too many).
+
+    Each step's first guess takes misses as inversely proportional to replicas (queueing
+    misses fall faster, so the guess errs toward more replicas): from n replicas missing m
+    of an allowance a, n x m / a; below, at most DOWN x n; above, at most twice n."""
+    seen = {} if seen is None else seen
+    allowed = max(1.0 - target, 1e-9)
+
+    def at(n: int) -> float:
+        if n not in seen:
+            seen[n] = attain(n)
+        return seen[n]
+
+    answers: dict[int, bool] = {}
+
+    def ok(n: int) -> bool:
+        if n in seen:
+            return seen[n] >= target
+        if n not in answers:
+            answers[n] = meets(n) if meets is not None else at(n) >= target
+        return answers[n]
+
+    def guess(n: int) -> int:
+        return math.ceil(n * (1.0 - at(n)) / allowed)
+
+    lo, hi = 0, analytic  # lo misses (or is 0), hi meets
+    if at(analytic) >= target:
+        while hi > 1:
+            probe = max(1, min(math.floor(hi * DOWN), guess(hi) if hi in seen else hi - 1, hi - 1))
+            if not ok(probe):
+                lo = probe
+                break
+            hi = probe
+    else:
+        lo, met = analytic, False
+        top = analytic * MAX_UP if most is None else max(analytic, min(most, analytic * MAX_UP))
+        while lo < top:
+            nxt = min(top, max(lo + 1, min(2 * lo, guess(lo) if lo == analytic else 2 * lo)))
+            if at(nxt) >= target:
+                hi, met = nxt, True
+                break
+            gap, closed, doubled = target - at(lo), at(nxt) - at(lo), nxt >= 2 * lo
+            lo = nxt
+            # Only a doubling judges a plateau: a step of a few replicas is within the
+            # replay's noise (one request is 0.05% of a 2,000-request sample).
+            if doubled and closed < PLATEAU * gap:
+                break
+        if not met:
+            best = max(seen.values())
+            return min(n for n, a in seen.items() if a >= best), False
+    while hi - lo > max(1.0, TOLERANCE * hi):
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, True
+
+
+class _TooManyMisses(Exception):
+    """A replay has missed more requests than the percentile allows: it cannot meet it."""
+
+
+class _Counting(Source):
+    """The sample as a source that stops the replay at its first miss beyond `allowed`
+    (unfinished requests count as misses too, so the answer is already no)."""
+
+    def __init__(self, replay: list[TraceRequest], slo: Slo, allowed: int) -> None:
+        super().__init__(replay)
+        self.slo, self.allowed, self.misses = slo, allowed, 0
+
+    def finished(self, request: SimRequest) -> None:
+        if not (request.ttft_s <= self.slo.ttft_s and request.tpot_s <= self.slo.tpot_s):
+            self.misses += 1
+            if self.misses > self.allowed:
+                raise _TooManyMisses
+
+
+def check_plan(
+    chosen: Feasible, slo: Slo, replay: list[TraceRequest], routing: Routing = "service", most: int | None = None
+) -> SimulatedSizing:
+    """Replays `replay` on the chosen configuration with fixed fleets of warm replicas and
+    returns the fewest that meet the SLO percentile (search_replicas), beside the analytic
+    count and its attainment, with why the two differ."""
+    analytic = chosen.prediction.replicas
+    setup = SimSetup(chosen.config, slo, chosen.prediction.max_batch, 0.0, analytic, routing=routing)
     target = slo.percentile / 100.0
-    runs: dict[int, float] = {}
     steps = StepTimes(chosen.config)  # every run's step times: one configuration
+    runs: dict[int, float] = {}
+    allowed = math.floor((1.0 - target) * len(replay) + 1e-9)
 
-    def run(n: int) -> float:
-        if n not in runs:
-            result = simulate(replace(setup, initial_replicas=n), Source(replay), StaticPolicy(n), steps=steps)
-            runs[n] = attainment(result, slo)
-        return runs[n]
+    def attain(n: int) -> float:
+        result = simulate(replace(setup, initial_replicas=n), Source(replay), StaticPolicy(n), steps=steps)
+        return attainment(result, slo)
 
-    first = run(planned)
-    n, got = planned, first
-    if got < target:
-        top = planned + max(1, round(planned * MAX_EXTRA_SHARE))
-        n, got = top, run(top)
-        lo = planned  # misses; n meets (when the most does)
-        while got >= target and n - lo > 1:
-            mid = (lo + n) // 2
-            if run(mid) >= target:
-                n, got = mid, runs[mid]
-            else:
-                lo = mid
+    def meets(n: int) -> bool:
+        try:
+            result = simulate(
+                replace(setup, initial_replicas=n), _Counting(replay, slo, allowed), StaticPolicy(n), steps=steps
+            )
+        except _TooManyMisses:
+            return False
+        runs[n] = attainment(result, slo)  # replayed in full: its attainment is known
+        return runs[n] >= target
+
+    replicas, met = search_replicas(attain, analytic, target, runs, meets, most)
+    if replicas not in runs:
+        runs[replicas] = attain(replicas)
     span = replay[-1].arrival_s - replay[0].arrival_s if replay else 0.0
-    return PlanCheck(
+    check = SimulatedSizing(
+        analytic_replicas=analytic,
+        analytic_attainment=runs[analytic],
+        replicas=replicas,
+        attainment=runs[replicas],
+        target=target,
+        met=met,
         requests=len(replay),
         span_s=span,
-        rate_per_s=len(replay) / span if span > 0 else 0.0,
-        planned_replicas=planned,
-        planned_attainment=first,
-        replicas=n,
-        attainment=got,
-        target=target,
-        met=got >= target,
+        routing=routing,
+        tried=tuple(runs.items()),
     )
+    return replace(check, why=why(check, most))
+
+
+def why(check: SimulatedSizing, limit: int | None = None) -> str:
+    """Why the simulator's count differs from the model's, in a sentence ("" when equal);
+    `limit`: the most replicas the request allows (--max-replicas, the free GPUs)."""
+    a, n = check.analytic_replicas, check.replicas
+    pct = f"{check.target:.0%}" if check.target * 100 == round(check.target * 100) else f"{check.target:.1%}"
+    if not check.met:
+        most = max(k for k, _ in check.tried)
+        if limit is not None and most >= limit and limit < MAX_UP * a:
+            stop = f"the request allows at most {limit} (the replica limit or the free GPUs)"
+        elif most >= MAX_UP * a:
+            stop = f"the search stops at {MAX_UP}x the analytic count"
+        else:
+            stop = "more replicas stopped helping"
+        return (
+            f"no fleet up to {most} replica(s) meets the target in the simulator: the closest, {n}, reaches "
+            f"{check.attainment:.2%} of {pct}; {stop}: the misses are mostly not queueing (prompts whose own "
+            "prefill exceeds the TTFT target, short outputs stretched by another prompt's chunks wherever "
+            "they land)"
+        )
+    if n < a:
+        return (
+            f"the simulator confirms fewer: {n} replica(s) reach {check.attainment:.2%} (target {pct}); the "
+            f"analytic model, sized for the percentile of every term at once, asked for {a} "
+            f"({check.analytic_attainment:.2%})"
+        )
+    if n > a:
+        return (
+            f"the simulator needs more: the analytic {a} replica(s) reach only {check.analytic_attainment:.2%} "
+            f"(target {pct}) on the sample's bursts and length mix; {n} reach {check.attainment:.2%}"
+        )
+    return ""
+
+
+def check_and_size(planned: Plan, replay: list[TraceRequest], routing: Routing = "service") -> Plan:
+    """`planned` with its replicas set by the simulated check (planner.with_check); a check
+    no fleet passes makes it infeasible, with what would make it feasible: a lower percentile
+    (the closest fleet's attainment), the gateway (its attainment there, when behind a
+    Service), another GPU (the analytic runner-up on another type)."""
+    chosen = planned.chosen
+    if chosen is None or not replay:
+        return planned
+    slo = planned.request.slo
+    request = planned.request
+    limits = [request.max_replicas] if request.max_replicas is not None else []
+    if request.gpu_limits is not None:  # the free GPUs of the chosen type, in whole replicas
+        limits.append(request.gpu_limits.get(chosen.gpu, 0) // chosen.config.gpus)
+    check = check_plan(chosen, slo, replay, routing, min(limits) if limits else None)
+    if check.met:
+        return with_check(planned, check)
+    return with_check(planned, check, _feasible_if(planned, chosen, check, replay, routing))
+
+
+def _feasible_if(
+    planned: Plan, chosen: Feasible, check: SimulatedSizing, replay: list[TraceRequest], routing: Routing
+) -> tuple[str, ...]:
+    slo = planned.request.slo
+    knobs = planned.request.knobs
+    reached = math.floor(check.attainment * 1000) / 10  # a percentile the closest fleet meets
+    out = []
+    if reached >= 50.0:
+        out.append(
+            f"a lower percentile: {check.replicas} replica(s) meet p{reached:g} in the simulated check "
+            f"({knobs.percentile} {reached:g} instead of {slo.percentile:g})"
+        )
+    if routing == "service":
+        # One replay, on the analytic count (the smallest fleet tried, so the cheapest run):
+        # whether the router alone turns the misses around; planning behind it sizes anew.
+        n = check.analytic_replicas
+        setup = SimSetup(chosen.config, slo, chosen.prediction.max_batch, 0.0, n, routing="gateway")
+        result = simulate(setup, Source(replay), StaticPolicy(n), steps=StepTimes(chosen.config))
+        behind = attainment(result, slo)
+        verdict = "meet the target" if behind >= check.target else "still miss it"
+        out.append(
+            f"the gateway: behind a least-loaded router the analytic {n} replica(s) reach {behind:.2%} and "
+            f"{verdict} ({knobs.routing}, which sizes the fleet for that router)"
+        )
+    others = [a for a in planned.alternatives if a.gpu != chosen.gpu]
+    if others:
+        other = others[0]
+        out.append(
+            f"another GPU: {other.prediction.replicas} x {other.tensor_parallel} {other.gpu} is the analytic "
+            f"runner-up on another type ({knobs.gpu} {other.gpu}); a GPU with faster prefill shortens the longest prompts"
+        )
+    else:
+        out.append(
+            f"another GPU: a type with faster prefill (more compute per replica: a larger {knobs.tensor_parallel}, or "
+            f"{knobs.gpu} naming a faster type) shortens the longest prompts"
+        )
+    return tuple(out)

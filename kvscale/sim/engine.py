@@ -1,7 +1,9 @@
-"""One replica as a continuous-batching engine, scheduled the way vLLM schedules.
+"""One replica as a continuous-batching engine, scheduled the way its engine profile says.
 
-A waiting queue; admission limited by max-num-seqs and by free KV tokens; prefill in
-chunks of the token budget, each chunk also advancing the running decodes; decode steps
+A waiting queue (FCFS); admission limited by max-num-seqs and by free KV tokens; prefill in
+chunks of the token budget (or whole prompts, for an engine without chunked prefill), each
+step also advancing the running decodes (vLLM) or run alone while they wait (SGLang,
+TensorRT-LLM: kvscale.sizing.catalog engines.yaml says which and why); decode steps
 whose durations come from kvscale.sizing; preemption (recompute) of the newest request
 when the KV cache runs out. Decode steps are advanced in bulk between events: the replica
 keeps one step counter, and each request knows the step at which it finishes.
@@ -36,6 +38,7 @@ class SimRequest:
     start_step: int = 0  # replica step at which this admission's decode began
     preemptions: int = 0
     replica: int = -1
+    lost: str = ""  # "cut": on a replica when its drain bound passed; "rejected": never reached one (HTTP 429)
     _version: int = field(default=0, repr=False)
     _held_at_start: int = field(default=0, repr=False)  # KV tokens held when this admission's decode began
 
@@ -78,7 +81,9 @@ class StepTimes:
         chunk = max(1, chunk_bucket * _BUCKET_TOKENS)
         prompt = max(chunk, prompt_bucket * _BUCKET_TOKENS)
         context = self._mid(context_bucket) if batch else 0.0
-        return step(self.cfg, batch, context, chunk, prompt / 2.0).seconds
+        # A chunk of several whole prompts (packed, or an engine without chunked prefill): each
+        # attends to its own prompt only, as in roofline.prefill.
+        return step(self.cfg, batch, context, chunk, prompt / 2.0, max(chunk / prompt, 1.0)).seconds
 
     def decode(self, batch: int, mean_context: float) -> float:
         return self._decode(batch, int(mean_context // _BUCKET_TOKENS))
@@ -124,6 +129,7 @@ class Replica:
         self.ready_s = ready_s
         self.stopped_s: float | None = None
         self.draining = False
+        self.drain_deadline_s = math.inf  # while draining: in-flight requests left at this time are cut
         self.clock = ready_s
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []  # admission order; preemption takes the newest
@@ -224,6 +230,17 @@ class Replica:
             tokens += need
         return admitted
 
+    def release(self) -> list[SimRequest]:
+        """Takes every request off the replica (running and waiting), as a pod killed at the end
+        of its grace period drops them."""
+        taken = [*self.running, *self.waiting]
+        for request in list(self.running):
+            request.generated += self.step - request.start_step
+            self._leave(request)
+        self.waiting.clear()
+        self._finish_heap.clear()
+        return taken
+
     # -- time --------------------------------------------------------------------------
 
     def advance_to(self, until_s: float, finished: list[SimRequest], stop_after_finish: bool = False) -> None:
@@ -253,12 +270,19 @@ class Replica:
             self._decode_bulk(until_s, finished)
 
     def _prefill(self, admitted: list[SimRequest], finished: list[SimRequest]) -> None:
-        """The admitted prompts' chunk steps: each carries every running decode plus as many
-        prompt tokens as the rest of the token budget holds."""
+        """The admitted prompts' prefill steps, as the engine profile says its scheduler runs them.
+
+        Mixed (vLLM V1): every step carries the running decodes plus as much prompt as the rest
+        of the token budget holds. Separate (SGLang, TensorRT-LLM): prefill steps carry prompt
+        tokens only and the running decodes wait them out, so requests admitted in successive
+        steps keep the same decode step count and finish together. Without chunked prefill the
+        admitted prompts (as many whole prompts as the budget holds) go in one step.
+        """
+        engine = self.steps.cfg.engine
         prompt = sum(r.input_tokens + r.generated for r in admitted)
         mean_prompt = prompt / len(admitted)
-        n = len(self.running)
-        room = max(1, self.token_budget - n)
+        n = len(self.running) if engine.decodes_during_prefill else 0
+        room = max(1, self.token_budget - n) if engine.chunked_prefill else max(1, prompt)
         full, rest = divmod(prompt, room)
         mean_context = self.kv_used / n if n else 0.0
         full_s = self.steps.mixed(n, mean_context, room, mean_prompt) if full else 0.0
@@ -276,6 +300,12 @@ class Replica:
             self._record_gaps(full_s, n * full)
             self._record_gaps(rest_s, n if rest else 0)
             self.step += chunks
+        elif self.running:
+            # The waiting decodes' next token comes one whole prefill later: counted as one gap of
+            # the prefill per running request (their next decode step counts its own gap, so the
+            # histogram holds one token more per stall than were generated: a stall's share of
+            # the gaps is slightly overstated, never hidden).
+            self._record_gaps(full * full_s + rest_s, len(self.running))
         for request in admitted:
             self._start_decoding(request)
         self._pop_finished(finished)

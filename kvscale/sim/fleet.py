@@ -13,6 +13,7 @@ Routing modes:
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -21,6 +22,13 @@ from kvscale.sim.engine import KV_WATERMARK, Replica, SimRequest, StepTimes
 
 ROUTINGS = ("service", "round-robin", "gateway")
 GATEWAY_POLL_S = 0.05  # while requests wait at the gateway, it looks for free replicas this often
+# How long a replica taken out of routing keeps serving its in-flight requests before it is
+# stopped and what it still holds is cut: the engine pod's preStop sleep
+# (kvscale.control.resources.PRE_STOP_SLEEP_S; a unit test holds them equal). vLLM 0.11 does not
+# finish requests itself on SIGTERM (vllm/entrypoints/launcher.py, serve_http: the SIGTERM
+# handler cancels the HTTP server task, and api_server.py shuts the engine down before awaiting
+# the server), so the drain happens out of routing, before the signal.
+DRAIN_BOUND_S = 30.0
 
 
 class RoutingError(ValueError):
@@ -43,9 +51,12 @@ class FleetSpec:
     routing: str = "service"
     seed: int = 0
     cold_start_jitter: float = 0.0  # each start takes cold_start_s x U(1 - j, 1 + j)
+    drain_bound_s: float = DRAIN_BOUND_S  # a draining replica's in-flight requests left after this are cut
 
     def __post_init__(self) -> None:
         check_routing(self.routing)
+        if self.drain_bound_s < 0:
+            raise ValueError(f"drain_bound_s must be >= 0, got {self.drain_bound_s}")
         if not 0 <= self.cold_start_jitter < 1:
             raise ValueError(f"cold_start_jitter must be in [0, 1), got {self.cold_start_jitter}")
 
@@ -56,6 +67,7 @@ class Fleet:
         self.steps = steps
         self.replicas: list[Replica] = []
         self.unrouted: deque[SimRequest] = deque()  # arrived while no replica was ready, or held at the gateway
+        self.lost: list[SimRequest] = []  # cut at a drain's bound or rejected, not yet counted by the run
         self.scale_events = 0
         self._rng = random.Random(spec.seed)
         self._jitter_rng = random.Random(spec.seed + 1)
@@ -111,31 +123,64 @@ class Fleet:
             factor = 1.0 + jitter * (2 * self._jitter_rng.random() - 1) if jitter else 1.0
             self._new_replica(now_s, 0.0 if warm else self.spec.cold_start_s * factor)
 
-    def scale_to(self, desired: int, now_s: float) -> None:
+    def scale_to(self, desired: int, now_s: float, bound_s: float | None = None) -> int:
+        """Scales to `desired` replicas; returns how many serving replicas it took out of
+        routing. A scale-down stops replicas still starting first (nothing to drain), newest
+        first; then drains the least loaded (the operator's pod-deletion-cost order): no new
+        request reaches them, their in-flight requests have `bound_s` (default: the spec's
+        drain bound) to finish, and what is left then is cut. Behind the gateway a drained
+        replica's queue (not admitted yet) goes back to the gateway for the other replicas."""
         current = self.desired_size()
         if desired == current:
-            return
+            return 0
         self.scale_events += 1
         if desired > current:
             needed = desired - current
             for replica in self.replicas:  # cancelling a drain is cheaper than a cold start
                 if needed and replica.stopped_s is None and replica.draining:
                     replica.draining = False
+                    replica.drain_deadline_s = math.inf
                     needed -= 1
             self.start(needed, now_s)
-            return
+            return 0
         surplus = current - desired
-        # Replicas still starting go first (nothing to drain), newest first; then the least loaded.
         for replica in sorted(self.starting(now_s), key=lambda r: -r.started_s):
             if surplus == 0:
-                return
+                return 0
             replica.stopped_s = now_s
             surplus -= 1
-        for replica in sorted(self.serving(now_s), key=lambda r: (r.load, -r.id)):
-            if surplus == 0:
-                return
+        bound = self.spec.drain_bound_s if bound_s is None else bound_s
+        drained = 0
+        for replica in sorted(self.serving(now_s), key=lambda r: (r.load, -r.id))[:surplus]:
             replica.draining = True
-            surplus -= 1
+            replica.drain_deadline_s = now_s + bound
+            if self.spec.routing == "gateway" and replica.waiting:
+                self.unrouted.extendleft(reversed(replica.waiting))
+                replica.waiting.clear()
+            drained += 1
+        return drained
+
+    def _cut(self, replica: Replica, at_s: float) -> None:
+        for request in replica.release():
+            request.lost = "cut"
+            self.lost.append(request)
+        replica.stopped_s = at_s
+
+    def end(self, now_s: float) -> None:
+        """The run's end: what a replica still holds is cut, what waits at the gateway (or for
+        any replica) is rejected (the gateway answers 429), and every replica stops."""
+        for replica in self.replicas:
+            if replica.stopped_s is None and not replica.idle:
+                self._cut(replica, max(now_s, replica.clock))
+        while self.unrouted:
+            request = self.unrouted.popleft()
+            request.lost = "rejected"
+            self.lost.append(request)
+        self.stop_all(now_s)
+
+    def take_lost(self) -> list[SimRequest]:
+        lost, self.lost = self.lost, []
+        return lost
 
     @staticmethod
     def _room(replica: Replica) -> tuple[int, float]:
@@ -195,13 +240,16 @@ class Fleet:
         for replica in self.replicas:
             if replica.stopped_s is not None or replica.ready_s > now_s:
                 continue
-            if replica.clock < now_s:  # else the step in flight already ends past now_s
+            until = min(now_s, replica.drain_deadline_s)
+            if replica.clock < until:  # else the step in flight already ends past it
                 if replica.running or replica.waiting:
-                    replica.advance_to(now_s, finished, stop_after_finish)
+                    replica.advance_to(until, finished, stop_after_finish)
                 else:
-                    replica.clock = now_s  # idle (Replica.advance_to's first test, inlined)
+                    replica.clock = until  # idle (Replica.advance_to's first test, inlined)
             if replica.draining and replica.idle:
-                replica.stopped_s = max(replica.clock, now_s)
+                replica.stopped_s = max(replica.clock, until)
+            elif replica.draining and replica.clock >= replica.drain_deadline_s:
+                self._cut(replica, replica.drain_deadline_s)  # the grace period ended: the pod is killed
 
     def advance_to(self, now_s: float, finished: list[SimRequest], stop_after_finish: bool = False) -> None:
         """Advances every replica to now_s; with stop_after_finish, a replica in which a

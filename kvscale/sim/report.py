@@ -88,6 +88,9 @@ def summary(
         # The largest fleet the policy asked for (the static policy's --replicas, or its default).
         "replicas_max": max((p.desired for p in result.timeline), default=None),
         "preemptions": result.preemptions,
+        # Requests a scale-down cut: still in flight on a replica when its drain's bound passed
+        # (the engine pod's preStop; kvscale.sim.fleet.DRAIN_BOUND_S); counted as missed.
+        "cut_by_scale_down": sum(1 for r in result.requests if r.lost == "cut"),
     }
     if oracle_gpu_hours:
         row["gpu_hours_vs_oracle"] = round(result.gpu_hours / oracle_gpu_hours, 3)

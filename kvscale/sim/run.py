@@ -171,6 +171,7 @@ def simulate(
             break
         now = min(arrival_at, next_tick)
         fleet.advance_to(now, finished, stop_after_finish=closed_loop)
+        done += len(fleet.take_lost())  # cut at a drain's bound: ended, missed
         if closed_loop and finished:
             # A user sends the next request the moment the previous one finishes: release
             # it now (at its finish time), before any replica runs past that moment.

@@ -16,6 +16,11 @@ an arrival rate lambda with prompts of I tokens and outputs of O tokens:
 
 Capacity is whichever binds first: prefill compute (f reaches 1), decode (the TPOT of
 the running batch), KV capacity or batch slots (every slot busy).
+
+Where the engine runs prefill steps alone (SGLang, TensorRT-LLM: the profile's
+decodes_during_prefill), t_m is the prefill-only step plus the decode step the running
+requests take after waiting it out, and a prompt's own chunks carry no decodes; without
+chunked prefill a prompt is one step. The formulas above hold as they are.
 """
 
 from __future__ import annotations
@@ -123,7 +128,7 @@ class ReplicaModel:
         self._length_prefills: dict[tuple[int, int], float] = {}
         # (batch, decode step) -> the longest chunk step and, per output length's gaps, the
         # mean and variance of what one arrival adds to a request's life (_tpot_percentile)
-        self._arrival_moments: dict[tuple[int, float], tuple[float, dict[int, tuple[float, float]]]] = {}
+        self._arrival_moments: dict[tuple[int, float], tuple[float, dict[int, _Extras]]] = {}
 
     @property
     def prefill_step(self) -> StepTime:
@@ -147,16 +152,46 @@ class ReplicaModel:
     def _mixed(self, batch: int, chunk: int) -> StepTime:
         step = self._mixeds.get((batch, chunk))
         if step is None:
-            step = self._mixeds[(batch, chunk)] = mixed_step(
-                self.cfg, batch, self._context, chunk, self.workload.input_tokens
-            )
+            step = self._mixeds[(batch, chunk)] = self._chunk_step(batch, chunk, self.workload.input_tokens)
         return step
+
+    def _chunk_step(self, batch: int, chunk: int, prompt_tokens: int) -> StepTime:
+        """A step with a prefill chunk as the running decodes see it: one step that carries
+        them (vLLM), or a prefill-only step they wait out and then their own decode step
+        (SGLang, TensorRT-LLM: the profile's decodes_during_prefill). Either way every
+        formula below reads it as one token gap that holds a chunk."""
+        if self.cfg.engine.decodes_during_prefill or batch <= 0:
+            return mixed_step(self.cfg, batch, self._context, chunk, prompt_tokens)
+        alone = mixed_step(self.cfg, 0, self._context, chunk, prompt_tokens)
+        dec = self._decode(batch)
+        return StepTime(
+            seconds=alone.seconds + dec.seconds,
+            compute_s=alone.compute_s + dec.compute_s,
+            memory_s=alone.memory_s + dec.memory_s,
+            communication_s=alone.communication_s + dec.communication_s,
+            overhead_s=alone.overhead_s + dec.overhead_s,
+            flops_per_gpu=alone.flops_per_gpu + dec.flops_per_gpu,
+            bytes_per_gpu=alone.bytes_per_gpu + dec.bytes_per_gpu,
+            peak_flops_per_s=alone.peak_flops_per_s,
+            peak_bandwidth_bytes_per_s=alone.peak_bandwidth_bytes_per_s,
+        )
+
+    def _own_batch(self, batch: int) -> int:
+        """Decodes beside a prompt's own chunks: none where prefill steps run alone."""
+        return batch if self.cfg.engine.decodes_during_prefill else 0
 
     def decode(self, batch: int) -> StepTime:
         return self._decode(max(1, batch))
 
     def chunk_room(self, batch: int) -> int:
-        """Prefill tokens a step has room for beside `batch` running decodes."""
+        """Prefill tokens a step has room for beside `batch` running decodes: the budget less
+        one token per decode (vLLM: running requests first); the whole budget where prefill
+        steps run alone; whole prompts, however long, without chunked prefill."""
+        engine = self.cfg.engine
+        if not engine.chunked_prefill:
+            return max(self.budget, self.workload.inputs.max)
+        if not engine.decodes_during_prefill:
+            return self.budget
         return max(1, self.budget - batch)
 
     def mixed(self, batch: int, chunk: int | None = None) -> StepTime:
@@ -166,6 +201,7 @@ class ReplicaModel:
 
     def own_prefill_s(self, batch: int) -> float:
         """own_prefill(batch).seconds, without building the summed StepTime."""
+        batch = self._own_batch(batch)
         room = self.chunk_room(batch)
         full, rest = divmod(self.workload.input_tokens, room)
         seconds = full * self._mixed(batch, room).seconds if full else 0.0
@@ -177,13 +213,14 @@ class ReplicaModel:
         key = (batch, min(chunk, room), running_bucket(prompt_tokens))
         seconds = self._length_steps.get(key)
         if seconds is None:
-            seconds = mixed_step(self.cfg, batch, self._context, key[1], key[2]).seconds
+            seconds = self._chunk_step(batch, key[1], key[2]).seconds
             self._length_steps[key] = seconds
         return seconds
 
     def length_prefill_s(self, batch: int, prompt_tokens: int) -> float:
         """Chunk steps of one prompt of `prompt_tokens` beside `batch` decodes (its attention
         over its own length: a long prompt of the mix costs more per token than the mean)."""
+        batch = self._own_batch(batch)
         known = self._length_prefills.get((batch, prompt_tokens))
         if known is not None:
             return known
@@ -199,7 +236,7 @@ class ReplicaModel:
 
     def own_prefill(self, batch: int) -> StepTime:
         """The chunk steps one prompt needs beside `batch` running decodes, summed."""
-        batch = max(0, batch)
+        batch = self._own_batch(max(0, batch))
         step = self._own_prefills.get(batch)
         if step is None:
             step = self._own_prefills[batch] = self._own_prefill_uncached(batch)
@@ -563,19 +600,19 @@ class ReplicaModel:
                 (t, math.ceil(t / room), self.length_prefill_s(batch, t), self.length_chunk_s(batch, room, t))
                 for t, _ in inputs.points
             ]
-            per_gaps: dict[int, tuple[float, float]] = {}
+            per_gaps: dict[int, _Extras] = {}
             for g, _ in gaps:
-                extras = [
+                extras = tuple(
                     (min(own_s - chunks * decode_s, g * (chunk_s - decode_s)), w)
                     for (_, chunks, own_s, chunk_s), (_, w) in zip(steps, inputs.points, strict=True)
-                ]
+                )
                 mean_x = sum(x * w for x, w in extras)
-                per_gaps[g] = (mean_x, max(0.0, sum(x * x * w for x, w in extras) - mean_x * mean_x))
+                per_gaps[g] = (mean_x, max(0.0, sum(x * x * w for x, w in extras) - mean_x * mean_x), extras)
             known = self._arrival_moments[(batch, decode_s)] = (max(chunk_s for *_, chunk_s in steps), per_gaps)
         longest_chunk_s, per_gaps = known
         full_s = max(full_s, longest_chunk_s)
         span = arrivals.companions_span
-        moments = {g: (mean_x, var_x, span * mean_x) for g, (mean_x, var_x) in per_gaps.items()}
+        moments = {g: (mean_x, var_x, span * mean_x, one) for g, (mean_x, var_x, one) in per_gaps.items()}
         joins = self._joins_share(rate_per_s, hold_s)
         in_burst = arrivals.burst_share
 
@@ -590,17 +627,12 @@ class ReplicaModel:
                 if total > stop_above:
                     break
                 life = g * x
-                mean_x, var_x, width_s = moments[g]
+                mean_x, var_x, width_s, one = moments[g]
                 count, dispersion = rate_per_s * life * joins, arrivals.dispersion_at(life)
-                total += (
-                    w * in_burst * _arrival_tokens_tail((x - decode_s) * g, count, dispersion, mean_x, var_x, width_s)
-                )
+                y = (x - decode_s) * g
+                total += w * in_burst * _arrival_tokens_tail(y, count, dispersion, mean_x, var_x, width_s, one)
                 if in_burst < 1.0:  # the requests that arrive alone have no companions
-                    total += (
-                        w
-                        * (1.0 - in_burst)
-                        * _arrival_tokens_tail((x - decode_s) * g, count, dispersion, mean_x, var_x, 0.0)
-                    )
+                    total += w * (1.0 - in_burst) * _arrival_tokens_tail(y, count, dispersion, mean_x, var_x, 0.0, one)
             return total
 
         return _bisect_percentile(over, decode_s, full_s, tail, against_s)
@@ -864,12 +896,31 @@ def _poisson_at_least(mean: float, count: float) -> float:
 _COUNT_SUM_LIMIT = 30.0  # arrivals expected in a life above which their count is taken as normal
 
 
+# What one arrival adds to a request's life: mean, variance, and the mixture itself (added
+# seconds, weight), one point per prompt length.
+_Extras = tuple[float, float, tuple[tuple[float, float], ...]]
+
+
 def _arrival_tokens_tail(
-    y: float, mean_count: float, dispersion: float, mean_in: float, var_in: float, width: float
+    y: float,
+    mean_count: float,
+    dispersion: float,
+    mean_in: float,
+    var_in: float,
+    width: float,
+    one: tuple[tuple[float, float], ...] | None = None,
 ) -> float:
     """P(companions + S_N > y): N arrivals over a life (mean `mean_count`, variance dispersion
     x mean: Poisson or negative binomial), S_N the sum of N prompt lengths (mean `mean_in`,
-    variance `var_in`, normal given N), companions uniform on [0, width] tokens."""
+    variance `var_in`, normal given N), companions uniform on [0, width] tokens.
+
+    `one`: the length mixture itself (value, weight), used for N = 1 instead of the normal.
+    One budget of misses is shared by the whole mixture: when a single arrival is what a
+    request meets (a replica at a low rate), its tail is the share of prompts long enough to
+    break the target, not a normal whose spread the longest 1% of prompts set. With a heavy
+    tail (sd several times the mean) that normal put ~15% of single arrivals beyond the mean
+    plus one sd where the mixture has a few percent, and the TPOT tail then held a replica's
+    rate near zero (issue 26: 307 replicas where the simulator needs ~55)."""
     if mean_count <= 0.0:
         return _uniform_plus_normal_tail(y, 0.0, 0.0, width)
     if mean_count > _COUNT_SUM_LIMIT:
@@ -890,11 +941,13 @@ def _arrival_tokens_tail(
         mean = n * mean_in
         sd = sqrt(n * var_in)
         spread = sds * sd
+        if n == 1 and one is not None:  # the mixture's own points reach past any normal's spread
+            total += p * sum(w * _uniform_plus_normal_tail(y, x, 0.0, width) for x, w in one)
         # The tail grows with n (each arrival adds non-negative tokens): a term far below y
         # adds nothing, and once one is certain every later one is (their mass at once).
-        if mean - spread > y:
+        elif mean - spread > y:
             return min(1.0, total + max(0.0, 1.0 - seen))
-        if mean + width + spread >= y:
+        elif mean + width + spread >= y:
             if sd <= 0.0:
                 total += p * _uniform_plus_normal_tail(y, mean, sd, width)
             elif width <= _NARROW * sd:  # (see _uniform_plus_normal_tail)

@@ -46,8 +46,10 @@ def test_plan_from_a_trace_says_what_it_fitted_and_checks_itself(tmp_path: Path)
     assert "index of dispersion" in fitted and "busiest minute" in fitted and "prefix-cache" in fitted
     assert 500 < out["workload"]["input_tokens"] < 900  # uniform 200..1200: mean 700
     check = out["check"]
-    assert check["requests"] > 100 and check["planned_replicas"] == out["chosen"]["replicas"]
-    assert 0.0 <= check["planned_attainment"] <= 1.0
+    # The check sizes the plan: the chosen replicas are the simulator's, the model's beside them.
+    assert check["requests"] > 100 and check["replicas"] == out["chosen"]["replicas"]
+    assert check["analytic_replicas"] == out["chosen"]["analytic_replicas"]
+    assert 0.0 <= check["analytic_attainment"] <= 1.0
     assert check["met"] == (check["attainment"] >= 0.99)
     human = runner.invoke(app, [*args, "--trace", str(trace)])
     assert human.exit_code == 0 and "simulated check" in human.stdout and "Workload fitted" in human.stdout
@@ -82,9 +84,9 @@ def test_a_missed_check_adds_replicas_until_the_target() -> None:
     chosen = plan(CAT, request).chosen
     assert chosen is not None
     check = check_plan(chosen, request.slo, sample(trace, 3.0))
-    assert check.planned_attainment < 0.99
-    assert check.replicas > check.planned_replicas
-    assert check.attainment >= check.planned_attainment
+    assert check.analytic_attainment < 0.99
+    assert check.replicas > check.analytic_replicas
+    assert check.attainment >= check.analytic_attainment
 
 
 def test_the_check_finds_the_fewest_replicas_that_reach_the_target() -> None:
@@ -108,7 +110,7 @@ def test_the_check_finds_the_fewest_replicas_that_reach_the_target() -> None:
     check = check_plan(chosen, request.slo, replay, routing="gateway")
     assert check.met and check.attainment >= 0.99
     fewer = replace(chosen, prediction=replace(chosen.prediction, replicas=check.replicas - 1))
-    assert check_plan(fewer, request.slo, replay, routing="gateway").planned_attainment < 0.99
+    assert check_plan(fewer, request.slo, replay, routing="gateway").analytic_attainment < 0.99
 
 
 def test_behind_a_gateway_long_prompts_need_fewer_replicas_and_the_check_replays_that_routing(

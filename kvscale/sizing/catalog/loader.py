@@ -366,6 +366,17 @@ class EngineProfile(_Frozen):
         "detokenizing, output processing), which grows with the batch",
     )
     prefill_half_efficiency_flops: float = Field(ge=0)
+    chunked_prefill: bool = Field(
+        default=True,
+        description="The engine's default: a prompt longer than the step's token budget is prefilled in chunks "
+        "over several steps (vLLM V1, SGLang); false: whole prompts, as many as the budget holds (TensorRT-LLM)",
+    )
+    decodes_during_prefill: bool = Field(
+        default=True,
+        description="A step that prefills also advances every running decode (vLLM V1's one token budget); "
+        "false: prefill steps run alone and the running decodes wait for them (SGLang without "
+        "--enable-mixed-chunk, TensorRT-LLM as its closed-loop sweeps show)",
+    )
     allreduce_efficiency: Efficiency = Field(gt=0, le=1)
     allreduce_hop_latency_s: float = Field(ge=0)
     cold_start_fixed_s: float = Field(ge=0)
