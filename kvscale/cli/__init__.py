@@ -5,6 +5,7 @@
 - `bench`: `bench` (open-loop load on a live endpoint against the plan)
 - `simulate`: `simulate` (its picture in `simulate_plot`)
 - `sim_serve`: `sim serve`, `sim serve-openai`
+- `calibrate`: `calibrate` (engine profile fitted to the engines' metrics in a Prometheus)
 - `cluster`: `crd`, `operator`
 - `manifests`: `manifests` (the operator's objects for a spec, as YAML; `--diff` against the live ones)
 - `status`: `status NAME` (plan, observed, decision, conditions and Events of a live InferenceService)
@@ -27,7 +28,17 @@ if TYPE_CHECKING:
     import typer
 
 # Registration order is the order of `kvscale --help`.
-COMMAND_MODULES = ("catalog", "planning", "bench", "simulate", "sim_serve", "cluster", "manifests", "status")
+COMMAND_MODULES = (
+    "catalog",
+    "planning",
+    "bench",
+    "simulate",
+    "sim_serve",
+    "calibrate",
+    "cluster",
+    "manifests",
+    "status",
+)
 # The module that registers each command (tests/unit/test_cli_startup.py checks this against
 # the commands the modules register).
 COMMANDS = {
@@ -39,6 +50,7 @@ COMMANDS = {
     "bench": "bench",
     "simulate": "simulate",
     "sim": "sim_serve",
+    "calibrate": "calibrate",
     "crd": "cluster",
     "operator": "cluster",
     "manifests": "manifests",

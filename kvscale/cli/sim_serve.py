@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from kvscale.cli.common import EXIT_INFEASIBLE, CatalogOpt, duration, fail, load
+from kvscale.cli.common import EXIT_INFEASIBLE, CatalogOpt, duration, fail, load, positive_number
 from kvscale.cli.root import sim_app
 
 
@@ -32,6 +32,14 @@ def sim_serve(
         str | None, typer.Option("--duration", help="Stop after this long (default: run until killed).")
     ] = None,
     catalog: CatalogOpt = None,
+    speed: Annotated[
+        float,
+        typer.Option(
+            help="Simulated seconds per wall-clock second: the engines' clock, so ten minutes of --load play in "
+            "one at 10 (the load's times and the cold start are simulated; rates read from the metrics are "
+            "this many times the load's, ratios such as a mean gap are not).",
+        ),
+    ] = 1.0,
 ) -> None:
     """Serve vLLM-named metrics for every Running pod of an InferenceService, from the simulator."""
     from kvscale.sim.generators import LoadError
@@ -43,6 +51,7 @@ def sim_serve(
         load_arrivals(load_profile, 1, 1, seed)
     except LoadError as exc:
         fail(str(exc))
+    positive_number(speed, "--speed", high=100.0, what="simulated seconds per second")
     cold_start_s = duration(cold_start, "--cold-start")
     stop_after_s = duration(run_for, "--duration") if run_for is not None else None
     cat = load(catalog)
@@ -53,7 +62,7 @@ def sim_serve(
     from kvscale.standin.serve import serve
 
     try:
-        serve(cat, namespace, name, port, load_profile, cold_start_s, seed, stop_after_s)
+        serve(cat, namespace, name, port, load_profile, cold_start_s, seed, stop_after_s, speed)
     except ConfigException as exc:
         fail(f"no cluster to talk to (kubeconfig or in-cluster config): {exc}")
     except ApiException as exc:

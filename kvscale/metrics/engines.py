@@ -20,6 +20,15 @@ Checked against the engines' source:
   shown in 0.11 only with --show-hidden-metrics-for-version=0.10. Length histograms
   vllm:request_prompt_tokens / vllm:request_generation_tokens are observed once per
   finished request, buckets 1, 2, 5, 10, ... up to max_model_len.
+  What calibration reads (same file; per-request phases from vllm/v1/metrics/stats.py
+  update_from_finished_request, observed once per finished request):
+  vllm:request_prefill_time_seconds = first token less scheduled (a preempted request keeps
+  its first scheduling), vllm:request_decode_time_seconds = last token less first token
+  (request latency buckets); vllm:iteration_tokens_total is a histogram (its series are
+  `_bucket`, `_sum`, `_count`), one observation per engine step of the step's prompt tokens
+  (a prompt counted whole in the step that completes its prefill) plus generated tokens,
+  buckets 1, 8, 16, ... 16384; vllm:cache_config_info is a gauge fixed at 1 whose labels are
+  the CacheConfig's fields (num_gpu_blocks, block_size among them).
 - SGLang 0.5.23 sglang/srt/observability/metrics_collector.py: exported only with
   --enable-metrics; sglang:request_time_per_output_token_seconds is per request;
   token histograms are sglang:prompt_tokens_histogram / sglang:generation_tokens_histogram.
@@ -113,6 +122,7 @@ VLLM_REQUEST_LATENCY_BUCKETS_S: tuple[float, ...] = (
     1920.0,
     7680.0,
 )
+VLLM_ITERATION_TOKENS_BUCKETS: tuple[float, ...] = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 VLLM_LABELS = ("model_name", "engine")
 
 
@@ -155,6 +165,12 @@ class EngineMetrics:
     # Read by no query today, exposed by the stand-in:
     e2e_histogram: tuple[str, ...] = ()
     preemptions_counter: tuple[str, ...] = ()
+    # Read by calibration (kvscale.metrics.calibration): the phases of a request, the engine
+    # steps, and the KV cache's size.
+    prefill_time_histogram: tuple[str, ...] = ()
+    decode_time_histogram: tuple[str, ...] = ()
+    iteration_tokens_histogram: tuple[str, ...] = ()
+    cache_config_info: tuple[str, ...] = ()
 
     def tpot_source(self, per_request_present: bool) -> str:
         """What a TPOT quantile was read from, for status."""
@@ -181,12 +197,19 @@ ENGINES: dict[str, EngineMetrics] = {
         prefix_cache_queries_counter=("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
         prefix_cache_hits_counter=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
         preemptions_counter=("vllm:num_preemptions_total",),
+        prefill_time_histogram=("vllm:request_prefill_time_seconds",),
+        decode_time_histogram=("vllm:request_decode_time_seconds",),
+        iteration_tokens_histogram=("vllm:iteration_tokens_total",),
+        cache_config_info=("vllm:cache_config_info",),
         buckets_s={
             "vllm:time_to_first_token_seconds": VLLM_TTFT_BUCKETS_S,
             "vllm:request_time_per_output_token_seconds": VLLM_TPOT_BUCKETS_S,
             "vllm:inter_token_latency_seconds": VLLM_TPOT_BUCKETS_S,
             "vllm:e2e_request_latency_seconds": VLLM_REQUEST_LATENCY_BUCKETS_S,
             "vllm:request_queue_time_seconds": VLLM_REQUEST_LATENCY_BUCKETS_S,
+            "vllm:request_prefill_time_seconds": VLLM_REQUEST_LATENCY_BUCKETS_S,
+            "vllm:request_decode_time_seconds": VLLM_REQUEST_LATENCY_BUCKETS_S,
+            "vllm:iteration_tokens_total": VLLM_ITERATION_TOKENS_BUCKETS,
         },
     ),
     "sglang": EngineMetrics(

@@ -33,6 +33,7 @@ class SimRequest:
     output_tokens: int
     first_token_s: float = math.nan
     finish_s: float = math.nan
+    scheduled_s: float = math.nan  # first admitted (vLLM's scheduled_ts: a preemption keeps it)
     generated: int = 0  # tokens generated before the latest admission (preemption keeps them)
     start_step: int = 0  # replica step at which this admission's decode began
     preemptions: int = 0
@@ -50,6 +51,11 @@ class SimRequest:
         if self.output_tokens <= 1:
             return 0.0
         return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+
+    @property
+    def prefill_s(self) -> float:
+        """vLLM's prefill time: first token less first scheduled (vllm/v1/metrics/stats.py)."""
+        return self.first_token_s - self.scheduled_s
 
     @property
     def done(self) -> bool:
@@ -134,6 +140,7 @@ class Replica:
         self.preemptions = 0
         self.peak_kv_tokens = 0
         self.token_gaps: Counter[float] = Counter()  # per-token gap (s, 0.1 ms bins) -> tokens
+        self.iterations: Counter[int] = Counter()  # tokens an engine step carried -> steps
 
     def _record_gaps(self, gap_s: float, tokens: int) -> None:
         if tokens > 0:
@@ -280,6 +287,13 @@ class Replica:
         mean_context = self.kv_used / n if n else 0.0
         full_s = self.steps.mixed(n, mean_context, room, mean_prompt) if full else 0.0
         rest_s = self.steps.mixed(n, mean_context, rest, mean_prompt) if rest else 0.0
+        for request in admitted:
+            if math.isnan(request.scheduled_s):
+                request.scheduled_s = self.clock
+        if full:
+            self.iterations[n + room] += full
+        if rest:
+            self.iterations[n + rest] += 1
         # The engine's per-request intake (EngineProfile.request_overhead_s: HTTP, tokenization,
         # admission), serial with its steps: a burst of short prompts waits on it.
         intake_s = self.steps.cfg.engine.request_overhead_s * len(admitted)
@@ -323,6 +337,7 @@ class Replica:
         gap_bin = _GAP_BINS.get(dt)
         self.token_gaps[_gap_bin(dt) if gap_bin is None else gap_bin] += k * n  # _record_gaps: k, n >= 1
         self.step += k
+        self.iterations[n] += k
         used += n * k
         if used > self.peak_kv_tokens:
             self.peak_kv_tokens = used

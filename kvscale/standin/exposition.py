@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from kvscale.metrics.engines import ENGINES, EngineMetrics
 from kvscale.standin.fleet import PodFleet, PodStats
 
+KV_BLOCK_TOKENS = 16  # vLLM's default block size (the catalog's kv_block_tokens)
 ENGINE_INDEX = "0"  # vLLM's `engine` label: the engine core's index within the server
 
 
@@ -106,6 +107,18 @@ class EngineCollector(Collector):
             "e2e": histogram(n.e2e_histogram, "Histogram of e2e request latency in seconds."),
             "prompt": histogram(n.prompt_tokens_histogram, "Number of prefill tokens processed."),
             "generation": histogram(n.generation_tokens_histogram, "Number of generation tokens processed."),
+            "prefill_time": histogram(
+                n.prefill_time_histogram, "Histogram of time spent in PREFILL phase for request."
+            ),
+            "decode_time": histogram(n.decode_time_histogram, "Histogram of time spent in DECODE phase for request."),
+            "iterations": histogram(n.iteration_tokens_histogram, "Histogram of number of tokens per engine_step."),
+            # An info metric as vLLM emulates it (a gauge at 1 whose labels are the CacheConfig's
+            # fields; the stand-in's: the block size and the blocks its KV capacity makes).
+            "cache_config": GaugeMetricFamily(
+                n.cache_config_info[0],
+                "Information of the LLMEngine CacheConfig",
+                labels=["block_size", "num_gpu_blocks", "engine", *labels[len(n.labels) :]],
+            ),
         }
 
     def _add(self, families: dict[str, Any], s: PodStats) -> None:
@@ -129,9 +142,14 @@ class EngineCollector(Collector):
             "e2e": s.e2e,
             "prompt": s.prompt,
             "generation": s.generation,
+            "prefill_time": s.prefill_time,
+            "decode_time": s.decode_time,
+            "iterations": self.fleet.iterations(s),
         }
         for key, hist in hists.items():
             families[key].add_metric(values, hist.buckets(), hist.total)
+        blocks = r.kv_capacity // KV_BLOCK_TOKENS
+        families["cache_config"].add_metric([str(KV_BLOCK_TOKENS), str(blocks), *values[1:]], 1.0)
 
     def collect(self) -> Iterator[Any]:
         families = self._families()

@@ -19,6 +19,8 @@ TTFT_BUCKETS = VLLM.buckets_s[VLLM.ttft_histogram[0]]
 TPOT_BUCKETS = VLLM.buckets_s[VLLM.tpot_histogram[0]]
 ITL_BUCKETS = VLLM.buckets_s[VLLM.itl_histogram[0]]
 E2E_BUCKETS = VLLM.buckets_s[VLLM.e2e_histogram[0]]
+PHASE_BUCKETS = VLLM.buckets_s[VLLM.prefill_time_histogram[0]]  # prefill and decode time
+ITERATION_BUCKETS = VLLM.buckets_s[VLLM.iteration_tokens_histogram[0]]
 TOKEN_BUCKETS = vllm_token_buckets(131072)
 
 
@@ -53,6 +55,8 @@ class PodStats:
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    prefill_time: Histogram = field(default_factory=lambda: Histogram(PHASE_BUCKETS))
+    decode_time: Histogram = field(default_factory=lambda: Histogram(PHASE_BUCKETS))
     prompt: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))
     generation: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))
     success: float = 0.0
@@ -67,6 +71,9 @@ class PodStats:
             self.itl.observe(r.tpot_s, r.output_tokens - 1)
             self.tpot.observe(r.tpot_s)
         self.e2e.observe(r.finish_s - r.arrival_s)
+        # vLLM's request phases (vllm/v1/metrics/stats.py update_from_finished_request).
+        self.prefill_time.observe(r.prefill_s)
+        self.decode_time.observe(r.finish_s - r.first_token_s)
         self.prompt.observe(r.input_tokens)
         self.generation.observe(r.output_tokens)
         self.success += 1
@@ -102,20 +109,33 @@ class PodFleet:
                 self.pods.pop(pod).replica.stopped_s = now
 
     def tick(self) -> None:
+        """Runs the engines to now. Each request reaches its engine at its own arrival time (the
+        engines run up to it first), as a real engine sees it: handed over at the tick, an idle
+        engine would start it before it arrived, and a tick's arrivals would share one prefill."""
         now = self.now()
         with self.lock:
+            finished: list[SimRequest] = []
             for arrival in self.arrivals.until(now):
                 self._ids += 1
+                self.fleet.advance_to(arrival.arrival_s, finished)
                 self.fleet.route(
-                    SimRequest(self._ids, arrival.arrival_s, arrival.input_tokens, arrival.output_tokens), now
+                    SimRequest(self._ids, arrival.arrival_s, arrival.input_tokens, arrival.output_tokens),
+                    arrival.arrival_s,
                 )
-            finished: list[SimRequest] = []
             self.fleet.advance_to(now, finished)
             by_replica = {stats.replica.id: stats for stats in self.pods.values()}
             for request in finished:
                 stats = by_replica.get(request.replica)
                 if stats is not None:
                     stats.record(request)
+
+    def iterations(self, stats: PodStats) -> Histogram:
+        """vllm:iteration_tokens_total of the pod's engine: one observation per step of the
+        tokens it carried (call under `lock`)."""
+        steps = Histogram(ITERATION_BUCKETS)
+        for tokens, count in stats.replica.iterations.items():
+            steps.observe(tokens, count)
+        return steps
 
     def serving(self) -> list[PodStats]:
         """Pods whose engine answers (past its cold start); call under `lock`."""

@@ -43,15 +43,19 @@ def wait_for_plan(api: client.ApiClient, namespace: str, name: str, timeout_s: f
     raise TimeoutError(f"InferenceService {namespace}/{name} has no plan in status after {timeout_s:.0f}s")
 
 
-def pod_fleet(catalog: Catalog, obj: dict[str, Any], load: str, cold_start_s: float, seed: int) -> tuple[PodFleet, str]:
-    """The fleet the planned configuration describes, and the model name its metrics carry."""
+def pod_fleet(
+    catalog: Catalog, obj: dict[str, Any], load: str, cold_start_s: float, seed: int, speed: float = 1.0
+) -> tuple[PodFleet, str]:
+    """The fleet the planned configuration describes, and the model name its metrics carry. Its
+    engines' clock runs `speed` simulated seconds per wall-clock second (the load's times, the
+    cold start and the step times are simulated seconds)."""
     intent = parse_intent(obj["spec"])
     plan = PlanStatus.model_validate(obj["status"]["plan"])
     cfg = serving_config(intent, plan, catalog)
     spec = FleetSpec(plan.max_batch, cfg.memory.kv_capacity_tokens, cfg.max_num_batched_tokens, cfg.gpus, cold_start_s)
     arrivals = load_arrivals(load, intent.workload.input_tokens, intent.workload.output_tokens, seed)
     model_name = intent.spec.model.name or resolve_model(intent, catalog).name
-    return PodFleet(spec, StepTimes(cfg), arrivals, time.monotonic), model_name
+    return PodFleet(spec, StepTimes(cfg), arrivals, lambda: speed * time.monotonic()), model_name
 
 
 def serve(
@@ -63,9 +67,10 @@ def serve(
     cold_start_s: float,
     seed: int,
     duration_s: float | None = None,
+    speed: float = 1.0,
 ) -> None:
     api = api_client()
-    fleet, model_name = pod_fleet(catalog, wait_for_plan(api, namespace, name), load, cold_start_s, seed)
+    fleet, model_name = pod_fleet(catalog, wait_for_plan(api, namespace, name), load, cold_start_s, seed, speed)
     registry = CollectorRegistry()
     engines = EngineCollector(fleet, namespace, model_name)
     registry.register(engines)
@@ -74,7 +79,8 @@ def serve(
     print(
         f"kvscale sim serve: vLLM metrics ({model_name!r}, load {load}, cold start {cold_start_s:g}s) for the "
         f"Running pods of InferenceService {namespace}/{name} at http://127.0.0.1:{port}/metrics "
-        f"(one pod's: /metrics?pod=NAME; the pods as Prometheus HTTP SD targets: /sd)",
+        + (f"({speed:g} simulated seconds per second) " if speed != 1.0 else "")
+        + "(one pod's: /metrics?pod=NAME; the pods as Prometheus HTTP SD targets: /sd)",
         file=sys.stderr,
         flush=True,
     )
