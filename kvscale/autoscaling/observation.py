@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from kvscale.autoscaling.holding import Regime
 from kvscale.sizing.workload import BURST_SHARE_MIN_DISPERSION, Burstiness
 
 
@@ -229,3 +230,6 @@ class Decision:
     capacity_per_replica: float | None = None  # requests/s one replica sustains within the SLO
     calibration: float = 1.0
     cold_start_s: float | None = None  # the cold start the policy planned with (learned or default)
+    # Which regime set the level (absorbing bursts, following a trend, reacting to a sustained
+    # change); None for decisions made without one (missing metrics, baselines).
+    regime: Regime | None = None
