@@ -40,7 +40,7 @@ from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.workload import Slo
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
-POLICIES = ("kvscale", "static", "hpa", "keda", "saturation")
+POLICIES = ("kvscale", "static", "hpa", "keda", "saturation", "trailing")
 ROUTINGS = ("service", "gateway")
 HEADROOM = 0.10
 MAX_REPLICAS = 64  # maxReplicas for every policy (and the bound's search)
@@ -63,6 +63,9 @@ class Case:
     # Generated loads run this long before the measured part: every policy learns the load
     # first (attainment and GPU-hours are counted from here; the whole run is printed too).
     warmup_s: float = 0.0
+    # The GPU-hours aim over peak: issue 17's 0.75x; issue 27's bursty shapes (a burst shorter
+    # than the cold start cannot be chased, so the best fixed fleet is the yardstick) 1.0x.
+    aim_vs_peak: float = AIM_VS_PEAK
 
     @property
     def slo(self) -> Slo:
@@ -176,6 +179,32 @@ CASES = (
         warmup_s=1200.0,
         seed=7,
     ),
+    # Issue 27's shapes, added 2026-11-28 with burst-aware holding. Tuned on: batch submissions
+    # of hundreds of requests within seconds over a base load (index of dispersion ~20-25 over
+    # 5 s windows) with short outputs, and bursts of 40 s (shorter than the cold start) at
+    # random intervals. The aim for these is issue 27's: <= 1.0x peak.
+    Case(
+        "batches-prod",
+        "llama-3.1-8b",
+        "H100-SXM",
+        1,
+        2.0,
+        0.06,
+        "batches:base=10,every=2m,size=200,spread=3s,input=1000,output=30,lengths=heavy,duration=1h",
+        warmup_s=1200.0,
+        aim_vs_peak=1.0,
+    ),
+    Case(
+        "spikes",
+        "llama-3.1-8b",
+        "L40S",
+        1,
+        2.0,
+        0.06,
+        "spikes:base=2,peak=30,every=3m,length=40s,input=800,output=100,duration=1h",
+        warmup_s=1200.0,
+        aim_vs_peak=1.0,
+    ),
     Case(
         "drift-l4",
         "mistral-7b",
@@ -187,7 +216,48 @@ CASES = (
         warmup_s=600.0,
         seed=2,
     ),
+    # Held out for issue 27 (never run while tuning): other rates, sizes, models, GPUs and
+    # cold starts (weights cached) of the same two shapes.
+    Case(
+        "batches-prod-l40s",
+        "llama-3.1-8b",
+        "L40S",
+        1,
+        2.0,
+        0.06,
+        "batches:base=20,every=90s,size=300,spread=4s,input=600,output=20,lengths=heavy,duration=1h",
+        warmup_s=1200.0,
+        seed=3,
+        aim_vs_peak=1.0,
+    ),
+    Case(
+        "batches-qwen-cached",
+        "qwen2.5-7b",
+        "H100-SXM",
+        1,
+        1.5,
+        0.05,
+        "batches:base=20,every=3m,size=400,spread=5s,input=1500,output=40,lengths=heavy,duration=1h",
+        weights_cached=True,
+        warmup_s=1200.0,
+        seed=5,
+        aim_vs_peak=1.0,
+    ),
+    Case(
+        "spikes-cached",
+        "mistral-7b",
+        "A100-80GB",
+        1,
+        1.5,
+        0.06,
+        "spikes:base=4,peak=25,every=5m,length=45s,input=1200,output=150,duration=1h",
+        weights_cached=True,
+        warmup_s=1200.0,
+        seed=4,
+        aim_vs_peak=1.0,
+    ),
 )
+HELD_OUT_27 = ("batches-prod-l40s", "batches-qwen-cached", "spikes-cached")
 
 
 def build_setup(case: Case, trace: list[TraceRequest], routing: str) -> SimSetup:
@@ -254,8 +324,9 @@ def _p99(values: list[float]) -> float | None:
 def describe(case: Case, trace: list[TraceRequest], setup: SimSetup) -> str:
     span_min = trace[-1].arrival_s / 60
     warmup = f", measured after a {case.warmup_s / 60:.0f} min warm-up" if case.warmup_s else ""
+    held = " (held out for issue 27)" if case.name in HELD_OUT_27 else ""
     return (
-        f"{case.name}: {case.model} on {case.tp} x {case.gpu}, max batch {setup.max_batch}, cold start "
+        f"{case.name}{held}: {case.model} on {case.tp} x {case.gpu}, max batch {setup.max_batch}, cold start "
         f"{setup.cold_start_s:.0f}s ±{COLD_START_JITTER:.0%} ({'weights cached' if case.weights_cached else 'with weight download'}); "
         f"p99 TTFT <= {case.ttft_s:g}s, TPOT <= {case.tpot_s * 1e3:g}ms; {len(trace)} requests over {span_min:.0f} min "
         f"({len(trace) / max(trace[-1].arrival_s, 1):.1f} req/s mean); load {case.load}"
@@ -264,7 +335,9 @@ def describe(case: Case, trace: list[TraceRequest], setup: SimSetup) -> str:
     )
 
 
-def verdict(rows: dict[tuple[str, str], dict[str, Any]], routing: str, name: str = "kvscale") -> list[tuple[str, bool]]:
+def verdict(
+    rows: dict[tuple[str, str], dict[str, Any]], routing: str, name: str = "kvscale", aim_vs_peak: float = AIM_VS_PEAK
+) -> list[tuple[str, bool]]:
     ours = rows[(routing, name)]
     bound = rows[("gateway", "bound")]
     peak = rows[(routing, "peak")]
@@ -275,7 +348,7 @@ def verdict(rows: dict[tuple[str, str], dict[str, Any]], routing: str, name: str
             f">= {AIM_ATTAINMENT:.0%} attainment (or within 1 pt of the bound's {bound['slo_attainment']:.2%})",
             ours["slo_attainment"] >= target,
         ),
-        (f"<= {AIM_VS_PEAK}x peak's GPU-hours", ours["gpu_hours"] <= AIM_VS_PEAK * peak["gpu_hours"]),
+        (f"<= {aim_vs_peak:g}x peak's GPU-hours", ours["gpu_hours"] <= aim_vs_peak * peak["gpu_hours"]),
         (f"<= {AIM_VS_BOUND:g}x the bound's GPU-hours", ours["gpu_hours"] <= AIM_VS_BOUND * bound["gpu_hours"]),
         ("fewer GPU-hours than every baseline at the target", all(ours["gpu_hours"] < r["gpu_hours"] for r in rivals)),
     ]
@@ -394,7 +467,7 @@ def main() -> None:
             console.print(f"  kvscale decisions behind a {routing}: " + ", ".join(f"{k} {n}" for k, n in kinds.items()))
         for routing in ROUTINGS:
             for name in ("kvscale", "oracle"):
-                goals = verdict(rows, routing, name)
+                goals = verdict(rows, routing, name, case.aim_vs_peak)
                 console.print(
                     f"  {name} behind a {routing}: "
                     + "; ".join(f"{'met' if ok else 'MISSED'} {goal}" for goal, ok in goals)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from kvscale.autoscaling.holding import Regime
 from kvscale.sizing.workload import BURST_SHARE_MIN_DISPERSION, Burstiness
 
 
@@ -230,3 +231,6 @@ class Decision:
     # Replicas its forecast asks for one lead further (policy.replicas_ahead): the room a GPU
     # budget holds for it ahead of need; None when the policy says nothing of capacity.
     lead_replicas: int | None = None
+    # Which regime set the level (absorbing bursts, following a trend, reacting to a sustained
+    # change); None for decisions made without one (missing metrics, baselines).
+    regime: Regime | None = None

@@ -20,6 +20,12 @@ that set it (its `DecisionKind`):
 
 The cold start is learned from observed start-to-ready times (the slowest of the recent
 ones), defaulting from the model size; it sets the forecast and reserve horizon.
+
+On bursty arrivals (the rate can more than double within a cold start) the fleet is held
+(kvscale.autoscaling.holding, issue 27): sized for a decayed high quantile of the rate over
+windows of the cold start, grown at once only for a change that lasted a cold start (or
+past its tolerance), shrunk only after the bursts' recurrence interval. Each decision names
+its regime: absorbing bursts, following a trend, or reacting to a sustained change.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from kvscale.autoscaling.holding import Holding, Regime, holding
 from kvscale.autoscaling.observation import Decision, DecisionKind, Observation
 
 
@@ -83,6 +90,10 @@ class PolicyConfig:
     slo_feedback_relax_below: float = 0.8
     slo_feedback_max: float = 2.0
     scale_down_margin: float = 0.10  # extra spare capacity a scale-down must leave (hysteresis against flapping)
+    # A held fleet (bursty arrivals) grows only when what it is sized for needs more than this
+    # share above it (HPA's default tolerance): noise in the observed lengths moves the need
+    # by a few percent, and a burst it would chase is over before the replica is ready.
+    hold_tolerance: float = 0.10
     cold_start_samples: int = 8  # observed start-to-ready times kept for learning
 
     def __post_init__(self) -> None:
@@ -396,13 +407,28 @@ def _decide(
     ceiling = burst_ceiling(history, obs.time_s, config)
     recent = [r for t, r in history if t >= obs.time_s - config.burst_memory_s]
     bursty = rise > 0 and rise >= _quantile(recent, 0.5)  # the rate can more than double within a cold start
-    if bursty and forecast <= max(ceiling, rate_now):
-        # On/off traffic: the trend says nothing about the next burst and a replica started
-        # now lands after this one; hold capacity for the highest rate the memory holds.
-        level, kind = max(ceiling, rate_now), DecisionKind.BURST_RESERVE
+    held: Holding | None = None
+    regime = Regime.FOLLOWING_TREND
+    if bursty:
+        # On/off traffic: the trend says nothing about the next burst (a burst's own rise
+        # extrapolates far past it) and a replica started now lands after this one; hold
+        # capacity for the work per cold start the recent past brought, and follow the rate
+        # itself only once it has lasted a cold start.
+        held = holding(
+            history,
+            obs.time_s,
+            cold_start_s,
+            config.rate_window_s,
+            config.burst_quantile,
+            config.burst_hold_s,
+            config.burst_memory_s,
+        )
+        level, kind, regime = held.rate, DecisionKind.BURST_RESERVE, held.regime
+        every = f", recurring every {held.recurrence_s:.0f}s" if held.recurrence_s is not None else ""
         why = (
-            f"bursty arrivals (p{config.burst_quantile * 100:g} rise {rise:.2f} req/s within {horizon_s:.0f}s): "
-            f"holding {level:.2f} req/s (now {rate_now:.2f})"
+            f"bursty arrivals (p{config.burst_quantile * 100:g} rise {rise:.2f} req/s within {horizon_s:.0f}s{every}): "
+            f"holding {level:.2f} req/s (p{config.burst_quantile * 100:g} over {cold_start_s:.0f}s windows "
+            f"{held.level:.2f}, sustained {held.sustained:.2f}, now {rate_now:.2f})"
         )
     else:
         # A rise counts from the current rate, but not past the highest rate the memory holds.
@@ -424,6 +450,9 @@ def _decide(
         why = "no replica meets the SLO at the observed lengths: scaling to the maximum"
     else:
         target = _replicas_for(level, per_replica, config.headroom)
+        if regime is Regime.ABSORBING_BURSTS and target > current:
+            # Grow a held fleet only past the tolerance: a need of 4.1 keeps 4.
+            target = max(current, _replicas_for(level, per_replica * (1 + config.hold_tolerance), config.headroom))
         why += f" over the {per_replica:.2f} req/s one replica carries, {config.headroom:.0%} headroom"
         if slo_factor > 1.0 + 1e-6:
             why += f" (capacity lowered x{slo_factor:.2f} by SLO feedback)"
@@ -458,32 +487,41 @@ def _decide(
             why = f"{why}; minReplicas {clamped}"
         target, kind = clamped, DecisionKind.BOUNDS
     state = state.remember(obs.time_s, rate_now, target)
+    why = f"{regime.value}: {why}"
 
     def answer(replicas: int, reason: str, kind: DecisionKind) -> Decision:
-        return Decision(replicas, reason, kind, per_replica, calibration, cold_start_s)
+        return Decision(replicas, reason, kind, per_replica, calibration, cold_start_s, regime=regime)
 
     if target >= current:
         verb = "scale up" if target > current else "hold"
         return answer(target, f"{verb} {current} -> {target}: {why}", kind), state
 
     # Scale-down: the largest target of the stabilization window, and a consolidation check.
-    since = obs.time_s - config.scale_down_stabilization_s
+    # A held fleet waits out the bursts' recurrence interval too (the next burst is due), and
+    # must absorb the held level, not just the quiet rate between bursts.
+    stabilization_s = config.scale_down_stabilization_s
+    if held is not None and held.recurrence_s is not None:
+        stabilization_s = max(stabilization_s, min(held.recurrence_s, config.burst_hold_s))
+    since = obs.time_s - stabilization_s
     window = [t for when, t in state.targets if when >= since]
     history_covers_window = bool(state.targets) and state.targets[0][0] <= since + 1e-9
     stabilized = max([target, *window]) if history_covers_window else current
-    absorbed = rate_now * (1 + config.headroom + config.scale_down_margin) <= stabilized * per_replica
+    absorbing = max(rate_now, held.rate if held is not None else 0.0)
+    absorbed = absorbing * (1 + config.headroom + config.scale_down_margin) <= stabilized * per_replica
     queue_ok = obs.running + obs.waiting <= stabilized * capacity.max_batch
     if stabilized >= current:
-        why = f"within the {config.scale_down_stabilization_s:.0f}s stabilization window"
+        why = f"{regime.value}: within the {stabilization_s:.0f}s stabilization window"
+        if stabilization_s > config.scale_down_stabilization_s:
+            why += " (the bursts' recurrence interval)"
         return answer(current, f"hold {current}: {why}", DecisionKind.STABILIZATION), state
     if not absorbed or not queue_ok or missed:
         why = "the remaining replicas would not absorb the load" if not (absorbed and queue_ok) else missed or ""
-        return answer(current, f"hold {current}: {why}", DecisionKind.HOLD), state
+        return answer(current, f"hold {current}: {regime.value}: {why}", DecisionKind.HOLD), state
     return (
         answer(
             stabilized,
-            f"scale down {current} -> {stabilized}: {stabilized} replicas absorb {rate_now:.2f} req/s "
-            f"(capacity {stabilized * per_replica:.2f}) after {config.scale_down_stabilization_s:.0f}s stable",
+            f"scale down {current} -> {stabilized}: {regime.value}: {stabilized} replicas absorb {absorbing:.2f} req/s "
+            f"(capacity {stabilized * per_replica:.2f}) after {stabilization_s:.0f}s stable",
             kind if stabilized == target else DecisionKind.STABILIZATION,
         ),
         state,

@@ -111,7 +111,8 @@ def simulate(
         str,
         typer.Option(
             help="kvscale, static (a fixed fleet: --replicas, by default the busiest minute over modelled "
-            "capacity), hpa, keda, saturation, oracle, bound (per-minute fewest warm replicas that "
+            "capacity), hpa, keda, saturation, trailing (1.3 x the largest of the last ten minutes' per-minute "
+            "bound counts, read causally), oracle, bound (per-minute fewest warm replicas that "
             "meet the SLO), peak (cheapest fixed fleet that meets it, found by simulation), or all."
         ),
     ] = "all",

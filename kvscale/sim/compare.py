@@ -8,6 +8,10 @@ Three references beside the policies:
 - the bound: the cheapest fleet that could have met the SLO with instantaneous scaling: per
   interval, the fewest warm replicas on which that interval's requests meet the SLO, behind
   the best routing (the gateway). No policy that pays for cold starts can beat it by much.
+
+And one causal baseline built from the bound: `trailing` (issue 27) holds 1.3 x the largest
+of the last ten minutes' bound counts, each read only once its minute is over. It needs the
+trace in advance to compute the counts, but decides from the past alone.
 """
 
 from __future__ import annotations
@@ -27,13 +31,15 @@ from kvscale.sim.policies import (
     SchedulePolicy,
     SimPolicy,
     StaticPolicy,
+    TrailingPolicy,
 )
 from kvscale.sim.report import attainment
 from kvscale.sim.run import SimResult, SimSetup, Source, TimelinePoint, bucket_rates, simulate
 from kvscale.sim.trace import TraceRequest
 
-POLICY_NAMES = ("kvscale", "static", "hpa", "keda", "saturation", "oracle", "bound", "peak")
+POLICY_NAMES = ("kvscale", "static", "hpa", "keda", "saturation", "trailing", "oracle", "bound", "peak")
 REFERENCE_NAMES = ("oracle", "bound", "peak")  # need the whole trace in advance
+NEEDS_TRACE = (*REFERENCE_NAMES, "trailing")  # trailing's counts are the bound's, computed from the trace
 ORACLE_BUCKET_S = 30.0
 ORACLE_HEADROOMS = (0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
 ATTAINMENT_GOAL = 0.99
@@ -120,6 +126,9 @@ def make_policies(
         "hpa": lambda: HpaRunningPolicy(target_running, max_replicas=max_replicas),
         "keda": lambda: KedaWaitingPolicy(max_replicas=max_replicas),
         "saturation": lambda: SaturationPolicy(setup.max_batch, max_replicas=max_replicas),
+        "trailing": lambda: TrailingPolicy(
+            bound_counts(setup, trace or [], max_replicas), BOUND_INTERVAL_S, max_replicas=max_replicas
+        ),
     }
     return [built[n]() for n in names if n not in REFERENCE_NAMES]
 
@@ -172,6 +181,15 @@ def _better(candidate: SimResult, incumbent: SimResult, setup: SimSetup) -> bool
     if (a >= ATTAINMENT_GOAL) != (b >= ATTAINMENT_GOAL):
         return a >= ATTAINMENT_GOAL
     return candidate.gpu_hours < incumbent.gpu_hours if a >= ATTAINMENT_GOAL else a > b
+
+
+def bound_counts(
+    setup: SimSetup, trace: list[TraceRequest], max_replicas: int = 1000, interval_s: float = BOUND_INTERVAL_S
+) -> list[int]:
+    """The bound's replica count per interval (run_bound's), in order from t=0."""
+    if not trace:
+        raise ValueError("the bound's counts need a trace (every arrival known in advance)")
+    return [p.desired for p in run_bound(setup, trace, max_replicas, interval_s).timeline]
 
 
 def run_bound(

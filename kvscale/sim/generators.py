@@ -16,6 +16,11 @@ or plain seconds). Kinds and their keys (defaults in brackets):
 - `batches`: `base` [1], `every` [2m], `size` [200], `spread` [3s]: batch submissions over a
   Poisson base load: at random times (exponential gaps of mean `every`) `size` requests
   arrive within `spread` (an index of dispersion of about `size` over a few seconds).
+- `spikes`: `base` [2], `peak` [40], `every` [3m], `length` [30s]: bursts shorter than a
+  cold start at random intervals: a Poisson base load, and bursts of `length` at `peak` (no
+  ramp) starting after exponential gaps of mean `every` (each counted from the previous
+  burst's end). A burst over before a replica started for it is ready can only be absorbed
+  by warm capacity (issue 27).
 - `drift`: `rate` [5], `swing` [2.5], `every` [1m]: a constant request rate whose mean
   prompt moves between minutes: each `every`, the mean is `input` x swing^(u - 1/2), u
   uniform, so it changes up to `swing`-fold from one period to the next.
@@ -59,8 +64,9 @@ KINDS: dict[str, dict[str, str]] = {
     "flash": {"base": "2", "peak": "30", "at": "5m", "rise": "30s", "decay": "5m"},
     "batches": {"base": "1", "every": "2m", "size": "200", "spread": "3s"},
     "drift": {"rate": "5", "swing": "2.5", "every": "1m"},
+    "spikes": {"base": "2", "peak": "40", "every": "3m", "length": "30s"},
 }
-_TIMES = {"duration", "on", "off", "rise", "period", "at", "decay", "every", "spread"}
+_TIMES = {"duration", "on", "off", "rise", "period", "at", "decay", "every", "spread", "length"}
 _COUNTS = {"size", "swing"}  # numbers that are neither rates nor times
 _TOKENS = {"input", "output", "max_input", "max_output"}
 
@@ -136,7 +142,12 @@ def _number(text: str, key: str, value: str) -> float:
 
 
 def _check(text: str, kind: str, v: dict[str, float]) -> None:
-    pairs = {"bursty": ("base", "peak"), "diurnal": ("low", "high"), "flash": ("base", "peak")}
+    pairs = {
+        "bursty": ("base", "peak"),
+        "diurnal": ("low", "high"),
+        "flash": ("base", "peak"),
+        "spikes": ("base", "peak"),
+    }
     if kind in pairs:
         lo, hi = pairs[kind]
         if v[lo] > v[hi]:
@@ -176,6 +187,8 @@ def rate_function(spec: LoadSpec, rng: random.Random) -> tuple[Callable[[float],
             return base + (peak - base) * math.exp(-(t - at - rise) / decay)
 
         return flash, peak
+    if spec.kind == "spikes":
+        return _spikes(spec, rng)
     # bursty: alternating periods, drawn once up front
     base, peak, rise = v["base"], v["peak"], v["rise"]
     bursts: list[tuple[float, float]] = []  # (start, end) of each burst
@@ -196,6 +209,23 @@ def rate_function(spec: LoadSpec, rng: random.Random) -> tuple[Callable[[float],
         return base + (peak - base) * ramp
 
     return bursty, max(base, peak)
+
+
+def _spikes(spec: LoadSpec, rng: random.Random) -> tuple[Callable[[float], float], float]:
+    """Bursts of a fixed length at `peak`, exponential gaps of mean `every` between them."""
+    v = spec.values
+    base, peak, length, every = v["base"], v["peak"], v["length"], v["every"]
+    starts: list[float] = []
+    t = rng.expovariate(1 / every) if every > 0 else 0.0
+    while t < spec.duration_s and length > 0:
+        starts.append(t)
+        t += length + (rng.expovariate(1 / every) if every > 0 else 0.0)
+
+    def spikes(time_s: float) -> float:
+        i = bisect.bisect_right(starts, time_s) - 1
+        return peak if i >= 0 and time_s < starts[i] + length else base
+
+    return spikes, max(base, peak)
 
 
 def _length(rng: random.Random, mean: float, cap: float, shape: str) -> int:

@@ -179,3 +179,47 @@ class SchedulePolicy:
                 break
             desired = replicas
         return Decision(desired, f"oracle: {desired} planned for t={obs.time_s:.0f}s")
+
+
+TRAILING_FACTOR = 1.3  # issue 27's rule: 1.3 x the trailing per-minute need
+TRAILING_LOOKBACK_S = 600.0  # over the last ten minutes
+
+
+@dataclass
+class TrailingPolicy:
+    """A causal baseline (issue 27): hold ceil(factor x the `quantile` of the per-interval
+    bound counts of the last `lookback_s`), each interval's count known only once it has
+    ended. The counts are the bound's (kvscale.sim.compare.run_bound: the fewest warm
+    replicas meeting the SLO on that interval's arrivals alone), computed from the trace in
+    advance but read only as each interval closes, so the rule sees nothing of the future.
+    Before the first interval closes it holds the starting fleet."""
+
+    counts: list[int]  # the bound's count per interval, in order from t=0
+    interval_s: float
+    lookback_s: float = TRAILING_LOOKBACK_S
+    factor: float = TRAILING_FACTOR
+    quantile: float = 1.0  # 1.0: the largest count of the lookback
+    min_replicas: int = 1
+    max_replicas: int = 100
+    name: str = "trailing"
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.quantile <= 1.0:
+            raise ValueError(f"the trailing quantile must be in (0, 1], got {self.quantile}")
+        if not self.interval_s > 0.0:
+            raise ValueError(f"the trailing interval must be > 0 s, got {self.interval_s}")
+
+    def decide(self, obs: Observation) -> Decision:
+        closed = min(len(self.counts), int(obs.time_s // self.interval_s + 1e-9))  # intervals already over
+        first = max(0, closed - max(1, round(self.lookback_s / self.interval_s)))
+        seen = sorted(self.counts[first:closed])
+        if not seen:
+            return Decision(obs.current_replicas, "trailing: no interval has closed yet, holding", DecisionKind.HOLD)
+        level = seen[min(len(seen) - 1, max(0, math.ceil(self.quantile * len(seen)) - 1))]
+        desired = max(self.min_replicas, min(self.max_replicas, math.ceil(self.factor * level - 1e-9)))
+        which = "largest" if self.quantile >= 1.0 else f"p{self.quantile * 100:g}"
+        return Decision(
+            desired,
+            f"trailing: {self.factor:g} x {level} (the {which} of the last {len(seen)} intervals' bound counts)",
+            DecisionKind.STATIC,
+        )

@@ -9,7 +9,7 @@ from typing import Any
 
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.planner.search import Plan
-from kvscale.sim.compare import REFERENCE_NAMES, make_policies, run_bound, run_oracle, run_peak
+from kvscale.sim.compare import NEEDS_TRACE, REFERENCE_NAMES, make_policies, run_bound, run_oracle, run_peak
 from kvscale.sim.report import summary
 from kvscale.sim.run import SimResult, SimSetup, Source, simulate
 from kvscale.sim.trace import TraceRequest
@@ -61,9 +61,10 @@ def run_policies(
     for) is what the capacity model of kvscale and the oracle assumes."""
     capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch, shape, least_loaded=setup.routing == "gateway")
     references = [n for n in names if n in REFERENCE_NAMES]
-    if references and load.trace is None:
+    traced = [n for n in names if n in NEEDS_TRACE]
+    if traced and load.trace is None:
         raise SimulationError(
-            f"{' and '.join(references)} {'needs' if len(references) == 1 else 'need'} a trace (every arrival "
+            f"{' and '.join(traced)} {'needs' if len(traced) == 1 else 'need'} a trace (every arrival "
             "known in advance); use --trace or --load, or leave them out"
         )
     results: list[SimResult] = []

@@ -51,3 +51,40 @@ def test_static_and_schedule() -> None:
     assert StaticPolicy(4).decide(o(0, 1)).replicas == 4
     schedule = SchedulePolicy([(0.0, 1), (60.0, 3), (120.0, 2)])
     assert [schedule.decide(o(t, 1)).replicas for t in (0, 59, 60, 130)] == [1, 1, 3, 2]
+
+
+def test_trailing_holds_1_3x_the_largest_closed_minute_of_the_last_ten() -> None:
+    from kvscale.sim.policies import TrailingPolicy
+
+    # Minute i's bound count; minute 2 needs 10, minute 14 needs 4.
+    counts = [2, 3, 10, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 4, 2]
+    trailing = TrailingPolicy(counts, 60.0)
+    assert trailing.decide(o(30, 3)).replicas == 3  # no minute closed yet: hold what runs
+    assert trailing.decide(o(60, 3)).replicas == 3  # minute 0 (2) closed: ceil(1.3 x 2) = 3
+    # Causal: minute 2's 10 counts only once minute 2 is over, at t = 180 s, not during it.
+    assert trailing.decide(o(179, 3)).replicas == 4  # ceil(1.3 x 3)
+    assert trailing.decide(o(180, 4)).replicas == 13  # ceil(1.3 x 10)
+    # It holds for ten minutes (minutes 3..12 once minute 12 has closed at 780 s), then fades.
+    assert trailing.decide(o(779, 13)).replicas == 13
+    assert trailing.decide(o(780, 13)).replicas == 3
+    # A quantile below 1 drops the one high minute of ten.
+    assert TrailingPolicy(counts, 60.0, quantile=0.8).decide(o(600, 13)).replicas == 3
+
+
+def test_trailing_from_the_bound_runs_in_simulate() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvscale.cli import app
+
+    base = ["simulate", "--model", "llama-3.1-8b", "--ttft", "1s", "--tpot", "60ms", "--gpu", "L4", "--json"]
+    load = "spikes:base=0.5,peak=4,every=2m,length=30s,input=400,output=60,duration=12m"
+    result = CliRunner().invoke(app, [*base, "--load", load, "--policy", "trailing,bound", "--seed", "2"])
+    assert result.exit_code == 0, result.output
+    rows = {r["policy"]: r for r in json.loads(result.stdout)}
+    # It holds 1.3 x the bound's past peak minute, so it never spends less than the bound
+    # after its first ten minutes, and meets the SLO about as well.
+    assert rows["trailing"]["requests"] == rows["bound"]["requests"]
+    assert rows["trailing"]["gpu_hours"] > 0.9 * rows["bound"]["gpu_hours"]
+    assert rows["trailing"]["slo_attainment"] > 0.9

@@ -423,7 +423,10 @@ def test_room_ahead_of_the_forecast_is_held_from_a_lower_priority() -> None:
     ahead = replace(done, decision=replace(done.decision, lead_replicas=wanted + 3))
     govern(book, RES, {"tier": "x"}, intent, status, start, obs, ahead, NOW, TTL)
     a = book.allocation("b", NOW.timestamp(), TTL)
-    assert (a.grant("ns/chat").replicas, a.grant("ns/chat").ahead) == (wanted, 3)
-    assert a.grant("ns/low").replicas == 7  # a limit of 15 replicas, less chat's 5 and the 3 held for it
-    assert a.reserved == {gpu: 3 * tp}
+    held = min(3, 10 - wanted)  # the room ahead stays within chat's maxReplicas (10)
+    assert held > 0
+    assert (a.grant("ns/chat").replicas, a.grant("ns/chat").ahead) == (wanted, held)
+    # a limit of wanted + 10 replicas, less chat's want and the room held for it
+    assert a.grant("ns/low").replicas == 10 - held
+    assert a.reserved == {gpu: held * tp}
     assert "chat (priority 0) " in a.grant("ns/low").reason and "ahead)" in a.grant("ns/low").reason

@@ -400,6 +400,7 @@ def test_simulate_all_policies_json(tmp_path: Path) -> None:
         "hpa",
         "keda",
         "saturation",
+        "trailing",
         "oracle",
         "bound",
         "peak",

@@ -119,3 +119,46 @@ def test_short_heavy_tailed_outputs() -> None:
 def test_new_kinds_refuse_bad_values(text: str, message: str) -> None:
     with pytest.raises(LoadError, match=re.escape(message)):
         parse_load(text)
+
+
+def _index_of_dispersion(trace: list, window_s: float) -> float:  # type: ignore[type-arg]
+    """Variance over mean of the arrivals counted per window (1: Poisson)."""
+    counts = [0] * (int(trace[-1].arrival_s // window_s) + 1)
+    for r in trace:
+        counts[int(r.arrival_s // window_s)] += 1
+    return statistics.pvariance(counts) / statistics.fmean(counts)
+
+
+@pytest.mark.parametrize(
+    ("load", "low", "high"),
+    [
+        # Issue 27's production shape: hundreds of requests within seconds over a base load, an
+        # index of dispersion ~25 over 5 s windows, short outputs, at three scales.
+        ("batches:base=10,every=2m,size=200,spread=3s,output=30,duration=1h", 15, 35),
+        ("batches:base=20,every=90s,size=300,spread=4s,output=20,duration=1h", 15, 45),
+        ("batches:base=20,every=3m,size=400,spread=5s,output=40,duration=1h", 15, 40),
+    ],
+)
+def test_batch_submissions_have_the_issues_dispersion(load: str, low: float, high: float) -> None:
+    trace = generate(parse_load(load), seed=1)
+    assert low < _index_of_dispersion(trace, 5.0) < high
+    assert statistics.median(r.output_tokens for r in trace) < 50  # short outputs
+
+
+def test_spikes_are_shorter_than_a_cold_start_at_random_intervals() -> None:
+    trace = generate(parse_load("spikes:base=1,peak=40,every=3m,length=40s,duration=2h"), seed=2)
+    per_10s = bucket_rates(trace, 10.0)
+    hot = [i for i, r in enumerate(per_10s) if r > 20]
+    runs, gaps, start = [], [], hot[0]
+    for a, b in zip(hot, [*hot[1:], None], strict=True):  # consecutive hot windows form one burst
+        if b != a + 1:
+            runs.append(a - start + 1)
+            if b is not None:
+                gaps.append(b - a)
+                start = b
+    assert len(runs) > 15  # about 2 h / (3 m + 40 s) bursts
+    # Each ~40 s (four 10 s windows, five when it straddles one); two bursts a few seconds apart
+    # (an exponential gap can be that short) merge into one run now and then.
+    assert statistics.median(runs) in (4, 5) and sum(r <= 5 for r in runs) >= 0.85 * len(runs)
+    assert statistics.pstdev(gaps) > 0.5 * statistics.fmean(gaps)  # random (exponential) gaps, not a clock
+    assert _index_of_dispersion(trace, 5.0) > 20
