@@ -11,7 +11,10 @@ engine release selects (kvscale.sizing.engine_profiles.profile_for: vLLM 0.10-0.
    matmul_efficiency_factor, request_overhead_s) refitted on a grid (gpustack.grid), on all
    rows, leave-one-model-out and leave-one-GPU-out (held-out errors).
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/engine_profiles.py [--grid]
+4. with --png PATH: predicted against measured, per metric, coloured by engine and marked by
+   model (the README's picture).
+
+Run: PYTHONPATH=. .venv/bin/python benchmarks/engine_profiles.py [--grid] [--png PATH]
 """
 
 from __future__ import annotations
@@ -85,13 +88,64 @@ def per_row(replayed: list[gpustack.Replayed]) -> None:
     console.print(table)
 
 
+def draw(replayed: list[gpustack.Replayed], path: str) -> None:
+    """Predicted against measured on log axes, one panel per metric; the diagonal is exact and
+    the band is +-25%."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    Pick = Callable[[gpustack.Replayed], tuple[float, float]]
+    metrics: tuple[tuple[str, str, Pick], ...] = (
+        ("throughput", "output tok/s", lambda r: (r.run.output_tok_s, r.output_tok_s)),
+        ("mean TTFT", "mean TTFT s", lambda r: (r.run.ttft_mean_s, r.ttft_mean_s)),
+        ("mean TPOT", "mean TPOT ms", lambda r: (r.run.tpot_mean_s * 1e3, r.tpot_mean_s * 1e3)),
+    )
+    models = sorted({r.run.model for r in replayed})
+    markers = dict(zip(models, "osD^v<>phX*P", strict=False))
+    colours = {"vllm": "tab:blue", "sglang": "tab:orange"}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5))
+    for ax, (metric, title, pick) in zip(axes, metrics, strict=True):
+        lo, hi = float("inf"), 0.0
+        for r in replayed:
+            measured, predicted = pick(r)
+            lo, hi = min(lo, measured, predicted), max(hi, measured, predicted)
+            ax.scatter(
+                measured,
+                predicted,
+                s=22,
+                alpha=0.75,
+                marker=markers.get(r.run.model, "o"),
+                color=colours.get(r.run.engine, "tab:gray"),
+            )
+        ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8)
+        ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="gray", alpha=0.15)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {title}")
+        ax.set_ylabel(f"predicted {title}")
+        errors = [abs(r.errors()[metric]) for r in replayed]
+        ax.set_title(f"{title}: median |error| {statistics.median(errors):.0%}")
+    handles = [Line2D([], [], marker="o", linestyle="", color=c, label=e) for e, c in colours.items()]
+    handles += [Line2D([], [], marker=m, linestyle="", color="black", label=k) for k, m in markers.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=8, frameon=False)
+    fig.suptitle("GPUStack bursts (vLLM 0.10-0.11, SGLang 0.5; A100 and H100): kvscale's default engine profiles")
+    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="engine profiles against the GPUStack bursts")
     parser.add_argument("--grid", action="store_true", help="refit the three fields on a grid (a few minutes)")
+    parser.add_argument("--png", help="draw predicted against measured into this file")
     args = parser.parse_args()
     catalog = default_catalog()
     selected, skipped = gpustack.runs()
     replayed, refused = gpustack.replay_all(selected, catalog)
+    if args.png:
+        draw(replayed, args.png)
     per_row(replayed)
     console.print(f"left out before replay: {skipped}")
     console.print(f"replay refused: {refused}")
