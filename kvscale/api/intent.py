@@ -20,6 +20,7 @@ from kvscale.planner.search import TENSOR_PARALLEL_DEGREES, Objective, PlanReque
 from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch
 from kvscale.sizing.checkpoints import EngineType, default_precision
 from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.engine_profiles import profile_on
 from kvscale.sizing.hf_config import arch_from_hf_config
 from kvscale.sizing.units import UnitError, parse_duration_s
 from kvscale.sizing.workload import Slo, Workload
@@ -254,14 +255,16 @@ def weight_precision(intent: Intent, model: ModelArch) -> str:
 def serving_config(intent: Intent, plan: PlanStatus, catalog: Catalog) -> ServingConfig:
     """The configuration a plan in status describes (gpuType, tensorParallel, pipelineParallel,
     expert parallelism, precision, chunk budget; a status written before the budget was recorded gets the engine's default)."""
+    gpu = catalog.gpu(plan.gpu_type)
     return ServingConfig.build(
         catalog,
         resolve_model(intent, catalog),
-        catalog.gpu(plan.gpu_type),
+        gpu,
         plan.precision,
         plan.tensor_parallel,
         intent.kv_cache_precision,
-        intent.engine,
+        # The profile of the release the pods run, as the plan was made with (plan_request)
+        profile_on(catalog, intent.engine, gpu, intent.spec.engine.image, intent.spec.engine.rocm_image).profile,
         plan.max_num_batched_tokens,
         pipeline_parallel=plan.pipeline_parallel,
         expert_parallel=plan.expert_parallel,
@@ -292,6 +295,10 @@ def plan_request(
         max_replicas=intent.scaling.max_replicas,
         gpu_limits=gpu_limits,
         engine=intent.engine,
+        # The engine release sizes the plan: spec.engine.image's tag picks the profile of its
+        # step times and CPU costs (vllm/vllm-openai:v0.6.3 plans as vllm-0.2, not as vllm-0.11)
+        engine_image=intent.spec.engine.image,
+        rocm_engine_image=intent.spec.engine.rocm_image,
         data_parallel_attention=intent.data_parallel_attention,
         # Behind an InferencePool the endpoint picker routes to the least-loaded pods, as the
         # autoscaler's capacity model takes it (kvscale.control.scaling.capacity).

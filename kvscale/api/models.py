@@ -514,6 +514,11 @@ class PlanStatus(_Status):
         description="Chunked-prefill token budget per engine step, running decodes included (--max-num-batched-tokens).",
     )
     replicas: int = Field(description="Replicas the plan needs at the spec's request rate.")
+    analytic_replicas: int | None = Field(
+        default=None,
+        description="Replicas the analytic model asked for, when a simulated check of the plan settled `replicas` "
+        "(the two differ where the replayed sample disagreed with the model); unset when the plan was not simulated.",
+    )
     predicted_ttft: str = Field(description="Predicted TTFT at the percentile and the spec's load.")
     predicted_tpot: str = Field(description="Predicted TPOT at the percentile and the spec's load.")
     predicted_ttft_seconds: float | None = Field(

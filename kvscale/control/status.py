@@ -203,6 +203,8 @@ def plan_status(
         max_context_tokens=max_context,
         max_num_batched_tokens=chosen.max_num_batched_tokens,
         replicas=f.replicas,
+        # The simulated check's two counts side by side: `replicas` is the simulator's, this the model's
+        analytic_replicas=chosen.check.analytic_replicas if chosen.check is not None else None,
         predicted_ttft=format_duration(p.ttft_p_s),
         predicted_tpot=format_duration(p.tpot_p_s),
         predicted_ttft_seconds=f.ttft_s,

@@ -12,6 +12,7 @@ from typing import Literal
 from kvscale.engines.knobs import CLI_KNOBS, Knobs
 from kvscale.sizing.catalog import Catalog, GpuSpec, ModelArch
 from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.engine_profiles import profile_on
 from kvscale.sizing.load import CHUNK_BUDGETS, LoadPoint, ReplicaModel, chunk_budget_for
 from kvscale.sizing.queueing import replicas_for_rate
 from kvscale.sizing.units import GIB, format_duration
@@ -240,7 +241,12 @@ class PlanRequest:
     headroom: float = DEFAULT_HEADROOM
     max_replicas: int | None = None
     gpu_limits: Mapping[str, int] | None = None  # free GPUs per type (cluster inventory)
-    engine: str = "vllm"
+    engine: str = "vllm"  # the engine's name (its profile per GPU: engine_image's tag), or a profile key
+    # The images the engine pods run, on NVIDIA and on AMD GPUs (spec.engine.image / rocmImage):
+    # their tags name the release whose profile sizes them (kvscale.sizing.engine_profiles.profile_on);
+    # None: the catalog's image's.
+    engine_image: str | None = None
+    rocm_engine_image: str | None = None
     # MoE: also replicas of 2, 4 or 8 data-parallel attention ranks (vLLM --data-parallel-size
     # with --enable-expert-parallel); spec.hardware.dataParallelAttention in the operator.
     data_parallel_attention: bool = False
@@ -800,10 +806,16 @@ def _ceil_ms(seconds: float) -> str:
     return f"{math.ceil(seconds * 1000)}ms"
 
 
+def _engine_on(catalog: Catalog, request: PlanRequest, gpu: GpuSpec) -> str:
+    """The key of the engine profile the pods on `gpu` run (the image's release)."""
+    return profile_on(catalog, request.engine, gpu, request.engine_image, request.rocm_engine_image).profile
+
+
 def configurations(catalog: Catalog, request: PlanRequest) -> list[ServingConfig]:
     gpus: list[GpuSpec] = [catalog.gpu(g) for g in request.gpus] if request.gpus else list(catalog.gpus.values())
+    engines = {gpu.name: _engine_on(catalog, request, gpu) for gpu in gpus}
     configs = [
-        ServingConfig.build(catalog, request.model, gpu, precision, tp, request.kv_cache_precision, request.engine)
+        ServingConfig.build(catalog, request.model, gpu, precision, tp, request.kv_cache_precision, engines[gpu.name])
         for gpu in gpus
         for tp in request.tensor_parallel
         for precision in request.precisions
@@ -819,7 +831,7 @@ def configurations(catalog: Catalog, request: PlanRequest) -> list[ServingConfig
                 precision,
                 1,
                 request.kv_cache_precision,
-                request.engine,
+                engines[gpu.name],
                 expert_parallel=True,
                 data_parallel=ranks,
             )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from kvscale.sizing.catalog import Catalog, EngineProfile, version_key
+from kvscale.sizing.catalog import Catalog, EngineProfile, GpuSpec, version_key
 
 # A release inside a tag: `v0.11.0`, `0.5.4.post2-cu126`, AMD's `rocm6.4.1_vllm_0.10.1_20250909`
 # (the number after the engine's name), TGI's `3.3.7-rocm`.
@@ -53,6 +53,19 @@ def profile_for(catalog: Catalog, engine: str, image_or_version: str | None = No
     wanted = version_key(release)
     covering = [p for p in profiles if version_key(p.covers_from) <= wanted]
     return covering[-1] if covering else profiles[0]
+
+
+def profile_on(
+    catalog: Catalog, engine: str, gpu: GpuSpec, image: str | None = None, rocm_image: str | None = None
+) -> EngineProfile:
+    """The profile of the release the engine pods on `gpu` run: the tag of `rocm_image` on AMD
+    GPUs and of `image` on the others (spec.engine.rocmImage / image), else the tag of the
+    catalog's image for the engine and vendor, the one kvscale.control.resources.engine_image
+    deploys then."""
+    newest = catalog.engine(engine)
+    if gpu.vendor == "amd":
+        return profile_for(catalog, engine, rocm_image or newest.rocm_image)
+    return profile_for(catalog, engine, image or newest.image)
 
 
 def describe(profile: EngineProfile) -> str:

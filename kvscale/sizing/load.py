@@ -14,6 +14,12 @@ an arrival rate lambda with prompts of I tokens and outputs of O tokens:
 - TTFT = waiting for a batch slot (M/M/c) + waiting for the prefill server (M/D/1 at
   utilization f x t_m / t_mean) + the step in flight + the prompt's own chunk steps.
 
+Each admitted request also costs the engine r seconds of intake (EngineProfile.request_overhead_s:
+HTTP, tokenization, admission), serial with the steps as kvscale.sim.engine charges it: the
+step a prompt is admitted in ends r later for every running decode, so the prefill server's
+work per prompt is its chunk steps plus r (lambda x r of the replica's time, the TTFT queue's
+service times, each prompt's own TTFT), and a prompt token adds r / I to the decodes' gaps.
+
 Capacity is whichever binds first: prefill compute (f reaches 1), decode (the TPOT of
 the running batch), KV capacity or batch slots (every slot busy).
 
@@ -119,6 +125,8 @@ class ReplicaModel:
         self.least_loaded = least_loaded
         self.budget = cfg.max_num_batched_tokens
         self._context = workload.mean_decode_context_tokens
+        # Per admitted request, serial with the steps (kvscale.sim.engine Replica._prefill)
+        self.intake_s = cfg.engine.request_overhead_s
         # Plain dicts: one planner run builds hundreds of these, and lru_cache wrappers cost
         # more to create than the look-ups they save.
         self._decodes: dict[int, StepTime] = steps_from._decodes if steps_from else {}
@@ -324,17 +332,20 @@ class ReplicaModel:
         packed = math.ceil(inp * (1.0 + rate_per_s * one) / _CHUNK_GRAIN_TOKENS) * _CHUNK_GRAIN_TOKENS
         return max(1, min(room, packed))
 
-    def _mix(self, rate_per_s: float, batch: int) -> tuple[StepTime, StepTime, float, float]:
-        """Decode step, chunk step, mean gap and chunk share at `batch` running decodes."""
+    def _mix(self, rate_per_s: float, batch: int) -> tuple[StepTime, StepTime, float, float, float]:
+        """Decode step, chunk step, mean gap, chunk share and the intake a chunk step's gap
+        carries (the prompts it admits, chunk / I of them on average, r each) at `batch` running
+        decodes."""
         dec = self.decode(batch)
         chunk = self._chunk(rate_per_s, batch)
         mix = self.mixed(batch, chunk)
         chunk_rate = rate_per_s * self.workload.input_tokens / chunk  # chunk steps per second
-        busy = chunk_rate * (mix.seconds - dec.seconds)
-        if busy >= 1.0 or chunk_rate * mix.seconds >= 1.0:
-            return dec, mix, math.inf, 1.0
+        intake = self.intake_s * chunk / self.workload.input_tokens
+        busy = chunk_rate * (mix.seconds + intake - dec.seconds)
+        if busy >= 1.0 or chunk_rate * (mix.seconds + intake) >= 1.0:
+            return dec, mix, math.inf, 1.0, intake
         gap = dec.seconds / (1.0 - busy)
-        return dec, mix, gap, chunk_rate * gap
+        return dec, mix, gap, chunk_rate * gap, intake
 
     def capacity_rate_per_s(self, max_batch: int) -> float:
         """An upper bound on the arrival rate one replica sustains: where prefill compute or
@@ -348,10 +359,11 @@ class ReplicaModel:
         room = self.chunk_room(1)
         mix = self.mixed(1, room)
         inp, out = self.workload.input_tokens, self.workload.output_tokens
-        # Prefill compute: chunk steps (full) fill the whole time: rate x I / room x t_m = 1.
-        prefill_rate = room / (inp * mix.seconds)
-        # Slots: every slot busy for its request's life (prefill plus out decode gaps).
-        slot_rate = batch / (self.own_prefill_s(batch) + out * dec.seconds)
+        # Prefill compute: chunk steps (full) and intake fill the whole time: rate x (I / room x
+        # t_m + r) = 1.
+        prefill_rate = 1.0 / (inp * mix.seconds / room + self.intake_s)
+        # Slots: every slot busy for its request's life (intake, prefill, out decode gaps).
+        slot_rate = batch / (self.intake_s + self.own_prefill_s(batch) + out * dec.seconds)
         return min(prefill_rate, slot_rate)
 
     def at_rate(
@@ -372,21 +384,28 @@ class ReplicaModel:
         if rate_per_s <= 0:  # an idle engine: the prompt's own chunks, then decode alone
             dec = self.decode(1)
             own = self.own_prefill(0).seconds
-            ttft_idle = own + dec.seconds
+            ttft_idle = self.intake_s + own + dec.seconds
             if not self.workload.inputs.is_constant:  # the percentile prompt's own chunks
-                ttft_idle = self.length_prefill_s(0, self.workload.inputs.quantile(percentile / 100.0)) + dec.seconds
+                ttft_idle = (
+                    self.intake_s
+                    + self.length_prefill_s(0, self.workload.inputs.quantile(percentile / 100.0))
+                    + dec.seconds
+                )
             return LoadPoint(
                 0.0, max_batch, 0.0, own, dec, dec, ttft_idle, dec.seconds, dec.seconds, dec.seconds, 0.0, 0.0
             )
-        concurrency = min(rate_per_s * (self.prefill_step.seconds + out * self.decode(1).seconds), float(batch_cap))
+        intake = self.intake_s
+        concurrency = min(
+            rate_per_s * (intake + self.prefill_step.seconds + out * self.decode(1).seconds), float(batch_cap)
+        )
         gap = self.decode(1).seconds
-        dec, mix, share = self.decode(1), self.mixed(1), 0.0
+        dec, mix, share, chunk_intake = self.decode(1), self.mixed(1), 0.0, 0.0
         for _ in range(_FIXED_POINT_STEPS):  # converges fast: step time grows slowly with batch
             n = running_bucket(concurrency)
-            dec, mix, gap, share = self._mix(rate_per_s, n)
+            dec, mix, gap, share, chunk_intake = self._mix(rate_per_s, n)
             if not math.isfinite(gap):
                 break
-            hold = self.own_prefill_s(n) + (out - 1) * gap + gap
+            hold = intake + self.own_prefill_s(n) + (out - 1) * gap + gap
             concurrency = min(rate_per_s * hold, float(batch_cap))
         n = running_bucket(concurrency)
         own = self.own_prefill(n).seconds
@@ -405,14 +424,15 @@ class ReplicaModel:
                 1.0,
                 1.0,
             )
-        hold = own + out * gap
+        hold = intake + own + out * gap
         slot_wait = mmc_wait_percentile_s(batch_cap, rate_per_s, hold, percentile)
-        prefill_util = share * mix.seconds / gap  # share of time in chunk steps
+        prefill_util = share * (mix.seconds + chunk_intake) / gap  # share of time in chunk steps and intake
         # What a prompt token adds to a step, costed at one prompt's chunk (packing several
         # under load costs less per token, but the tail is made of the steps that do not).
         one = min(self.chunk_room(n), self.workload.input_tokens)
-        per_token_s = (self.mixed(n, one).seconds - dec.seconds) / one
-        per_prompt_s = self.workload.input_tokens * per_token_s
+        per_token_gpu_s = (self.mixed(n, one).seconds - dec.seconds) / one
+        per_prompt_s = self.workload.input_tokens * per_token_gpu_s
+        per_token_s = per_token_gpu_s + intake / self.workload.input_tokens  # the intake, spread over the prompt
         arrivals = self._replica_arrivals(rate_per_s)
         ttft_against, tpot_against = against if against is not None else (None, None)
         ttft, prefill_wait = self._ttft_percentile(
@@ -497,10 +517,11 @@ class ReplicaModel:
         if prefill_util >= 1.0:
             return math.inf, math.inf
         inputs = self.workload.inputs
-        owns = [(self.length_prefill_s(batch, t), w) for t, w in inputs.points]
+        # The prefill server's service per prompt: its intake, then its chunk steps
+        owns = [(self.intake_s + self.length_prefill_s(batch, t), w) for t, w in inputs.points]
         room = self.chunk_room(batch)
         per_token_full_s = self.mixed(batch, room).seconds / room
-        width = arrivals.companions_span * inputs.mean * per_token_full_s
+        width = arrivals.companions_span * (inputs.mean * per_token_full_s + self.intake_s)
         in_burst = arrivals.burst_share
         mean_wait = _mg1_tail_scale_s(owns, prefill_util)
         busy = prefill_util
@@ -534,7 +555,9 @@ class ReplicaModel:
         lo = fixed_s + min(own for own, _ in owns)
         ttft = _bisect_percentile(over, lo, hi, tail, against_s)
         own_p = (
-            self.length_prefill_s(batch, inputs.quantile(percentile / 100.0)) if not inputs.is_constant else owns[0][0]
+            self.intake_s + self.length_prefill_s(batch, inputs.quantile(percentile / 100.0))
+            if not inputs.is_constant
+            else owns[0][0]
         )
         return ttft, max(0.0, ttft - fixed_s - own_p)
 
@@ -565,7 +588,10 @@ class ReplicaModel:
         outputs = self.workload.outputs
         inputs = self.workload.inputs
         room = self.chunk_room(batch)
-        full_s = max(self.mixed(batch, room).seconds, decode_s)
+        # The longest gap: a full chunk step and the intake of the prompts it admits (one at
+        # least; room / I when several whole prompts fit)
+        intake_s = self.intake_s * max(1.0, room / inputs.mean)
+        full_s = max(self.mixed(batch, room).seconds + intake_s, decode_s)
         if per_token_s <= 0 or (rate_per_s <= 0 and arrivals.is_poisson):
             return decode_s
         mean_in = inputs.mean
@@ -602,15 +628,16 @@ class ReplicaModel:
             ]
             per_gaps: dict[int, _Extras] = {}
             for g, _ in gaps:
+                # ... and its intake, once, when it is admitted during the request's life
                 extras = tuple(
-                    (min(own_s - chunks * decode_s, g * (chunk_s - decode_s)), w)
+                    (min(own_s - chunks * decode_s, g * (chunk_s - decode_s)) + self.intake_s, w)
                     for (_, chunks, own_s, chunk_s), (_, w) in zip(steps, inputs.points, strict=True)
                 )
                 mean_x = sum(x * w for x, w in extras)
                 per_gaps[g] = (mean_x, max(0.0, sum(x * x * w for x, w in extras) - mean_x * mean_x), extras)
             known = self._arrival_moments[(batch, decode_s)] = (max(chunk_s for *_, chunk_s in steps), per_gaps)
         longest_chunk_s, per_gaps = known
-        full_s = max(full_s, longest_chunk_s)
+        full_s = max(full_s, longest_chunk_s + intake_s)
         span = arrivals.companions_span
         moments = {g: (mean_x, var_x, span * mean_x, one) for g, (mean_x, var_x, one) in per_gaps.items()}
         joins = self._joins_share(rate_per_s, hold_s)

@@ -175,3 +175,42 @@ def test_each_admitted_request_costs_the_intake_time_serially() -> None:
     # 200 requests x 10 ms of intake, one after another, on top of the same steps.
     assert span1 - span0 == pytest.approx(200 * 0.01, rel=1e-6)
     assert ttft1 - ttft0 > 0.5  # the burst's later requests wait on the earlier ones' intake
+
+
+def test_the_operator_plans_with_the_profile_of_the_engine_image_s_release() -> None:
+    """spec.engine.image's tag picks the profile the plan is sized on and the one the status's
+    plan is rebuilt with (serving_config); no image: the catalog's (vllm/vllm-openai:v0.11.0)."""
+    from kvscale.api.intent import parse_intent, serving_config
+    from kvscale.control.planning import Planned, plan_service
+    from kvscale.control.status import plan_status
+    from tests.unit.test_reconcile import POOLS, SPEC, spec
+
+    def planned_with(body: dict[str, object]) -> tuple[str, str, Planned]:
+        intent = parse_intent(body)
+        planned = plan_service(intent, CAT, POOLS)
+        assert isinstance(planned, Planned)
+        rebuilt = serving_config(intent, plan_status(planned, 4096, ()), CAT)
+        return planned.chosen.config.engine.profile, rebuilt.engine.profile, planned
+
+    old, old_rebuilt, old_plan = planned_with(spec(engine={"image": "vllm/vllm-openai:v0.6.3"}))
+    new, new_rebuilt, new_plan = planned_with(SPEC)
+    assert (old, old_rebuilt) == ("vllm-0.2", "vllm-0.2")
+    assert (new, new_rebuilt) == ("vllm-0.11", "vllm-0.11")
+    # Every candidate of the search, not only the chosen one, ran on the image's release
+    assert {c.config.engine.profile for c in old_plan.plan.alternatives} <= {"vllm-0.2"}
+    assert {c.config.engine.profile for c in new_plan.plan.alternatives} <= {"vllm-0.11"}
+    today = spec(engine={"image": "registry.local:5000/vllm/vllm-openai:v0.11.0"})
+    assert planned_with(today)[:2] == ("vllm-0.11", "vllm-0.11")
+
+
+def test_amd_gpus_plan_with_the_release_of_the_rocm_image() -> None:
+    """On AMD GPUs the pods run spec.engine.rocmImage (else the catalog's ROCm image), so its tag,
+    not spec.engine.image's, picks the profile."""
+    from kvscale.sizing.engine_profiles import profile_on
+
+    amd = next(g for g in CAT.gpus.values() if g.vendor == "amd")
+    nvidia = CAT.gpu("H100-SXM")
+    old = "vllm/vllm-openai:v0.6.3"
+    assert profile_on(CAT, "vllm", nvidia, old).profile == "vllm-0.2"
+    assert profile_on(CAT, "vllm", amd, old).profile == "vllm-0.11"  # the catalog's rocm/vllm ..._vllm_0.10.1_...
+    assert profile_on(CAT, "vllm", amd, None, "rocm/vllm:rocm6.2_vllm_0.6.3").profile == "vllm-0.2"

@@ -31,3 +31,33 @@ def test_the_json_and_the_status_carry_the_same_figures() -> None:
     assert (status.predicted_ttft_seconds, status.predicted_tpot_seconds) == (f.ttft_s, f.tpot_s)
     assert as_json["ttft_ms"] == pytest.approx(f.ttft_s * 1e3, abs=1e-9)
     assert as_json["tpot_ms"] == pytest.approx(f.tpot_s * 1e3, abs=1e-9)
+
+
+def test_the_status_carries_both_counts_of_a_simulated_check() -> None:
+    """A plan the simulator checked carries the simulator's count (replicas) and the analytic
+    model's (analyticReplicas); a plan never simulated leaves analyticReplicas unset."""
+    from dataclasses import replace
+
+    from kvscale.planner.search import SimulatedSizing, with_check
+
+    planned = plan_service(parse_intent(SPEC), CAT, POOLS)
+    assert isinstance(planned, Planned)
+    assert plan_status(planned, 4096, ()).analytic_replicas is None
+    analytic = planned.chosen.prediction.replicas
+    simulated = analytic + 2  # the replayed sample needed two more than the model said
+    check = SimulatedSizing(
+        analytic_replicas=analytic,
+        analytic_attainment=0.95,
+        replicas=simulated,
+        attainment=0.995,
+        target=0.99,
+        met=True,
+        requests=2000,
+        span_s=600.0,
+    )
+    checked = with_check(planned.plan, check)  # what kvscale.sim.check.check_and_size returns
+    assert checked.chosen is not None
+    chosen = checked.chosen
+    status = plan_status(replace(planned, plan=checked, chosen=chosen), 4096, ())
+    assert (status.replicas, status.analytic_replicas) == (simulated, analytic)
+    assert status.model_dump(by_alias=True)["analyticReplicas"] == analytic

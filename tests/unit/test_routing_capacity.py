@@ -93,8 +93,11 @@ def test_batch_submissions_are_fitted_as_a_share_of_requests_in_large_bursts() -
 
 
 def test_the_fleet_sized_for_fitted_bursts_absorbs_them_and_one_share_does_not() -> None:
+    # Batches of 100 (80 until the load model charged the profile's per-request intake: with it
+    # the one-share sizing of batches of 80 rose from 2 replicas to 3, which absorb them; of 100
+    # it stays 3, which do not, and the fitted share asks for 4)
     trace = generate(
-        parse_load("batches:base=2,every=30s,size=80,spread=2s,input=1500,output=100,duration=15m"), seed=5
+        parse_load("batches:base=2,every=30s,size=100,spread=2s,input=1500,output=100,duration=15m"), seed=5
     )
     shape = fit_trace(trace).workload.at_rate(len(trace) / trace[-1].arrival_s)
     everyone = replace(shape, burstiness=replace(shape.arrivals, burst_share=1.0, burst_requests=0.0))
