@@ -133,14 +133,16 @@ def step(
 
 
 def changes_plan(before: PlanStatus, after: PlanStatus | None) -> bool:
-    """Whether a plan made on the calibrated profile differs in what it deploys."""
+    """Whether a plan made on the calibrated profile deploys on something else: replicas, GPU
+    type, parallelism. The batch limit alone is not enough: nearly any move shifts it by a few
+    sequences, and a new --max-num-seqs restarts every engine for little gain."""
     if after is None:
         return False
-    return (before.replicas, before.gpu_type, before.tensor_parallel, before.max_batch) != (
+    return (before.replicas, before.gpu_type, before.tensor_parallel, before.pipeline_parallel) != (
         after.replicas,
         after.gpu_type,
         after.tensor_parallel,
-        after.max_batch,
+        after.pipeline_parallel,
     )
 
 
@@ -169,5 +171,7 @@ def calibrated(
     if result.retry is not None or after is None or not changes_plan(before.plan, after):
         return Result(status=status)
     message = replan_message(config_key(cfg), list(done.moved), before.plan.replicas, after.replicas)
+    if after.gpu_type != before.plan.gpu_type:
+        message += f"; GPU type {before.plan.gpu_type} -> {after.gpu_type}"
     events = (Event(reason.event_type, reason.reason, message[:1000]), *result.events[1:])
     return replace(result, status=result.status.model_copy(update={"calibration": done.status}), events=events)
