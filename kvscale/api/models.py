@@ -627,6 +627,24 @@ class ObservedWorkloadStatus(_Status):
     message: str | None = Field(default=None, description="Why parts are missing, if they are.")
 
 
+class CalibrationStatus(_Status):
+    """The calibrated profile of the planned configuration (kvscale.calibration), and its step
+    times against what the engines measured."""
+
+    profile: str | None = Field(default=None, description="ConfigMap (operator's namespace) holding the profile.")
+    reason: str = Field(description="Fitted, Unchanged (within the fit's error), Pinned, NotEnoughData or Unavailable.")
+    message: str = Field(default="", description="What the last calibration read and did.")
+    predicted_gap_seconds: float | None = Field(
+        default=None, description="Mean inter-token gap the profile predicts for the windows read."
+    )
+    observed_gap_seconds: float | None = Field(default=None, description="Mean inter-token gap the engines measured.")
+    predicted_prefill_seconds: float | None = Field(
+        default=None, description="Mean prefill time the profile predicts for the windows read."
+    )
+    observed_prefill_seconds: float | None = Field(default=None, description="Mean prefill time the engines measured.")
+    last_time: str | None = Field(default=None, description="When the calibration last ran.")
+
+
 class InferenceServiceStatus(_Status):
     observed_generation: int | None = Field(default=None, description="Spec generation the status describes.")
     phase: Literal["Pending", "Planned", "Deploying", "Ready", "Recommended", "Failed"] | None = Field(
@@ -648,6 +666,9 @@ class InferenceServiceStatus(_Status):
     observed: ObservedStatus | None = Field(default=None, description="Live measurements.")
     observed_workload: ObservedWorkloadStatus | None = Field(
         default=None, description="The workload the engines saw over the last minutes, and its drift from the plan's."
+    )
+    calibration: CalibrationStatus | None = Field(
+        default=None, description="The calibrated profile and predicted vs observed step times."
     )
     last_scale_time: str | None = Field(default=None, description="When replicas last changed.")
     last_scale_reason: str | None = Field(default=None, description="Why replicas last changed.")

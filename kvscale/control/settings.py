@@ -27,6 +27,11 @@ def _duration(name: str, text: str) -> float:
         raise SettingsError(str(exc)) from exc
 
 
+def _duration_or_off(name: str, text: str) -> float:
+    """A positive duration, or `off` (0.0)."""
+    return 0.0 if text.strip().lower() == "off" else _duration(name, text)
+
+
 def _port(name: str, text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 65535:
         raise SettingsError(f"{name} must be a port number (0 disables where allowed), got {text!r}")
@@ -207,6 +212,20 @@ class Settings:
         "How often each InferenceService's observed workload (lengths, token rates, peaks) is read and checked for drift.",
         _duration,
     )
+    calibration_interval_s: float = setting(
+        "KVSCALE_CALIBRATION_INTERVAL",
+        "60s",
+        "How often each planned InferenceService's engine profile is fitted to its engines' metrics (the calibrated "
+        "profile ConfigMap); off disables.",
+        _duration_or_off,
+    )
+    calibration_window: str = setting(
+        "KVSCALE_CALIBRATION_WINDOW",
+        "1m",
+        "Length of each window the calibration fit sees (one point per engine pod).",
+        _window,
+    )
+    calibration_since: str = setting("KVSCALE_CALIBRATION_SINCE", "30m", "How far back the calibration reads.", _window)
     workload_window: str = setting(
         "KVSCALE_WORKLOAD_WINDOW", "10m", "PromQL range of the observed workload's rates and length quantiles.", _window
     )
@@ -275,6 +294,14 @@ class Settings:
     @property
     def metrics_window_s(self) -> float:
         return _duration("KVSCALE_METRICS_WINDOW", self.metrics_window)
+
+    @property
+    def calibration_window_s(self) -> float:
+        return _duration("KVSCALE_CALIBRATION_WINDOW", self.calibration_window)
+
+    @property
+    def calibration_since_s(self) -> float:
+        return _duration("KVSCALE_CALIBRATION_SINCE", self.calibration_since)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -26,11 +26,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvscale.calibration.fit import Window
 from kvscale.metrics.engines import EngineMetrics
 from kvscale.metrics.promql import escape_label_value, escaped
+
+if TYPE_CHECKING:
+    from kvscale.metrics.client import AsyncPrometheusClient
 
 GROUP = ("namespace", "pod", "instance")  # one engine per pod (per target where no pod label)
 Key = tuple[str, ...]
@@ -259,5 +262,27 @@ def read_windows(
             except httpx.HTTPError as exc:
                 raise PrometheusError(f"Prometheus at {base} unreachable: {exc}") from exc
             info[name] = [s.labels for s in parse_response(promql, response.status_code, response.content)]
+    models = {labels.get("model_name", "") for labels in info.get("models", [])} - {""}
+    return Reading(series, cache_tokens(info.get("cache", [])), models)
+
+
+async def read_windows_async(
+    client: AsyncPrometheusClient, engine: EngineMetrics, where: str, start_s: float, end_s: float, window_s: float
+) -> Reading:
+    """read_windows through the operator's async client (its deadline per query): the same
+    queries, no thread held while Prometheus answers."""
+    from kvscale.metrics.client import MissingKind, PrometheusError
+
+    window = f"{round(window_s)}s"
+    series: dict[str, Series] = {}
+    for name, promql in window_queries(engine, where, window).items():
+        body = await client.query_range(promql, start_s + window_s, end_s, window_s)
+        try:
+            series[name] = matrix(body)
+        except ValueError as exc:
+            raise PrometheusError(f"Prometheus at {client.base_url}: {exc}", MissingKind.MALFORMED) from exc
+    info = {
+        name: [s.labels for s in await client.query(promql)] for name, promql in info_queries(engine, where).items()
+    }
     models = {labels.get("model_name", "") for labels in info.get("models", [])} - {""}
     return Reading(series, cache_tokens(info.get("cache", [])), models)

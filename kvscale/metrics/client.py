@@ -261,6 +261,28 @@ class AsyncPrometheusClient:
                 last = exc
         raise self._unreachable(promql, self.retries + 1, last)
 
+    async def query_range(self, promql: str, start_s: float, end_s: float, step_s: float) -> dict[str, Any]:
+        """A range query's JSON answer (https://prometheus.io/docs/prometheus/latest/querying/api/#range-queries),
+        within `timeout_s`, one try (the calibration reads again on its next tick); PrometheusError
+        when there is none to read."""
+        params: dict[str, str | float] = {"query": promql, "start": start_s, "end": end_s, "step": f"{round(step_s)}s"}
+        try:
+            async with self._slots:
+                response = await self._http.get(f"{self.base_url}/api/v1/query_range", params=params)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(promql, 1, str(exc) or type(exc).__name__) from exc
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
+            error = body.get("error") if isinstance(body, dict) else response.text[:200]
+            raise PrometheusError(
+                f"Prometheus at {self.base_url} refused a range query (HTTP {response.status_code}): {error}",
+                MissingKind.REJECTED,
+            )
+        return body
+
     async def vector(self, promql: str, timeout_s: float | None = None) -> list[Sample] | Missing:
         """Every series of the answer (a histogram's buckets by `le`, say), or a Missing that
         says why; never raises for Prometheus's answers. No series is EMPTY."""

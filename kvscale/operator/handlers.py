@@ -77,6 +77,7 @@ from kvscale.metrics.observe import observe_batched, observe_workload_batched, t
 from kvscale.operator import effects, telemetry
 from kvscale.operator.access import Access, RetryForever, budgets_watched
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
+from kvscale.operator.calibration import calibrate_tick
 from kvscale.operator.diffbase import DigestDiffBaseStorage
 from kvscale.operator.drain import mark_scale_down, shorten_preempted
 from kvscale.operator.informers import Inventory
@@ -340,6 +341,15 @@ def _timers(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     @kopf.timer(GROUP, VERSION, PLURAL, id="workload", interval=work_s, initial_delay=spread(work_s), registry=registry)
     async def workload_timer(**kwargs: Any) -> None:
         await observe_workload(rt, Call.of(rt, kwargs))
+
+    cal_s = rt.settings.calibration_interval_s
+    if cal_s > 0:  # KVSCALE_CALIBRATION_INTERVAL=off
+
+        @kopf.timer(
+            GROUP, VERSION, PLURAL, id="calibration", interval=cal_s, initial_delay=spread(cal_s), registry=registry
+        )
+        async def calibration_timer(**kwargs: Any) -> None:
+            await calibrate_tick(rt, Call.of(rt, kwargs))
 
 
 DEPLOYING_POLL_S = 1.0

@@ -282,6 +282,36 @@ class Kube:
                 raise
         return True
 
+    def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ConfigMap as its JSON body; None when there is none (the calibrated profile, read
+        as stored: a user's pin or hand edit included)."""
+        with self.errors(f"reading ConfigMap {namespace}/{name}"):
+            try:
+                response = raw_get(self.api, f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+        found: dict[str, Any] = json.loads(response.data)
+        return found
+
+    def write_configmap(self, obj: dict[str, Any], exists: bool) -> None:
+        """Create the ConfigMap, or merge-patch it where it exists (RBAC: configmaps create and
+        patch, nothing more): a merge patch keeps the labels and annotations users added, the pin
+        among them (RFC 7386: keys not in the patch stay)."""
+        meta = obj["metadata"]
+        with self.errors(f"writing ConfigMap {meta['namespace']}/{meta['name']}"):
+            if exists:
+                self.core.patch_namespaced_config_map(
+                    meta["name"],
+                    meta["namespace"],
+                    obj,
+                    field_manager=FIELD_MANAGER,
+                    _content_type="application/merge-patch+json",
+                )
+            else:
+                self.core.create_namespaced_config_map(meta["namespace"], obj, field_manager=FIELD_MANAGER)
+
     def read(self, kind: ChildKind, namespace: str, name: str) -> ChildView | None:
         """The object of an owned kind by name, whoever owns it; None when there is none."""
         with self.errors(f"reading {kind.kind} {namespace}/{name}"):

@@ -1,0 +1,94 @@
+"""The calibration timer's I/O shell: read the service's engine windows through the async
+Prometheus client (kvscale.metrics.calibration's queries), fit and decide in the workers
+(kvscale.control.calibration, CPU-bound), write the profile ConfigMap in the operator's
+namespace, and apply the status or the re-plan the core returned."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvscale.api.models import CalibrationStatus, InferenceServiceStatus
+from kvscale.calibration.fit import Window, config_key
+from kvscale.calibration.profile import profile_name
+from kvscale.control.calibration import Step, calibrated, serving_config, step
+from kvscale.control.reconcile import Result
+from kvscale.control.scaling import planned
+from kvscale.control.status import mark_synced
+from kvscale.metrics.calibration import read_windows_async
+from kvscale.metrics.client import PrometheusError
+from kvscale.metrics.engines import ENGINES
+from kvscale.metrics.promql import pod_selector
+from kvscale.operator import effects
+from kvscale.operator.leader import SERVICE_ACCOUNT_NAMESPACE
+
+if TYPE_CHECKING:
+    from kvscale.operator.handlers import Call, Runtime
+    from kvscale.sizing.config import ServingConfig
+
+HAND_RUN_NAMESPACE = "default"  # an operator run outside a pod (tests, a laptop) keeps its profiles here
+
+
+def profile_namespace(configured: str, service_account_file: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """The operator's namespace, where its Lease is: KVSCALE_LEASE_NAMESPACE, else the pod's own
+    (its service account says), else HAND_RUN_NAMESPACE. RBAC grants the ConfigMap verbs there only."""
+    if configured:
+        return configured
+    try:
+        return service_account_file.read_text().strip() or HAND_RUN_NAMESPACE
+    except OSError:
+        return HAND_RUN_NAMESPACE
+
+
+def _fit_and_write(rt: Runtime, call: Call, cfg: ServingConfig, windows: list[Window], namespace: str) -> Result:
+    """In the workers: the stored profile read, the fit, the ConfigMap written, the re-plan."""
+    intent = call.valid()
+    name = profile_name(config_key(cfg))
+    stored = rt.kube.read_configmap(namespace, name)
+    now = dt.datetime.now(dt.UTC)
+    done: Step = step(cfg, windows, stored, namespace, now)
+    if done.write is not None:
+        rt.kube.write_configmap(done.write, exists=stored is not None)
+    return calibrated(done, cfg, intent, call.res, call.before, lambda: call.observed(rt), rt.catalog, rt.settings, now)
+
+
+async def calibrate_tick(rt: Runtime, call: Call) -> None:
+    """One service's calibration: nothing for a service not running (recommend mode, not
+    planned), an engine without vLLM's histograms, or no Prometheus."""
+    plan = call.before.plan
+    if plan is None or not planned(call.before) or call.before.phase == "Recommended" or rt.prometheus is None:
+        return
+    try:
+        intent = call.valid()
+        names = ENGINES.get(intent.engine)
+        if names is None or not names.prefill_time_histogram:
+            return  # calibration reads vLLM's metrics (kvscale calibrate says the same)
+        cfg = serving_config(intent, plan, rt.catalog)
+        if cfg is None:
+            return  # a custom architecture: no catalog profile to fit
+        window_s, since_s = rt.settings.calibration_window_s, rt.settings.calibration_since_s
+        end_s = time.time()
+        where = pod_selector(call.res.namespace, call.res.name)
+        try:
+            reading = await read_windows_async(rt.prometheus, names, where, end_s - since_s, end_s, window_s)
+        except PrometheusError as exc:  # not the service's fault: said in status, read again next tick
+            await call.apply_async(rt, Result(status=unavailable(call.before, str(exc))))
+            return
+        windows = reading.windows(float(cfg.memory.kv_capacity_tokens))
+        result = await rt.io(_fit_and_write, rt, call, cfg, windows, profile_namespace(rt.settings.lease_namespace))
+    except Exception as exc:  # counted and shown in status; the timer runs again
+        if not rt.stopping:
+            effects.timer_failed("calibration", call.body, call.patch, call.before, call.res, exc)
+        return
+    await call.apply_async(rt, replace(result, status=mark_synced("calibration", result.status, call.res.generation)))
+
+
+def unavailable(before: InferenceServiceStatus, why: str) -> InferenceServiceStatus:
+    """Prometheus could not answer: reason Unavailable, the profile named before kept."""
+    when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    profile = before.calibration.profile if before.calibration is not None else None
+    gone = CalibrationStatus(profile=profile, reason="Unavailable", message=why[:500], last_time=when)
+    return before.model_copy(update={"calibration": gone})
