@@ -31,7 +31,8 @@ USED_TO_EXIT_S = 54 + 10  # kopf's backoffs (1+1+2+3+5+8+13+21 s) and some: past
 
 
 def budgeted(name: str, tier: str) -> dict[str, Any]:
-    """Three A100 replicas at 30 req/s (one GPU each)."""
+    """Several A100 replicas at 30 req/s, one GPU each (3 on the 2023 vLLM profile, 5 on
+    vllm-0.11): more than the budget's one."""
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "InferenceService",
@@ -253,7 +254,9 @@ def test_a_refused_budget_watch_is_a_condition_and_an_event_never_an_exit(
             )
             left = USED_TO_EXIT_S - (time.monotonic() - started)
             holds_for(lambda: alive(operator), max(left, 1), "the operator running past the old exit")
-            assert replicas(api, namespace, name) == 3  # no budget known: not capped (and now said so)
+            # no budget known: not capped (and now said so): the plan's count, above the limit of 1
+            planned = get(api, namespace, name)["status"]["plan"]["replicas"]
+            assert replicas(api, namespace, name) == planned > 1
             # Granted: the watch, retried, lists the budget; the condition goes with a Normal Event.
             role["rules"] = role["rules"] + budget_rules
             rbac.replace_cluster_role(account, role)
