@@ -293,6 +293,11 @@ def govern(
         target = _within_free(book, budget, key, res.namespace, plan.gpu_type, gpr, fleet_.current, target)
         if grant.over_limit:  # no gateway, and the limit has no room for its replica: waiting frees none
             target = max(target, 1)
+    if target > fleet_.current:
+        # Counted at once at the size it scales to: a service created or ticking before this
+        # one's next tick would otherwise see these GPUs free and start on them too (the limit
+        # overshot by a tick). A scale-down keeps counting what runs: its pods drain first.
+        book.entries[key] = replace(book.entries[key], held_gpus=target * gpr)
     held = target < wanted
     message = (
         grant.reason

@@ -430,3 +430,21 @@ def test_room_ahead_of_the_forecast_is_held_from_a_lower_priority() -> None:
     assert a.grant("ns/low").replicas == 10 - held
     assert a.reserved == {gpu: held * tp}
     assert "chat (priority 0) " in a.grant("ns/low").reason and "ahead)" in a.grant("ns/low").reason
+
+
+def test_a_scale_up_is_counted_at_once_so_a_service_created_next_does_not_take_the_same_gpus() -> None:
+    """Found on the cluster (tests/cluster/test_budget_preemption.py): a service created within a
+    tick of a neighbour's scale-up counted the neighbour at its replicas before the scale, and
+    its Deployment started on GPUs the neighbour had just been given (6 A100s on a limit of 5)."""
+    from kvscale.control.budget import free_gpus
+
+    book = BudgetBook()
+    _, _, start = _tick_under_load(BudgetBook())
+    gpu, tp = start.plan.gpu_type, start.plan.tensor_parallel
+    elsewhere = {a.gpu_type: 0 for a in start.plan.alternatives if a.gpu_type != gpu}
+    limit = (start.current + 2) * tp
+    book.set_budget("b", parse_budget_spec({"limits": {gpu: limit, **elsewhere}}))
+    _, governed, _ = _tick_under_load(book)
+    assert governed.result.scale_to == start.current + 2
+    assert book.entries["ns/chat"].held_gpus == limit  # what its Deployment now asks for
+    assert free_gpus(book, "b", "ns/rag", "ns", gpu) == 0

@@ -1,0 +1,148 @@
+"""Issue 29's aim on the real cluster, with the stand-in: three services of priorities 100, 50
+and 1 under one GPUBudget, the lowest saturated. The lowest first grows into the budget's free
+GPUs; when the top priority comes, the budget preempts the lowest down to its floor, and the top
+gets every GPU but the floors and keeps them, and meets its SLO in the stand-in's engine metrics, read by
+the operator from a real Prometheus."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from kvscale.api import GROUP, VERSION
+from tests.cluster.harness import Cluster, free_port, wait_until
+from tests.cluster.processes import KvscaleProcess, Operator, standin
+from tests.cluster.prometheus import Prometheus
+from tests.cluster.test_budget import deployment_replicas, service, ticked
+from tests.cluster.test_operator import condition, create, engine_pods, get
+
+ROOT = Path(__file__).resolve().parents[2]
+BUDGET = "preempting"
+LIMIT = 5  # A100s: chat's 3 (kvscale plan on the default vllm-0.11 profile) + two floors
+# Each service's stand-in load: chat within what its plan's three replicas carry with the
+# policy's headroom (so it wants no more than the budget leaves it); rag light; batch far
+# beyond the budget (its plan is three A100 replicas at 18 req/s: 40 wants six, its maxReplicas).
+LOADS = {"chat": "constant:15", "rag": "constant:2", "batch": "constant:40"}
+PRIORITIES = {"chat": 100, "rag": 50, "batch": 1}
+# The rate each is planned for: chat's and batch's plan three replicas, rag's one (each A100
+# replica carries up to 7.85 req/s of these requests within the SLO, by the operator's plan).
+PLANNED = {"chat": 18, "rag": 2, "batch": 18}
+
+
+def budget_body(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GPUBudget",
+        "metadata": {"name": BUDGET},
+        "spec": {
+            "limits": {"A100-80GB": LIMIT},
+            "preemptionGraceSeconds": 5,
+            "selector": {"namespaces": [namespace], "matchLabels": {"tier": "budgeted"}},
+        },
+    }
+
+
+@pytest.fixture
+def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The operator reading a real Prometheus that scrapes one stand-in per service (each
+    started once its service has a plan, as `kvscale sim serve` waits for one)."""
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    for crd in ("inferenceservices", "gpubudgets"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.{GROUP}", "--timeout=60s")
+    ports = {name: free_port() for name in LOADS}
+    prom = Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{p}" for p in ports.values()]).start()
+    op = Operator(
+        cluster,
+        tmp_path,
+        {
+            "KVSCALE_PROMETHEUS_URL": prom.url,
+            "KVSCALE_SCALE_INTERVAL": "2s",
+            "KVSCALE_METRICS_WINDOW": "15s",
+            "KVSCALE_METRICS_STALE_AFTER": "10s",
+        },
+    )
+    op.start()
+    standins: list[KvscaleProcess] = []
+    objects = client.CustomObjectsApi(api)
+    objects.create_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget_body(namespace))
+
+    def start(name: str) -> None:
+        body = service(name, PRIORITIES[name])
+        body["spec"]["workload"]["requestsPerSecond"] = PLANNED[name]
+        create(api, namespace, body)
+        log = tmp_path / f"standin-{name}.log"
+        standins.append(standin(cluster, name, namespace, ports[name], LOADS[name], "3s", log))
+
+    try:
+        yield {"start": start, "operator": op, "prom": prom, "objects": objects, "namespace": namespace}
+    finally:
+        for process in standins:
+            process.stop()
+        objects.delete_cluster_custom_object(GROUP, VERSION, "gpubudgets", BUDGET)
+        op.stop()
+        prom.stop()
+
+
+def test_the_top_priority_keeps_its_replicas_and_slo_while_the_saturated_lowest_is_preempted(
+    loop: dict[str, Any], api: client.ApiClient
+) -> None:
+    ns, op = loop["namespace"], loop["operator"]
+
+    def replicas() -> dict[str, int | None]:
+        return {n: deployment_replicas(api, ns, n) for n in PRIORITIES}
+
+    def fail(exc: Exception) -> AssertionError:
+        said = {n: get(api, ns, n).get("status", {}).get("conditions") for n in PRIORITIES if replicas()[n] is not None}
+        return AssertionError(f"{exc}: {replicas()}\n{said}\n{op.tail()}")
+
+    # The saturated lowest and rag first: batch grows into every GPU the floors leave.
+    loop["start"]("batch")
+    loop["start"]("rag")
+    try:
+        wait_until(lambda: replicas()["batch"] == LIMIT - 1 and replicas()["rag"] == 1, 120, "batch grown to 4")
+    except TimeoutError as exc:
+        raise fail(exc) from exc
+    # The top priority comes: its floor first, then its want, both taken from batch.
+    loop["start"]("chat")
+    peak = [0]
+    seen: list[dict[str, int | None]] = []  # each change of the three Deployments' replicas
+
+    def settled() -> bool:
+        now = replicas()
+        if not seen or seen[-1] != now:
+            seen.append(now)
+        peak[0] = max(peak[0], sum(n or 0 for n in now.values()))
+        return (
+            now == {"chat": 3, "rag": 1, "batch": 1}
+            and condition(get(api, ns, "batch"), "HeldByBudget").get("status") == "True"
+            and len(engine_pods(api, ns, "batch")) == 1
+        )
+
+    try:
+        wait_until(settled, 90, "chat at 3, batch preempted to its floor")
+        # The top priority meets its SLO in the stand-in's metrics, read through Prometheus.
+        wait_until(lambda: condition(get(api, ns, "chat"), "SLOMet").get("status") == "True", 60, "chat's SLO met")
+    except TimeoutError as exc:
+        raise fail(exc) from exc
+    assert peak[0] <= LIMIT, f"the Deployments asked for {peak[0]} A100s on a budget of {LIMIT}: {seen}\n{op.tail(200)}"
+    held = condition(get(api, ns, "batch"), "HeldByBudget")
+    assert held["reason"] == "BudgetLimit" and "chat (priority 100) 3" in held["message"], held
+    # Settled, it stays: over ten ticks of each, chat keeps its replicas and its SLO while the
+    # saturated batch, wanting far more, stays at its floor.
+    ticked(op, ns, PRIORITIES, 10)
+    assert replicas() == {"chat": 3, "rag": 1, "batch": 1}
+    chat = get(api, ns, "chat")
+    assert condition(chat, "SLOMet")["status"] == "True", condition(chat, "SLOMet")
+    # Everything but the two floors is chat's: what it wants beyond them (its policy's headroom
+    # and forecast) is the floors', not batch's want.
+    wanted = {
+        s["name"]: s["wanted"]
+        for s in loop["objects"].get_cluster_custom_object(GROUP, VERSION, "gpubudgets", BUDGET)["status"]["services"]
+    }
+    assert wanted["batch"] > 1, wanted  # batch is still saturated: held to its floor, not satisfied
+    message = condition(chat, "HeldByBudget")["message"]
+    assert message.startswith(f"budget {BUDGET}: wanted") and "got 3 on A100-80GB" in message, message
