@@ -164,10 +164,19 @@ def prefill_step_s(cfg: ServingConfig, w: Window) -> float:
     return step(cfg, w.batch, w.context_tokens, chunk, w.prompt_tokens / 2.0, prompts).seconds
 
 
+def intake_s(cfg: ServingConfig, w: Window) -> float:
+    """The engine profile's per-request intake (request_overhead_s) for the prompts admitted
+    together: kvscale's model charges it in series with the steps that admit them (as the
+    simulator's engine and the load model do), so the fit must too, or it reads the intake as
+    a slower GEMM."""
+    return cfg.engine.request_overhead_s * prompts_per_step(w)
+
+
 def predicted_prefill_s(cfg: ServingConfig, w: Window) -> float:
     """vLLM's prefill time is first token less scheduled (vllm/v1/metrics/stats.py
-    update_from_finished_request): the steps that carry the chunks of the prompts admitted with it."""
-    return _chunks(cfg, w) * prefill_step_s(cfg, w)
+    update_from_finished_request): the steps that carry the chunks of the prompts admitted with
+    it, and their intake."""
+    return _chunks(cfg, w) * prefill_step_s(cfg, w) + intake_s(cfg, w)
 
 
 def mixed_share(cfg: ServingConfig, w: Window) -> float:
@@ -184,7 +193,11 @@ def predicted_gap_s(cfg: ServingConfig, w: Window) -> float:
     is Poisson (requests that arrive at random and stay a while: an M/G/infinity occupancy)."""
     decode = step(cfg, w.batch + 1.0, w.context_tokens).seconds
     share = mixed_share(cfg, w)
-    return decode if share == 0.0 else (1.0 - share) * decode + share * prefill_step_s(cfg, w)
+    if share == 0.0:
+        return decode
+    # the admission's intake lengthens the steps that carry its chunks (spread over them)
+    mixed = prefill_step_s(cfg, w) + intake_s(cfg, w) / _chunks(cfg, w)
+    return (1.0 - share) * decode + share * mixed
 
 
 def relative_errors(cfg: ServingConfig, windows: Sequence[Window]) -> tuple[list[float], list[float]]:
