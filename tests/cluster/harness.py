@@ -423,7 +423,24 @@ class Cluster:
     # -- kubectl -----------------------------------------------------------------------
 
     def kubectl(self, *args: str, input_text: str | None = None) -> str:
-        out = subprocess.run(
+        out = self._kubectl_once(args, input_text)
+        # `kubectl wait --for=condition=...` on an object just created, whose status has no
+        # conditions yet, fails at once instead of waiting: asked again until it has them.
+        deadline = time.monotonic() + 60
+        while (
+            out.returncode != 0
+            and args[:1] == ("wait",)
+            and ".status.conditions accessor error" in out.stderr
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.5)
+            out = self._kubectl_once(args, input_text)
+        if out.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
+        return out.stdout
+
+    def _kubectl_once(self, args: tuple[str, ...], input_text: str | None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
             [str(self.bins / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
             input=input_text,
             capture_output=True,
@@ -431,9 +448,6 @@ class Cluster:
             timeout=60,
             check=False,
         )
-        if out.returncode != 0:
-            raise ClusterError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
-        return out.stdout
 
     def kubectl_ok(self, *args: str) -> bool:
         try:
