@@ -67,13 +67,21 @@ class Operator(KvscaleProcess):
 
 
 def standin(
-    cluster: Cluster, name: str, namespace: str, port: int, load: str, cold_start: str, log: Path
+    cluster: Cluster,
+    name: str,
+    namespace: str,
+    port: int,
+    load: str,
+    cold_start: str,
+    log: Path,
+    catalog: Path | None = None,
 ) -> KvscaleProcess:
-    """`kvscale sim serve` for one InferenceService, started."""
+    """`kvscale sim serve` for one InferenceService, started (on `catalog` laid over the built-in one)."""
     process = KvscaleProcess(
         [
             "sim",
             "serve",
+            *(("--catalog", str(catalog)) if catalog is not None else ()),
             "--name",
             name,
             "--namespace",

@@ -21,6 +21,7 @@ from tests.cluster.processes import Operator, standin
 from tests.cluster.prometheus import Prometheus
 from tests.cluster.test_chart import KUBE_VERSION
 from tests.cluster.test_operator import SAMPLES, condition, create, get
+from tests.unit.profiles import VLLM_0_2_AS_VLLM
 
 ROOT = Path(__file__).resolve().parents[2]
 STABILIZATION_S = 20.0
@@ -65,7 +66,9 @@ def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
     body["spec"]["scaling"] = {"minReplicas": 1, "maxReplicas": 4, "scaleDownStabilization": f"{STABILIZATION_S:.0f}s"}
     body["spec"]["slo"]["timePerOutputToken"] = "60ms"
     metrics_port = free_port()
-    op = Operator(cluster, tmp_path)
+    # sized on the 2023 vLLM profile, as the test's loads were (tests/unit/profiles.py): the
+    # operator and the stand-in both on it
+    op = Operator(cluster, tmp_path, {"KVSCALE_CATALOG": str(VLLM_0_2_AS_VLLM)})
     jobs = chart_scrape_jobs(cluster, metrics_port, op.metrics_port)
     prom = Prometheus(tmp_path / "prom", targets=[], jobs=jobs).start()
     op.env.update(
@@ -79,7 +82,9 @@ def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
     op.start()
     create(api, namespace, body)
     wait_until(lambda: get(api, namespace, "looped").get("status", {}).get("phase") == "Ready", 60, "Ready")
-    serving = standin(cluster, "looped", namespace, metrics_port, LOAD, "3s", tmp_path / "standin.log")
+    serving = standin(
+        cluster, "looped", namespace, metrics_port, LOAD, "3s", tmp_path / "standin.log", VLLM_0_2_AS_VLLM
+    )
     started = time.monotonic()
     try:
         yield {"prom": prom, "operator": op, "namespace": namespace, "started": started, "tmp": tmp_path}

@@ -18,6 +18,7 @@ from tests.cluster.harness import Cluster, free_port, wait_until
 from tests.cluster.processes import Operator, standin
 from tests.cluster.prometheus import Prometheus
 from tests.cluster.test_operator import SAMPLES, create, get
+from tests.unit.profiles import VLLM_0_2_AS_VLLM
 
 ROOT = Path(__file__).resolve().parents[2]
 SWITCH_S = 40.0  # the prompts grow 8x from here, at the same request rate
@@ -42,7 +43,9 @@ def drifting(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: 
     body["spec"]["slo"] = {"timeToFirstToken": "2s", "timePerOutputToken": "80ms"}
     body["spec"]["scaling"] = {"minReplicas": 1, "maxReplicas": 4}
     metrics_port = free_port()
-    op = Operator(cluster, tmp_path)
+    # sized on the 2023 vLLM profile, as the test's loads were (tests/unit/profiles.py): the
+    # operator and the stand-in both on it
+    op = Operator(cluster, tmp_path, {"KVSCALE_CATALOG": str(VLLM_0_2_AS_VLLM)})
     prom = Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{metrics_port}"]).start()
     op.env.update(
         {
@@ -59,7 +62,9 @@ def drifting(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: 
     op.start()
     create(api, namespace, body)
     wait_until(lambda: get(api, namespace, "drifting").get("status", {}).get("phase") == "Ready", 60, "Ready")
-    serving = standin(cluster, "drifting", namespace, metrics_port, LOAD, "1s", tmp_path / "standin.log")
+    serving = standin(
+        cluster, "drifting", namespace, metrics_port, LOAD, "1s", tmp_path / "standin.log", VLLM_0_2_AS_VLLM
+    )
     started = time.monotonic()
     try:
         yield {"namespace": namespace, "operator": op, "started": started}
