@@ -8,6 +8,7 @@ readiness wait polls; every component logs to its own file, shown when a test fa
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import signal
@@ -425,16 +426,17 @@ class Cluster:
     def kubectl(self, *args: str, input_text: str | None = None) -> str:
         out = self._kubectl_once(args, input_text)
         # `kubectl wait --for=condition=...` on an object just created, whose status has no
-        # conditions yet, fails at once instead of waiting: asked again until it has them.
-        deadline = time.monotonic() + 60
-        while (
-            out.returncode != 0
-            and args[:1] == ("wait",)
-            and ".status.conditions accessor error" in out.stderr
-            and time.monotonic() < deadline
-        ):
-            time.sleep(0.5)
-            out = self._kubectl_once(args, input_text)
+        # conditions yet, fails at once instead of waiting: polled until it has them.
+        if out.returncode != 0 and args[:1] == ("wait",) and ".status.conditions accessor error" in out.stderr:
+            answers = [out]
+
+            def settled() -> bool:
+                answers.append(self._kubectl_once(args, input_text))
+                return ".status.conditions accessor error" not in answers[-1].stderr
+
+            with contextlib.suppress(TimeoutError):  # the last answer's error is raised below
+                wait_until(settled, 60, f"kubectl {' '.join(args)}", interval_s=0.5)
+            out = answers[-1]
         if out.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
         return out.stdout
