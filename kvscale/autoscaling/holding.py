@@ -96,14 +96,45 @@ def burst_starts(history: Rates, threshold: float) -> list[float]:
     return starts
 
 
+def burst_threshold(history: Rates) -> float:
+    """What counts as a burst: the rate above the midpoint between its median and its maximum."""
+    rates = sorted(r for _, r in history)
+    return (rates[len(rates) // 2] + rates[-1]) / 2
+
+
+def burst_lengths_s(history: Rates, threshold: float) -> list[float]:
+    """How long each finished run of the rate above `threshold` lasted (its first sample above
+    to its first sample back at or below). A run already above at the start of the history,
+    or still above now, is not counted: its length is not known."""
+    lengths: list[float] = []
+    began: float | None = None
+    above = True
+    for t, r in history:
+        if r > threshold and not above:
+            began = t
+        elif r <= threshold and above and began is not None:
+            lengths.append(t - began)
+            began = None
+        above = r > threshold
+    return lengths
+
+
+def bursts_outlast(history: Rates, chase_s: float) -> bool:
+    """Whether the finished bursts of the history lasted, at the median, longer than
+    `chase_s`: capacity started when such a burst began would have served most of it, so it is
+    a change to follow, not a burst to hold capacity for. False while none has finished."""
+    if len(history) < 3:
+        return False
+    lengths = sorted(burst_lengths_s(history, burst_threshold(history)))
+    return bool(lengths) and lengths[len(lengths) // 2] > chase_s
+
+
 def recurrence_interval_s(history: Rates) -> float | None:
     """The median interval between bursts: runs of the rate above the midpoint between its
     median and its maximum. None until three bursts were seen."""
     if len(history) < 3:
         return None
-    rates = sorted(r for _, r in history)
-    threshold = (rates[len(rates) // 2] + rates[-1]) / 2
-    starts = burst_starts(history, threshold)
+    starts = burst_starts(history, burst_threshold(history))
     if len(starts) < 3:
         return None
     gaps = sorted(b - a for a, b in itertools.pairwise(starts))

@@ -131,12 +131,16 @@ def test_fleet_follows_load_holds_without_metrics_and_obeys_a_pin(
 
     wait_until(lambda: len(scraped_pods()) >= 3 and scraped_pods() <= pods(), 30, "a series per engine pod")
 
-    # Drop at t=75s to 0.2 req/s (one replica's worth): the fleet shrinks to one only after
-    # the one-replica target has held for the stabilization window.
-    wait_until(lambda: replicas(api, ns, "looped") == 1, 120, "scale-down to one replica after the drop")
+    # Drop at t=75s to 0.2 req/s (one replica's worth): the fleet shrinks only after the
+    # smaller target has held for the stabilization window. The 55 s surge lasted many of the
+    # stand-in's cold starts: it is followed down as a trend, not held as a burst (before, a
+    # loaded run could classify it bursty after the drop and hold the peak for burst_hold_s).
+    # One replica beyond the quiet rate's one may stay for the burst reserve the ramp taught.
+    wait_until(lambda: replicas(api, ns, "looped") <= 2, 150, "scale-down to one or two replicas after the drop")
     shrunk_at = time.monotonic() - loop["started"]
-    assert shrunk_at >= 75 + STABILIZATION_S, f"down to one at {shrunk_at:.0f}s, within the window"
-    assert "scale down" in get(api, ns, "looped")["status"]["lastScaleReason"]
+    assert shrunk_at >= 75 + STABILIZATION_S, f"down at {shrunk_at:.0f}s, within the window"
+    reason = get(api, ns, "looped")["status"]["lastScaleReason"]
+    assert "scale down" in reason and "following a trend" in reason, reason
 
     # Prometheus stopped: the size holds, MetricsAvailable says why, and it recovers.
     held = replicas(api, ns, "looped")
@@ -161,10 +165,10 @@ def test_fleet_follows_load_holds_without_metrics_and_obeys_a_pin(
 
             wait_until(answered, 30, f"an answer to panel {panel['title']!r}: {expr}")
 
-    # kubectl scale pins the size; the policy no longer moves it.
-    cluster.kubectl("scale", "inferenceservice", "looped", "-n", ns, "--replicas=2")
-    wait_until(lambda: replicas(api, ns, "looped") == 2, 30, "the pinned size")
-    holds_for(lambda: replicas(api, ns, "looped") == 2, 8.0, "the pinned size")  # four policy ticks
+    # kubectl scale pins the size (above what the quiet load asks for); the policy no longer moves it.
+    cluster.kubectl("scale", "inferenceservice", "looped", "-n", ns, "--replicas=3")
+    wait_until(lambda: replicas(api, ns, "looped") == 3, 30, "the pinned size")
+    holds_for(lambda: replicas(api, ns, "looped") == 3, 8.0, "the pinned size")  # four policy ticks
 
 
 def test_recommend_mode_changes_nothing(cluster: Cluster, api: client.ApiClient, namespace: str) -> None:

@@ -7,6 +7,8 @@ import pytest
 
 from kvscale.autoscaling.holding import (
     Regime,
+    burst_lengths_s,
+    bursts_outlast,
     decayed_quantile,
     holding,
     recurrence_interval_s,
@@ -79,6 +81,36 @@ def test_a_burst_shorter_than_the_span_is_not_sustained_a_step_is() -> None:
     assert sustained < max(r for _, r in window_rates(burst, 125.0, 60.0)) < max(r for _, r in burst)
     assert sustained_rate(step, 345.0, 125.0, 60.0) == 1.0  # 45 s after the step: not yet
     assert sustained_rate(step, 360.0, 125.0, 60.0) == 30.0  # both windows show it
+
+
+def test_burst_lengths_count_finished_runs_only() -> None:
+    # Above 5 from 30 to 60 (finished: 30 s) and from 90 on (not finished); the history starts
+    # below, so the first run is counted from its rise.
+    history = tuple((float(t), 10.0 if 30 <= t < 60 or t >= 90 else 1.0) for t in range(0, 120, 15))
+    assert burst_lengths_s(history, 5.0) == [30.0]
+    # A run already above when the history begins has no known start.
+    assert burst_lengths_s(tuple((float(t), 10.0 if t < 30 else 1.0) for t in range(0, 90, 15)), 5.0) == []
+
+
+def test_a_burst_that_outlasts_the_chase_is_a_step() -> None:
+    short = tuple(spikes(15, 2400))  # 60 s bursts, seen over ~120 s in the 60 s trailing rate
+    assert not bursts_outlast(short, 2 * (125 + 60))
+    surge = tuple((float(t), 20.0 if 300 <= t < 900 else 0.5) for t in range(0, 1800, 15))
+    assert bursts_outlast(surge, 2 * (125 + 60))
+    assert not bursts_outlast(surge[:70], 2 * (125 + 60))  # still going: not known to have outlasted
+
+
+def test_a_single_long_surge_is_followed_down_not_held() -> None:
+    # Quiet, a 10-minute surge (five cold starts), quiet again: capacity started for the
+    # surge served it, so afterwards the fleet follows the quiet rate down within minutes
+    # instead of holding the surge's peak for burst_hold_s (a burst that is over).
+    surge = [(float(t), 20.0 if 300 <= t < 900 else 0.5) for t in range(15, 2400, 15)]
+    decisions = _run(surge, ready=1)
+    quiet = [d for (t, _), d in zip(surge, decisions, strict=True) if t >= 900 + 60 + 2 * 120 + 300]
+    assert quiet and all(d.regime is Regime.FOLLOWING_TREND for d in quiet)
+    assert quiet[-1].replicas < max(d.replicas for d in decisions) / 2
+    # The same peak in one-minute bursts is held: the rule changes nothing for short bursts.
+    assert _run(spikes(15, 2400, every=300, length=60, peak=20.0), ready=4)[-1].regime is Regime.ABSORBING_BURSTS
 
 
 def _run(
