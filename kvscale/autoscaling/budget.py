@@ -14,7 +14,9 @@ Order of the decision:
    zero) keeps one replica even beyond the limit, and says so (Grant.over_limit): a limit
    cut below the floors must not take such a service down.
 2. Then what each wants, in priority order (higher first), and within one priority by SLO
-   gap (observed over target; the service missing its target most goes first). A service
+   gap (observed over target; the service missing its target most goes first). Where the
+   wants of one priority do not all fit, each is capped at a max-min fair share first
+   (allocate -> _fair_caps), so the order only hands out the remainder. A service
    takes its whole want on the first option that holds it; when none does, the option that
    gives it the largest share of its want. Floors of lower priorities are moved to another
    GPU type they accept (their next-cheapest feasible plan) when that makes room for a
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,88 @@ def allocate(
     previous: Mapping[str, Grant] | None = None,
     config: AllocatorConfig | None = None,
 ) -> Allocation:
-    """One decision over every governed service (see the module's docstring)."""
+    """One decision over every governed service (see the module's docstring): the wants in
+    order, then, within each priority whose wants do not all fit, a fair share."""
+    allocation = _in_order(budget, demands, previous, config)
+    caps: dict[str, int] = {}
+    for priority in sorted({d.priority for d in demands}, reverse=True):
+        group = [d.name for d in demands if d.priority == priority]
+        if len(group) < 2 or not any(allocation.grant(n).held for n in group):
+            continue
+        caps = _fair_caps(budget, demands, previous, config, group, caps)
+    if not caps:
+        return allocation
+    capped = _in_order(budget, _capped(demands, caps), previous, config)
+    true_want = {g.name: g.wanted for g in _in_order(budget, demands, previous, config).grants}
+    grants = []
+    for g in capped.grants:
+        if g.name in caps and g.replicas < true_want[g.name] and g.floor_kept:  # else the floor is the news
+            sharing = sum(1 for d in demands if d.priority == g.priority and d.name in caps)
+            g = replace(
+                g,
+                wanted=max(g.wanted, true_want[g.name]),
+                reason=(
+                    f"wanted {max(g.wanted, true_want[g.name])}, got {g.replicas} on {g.gpu_type} x{g.gpus_per_replica}: "
+                    f"a fair share of budget {budget.name}'s GPUs among {sharing} services of priority {g.priority} "
+                    f"whose wants do not all fit (each up to {caps[g.name]})"
+                ),
+            )
+        grants.append(g)
+    return replace(capped, grants=tuple(grants), wanted=allocation.wanted)
+
+
+def _capped(demands: Sequence[Demand], caps: Mapping[str, int]) -> list[Demand]:
+    """The demands with each capped service's want, on every option, at most its cap (and no
+    room ahead: a service held to a share has no room to spare)."""
+    return [
+        replace(d, options=tuple(replace(o, wanted=min(o.wanted, caps[d.name]), ahead=0) for o in d.options))
+        if d.name in caps
+        else d
+        for d in demands
+    ]
+
+
+def _fair_caps(
+    budget: Budget,
+    demands: Sequence[Demand],
+    previous: Mapping[str, Grant] | None,
+    config: AllocatorConfig | None,
+    group: Sequence[str],
+    caps: Mapping[str, int],
+) -> dict[str, int]:
+    """Max-min fair caps for one priority whose wants do not all fit (issue 29: two services
+    of equal priority, both missing their SLO while their backlog drained, both wanted every
+    GPU, and the one ranked first took five of six for good, while the other, starved, could
+    never catch up). The largest cap every service of the group gets in full; then the
+    remainder, one replica at a time, in the group's order (SLO gap, then incumbency)."""
+    top = max(o.wanted for d in demands if d.name in group for o in d.options)
+
+    def holds(trial_caps: Mapping[str, int], floor_caps: Mapping[str, int]) -> bool:
+        trial = _in_order(budget, _capped(demands, {**caps, **trial_caps}), previous, config).by_name
+        return all(trial[n].replicas >= min(trial[n].wanted, floor_caps[n]) for n in group)
+
+    low, high = 0, top  # the largest cap every one of them gets in full, by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        if holds(dict.fromkeys(group, mid), dict.fromkeys(group, mid)):
+            low = mid
+        else:
+            high = mid - 1
+    fair = dict.fromkeys(group, low)
+    order = [g.name for g in _in_order(budget, _capped(demands, {**caps, **fair}), previous, config).grants]
+    for name in [n for n in order if n in fair]:
+        while fair[name] < top and holds({**fair, name: fair[name] + 1}, {**fair, name: fair[name] + 1}):
+            fair[name] += 1
+    return {**caps, **fair}
+
+
+def _in_order(
+    budget: Budget,
+    demands: Sequence[Demand],
+    previous: Mapping[str, Grant] | None = None,
+    config: AllocatorConfig | None = None,
+) -> Allocation:
+    """The wants in priority order, and within a priority by SLO gap and incumbency."""
     previous = previous or {}
     config = config or AllocatorConfig()
     names = [d.name for d in demands]

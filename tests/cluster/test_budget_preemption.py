@@ -6,7 +6,8 @@ the operator from a real Prometheus."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +23,48 @@ from tests.cluster.test_operator import condition, create, engine_pods, get
 
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET = "preempting"
-LIMIT = 5  # A100s: chat's 3 (kvscale plan on the default vllm-0.11 profile) + two floors
-# Each service's stand-in load: chat within what its plan's three replicas carry with the
-# policy's headroom (so it wants no more than the budget leaves it); rag light; batch far
-# beyond the budget (its plan is three A100 replicas at 18 req/s: 40 wants six, its maxReplicas).
-LOADS = {"chat": "constant:15", "rag": "constant:2", "batch": "constant:40"}
-PRIORITIES = {"chat": 100, "rag": 50, "batch": 1}
-# The rate each is planned for: chat's and batch's plan three replicas, rag's one (each A100
-# replica carries up to 7.85 req/s of these requests within the SLO, by the operator's plan).
-PLANNED = {"chat": 18, "rag": 2, "batch": 18}
 
 
-def budget_body(namespace: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Scenario:
+    """Services under one budget of A100s: each one's stand-in load, priority and the rate its
+    plan is made for (each A100 replica carries up to 7.85 req/s of these requests within the
+    SLO, by the operator's plan on the default vllm-0.11 profile: 18 req/s plans three)."""
+
+    limit: int
+    loads: dict[str, str]
+    priorities: dict[str, int]
+    planned: dict[str, float]
+
+
+# Issue 29's scenario: chat within what its plan's three replicas carry with the policy's
+# headroom (so it wants no more than the budget leaves it); rag light; batch far beyond the
+# budget (40 req/s wants six, its maxReplicas). The limit: chat's 3 + two floors.
+CONTENTION = Scenario(
+    limit=5,
+    loads={"chat": "constant:15", "rag": "constant:2", "batch": "constant:40"},
+    priorities={"chat": 100, "rag": 50, "batch": 1},
+    planned={"chat": 18, "rag": 2, "batch": 18},
+)
+# Two services of equal priority, each wanting three, and the saturated batch: the limit is
+# their wants and batch's floor, so both get all they want and batch keeps its floor.
+EQUAL_PRIORITY = Scenario(
+    limit=7,
+    loads={"search": "constant:15", "assist": "constant:15", "batch": "constant:40"},
+    priorities={"search": 50, "assist": 50, "batch": 1},
+    planned={"search": 18, "assist": 18, "batch": 18},
+)
+LIMIT = CONTENTION.limit
+LOADS, PRIORITIES, PLANNED = CONTENTION.loads, CONTENTION.priorities, CONTENTION.planned
+
+
+def budget_body(namespace: str, limit: int = LIMIT) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "GPUBudget",
         "metadata": {"name": BUDGET},
         "spec": {
-            "limits": {"A100-80GB": LIMIT},
+            "limits": {"A100-80GB": limit},
             "preemptionGraceSeconds": 5,
             "selector": {"namespaces": [namespace], "matchLabels": {"tier": "budgeted"}},
         },
@@ -47,13 +72,16 @@ def budget_body(namespace: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+def loop(
+    request: pytest.FixtureRequest, cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> Iterator[dict[str, Any]]:
     """The operator reading a real Prometheus that scrapes one stand-in per service (each
     started once its service has a plan, as `kvscale sim serve` waits for one)."""
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))
     for crd in ("inferenceservices", "gpubudgets"):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.{GROUP}", "--timeout=60s")
-    ports = {name: free_port() for name in LOADS}
+    scenario: Scenario = getattr(request, "param", CONTENTION)
+    ports = {name: free_port() for name in scenario.loads}
     prom = Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{p}" for p in ports.values()]).start()
     op = Operator(
         cluster,
@@ -68,14 +96,14 @@ def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
     op.start()
     standins: list[KvscaleProcess] = []
     objects = client.CustomObjectsApi(api)
-    objects.create_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget_body(namespace))
+    objects.create_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget_body(namespace, scenario.limit))
 
     def start(name: str) -> None:
-        body = service(name, PRIORITIES[name])
-        body["spec"]["workload"]["requestsPerSecond"] = PLANNED[name]
+        body = service(name, scenario.priorities[name])
+        body["spec"]["workload"]["requestsPerSecond"] = scenario.planned[name]
         create(api, namespace, body)
         log = tmp_path / f"standin-{name}.log"
-        standins.append(standin(cluster, name, namespace, ports[name], LOADS[name], "3s", log))
+        standins.append(standin(cluster, name, namespace, ports[name], scenario.loads[name], "3s", log))
 
     try:
         yield {"start": start, "operator": op, "prom": prom, "objects": objects, "namespace": namespace}
@@ -87,17 +115,37 @@ def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
         prom.stop()
 
 
+def fleet(api: client.ApiClient, namespace: str, names: Iterable[str]) -> dict[str, int | None]:
+    """Each service's Deployment replicas (None: not deployed)."""
+    return {n: deployment_replicas(api, namespace, n) for n in names}
+
+
+def failure(
+    exc: Exception, api: client.ApiClient, namespace: str, names: Iterable[str], op: Operator
+) -> AssertionError:
+    """A timeout with what each service's Deployment and conditions said, and the operator's log."""
+    now = fleet(api, namespace, names)
+    said = {
+        n: (
+            get(api, namespace, n).get("status", {}).get("lastScaleReason"),
+            get(api, namespace, n)["status"]["conditions"],
+        )
+        for n in now
+        if now[n] is not None
+    }
+    return AssertionError(f"{exc}: {now}\n{said}\n{op.tail()}")
+
+
 def test_the_top_priority_keeps_its_replicas_and_slo_while_the_saturated_lowest_is_preempted(
     loop: dict[str, Any], api: client.ApiClient
 ) -> None:
     ns, op = loop["namespace"], loop["operator"]
 
     def replicas() -> dict[str, int | None]:
-        return {n: deployment_replicas(api, ns, n) for n in PRIORITIES}
+        return fleet(api, ns, PRIORITIES)
 
     def fail(exc: Exception) -> AssertionError:
-        said = {n: get(api, ns, n).get("status", {}).get("conditions") for n in PRIORITIES if replicas()[n] is not None}
-        return AssertionError(f"{exc}: {replicas()}\n{said}\n{op.tail()}")
+        return failure(exc, api, ns, PRIORITIES, op)
 
     # The saturated lowest and rag first: batch grows into every GPU the floors leave.
     loop["start"]("batch")
@@ -146,3 +194,53 @@ def test_the_top_priority_keeps_its_replicas_and_slo_while_the_saturated_lowest_
     assert wanted["batch"] > 1, wanted  # batch is still saturated: held to its floor, not satisfied
     message = condition(chat, "HeldByBudget")["message"]
     assert message.startswith(f"budget {BUDGET}: wanted") and "got 3 on A100-80GB" in message, message
+
+
+@pytest.mark.parametrize("loop", [EQUAL_PRIORITY], indirect=True)
+def test_two_equal_priorities_both_get_their_want_from_the_saturated_lowest(
+    loop: dict[str, Any], api: client.ApiClient
+) -> None:
+    ns, op, scenario = loop["namespace"], loop["operator"], EQUAL_PRIORITY
+    names = tuple(scenario.priorities)
+
+    def replicas() -> dict[str, int | None]:
+        return fleet(api, ns, names)
+
+    def fail(exc: Exception) -> AssertionError:
+        return failure(exc, api, ns, names, op)
+
+    # The saturated lowest first: it grows to its maxReplicas (6) within the limit of 7.
+    loop["start"]("batch")
+    try:
+        wait_until(lambda: replicas()["batch"] == 6, 120, "batch grown to 6")
+    except TimeoutError as exc:
+        raise fail(exc) from exc
+    # Both equal priorities come at once: neither starves the other, both take from batch.
+    loop["start"]("search")
+    loop["start"]("assist")
+    peak = [0]
+
+    def settled() -> bool:
+        now = replicas()
+        peak[0] = max(peak[0], sum(n or 0 for n in now.values()))
+        return now == {"search": 3, "assist": 3, "batch": 1} and len(engine_pods(api, ns, "batch")) == 1
+
+    try:
+        wait_until(settled, 120, "search and assist at 3 each, batch preempted to its floor")
+        for name in ("search", "assist"):
+
+            def met(name: str = name) -> bool:
+                return bool(condition(get(api, ns, name), "SLOMet").get("status") == "True")
+
+            wait_until(met, 60, f"{name}'s SLO met")
+    except TimeoutError as exc:
+        raise fail(exc) from exc
+    assert peak[0] <= scenario.limit, f"the Deployments asked for {peak[0]} A100s on a budget of {scenario.limit}"
+    # Settled, it stays: over ten ticks, each keeps its want and its SLO; batch stays at its floor.
+    ticked(op, ns, names, 10)
+    if replicas() != {"search": 3, "assist": 3, "batch": 1}:
+        raise fail(AssertionError("the settled fleet moved"))
+    for name in ("search", "assist"):
+        assert condition(get(api, ns, name), "SLOMet")["status"] == "True", condition(get(api, ns, name), "SLOMet")
+    held = condition(get(api, ns, "batch"), "HeldByBudget")
+    assert held["status"] == "True" and held["reason"] == "BudgetLimit", held

@@ -106,16 +106,52 @@ def test_namespace_limits_hold_within_the_global_ones() -> None:
 
 
 def test_slo_gap_orders_one_priority_and_small_differences_keep_last_ticks_order() -> None:
-    budget = Budget("b", {H100: 4})
+    # One priority whose wants do not fit: each gets a fair share (2 of 5), and the SLO gap
+    # decides who gets the remainder.
+    budget = Budget("b", {H100: 5})
     a = allocate(budget, [d("a", (H100, 1, 4), slo_gap=0.0), d("b", (H100, 1, 4), slo_gap=0.6)])
-    assert (a.grant("b").replicas, a.grant("a").replicas) == (4, 0)
+    assert (a.grant("b").replicas, a.grant("a").replicas) == (3, 2)
     # Next tick "a" misses a little more than "b" now does: within the margin, b keeps its place.
     again = allocate(
         budget,
         [d("a", (H100, 1, 4), slo_gap=0.1, current_gpu_type=H100), d("b", (H100, 1, 4), slo_gap=0.0)],
         previous=a.by_name,
     )
-    assert again.grant("b").replicas == 4
+    assert again.grant("b").replicas == 3
+
+
+def test_equal_priorities_share_what_does_not_fit_and_neither_starves() -> None:
+    # Issue 29 on the cluster: two services of priority 50, each missing its SLO while its
+    # backlog drained, both wanted every GPU (6 of 7, a batch floor holding one); the one ranked
+    # first took five, the other kept one and never caught up. Now each gets three.
+    budget = Budget("b", {A100: 7})
+    a = allocate(
+        budget,
+        [
+            d("search", (A100, 1, 6), priority=50, min_replicas=1, slo_gap=6.2),
+            d("assist", (A100, 1, 6), priority=50, min_replicas=1, slo_gap=6.1),
+            d("batch", (A100, 1, 6), priority=1, min_replicas=1),
+        ],
+    )
+    assert {g.name: g.replicas for g in a.grants} == {"search": 3, "assist": 3, "batch": 1}
+    assert a.grant("assist").wanted == 6 and a.grant("assist").held
+    assert "a fair share of budget b's GPUs among 2 services of priority 50" in a.grant("assist").reason
+    # A want below the share is met in full, and the rest is shared among the others.
+    b = allocate(
+        budget,
+        [
+            d("x", (A100, 1, 1), priority=50),
+            d("y", (A100, 1, 6), priority=50),
+            d("z", (A100, 1, 6), priority=50),
+        ],
+    )
+    assert sorted(g.replicas for g in b.grants) == [1, 3, 3]
+    # The group's remainder stays in the group, never with a lower priority's want.
+    c = allocate(
+        Budget("b", {A100: 5}),
+        [d("p", (A100, 1, 4), priority=5), d("q", (A100, 1, 4), priority=5), d("low", (A100, 1, 3))],
+    )
+    assert sorted((c.grant("p").replicas, c.grant("q").replicas)) == [2, 3] and c.grant("low").replicas == 0
 
 
 def test_the_move_back_needs_the_margin() -> None:
