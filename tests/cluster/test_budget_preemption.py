@@ -35,6 +35,7 @@ class Scenario:
     loads: dict[str, str]
     priorities: dict[str, int]
     planned: dict[str, float]
+    settled: dict[str, int]  # the replicas each holds once the saturated batch is held to its floor
 
 
 # Issue 29's scenario: chat within what its plan's three replicas carry with the policy's
@@ -45,6 +46,7 @@ CONTENTION = Scenario(
     loads={"chat": "constant:15", "rag": "constant:2", "batch": "constant:40"},
     priorities={"chat": 100, "rag": 50, "batch": 1},
     planned={"chat": 18, "rag": 2, "batch": 18},
+    settled={"chat": 3, "rag": 1, "batch": 1},
 )
 # Two services of equal priority, each wanting three, and the saturated batch: the limit is
 # their wants and batch's floor, so both get all they want and batch keeps its floor.
@@ -53,6 +55,16 @@ EQUAL_PRIORITY = Scenario(
     loads={"search": "constant:15", "assist": "constant:15", "batch": "constant:40"},
     priorities={"search": 50, "assist": 50, "batch": 1},
     planned={"search": 18, "assist": 18, "batch": 18},
+    settled={"search": 3, "assist": 3, "batch": 1},
+)
+# A top priority that rises (3 to 15 req/s over a minute, a compressed morning) against the
+# saturated batch: it starts on its floor and takes the GPUs its rise needs from batch.
+RISING_TOP = Scenario(
+    limit=4,
+    loads={"chat": "ramp:3:15:60", "batch": "constant:40"},
+    priorities={"chat": 100, "batch": 1},
+    planned={"chat": 18, "batch": 18},
+    settled={"chat": 3, "batch": 1},
 )
 LIMIT = CONTENTION.limit
 LOADS, PRIORITIES, PLANNED = CONTENTION.loads, CONTENTION.priorities, CONTENTION.planned
@@ -106,7 +118,14 @@ def loop(
         standins.append(standin(cluster, name, namespace, ports[name], scenario.loads[name], "3s", log))
 
     try:
-        yield {"start": start, "operator": op, "prom": prom, "objects": objects, "namespace": namespace}
+        yield {
+            "start": start,
+            "operator": op,
+            "prom": prom,
+            "objects": objects,
+            "namespace": namespace,
+            "scenario": scenario,
+        }
     finally:
         for process in standins:
             process.stop()
@@ -196,12 +215,13 @@ def test_the_top_priority_keeps_its_replicas_and_slo_while_the_saturated_lowest_
     assert message.startswith(f"budget {BUDGET}: wanted") and "got 3 on A100-80GB" in message, message
 
 
-@pytest.mark.parametrize("loop", [EQUAL_PRIORITY], indirect=True)
-def test_two_equal_priorities_both_get_their_want_from_the_saturated_lowest(
+@pytest.mark.parametrize("loop", [EQUAL_PRIORITY, RISING_TOP], indirect=True, ids=["equal-priority", "rising-top"])
+def test_the_services_the_budget_holds_get_their_want_and_slo_from_the_saturated_lowest(
     loop: dict[str, Any], api: client.ApiClient
 ) -> None:
-    ns, op, scenario = loop["namespace"], loop["operator"], EQUAL_PRIORITY
+    ns, op, scenario = loop["namespace"], loop["operator"], loop["scenario"]
     names = tuple(scenario.priorities)
+    served = [n for n in names if n != "batch"]
 
     def replicas() -> dict[str, int | None]:
         return fleet(api, ns, names)
@@ -209,25 +229,27 @@ def test_two_equal_priorities_both_get_their_want_from_the_saturated_lowest(
     def fail(exc: Exception) -> AssertionError:
         return failure(exc, api, ns, names, op)
 
-    # The saturated lowest first: it grows to its maxReplicas (6) within the limit of 7.
+    # The saturated lowest first: it grows to its maxReplicas (6) or the limit.
+    grown = min(6, scenario.limit)
     loop["start"]("batch")
     try:
-        wait_until(lambda: replicas()["batch"] == 6, 120, "batch grown to 6")
+        wait_until(lambda: replicas()["batch"] == grown, 120, f"batch grown to {grown}")
     except TimeoutError as exc:
         raise fail(exc) from exc
-    # Both equal priorities come at once: neither starves the other, both take from batch.
-    loop["start"]("search")
-    loop["start"]("assist")
+    # The others come at once: equal priorities both take from batch and neither starves the
+    # other; a rising top priority takes what its rise needs.
+    for name in served:
+        loop["start"](name)
     peak = [0]
 
     def settled() -> bool:
         now = replicas()
         peak[0] = max(peak[0], sum(n or 0 for n in now.values()))
-        return now == {"search": 3, "assist": 3, "batch": 1} and len(engine_pods(api, ns, "batch")) == 1
+        return now == scenario.settled and len(engine_pods(api, ns, "batch")) == 1
 
     try:
-        wait_until(settled, 120, "search and assist at 3 each, batch preempted to its floor")
-        for name in ("search", "assist"):
+        wait_until(settled, 150, f"{scenario.settled}, batch preempted to its floor")
+        for name in served:
 
             def met(name: str = name) -> bool:
                 return bool(condition(get(api, ns, name), "SLOMet").get("status") == "True")
@@ -238,9 +260,9 @@ def test_two_equal_priorities_both_get_their_want_from_the_saturated_lowest(
     assert peak[0] <= scenario.limit, f"the Deployments asked for {peak[0]} A100s on a budget of {scenario.limit}"
     # Settled, it stays: over ten ticks, each keeps its want and its SLO; batch stays at its floor.
     ticked(op, ns, names, 10)
-    if replicas() != {"search": 3, "assist": 3, "batch": 1}:
+    if replicas() != scenario.settled:
         raise fail(AssertionError("the settled fleet moved"))
-    for name in ("search", "assist"):
+    for name in served:
         assert condition(get(api, ns, name), "SLOMet")["status"] == "True", condition(get(api, ns, name), "SLOMet")
     held = condition(get(api, ns, "batch"), "HeldByBudget")
     assert held["status"] == "True" and held["reason"] == "BudgetLimit", held
