@@ -405,14 +405,14 @@ def _decide(
     )
     rise = burst_reserve(history, horizon_s, config.burst_quantile)
     ceiling = burst_ceiling(history, obs.time_s, config)
-    recent = [r for t, r in history if t >= obs.time_s - config.burst_memory_s]
+    recent_history = tuple((t, r) for t, r in history if t >= obs.time_s - config.burst_memory_s)
+    recent = [r for _, r in recent_history]
     # Bursty: the rate can more than double within a cold start, and the bursts end before
     # capacity chasing them would have served them. A finished burst that lasted longer than
     # two cold starts plus the rate window (what the trailing mean smears it over) was a step
     # the fleet could follow: holding its peak for burst_hold_s would pay for a burst that
     # is over (a single surge, then quiet).
     chase_s = 2 * (cold_start_s + config.rate_window_s)
-    recent_history = tuple((t, r) for t, r in history if t >= obs.time_s - config.burst_memory_s)
     bursty = rise > 0 and rise >= _quantile(recent, 0.5) and not bursts_outlast(recent_history, chase_s)
     held: Holding | None = None
     regime = Regime.FOLLOWING_TREND
