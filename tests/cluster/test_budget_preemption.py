@@ -48,8 +48,10 @@ CONTENTION = Scenario(
     planned={"chat": 18, "rag": 2, "batch": 18},
     settled={"chat": 3, "rag": 1, "batch": 1},
 )
-# Two services of equal priority, each wanting three, and the saturated batch: the limit is
-# their wants and batch's floor, so both get all they want and batch keeps its floor.
+# Two services of equal priority, each planned for three, and the saturated batch: the limit is
+# their plans and batch's floor. Both start on their floors behind a backlog, miss, and want
+# six each for a while: the budget's fair share keeps them at three each (the order by SLO gap
+# alone gave one five and the other one, for good).
 EQUAL_PRIORITY = Scenario(
     limit=7,
     loads={"search": "constant:15", "assist": "constant:15", "batch": "constant:40"},
