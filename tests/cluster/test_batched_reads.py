@@ -111,7 +111,14 @@ def test_a_batch_answers_each_service_as_its_own_queries_do(tmp_path: Path) -> N
 
         wait_until(complete, 60 + SETTLE_S, "every service observed with traffic", interval_s=1.0)
         running.clear()  # frozen: gauges hold and rates move only as the window slides
-        time.sleep(3)  # two scrapes of the frozen values
+        frozen_at = time.time()
+
+        def scraped_twice() -> bool:
+            """Every target scraped at least twice (1 s apart) since the freeze."""
+            latest = prom.query("min(timestamp(up))")
+            return bool(latest) and float(latest[0]["value"][1]) >= frozen_at + 2.0
+
+        wait_until(scraped_twice, 30, "two scrapes of the frozen values", interval_s=0.2)
         got.update(asyncio.run(_both(prom.url)))
     alone, batched, sent = got["alone"], got["batched"], got["sent"]
     assert isinstance(alone, dict) and isinstance(batched, dict)

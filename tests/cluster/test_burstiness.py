@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 from kvscale.autoscaling.observation import ObservedWorkload
 from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.metrics.observe import observe_workload_async
-from tests.cluster.harness import free_port
+from tests.cluster.harness import free_port, wait_until
 from tests.cluster.prometheus import Prometheus
 
 RATE = 4.0  # requests/s, both services
@@ -110,7 +110,16 @@ def test_the_burstiness_of_batches_reads_about_the_batch_size(tmp_path: Path) ->
     try:
         with Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{port}"]) as prom:
             prom.wait_for_series('{__name__="vllm:request_success_total",pod=~"bursty-.*"}')
-            time.sleep(65.0)  # a window of 60 s, and the offsets before it
+
+            def history_s() -> float:
+                """How far back Prometheus holds the bursty pods' series (the oldest sample's age)."""
+                oldest = prom.query(
+                    'time() - min(min_over_time(timestamp(vllm:request_success_total{pod=~"bursty-.*"})[3m:1s]))'
+                )
+                return float(oldest[0]["value"][1]) if oldest else 0.0
+
+            # A window of 60 s, and the offsets before it, scraped.
+            wait_until(lambda: history_s() >= 65.0, 150, "65 s of the bursty series in Prometheus", interval_s=1.0)
 
             async def read(name: str) -> tuple[ObservedWorkload | None, str | None]:
                 client = AsyncPrometheusClient(prom.url, timeout_s=10.0, retries=0)
