@@ -247,7 +247,7 @@ def allocate(
     if not caps:
         return allocation
     capped = _in_order(budget, _capped(demands, caps), previous, config)
-    true_want = {g.name: g.wanted for g in _in_order(budget, demands, previous, config).grants}
+    true_want = {g.name: g.wanted for g in allocation.grants}
     grants = []
     for g in capped.grants:
         if g.name in caps and g.replicas < true_want[g.name] and g.floor_kept:  # else the floor is the news
