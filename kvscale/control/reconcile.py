@@ -23,6 +23,7 @@ from kvscale.control import leader_worker_set as lws
 from kvscale.control.inference_pool import CONDITION as POOL_CONDITION
 from kvscale.control.inference_pool import PoolPlan, plan_pool
 from kvscale.control.inventory import EnginePod, GpuPool
+from kvscale.control.nearest import REASONS, nearest
 from kvscale.control.planning import Planned, Unplanned, plan_service, precheck
 from kvscale.control.replan import (
     CONDITION,
@@ -236,6 +237,72 @@ def _failed(
     return Result(new, events=(Event("Warning", reason, message[:1000]),), retry=Retry(message, retry_s))
 
 
+def _with_nearest(
+    outcome: Unplanned, intent: Intent, catalog: Catalog, pools: Mapping[str, GpuPool], excluded: tuple[str, ...]
+) -> str:
+    """Why no plan, with the nearest thing this cluster's free GPUs serve (kvscale.control.nearest).
+    An SLO the catalog meets only with more replicas than the cluster holds is said in the
+    cluster's terms instead of the planner's catalog-wide fleet (80 H100 on a cluster of 16)."""
+    if outcome.reason not in REASONS:
+        return outcome.message
+    near = nearest(intent, catalog, pools, excluded)
+    if near is None:
+        return outcome.message
+    if outcome.reason == "SLOInfeasible":
+        return (
+            f"spec.workload.requestsPerSecond {intent.workload.requests_per_s:g} cannot be met at spec.slo within "
+            f"spec.scaling.maxReplicas {intent.scaling.max_replicas}; {near}"
+        )
+    return f"{outcome.message}; {near}"
+
+
+def running_workload(intent: Intent, status: InferenceServiceStatus, observed: Observed) -> DeploymentView | None:
+    """The running workload of a plan deployed earlier (mode auto), or None: a spec edit that
+    cannot be planned leaves it serving instead of marking the service Failed."""
+    if intent.scaling.mode != "auto" or status.plan is None or status.phase in (None, "Recommended"):
+        return None
+    return observed.workload(multi_node(status))
+
+
+def _kept(
+    intent: Intent,
+    status: InferenceServiceStatus,
+    res: Resource,
+    observed: Observed,
+    seen: DeploymentView,
+    reason: str,
+    message: str,
+    retry_s: float | None,
+    now: dt.datetime | None,
+) -> Result:
+    """A spec that cannot be planned while an earlier plan runs: the running plan keeps serving,
+    and the scaling tick keeps scaling it within spec.scaling's bounds; Planned=False says what
+    cannot be met (and the nearest thing this cluster can serve), Ready says what runs. One
+    Warning when the reason is new. Retried after the backoff only where the cluster may
+    change (no free GPUs); a spec that cannot be met waits for the next edit."""
+    p = status.plan
+    assert p is not None  # running_workload() holds
+    scaling = intent.scaling
+    running = f"{seen.replicas} x {p.gpu_type} TP{p.tensor_parallel} {p.precision}"
+    kept = (
+        f"{message}. The running plan ({running}) keeps serving, scaled within spec.scaling "
+        f"({scaling.min_replicas}..{scaling.max_replicas})"
+    )
+    before = get_condition(status, "Planned")
+    planned = condition(status, "Planned", False, reason, kept, res.generation, now)
+    new = with_conditions(status, planned, observed_generation=res.generation)
+    if new.phase in ("Failed", "Pending"):  # a status written before plans were kept: readiness below says
+        new = new.model_copy(update={"phase": None})
+    ready = _readiness(new, res, observed, seen, now or dt.datetime.now(dt.UTC), None, scaling.pinned_replicas)
+    news = before is None or (before.status, before.reason) != ("False", reason)
+    events = (Event("Warning", reason, kept[:1000]),) if news else ()
+    return replace(
+        ready,
+        events=(*events, *ready.events),
+        retry=Retry(kept, retry_s) if retry_s is not None else None,
+    )
+
+
 def _replicas(intent: Intent, planned: Planned, status: InferenceServiceStatus, existing: DeploymentView | None) -> int:
     """Pinned replicas win. An existing Deployment on the same GPU type keeps its size (the
     autoscaler owns it) unless the new plan needs more than the previous one did; otherwise
@@ -407,7 +474,11 @@ def _plan_and_build(
     outcome = plan_service(intent, catalog, observed.pools, excluded, steer.prefer_gpu)
     if isinstance(outcome, Unplanned):
         delay = settings.retry_backoff_s if outcome.retry else None
-        return _failed(status, res, outcome.reason, outcome.message, delay, now)
+        message = _with_nearest(outcome, intent, catalog, observed.pools, excluded)
+        running = running_workload(intent, status, observed)
+        if running is not None:
+            return _kept(intent, status, res, observed, running, outcome.reason, message, delay, now)
+        return _failed(status, res, outcome.reason, message, delay, now)
     try:
         launch = planned_launch(
             intent.spec,
