@@ -68,13 +68,30 @@ class Window:
     label: str = ""  # where it comes from (pod and time), for messages
 
     @property
+    def sane(self) -> bool:
+        """Every count and mean finite and not negative (gap_s and prefill_s may be NaN: none
+        measured). A scrape across a counter reset or a gauge exported as NaN gives such a
+        window; fitted, it wrote NaN into status and pulled the context to a bound."""
+        counts = (self.batch, self.context_tokens, self.gaps, self.prefills, self.prompt_tokens)
+        if not all(math.isfinite(v) and v >= 0 for v in counts):
+            return False
+        return self.steps is None or (math.isfinite(self.steps) and self.steps >= 0)
+
+    @property
     def decode_usable(self) -> bool:
-        return self.gaps >= MIN_GAPS_PER_WINDOW and self.batch > 0 and math.isfinite(self.gap_s) and self.gap_s > 0
+        return (
+            self.sane
+            and self.gaps >= MIN_GAPS_PER_WINDOW
+            and self.batch > 0
+            and math.isfinite(self.gap_s)
+            and self.gap_s > 0
+        )
 
     @property
     def prefill_usable(self) -> bool:
         return (
-            self.prefills >= MIN_PREFILLS_PER_WINDOW
+            self.sane
+            and self.prefills >= MIN_PREFILLS_PER_WINDOW
             and self.prompt_tokens >= 1
             and math.isfinite(self.prefill_s)
             and self.prefill_s > 0

@@ -1,6 +1,13 @@
-"""The calibrated profile as an object users can read, pin and reset: one ConfigMap per serving
-configuration, shared by every InferenceService that runs it (pure: builds and reads the
-object's body; the operator applies it).
+"""The calibrated profile as an object users can read, pin and reset: one ConfigMap per
+namespace and serving configuration (pure: builds and reads the object's body; the operator
+applies it).
+
+Why per namespace (issue 38): a profile shared by every namespace let one tenant's engines (a
+slow engine, a forged load) rewrite the profile another tenant's re-plans compared with and
+planned on. So the operator writes and compares only the service's own namespace's profile
+(`scoped_key`); a profile keyed by the configuration alone, with no namespace, is one an
+administrator made (the ConfigMaps live in the operator's namespace) and is honoured for every
+namespace only when pinned.
 
 Why a ConfigMap and not a CRD: no second resource to install and upgrade with the chart, and
 the verbs users already know do what is asked: `kubectl get cm -l kvscale.io/calibrated-profile`
@@ -30,10 +37,17 @@ from kvscale.calibration.fit import Calibration
 PROFILE_LABEL = "kvscale.io/calibrated-profile"
 CONFIG_ANNOTATION = "kvscale.io/config"  # the configuration's key (config_key): model/GPU/TP/precision/engine
 PINNED_ANNOTATION = "kvscale.io/pinned"
+NAMESPACE_LABEL = "kvscale.io/namespace"  # the namespace whose engines the profile was fitted on
 OVERLAY_KEY = "overlay.yaml"
 SUMMARY_KEY = "summary"
 MIN_MOVE = 0.05  # a field moves when it changes by more than 5% (and 2 standard errors)
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def scoped_key(config: str, namespace: str | None) -> str:
+    """A configuration's key (config_key) within one namespace: `team-a:model/GPU/tp1/bf16/vllm@image`
+    (a namespace name has no colon); None: the shared key, for a profile an administrator pins."""
+    return f"{namespace}:{config}" if namespace else config
 
 
 def profile_name(key: str) -> str:
@@ -55,29 +69,35 @@ class StoredProfile:
     pinned: bool
 
 
-def profile_configmap(calibration: Calibration, namespace: str, updated: str) -> dict[str, Any]:
-    """The ConfigMap that holds `calibration` for its configuration."""
-    model, gpu, parallel, precision, engine = (calibration.key.split("/", 4) + [""] * 5)[:5]
+def profile_configmap(calibration: Calibration, namespace: str, updated: str, key: str | None = None) -> dict[str, Any]:
+    """The ConfigMap (in the operator's `namespace`) that holds `calibration` under `key`
+    (scoped_key; default: the configuration's own, shared key)."""
+    key = key or calibration.key
+    scope, _, config = key.partition(":") if ":" in key.split("/", 1)[0] else ("", "", key)
+    model, gpu, parallel, precision, engine = (config.split("/", 4) + [""] * 5)[:5]
     summary = "\n".join(
         f"{f.name}: {f.value:.6g} ± {f.stderr:.2g} (catalog {f.prior:.6g}; {f.samples} samples in "
         f"{f.windows} windows of {f.data})"
         for f in calibration.fields
     )
+    labels = {
+        PROFILE_LABEL: "true",
+        "kvscale.io/model": _label_value(model),
+        "kvscale.io/gpu": _label_value(gpu),
+        "kvscale.io/parallel": _label_value(parallel),
+        "kvscale.io/precision": _label_value(precision),
+        "kvscale.io/engine": _label_value(engine.split("@", 1)[0]),
+    }
+    if scope:
+        labels[NAMESPACE_LABEL] = _label_value(scope)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": profile_name(calibration.key),
+            "name": profile_name(key),
             "namespace": namespace,
-            "labels": {
-                PROFILE_LABEL: "true",
-                "kvscale.io/model": _label_value(model),
-                "kvscale.io/gpu": _label_value(gpu),
-                "kvscale.io/parallel": _label_value(parallel),
-                "kvscale.io/precision": _label_value(precision),
-                "kvscale.io/engine": _label_value(engine.split("@", 1)[0]),
-            },
-            "annotations": {CONFIG_ANNOTATION: calibration.key, "kvscale.io/updated": updated},
+            "labels": labels,
+            "annotations": {CONFIG_ANNOTATION: key, "kvscale.io/updated": updated},
         },
         "data": {
             OVERLAY_KEY: yaml.safe_dump(calibration.overlay(), sort_keys=False, allow_unicode=True),

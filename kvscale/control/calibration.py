@@ -7,18 +7,26 @@ what status says, and whether the plan is made again on the calibrated profile.
 - A pinned ConfigMap is read, never rewritten (kvscale.calibration.profile).
 - A stored profile is rewritten only where a field moved beyond the hysteresis (`moves`);
   a re-plan follows only when the calibrated profile changes the plan's replicas or GPU type.
+- Profiles are the service's namespace's own (`profile_key`): another tenant's engines never
+  write what this one compares with or plans on. A configuration's shared profile (no
+  namespace) is honoured only where an administrator pinned it (issue 38).
+- The profile is that of the engine release the pods run (spec.engine.image's tag, as the
+  planner resolves it), and the stored or pinned one is what every reconcile plans with
+  (`planning_catalog`), not only the tick where it moved: a restarted operator plans the
+  calibrated plan again instead of rolling back to the catalog's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvscale.api.intent import Intent
+from kvscale.api.intent import Intent, SpecError
 from kvscale.api.models import CalibrationStatus, InferenceServiceStatus, PlanStatus
-from kvscale.calibration.fit import NotEnoughData, Window, compare, config_key, fit, with_fields
+from kvscale.calibration.fit import Comparison, NotEnoughData, Window, compare, config_key, fit, with_fields
 from kvscale.calibration.profile import (
     Move,
     StoredProfile,
@@ -27,38 +35,86 @@ from kvscale.calibration.profile import (
     profile_name,
     read_profile,
     replan_message,
+    scoped_key,
 )
 from kvscale.control.reconcile import Event, Observed, Resource, Result, replan
 from kvscale.control.replan import ProfileCalibrated
+from kvscale.control.resources import EngineImageError, engine_image
 from kvscale.control.settings import Settings
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.engine_profiles import profile_on
 
 
 def serving_config(intent: Intent, plan: PlanStatus, catalog: Catalog) -> ServingConfig | None:
     """The planned configuration (model, GPU type, TP, precision, engine); None where the
-    catalog cannot build it (a custom architecture, a GPU type no longer in the catalog)."""
+    catalog cannot build it (a custom architecture, a GPU type no longer in the catalog). The
+    engine is the profile of the release the pods run (profile_on: what the planner sized them
+    with), carrying the image they run, so the key names the spec's engine version."""
     try:
-        return ServingConfig.build(
+        gpu = catalog.gpu(plan.gpu_type)
+        release = profile_on(catalog, intent.engine, gpu, intent.spec.engine.image, intent.spec.engine.rocm_image)
+        cfg = ServingConfig.build(
             catalog,
             catalog.model(intent.model.name or ""),
-            catalog.gpu(plan.gpu_type),
+            gpu,
             plan.precision,
             plan.tensor_parallel,
             intent.kv_cache_precision,
-            intent.engine,
+            release.profile,
             plan.max_num_batched_tokens,
             plan.pipeline_parallel,
             plan.expert_parallel,
             plan.data_parallel,
         )
-    except (KeyError, ValueError):
+        image = engine_image(intent.spec, release, gpu)
+    except (KeyError, ValueError, EngineImageError):
         return None
+    return replace(cfg, engine=cfg.engine.model_copy(update={"image": image}))
+
+
+def profile_key(cfg: ServingConfig, namespace: str) -> str:
+    """The key of the namespace's own profile of `cfg` (the only one the operator writes)."""
+    return scoped_key(config_key(cfg), namespace)
+
+
+def stored_profile(
+    cfg: ServingConfig, namespace: str, read: Callable[[str], Mapping[str, Any] | None]
+) -> tuple[str, StoredProfile | None, Mapping[str, Any] | None]:
+    """The profile `cfg` is planned and compared with in `namespace`: the configuration's shared
+    profile where an administrator pinned it, else the namespace's own. `read(name)`: a ConfigMap
+    of the operator's namespace, or None. Returns (ConfigMap name, the profile, its body as read)."""
+    shared_key = config_key(cfg)
+    shared = read(profile_name(shared_key))
+    pinned = None if shared is None else read_profile(shared, shared_key)
+    if pinned is not None and pinned.pinned:
+        return profile_name(shared_key), pinned, shared
+    key = profile_key(cfg, namespace)
+    own = read(profile_name(key))
+    return profile_name(key), None if own is None else read_profile(own, key), own
+
+
+def planning_catalog(
+    catalog: Catalog,
+    intent: Intent | SpecError,
+    status: InferenceServiceStatus,
+    namespace: str,
+    read: Callable[[str], Mapping[str, Any] | None],
+) -> Catalog:
+    """The catalog a service plans with: its planned configuration's stored (or pinned) profile
+    over the catalog's, else the catalog as it is (no plan yet, nothing stored)."""
+    if isinstance(intent, SpecError) or status.plan is None:
+        return catalog
+    cfg = serving_config(intent, status.plan, catalog)
+    if cfg is None:
+        return catalog
+    _, kept, _ = stored_profile(cfg, namespace, read)
+    return catalog if kept is None else calibrated_catalog(catalog, cfg.engine.profile, kept.updates)
 
 
 def calibrated_catalog(catalog: Catalog, engine: str, updates: Mapping[str, float]) -> Catalog:
-    """The catalog with `engine`'s profile (what the planner resolves the name to) carrying the
-    fitted fields: what a re-plan on the calibrated profile plans with."""
+    """The catalog with `engine`'s profile (a profile key such as vllm-0.11, or an engine's name
+    for its newest) carrying the fitted fields: what a plan on the calibrated profile plans with."""
     profile = catalog.engine(engine)
     key = next(k for k, p in catalog.engines.items() if p is profile)
     engines = {**catalog.engines, key: profile.model_copy(update=dict(updates))}
@@ -75,30 +131,48 @@ class Step:
     updates: Mapping[str, float] | None = None  # the profile to plan with, when it moved
 
 
+def _finite(value: float | None) -> float | None:
+    """A number for status, or None: NaN and infinity are not JSON and must never reach it."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _times(against: Comparison | None) -> dict[str, float | None]:
+    return {
+        "predicted_gap_seconds": _finite(None if against is None else against.predicted_gap_s),
+        "observed_gap_seconds": _finite(None if against is None else against.observed_gap_s),
+        "predicted_prefill_seconds": _finite(None if against is None else against.predicted_prefill_s),
+        "observed_prefill_seconds": _finite(None if against is None else against.observed_prefill_s),
+    }
+
+
 def step(
     cfg: ServingConfig,
     windows: Sequence[Window],
     stored: Mapping[str, Any] | None,
     namespace: str,
     now: dt.datetime,
+    key: str | None = None,
 ) -> Step:
-    """Fit, compare with the stored profile, and say what to write."""
-    key = config_key(cfg)
-    name = profile_name(key)
-    when = now.isoformat(timespec="seconds")
+    """Fit, compare with the stored profile, and say what to write. `key`: the profile's key
+    (profile_key: the service's namespace's own; default the configuration's, as the CLI has
+    it); `stored`: the ConfigMap as read for it (or the shared one an administrator pinned,
+    stored_profile). Windows with a non-finite or negative count are dropped here, at the edge
+    (Window.sane): they neither enter the fit nor put NaN into status."""
+    windows = [w for w in windows if w.sane]
+    key = key or config_key(cfg)
     kept: StoredProfile | None = None if stored is None else read_profile(stored, key)
+    if stored is not None and kept is None and key != config_key(cfg):
+        shared = read_profile(stored, config_key(cfg))  # another namespace's is never this
+        kept = shared if shared is not None and shared.pinned else None
+    name = profile_name(key if kept is None else kept.key)
+    when = now.isoformat(timespec="seconds")
     current = cfg if kept is None else with_fields(cfg, kept.updates)
-    against = compare(current, windows)
-    times: dict[str, float | None] = {
-        "predicted_gap_seconds": None if against is None else against.predicted_gap_s,
-        "observed_gap_seconds": None if against is None else against.observed_gap_s,
-        "predicted_prefill_seconds": None if against is None else against.predicted_prefill_s,
-        "observed_prefill_seconds": None if against is None else against.observed_prefill_s,
-    }
+    times = _times(compare(current, windows))
     profile = None if kept is None else name
     if kept is not None and kept.pinned:
         return Step(
-            CalibrationStatus(profile=name, reason="Pinned", message=f"{name} is pinned", last_time=when, **times)
+            CalibrationStatus(profile=name, reason="Pinned", message=f"{name} is pinned", last_time=when, **times),
+            updates=kept.updates,
         )
     try:
         result = fit(cfg, windows)
@@ -114,19 +188,14 @@ def step(
     fitted = with_fields(cfg, result.updates())
     against = compare(fitted, windows)
     if against is not None:
-        times = {
-            "predicted_gap_seconds": against.predicted_gap_s,
-            "observed_gap_seconds": against.observed_gap_s,
-            "predicted_prefill_seconds": against.predicted_prefill_s,
-            "observed_prefill_seconds": against.observed_prefill_s,
-        }
+        times = _times(against)
     message = (
         f"Fitted {result.decode_windows} decode and {result.prefill_windows} prefill windows: rms error "
         f"{result.rms_error:.1%} (catalog {result.prior_rms_error:.1%})"
     )
     return Step(
         CalibrationStatus(profile=name, reason="Fitted", message=message, last_time=when, **times),
-        write=profile_configmap(result, namespace, when),
+        write=profile_configmap(result, namespace, when, key),
         moved=tuple(moved),
         updates=result.updates(),
     )
@@ -162,10 +231,14 @@ def calibrated(
     saying what moved and what it did to the replicas). A profile that moved without changing
     the plan re-plans nothing: the children stay as they are."""
     status = before.model_copy(update={"calibration": done.status})
-    if done.updates is None or not done.moved or before.plan is None:
+    # A profile an administrator just pinned is planned with at once, as a moved one is (every
+    # reconcile after plans with it too: planning_catalog).
+    was = before.calibration.reason if before.calibration is not None else None
+    newly_pinned = done.status.reason == "Pinned" and was != "Pinned"
+    if done.updates is None or not (done.moved or newly_pinned) or before.plan is None:
         return Result(status=status)
     reason = ProfileCalibrated(done.status.profile or profile_name(config_key(cfg)))
-    with_profile = calibrated_catalog(catalog, intent.engine, done.updates)
+    with_profile = calibrated_catalog(catalog, cfg.engine.profile, done.updates)
     result = replan(reason, intent, res, status, observed(), with_profile, settings, now)
     after = result.status.plan
     if result.retry is not None or after is None or not changes_plan(before.plan, after):

@@ -6,15 +6,24 @@ namespace, and apply the status or the re-plan the core returned."""
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvscale.api.models import CalibrationStatus, InferenceServiceStatus
-from kvscale.calibration.fit import Window, config_key
+from kvscale.calibration.fit import Window
 from kvscale.calibration.profile import profile_name
-from kvscale.control.calibration import Step, calibrated, serving_config, step
+from kvscale.control.calibration import (
+    Step,
+    calibrated,
+    planning_catalog,
+    profile_key,
+    serving_config,
+    step,
+    stored_profile,
+)
 from kvscale.control.reconcile import Result
 from kvscale.control.scaling import planned
 from kvscale.control.status import mark_synced
@@ -27,6 +36,8 @@ from kvscale.operator.leader import SERVICE_ACCOUNT_NAMESPACE
 
 if TYPE_CHECKING:
     from kvscale.operator.handlers import Call, Runtime
+    from kvscale.operator.k8s import Kube
+    from kvscale.sizing.catalog import Catalog
     from kvscale.sizing.config import ServingConfig
 
 HAND_RUN_NAMESPACE = "default"  # an operator run outside a pod (tests, a laptop) keeps its profiles here
@@ -43,15 +54,60 @@ def profile_namespace(configured: str, service_account_file: Path = SERVICE_ACCO
         return HAND_RUN_NAMESPACE
 
 
+class ProfileCache:
+    """The profile ConfigMaps as last read or written, by name (None: there is none), so that
+    every reconcile can plan with its service's profile without a GET each time. The
+    calibration tick reads its profiles afresh each interval and stores them here (a pin or a
+    delete by hand is seen within one interval); a name not seen yet is read once, in the
+    workers. Shared by the loop and the workers: locked."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bodies: dict[str, dict[str, Any] | None] = {}
+
+    def put(self, name: str, body: dict[str, Any] | None) -> None:
+        with self._lock:
+            self._bodies[name] = body
+
+    def get(self, kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            if name in self._bodies:
+                return self._bodies[name]
+        body = kube.read_configmap(namespace, name)
+        self.put(name, body)
+        return body
+
+
+PROFILES = ProfileCache()  # one operator process, one cache
+
+
+def planning_catalog_of(rt: Runtime, call: Call) -> Catalog:
+    """The catalog `call`'s service plans with (kvscale.control.calibration.planning_catalog):
+    its stored or pinned profile over the catalog's. In the workers (it may read a ConfigMap)."""
+    if not rt.settings.calibration_interval_s:
+        return rt.catalog  # calibration off: no profile is kept up to date, none is planned with
+    namespace = profile_namespace(rt.settings.lease_namespace)
+    return planning_catalog(
+        rt.catalog, call.intent, call.before, call.res.namespace, lambda name: PROFILES.get(rt.kube, namespace, name)
+    )
+
+
 def _fit_and_write(rt: Runtime, call: Call, cfg: ServingConfig, windows: list[Window], namespace: str) -> Result:
-    """In the workers: the stored profile read, the fit, the ConfigMap written, the re-plan."""
+    """In the workers: the stored profile read (afresh), the fit, the ConfigMap written, the re-plan."""
     intent = call.valid()
-    name = profile_name(config_key(cfg))
-    stored = rt.kube.read_configmap(namespace, name)
+
+    def read(name: str) -> dict[str, Any] | None:
+        body = rt.kube.read_configmap(namespace, name)
+        PROFILES.put(name, body)
+        return body
+
+    own = profile_key(cfg, call.res.namespace)
+    _, _, stored = stored_profile(cfg, call.res.namespace, read)
     now = dt.datetime.now(dt.UTC)
-    done: Step = step(cfg, windows, stored, namespace, now)
-    if done.write is not None:
+    done: Step = step(cfg, windows, stored, namespace, now, own)
+    if done.write is not None:  # never over a pinned one: `stored` is then the namespace's own, as read
         rt.kube.write_configmap(done.write, exists=stored is not None)
+        PROFILES.put(profile_name(own), done.write)
     return calibrated(done, cfg, intent, call.res, call.before, lambda: call.observed(rt), rt.catalog, rt.settings, now)
 
 

@@ -77,7 +77,7 @@ from kvscale.metrics.observe import observe_batched, observe_workload_batched, t
 from kvscale.operator import effects, telemetry
 from kvscale.operator.access import Access, RetryForever, budgets_watched
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
-from kvscale.operator.calibration import calibrate_tick
+from kvscale.operator.calibration import calibrate_tick, planning_catalog_of
 from kvscale.operator.diffbase import DigestDiffBaseStorage
 from kvscale.operator.drain import mark_scale_down, shorten_preempted
 from kvscale.operator.informers import Inventory
@@ -377,7 +377,10 @@ def spec_changed(rt: Runtime, call: Call, resumed: bool = False) -> None:
     with telemetry.RECONCILE_SECONDS.time():
         seen = call.observed(rt)
         result = under_budget(
-            rt, call, reconcile(call.intent, call.res, call.before, seen, rt.catalog, rt.settings), seen
+            rt,
+            call,
+            reconcile(call.intent, call.res, call.before, seen, planning_catalog_of(rt, call), rt.settings),
+            seen,
         )
     if result.retry is not None and result.retry.delay_s is None:
         telemetry.ERRORS.labels("reconcile").inc()
@@ -411,7 +414,8 @@ async def status_tick(rt: Runtime, call: Call) -> None:
             seen = await rt.io(confirmed, rt, call.res, seen, names)
         if pool_api_missing(call.before) or replans(call.before, seen, rt.settings, now) or conflicted(call.before):
             seen = await rt.io(call.observed, rt)  # the InferencePool too: a reconcile follows
-            result = await rt.io(refresh, call.intent, call.res, call.before, seen, rt.catalog, rt.settings, now)
+            catalog = await rt.io(planning_catalog_of, rt, call)  # the calibrated profile, as reconcile plans
+            result = await rt.io(refresh, call.intent, call.res, call.before, seen, catalog, rt.settings, now)
         else:
             result = refresh(call.intent, call.res, call.before, seen, rt.catalog, rt.settings, now)
         result = None if result is None else under_budget(rt, call, result, seen)
@@ -542,7 +546,8 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
             burst_window=s.burst_window,
         )
         now = dt.datetime.now(dt.UTC)
-        args = (intent, call.res, call.before, lambda: call.observed(rt), workload, missing, rt.catalog, s, now)
+        catalog = await rt.io(planning_catalog_of, rt, call)
+        args = (intent, call.res, call.before, lambda: call.observed(rt), workload, missing, catalog, s, now)
         result = await rt.io(workload_tick, *args)
         result = None if result is None else under_budget(rt, call, result, call.observed())
     except Exception as exc:  # counted and shown in status; the timer runs again
@@ -569,7 +574,8 @@ def _move(
     """A budget's move: the plan re-made on the granted GPU type, at the granted replicas
     within what that type has free now (the tick's view of the cluster, and the API's reads)."""
     seen = call.observed(rt, base)
-    result = replan(BudgetMove(grant, budget), call.intent, call.res, status, seen, rt.catalog, rt.settings, now)
+    catalog = planning_catalog_of(rt, call)
+    result = replan(BudgetMove(grant, budget), call.intent, call.res, status, seen, catalog, rt.settings, now)
     out = moved(result, before, grant)
     return None if out is None else under_budget(rt, call, out, seen)
 

@@ -1,0 +1,198 @@
+"""Issue 38, findings 3 and 4: calibrated profiles per namespace and configuration, planned with
+on every reconcile, for the engine release the service runs; and the edge that keeps NaN out
+of status (the LOW item)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import replace
+from typing import Any
+
+from kvscale.api.intent import Intent, read_spec
+from kvscale.calibration.fit import Window, config_key
+from kvscale.calibration.profile import NAMESPACE_LABEL, PINNED_ANNOTATION, profile_name, read_profile
+from kvscale.control.calibration import (
+    calibrated,
+    calibrated_catalog,
+    planning_catalog,
+    profile_key,
+    serving_config,
+    step,
+    stored_profile,
+)
+from kvscale.control.reconcile import Observed, Resource, reconcile
+from kvscale.sizing.engine_profiles import profile_on
+from tests.unit.test_calibration_fit import _measured
+from tests.unit.test_calibration_tick import BATCHES, _intent, _service
+from tests.unit.test_reconcile import CAT, NOW, POOLS, SETTINGS
+
+OPERATOR_NS = "kvscale-system"
+
+
+class Store:
+    """The operator namespace's ConfigMaps, by name (what Kube.read_configmap / write_configmap do)."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[str, dict[str, Any]] = {}
+
+    def read(self, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.bodies.get(name))
+
+    def write(self, body: dict[str, Any]) -> None:
+        self.bodies[body["metadata"]["name"]] = copy.deepcopy(body)
+
+
+def _tick(store: Store, cfg: Any, windows: list[Window], namespace: str) -> Any:
+    """One calibration tick as the operator runs it (kvscale.operator.calibration._fit_and_write)."""
+    _, _, stored = stored_profile(cfg, namespace, store.read)
+    done = step(cfg, windows, stored, OPERATOR_NS, NOW, profile_key(cfg, namespace))
+    if done.write is not None:
+        store.write(done.write)
+    return done
+
+
+def test_another_namespaces_fit_never_changes_this_ones_profile_or_replans_it() -> None:
+    spec, first, cfg, slow = _service(20)
+    store = Store()
+    victim = _tick(store, cfg, _measured(cfg, BATCHES), "team-a")  # its engines run as the catalog says
+    assert victim.write is not None
+    mine = profile_name(profile_key(cfg, "team-a"))
+    assert victim.write["metadata"]["labels"][NAMESPACE_LABEL] == "team-a"
+    kept = copy.deepcopy(store.bodies[mine])
+    # The same spec in another namespace with a slow engine, fitted over and over.
+    for seed in range(3):
+        evil = _tick(store, cfg, _measured(slow, BATCHES, seed=seed), "evil")
+        assert evil.write is None or evil.write["metadata"]["name"] != mine
+    assert store.bodies[mine] == kept
+    assert profile_name(config_key(cfg)) not in store.bodies  # no shared profile is ever written
+    # The victim's next tick compares with its own fit: nothing moved, nothing re-planned.
+    again = _tick(store, cfg, _measured(cfg, BATCHES, seed=7), "team-a")
+    assert again.status.reason == "Unchanged" and again.moved == ()
+    result = calibrated(
+        again, cfg, _intent(spec), _res("team-a"), first.status, lambda: Observed(POOLS), CAT, SETTINGS, NOW
+    )
+    assert result.apply == () and result.events == () and result.status.plan == first.status.plan
+    # ... and plans with its own profile, not the slow one.
+    own = planning_catalog(CAT, _intent(spec), first.status, "team-a", store.read)
+    theirs = planning_catalog(CAT, _intent(spec), first.status, "evil", store.read)
+    name = cfg.engine.profile
+    assert own.engines[name].matmul_efficiency_factor != theirs.engines[name].matmul_efficiency_factor
+
+
+def test_a_shared_profile_counts_only_where_an_administrator_pinned_it() -> None:
+    spec, first, cfg, slow = _service(20)
+    store = Store()
+    shared = step(cfg, _measured(slow, BATCHES), None, OPERATOR_NS, NOW).write  # keyed by the configuration alone
+    assert shared is not None
+    store.write(shared)
+    # Unpinned (an older operator's shared profile, or anyone's): neither compared with nor planned on.
+    assert stored_profile(cfg, "team-a", store.read)[1] is None
+    assert planning_catalog(CAT, _intent(spec), first.status, "team-a", store.read) is CAT
+    # Pinned by an administrator: every namespace plans and compares with it, and never rewrites it.
+    shared["metadata"]["annotations"][PINNED_ANNOTATION] = "true"
+    store.write(shared)
+    done = _tick(store, cfg, _measured(cfg, BATCHES), "team-a")
+    assert done.status.reason == "Pinned" and done.write is None
+    assert done.status.profile == profile_name(config_key(cfg))
+    pinned = planning_catalog(CAT, _intent(spec), first.status, "team-b", store.read)
+    fitted = read_profile(shared, config_key(cfg))
+    assert fitted is not None
+    assert pinned.engines[cfg.engine.profile].matmul_efficiency_factor == fitted.updates["matmul_efficiency_factor"]
+
+
+def test_a_newly_pinned_profile_is_planned_with_at_once() -> None:
+    spec, first, cfg, slow = _service(20)
+    store = Store()
+    shared = step(cfg, _measured(slow, BATCHES), None, OPERATOR_NS, NOW).write
+    assert shared is not None and first.status.plan is not None
+    shared["metadata"]["annotations"][PINNED_ANNOTATION] = "true"
+    store.write(shared)
+    done = _tick(store, cfg, _measured(cfg, BATCHES), "team-a")
+    result = calibrated(
+        done, cfg, _intent(spec), _res("team-a"), first.status, lambda: Observed(POOLS), CAT, SETTINGS, NOW
+    )
+    after = result.status.plan
+    assert after is not None and after.replicas > first.status.plan.replicas  # the pinned (slower) profile
+    assert [e.reason for e in result.events][:1] == ["ProfileCalibrated"]
+    # Pinned already: the next tick re-plans nothing more.
+    again = calibrated(
+        done, cfg, _intent(spec), _res("team-a"), result.status, lambda: Observed(POOLS), CAT, SETTINGS, NOW
+    )
+    assert again.apply == () and again.events == ()
+
+
+def _res(namespace: str) -> Resource:
+    return Resource(namespace, "chat", "uid-1", 1)
+
+
+def test_a_restarted_operator_plans_the_calibrated_plan_again() -> None:
+    spec, first, cfg, slow = _service(20)
+    store = Store()
+    res = _res("team-a")
+    done = _tick(store, cfg, _measured(slow, BATCHES), "team-a")
+    moved = calibrated(done, cfg, _intent(spec), res, first.status, lambda: Observed(POOLS), CAT, SETTINGS, NOW)
+    plan = moved.status.plan
+    assert plan is not None and first.status.plan is not None and plan.replicas != first.status.plan.replicas
+    # A restart: no memory; the resume reconciles from status and the stored ConfigMap.
+    status = moved.status
+    catalog = planning_catalog(CAT, _intent(spec), status, "team-a", store.read)
+    again = reconcile(read_spec(spec), res, status, Observed(POOLS), catalog, SETTINGS, now=NOW)
+    after = again.status.plan
+    assert after is not None
+    assert (after.gpu_type, after.replicas, after.max_batch) == (plan.gpu_type, plan.replicas, plan.max_batch)
+    assert after.rate_per_replica == plan.rate_per_replica
+    # What it did before: the catalog's plan, the calibrated one lost.
+    lost = reconcile(read_spec(spec), res, status, Observed(POOLS), CAT, SETTINGS, now=NOW).status.plan
+    assert lost is not None and (lost.replicas, lost.max_batch) != (plan.replicas, plan.max_batch)
+
+
+def test_calibration_fits_the_profile_of_the_release_the_service_runs() -> None:
+    spec = copy.deepcopy(_service(20)[0])
+    spec["engine"] = {"type": "vllm", "image": "vllm/vllm-openai:v0.6.3"}
+    intent = read_spec(spec)
+    assert isinstance(intent, Intent)
+    first = reconcile(intent, _res("team-a"), first_status(), Observed(POOLS), CAT, SETTINGS, now=NOW)
+    plan = first.status.plan
+    assert plan is not None
+    cfg = serving_config(intent, plan, CAT)
+    assert cfg is not None
+    release = profile_on(CAT, "vllm", CAT.gpu(plan.gpu_type), "vllm/vllm-openai:v0.6.3")
+    assert release.profile != CAT.engine("vllm").profile  # an older release than the newest
+    assert cfg.engine.profile == release.profile and cfg.engine.image == "vllm/vllm-openai:v0.6.3"
+    assert "vllm@vllm/vllm-openai:v0.6.3" in profile_key(cfg, "team-a")  # the spec's image, not the catalog's
+    patched = calibrated_catalog(CAT, cfg.engine.profile, {"matmul_efficiency_factor": 0.123})
+    assert patched.engines[release.profile].matmul_efficiency_factor == 0.123
+    assert patched.engine("vllm") == CAT.engine("vllm")  # the newest release left as it is
+
+
+def first_status() -> Any:
+    from kvscale.api.models import InferenceServiceStatus
+
+    return InferenceServiceStatus()
+
+
+def test_non_finite_or_negative_windows_are_dropped_and_status_stays_json() -> None:
+    _, _, cfg, slow = _service(20)
+    good = _measured(slow, BATCHES)
+    bad = [
+        replace(good[0], batch=math.nan),
+        replace(good[1], context_tokens=math.inf),
+        replace(good[2], context_tokens=-500.0),
+        replace(good[3], prompt_tokens=math.nan),
+        replace(good[4], steps=math.nan),
+        replace(good[5], gaps=math.inf),
+    ]
+    assert not any(w.sane for w in bad)
+    done = step(cfg, [*bad, *good[6:]], None, OPERATOR_NS, NOW)
+    clean = step(cfg, good[6:], None, OPERATOR_NS, NOW)
+    assert done.status.reason == clean.status.reason
+    assert done.updates == clean.updates  # the bad windows did not enter the fit
+    json.dumps(done.status.model_dump(by_alias=True), allow_nan=False)  # valid JSON: no NaN, no inf
+    # Only bad windows: NotEnoughData, and still no NaN in status.
+    only_bad = step(cfg, bad, None, OPERATOR_NS, NOW)
+    assert only_bad.status.reason == "NotEnoughData"
+    json.dumps(only_bad.status.model_dump(by_alias=True), allow_nan=False)
+    written = read_profile(done.write or {}, config_key(cfg))
+    assert written is None or all(math.isfinite(v) for v in written.updates.values())
