@@ -8,6 +8,7 @@ import math
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvscale.planner.search import TENSOR_PARALLEL_DEGREES
-from kvscale.sizing.catalog import Catalog, CatalogError, ModelArch, load_catalog, load_yaml
+from kvscale.sizing.catalog import Catalog, CatalogError, EngineProfile, ModelArch, load_catalog, load_yaml
 from kvscale.sizing.units import UnitError, parse_duration_s
 from kvscale.sizing.workload import Slo
 
@@ -71,8 +72,9 @@ EngineVersionOpt = Annotated[
     str | None,
     typer.Option(
         "--engine-version",
-        help="The engine release --engine-command runs (e.g. 0.11.0, or an image such as vllm/vllm-openai:v0.11.0): "
-        "picks the engine's profile in the catalog (default: an image named in the command, else the newest).",
+        help="The engine release (e.g. 0.11.0, an image such as vllm/vllm-openai:v0.11.0, or a catalog release such "
+        "as tensorrt-llm-0.9): picks the profile of --engine (or of the engine --engine-command runs) covering it "
+        "(default: an image named in the command, else the newest).",
     ),
 ]
 ModelOpt = Annotated[
@@ -319,10 +321,103 @@ def write_picture(path: Path, draw: Any, option: str = "--png") -> None:
         fail(f"{option} {path}: could not write the picture: {_one_line(exc)}")
 
 
+EngineOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--engine",
+        help="Engine profile to size with: an engine (vllm, sglang, tgi, tensorrt-llm: its newest release) or a "
+        "release in the catalog (e.g. vllm-0.2, tensorrt-llm-0.9); default vllm.",
+    ),
+]
+DEFAULT_ENGINE = "vllm"
+
+
+def _known_engines(cat: Catalog) -> str:
+    engines = sorted({p.name for p in cat.engines.values()})
+    return f"engines {', '.join(engines)}; releases {', '.join(sorted(cat.engines))}"
+
+
+def _profile_key(cat: Catalog, name: str) -> str | None:
+    """The catalog key of a release named `name` (any case), or None."""
+    wanted = name.strip().lower()
+    return next((key for key in cat.engines if key.lower() == wanted), None)
+
+
+def engine_selection(cat: Catalog, engine: str | None, version: str | None) -> tuple[str, EngineProfile]:
+    """--engine and --engine-version without --engine-command: what to size with.
+
+    Returns the name the planner takes (an engine, whose profile then follows the image each
+    GPU type runs, or a release key when one was named) and the profile it resolves to. A
+    version is honoured (the engine's profile covering that release) or refused with exit 2,
+    never ignored; unknown names exit 2 listing the known ones."""
+    from kvscale.sizing.engine_profiles import profile_for, release_of
+
+    family = DEFAULT_ENGINE
+    key = None
+    if engine is not None:
+        key = _profile_key(cat, engine)
+        if key is None:
+            family = engine.strip().lower()
+            if not cat.engine_profiles(family):
+                fail(f"--engine {engine!r}: unknown; known {_known_engines(cat)}")
+        elif version is not None:
+            fail(
+                f"--engine {engine} names a release already: drop --engine-version, or give the engine "
+                f"(--engine {cat.engines[key].name} --engine-version {version})"
+            )
+    if key is None and version is not None:
+        key = _profile_key(cat, version)
+        if key is not None and engine is not None and cat.engines[key].name != family:
+            fail(f"--engine-version {version} is a {cat.engines[key].name} release, not {family}'s: drop one of them")
+        if key is None:
+            if release_of(version) is None:
+                fail(
+                    f"--engine-version {version!r}: no release in it; give e.g. 0.11.0, an image such as "
+                    f"vllm/vllm-openai:v0.11.0, or a catalog release ({', '.join(sorted(cat.engines))})"
+                )
+            key = profile_for(cat, family, version).profile
+    if key is not None:
+        return key, cat.engines[key]
+    return family, cat.engine(family)
+
+
+def command_engine_version(cat: Catalog, engine: str | None, version: str | None, command_engine: str) -> str | None:
+    """--engine (and --engine-version) beside --engine-command: each must name the command's
+    engine or one of its releases, which then picks the profile as a version would."""
+    named = _profile_key(cat, version) if version is not None else None
+    if named is not None:
+        if cat.engines[named].name != command_engine:
+            fail(
+                f"--engine-version {version} is a {cat.engines[named].name} release; --engine-command runs "
+                f"{command_engine}: give one of its releases ({', '.join(p.profile for p in cat.engine_profiles(command_engine))})"
+            )
+        version = cat.engines[named].version or cat.engines[named].covers_from
+    if engine is None:
+        return version
+    key = _profile_key(cat, engine)
+    family = cat.engines[key].name if key is not None else engine.strip().lower()
+    if key is None and not cat.engine_profiles(family):
+        fail(f"--engine {engine!r}: unknown; known {_known_engines(cat)}")
+    if family != command_engine:
+        fail(f"--engine {engine} does not match the {command_engine} command --engine-command runs: drop --engine")
+    if key is None:
+        return version
+    if version is not None:
+        fail(f"--engine {engine} names a release already: drop --engine-version")
+    return cat.engines[key].version or cat.engines[key].covers_from
+
+
 def parse_command(
-    text: str, gpu: str | None, tp: int | None, precision: str | None, version: str | None = None
+    text: str,
+    gpu: str | None,
+    tp: int | None,
+    precision: str | None,
+    version: str | None = None,
+    cat: Catalog | None = None,
+    engine: str | None = None,
 ) -> EngineCommand:
-    """--engine-command parsed; it sets parallelism and precision, so --tp/--precision cannot also be given."""
+    """--engine-command parsed; it sets parallelism and precision, so --tp/--precision cannot also be given.
+    `engine` (--engine, with the catalog `cat`) must name the command's engine or one of its releases."""
     if not gpu or len(split(gpu)) != 1:
         fail("--engine-command needs --gpu with one GPU type (the engine's defaults depend on it)")
     if tp is not None or precision is not None:
@@ -333,9 +428,12 @@ def parse_command(
     if version is not None and release_of(version) is None and version.strip().lower() != "latest":
         fail(f"--engine-version {version!r}: no release in it; give e.g. 0.11.0 or vllm/vllm-openai:v0.11.0")
     try:
-        return parse_engine_command(text, version)
+        command = parse_engine_command(text, version)
     except EngineCommandError as exc:
         fail(str(exc))
+    if cat is None:
+        return command
+    return replace(command, version=command_engine_version(cat, engine, version, command.engine))
 
 
 def command_model(cat: Catalog, command: EngineCommand | None) -> ModelArch:

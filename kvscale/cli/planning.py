@@ -15,6 +15,7 @@ from kvscale.cli.common import (
     MAX_TOKENS,
     CatalogOpt,
     EngineCommandOpt,
+    EngineOpt,
     EngineVersionOpt,
     JsonOpt,
     ModelOpt,
@@ -24,6 +25,7 @@ from kvscale.cli.common import (
     command_model,
     console,
     duration,
+    engine_selection,
     fail,
     fmt,
     gpu_counts,
@@ -50,10 +52,11 @@ from kvscale.planner.routing_advice import GatewayAdvice, gateway_advice
 from kvscale.planner.search import DEFAULT_HEADROOM, Feasible, Plan, PlanRequest, SimulatedSizing, cheapest, plan
 from kvscale.planner.serialize import candidate_to_dict, check_to_dict, plan_to_dict, prediction_to_dict
 from kvscale.sizing.batching import predict_batch, throughput_latency_curve
-from kvscale.sizing.catalog import Catalog, ModelArch
+from kvscale.sizing.catalog import Catalog, EngineProfile, ModelArch
 from kvscale.sizing.checkpoints import CheckpointError, default_precision, resolve_checkpoint, substitution
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
+from kvscale.sizing.engine_profiles import profile_on
 from kvscale.sizing.roofline import ideal_batch, ops_per_byte
 from kvscale.sizing.units import GIB
 from kvscale.sizing.workload import Slo, Workload
@@ -110,9 +113,8 @@ def plan_cmd(
         int | None, typer.Option("--max-replicas", help="Reject plans needing more replicas.")
     ] = None,
     show: Annotated[int, typer.Option(help="Alternatives to list in the table.")] = 8,
-    engine: Annotated[
-        str, typer.Option(help="Serving engine whose profile and arguments to use: vllm, sglang or tgi.")
-    ] = "vllm",
+    engine: EngineOpt = None,
+    engine_version: EngineVersionOpt = None,
     source: Annotated[
         str | None, typer.Option(help="Checkpoint the engine loads (hf://org/name); int4/int8 need a quantized one.")
     ] = None,
@@ -139,8 +141,7 @@ def plan_cmd(
     """The cheapest (or fastest) GPU x TP x precision x batch limit that meets the SLO."""
     cat = load(catalog)
     arch = resolve_model(cat, model)
-    if engine not in ENGINE_TYPES:
-        fail(f"--engine must be one of {', '.join(ENGINE_TYPES)}, got {engine!r}")
+    engine_name, profile = engine_selection(cat, engine, engine_version)
     if objective not in ("cost", "latency"):
         fail(f"--objective must be cost or latency, got {objective!r}")
     if routing not in ("service", "gateway"):
@@ -206,7 +207,7 @@ def plan_cmd(
         headroom=headroom,
         max_replicas=max_replicas,
         gpu_limits=limits,
-        engine=engine,
+        engine=engine_name,
         data_parallel_attention=dp_attention,
         least_loaded=routing == "gateway",
         max_itl_s=max_itl_s,
@@ -224,7 +225,9 @@ def plan_cmd(
     # A custom architecture or a config.json file names no checkpoint: the engine line needs
     # --source (without it the engine would be told to load the file's name).
     needs_source = names_no_checkpoint(model) and source is None
-    launch = None if needs_source else _launch(result, served, source)
+    # Sized with any profile; deployed only by an engine the operator runs.
+    not_deployed = None if profile.name in ENGINE_TYPES else not_deployable(profile)
+    launch = None if needs_source or not_deployed else _launch(result, served, source)
     if launch is not None and context_said is not None:
         launch = replace(launch, context=replace(launch.context, reason=context_said))
     check = result.chosen.check if result.chosen is not None else None
@@ -240,11 +243,16 @@ def plan_cmd(
                 "cost_usd_per_hour": round(gateway.gateway_usd_per_hour, 2),
                 "saving": round(gateway.saving, 3),
             }
-        if needs_source and out["chosen"] is not None:
-            out["chosen"].update(engine_args=None, engine_args_missing=NEEDS_SOURCE)
+        out["engine_profile"] = (result.chosen.config.engine if result.chosen is not None else profile).profile
+        if out["chosen"] is not None:
+            out["chosen"]["engine_profile"] = out["engine_profile"]
+        if (needs_source or not_deployed) and out["chosen"] is not None:
+            out["chosen"].update(
+                engine=profile.name, engine_args=None, engine_args_missing=not_deployed or NEEDS_SOURCE
+            )
         if launch and out["chosen"] is not None:
             out["chosen"].update(
-                engine=engine,
+                engine=profile.name,
                 max_context_tokens=launch.context.max_model_len_tokens,
                 max_context_reason=launch.context.reason,
                 checkpoint=launch.checkpoint.source,
@@ -263,8 +271,8 @@ def plan_cmd(
                 console.print(f"  {line}")
         checked = describe_check(check, slo) if check is not None else []
         _render_plan(result, [*command, *args] if args else None, show, launch, fp8, gateway, checked)
-        if needs_source and result.chosen is not None:
-            console.print(f"  engine: {NEEDS_SOURCE}", highlight=False, soft_wrap=True)
+        if (needs_source or not_deployed) and result.chosen is not None:
+            console.print(f"  engine: {not_deployed or NEEDS_SOURCE}", highlight=False, soft_wrap=True)
     if not result.feasible:
         raise typer.Exit(EXIT_INFEASIBLE)
 
@@ -285,6 +293,15 @@ def describe_check(check: SimulatedSizing, slo: Slo) -> list[str]:
             f"replicas: {check.replicas} (simulated) instead of {check.analytic_replicas} (analytic): {check.why}",
         ]
     return [head, f"closest fleet: {check.replicas} replica(s): {check.why}"]
+
+
+def not_deployable(profile: EngineProfile) -> str:
+    """Why a plan sized with an engine the operator does not run has no engine command."""
+    return (
+        f"no engine command: the plan is sized with the {profile.profile} profile, but kvscale deploys only "
+        f"{', '.join(ENGINE_TYPES)}; run {profile.name} yourself with these figures, or plan with --engine "
+        f"{ENGINE_TYPES[0]} for a command the operator deploys"
+    )
 
 
 NEEDS_SOURCE = (
@@ -442,6 +459,8 @@ def _render_plan(
         + (f", p99 ITL <= {r.max_itl_s * 1e3:g} ms" if r.max_itl_s is not None else "")
         + f"; objective {r.objective}"
         + ("; behind a least-loaded gateway" if r.least_loaded else "")
+        # a profile other than the default one is named: the figures are that engine's
+        + (f"; engine profile {result.chosen.config.engine.profile}" if r.engine != "vllm" and result.chosen else "")
     )
     c = result.chosen
     if c is not None:
@@ -560,12 +579,17 @@ def _shape(c: Feasible) -> str:
     return f"{c.tensor_parallel} {c.gpu}" + (" expert-parallel" if ep else "")
 
 
-def _config(cat: Catalog, model: str, gpu: str, tp: int, precision: str | None, kv: str) -> ServingConfig:
+def _config(
+    cat: Catalog, model: str, gpu: str, tp: int, precision: str | None, kv: str, engine: str = "vllm"
+) -> ServingConfig:
+    """`engine`: an engine (its profile follows the image the GPU type runs, as the planner's)
+    or a release key."""
     arch = resolve_model(cat, model)
     precision = default_precision(precision, arch)
-    check_names(cat, (gpu,), (precision,), kv)
+    (gpu,) = check_names(cat, (gpu,), (precision,), kv)
     tp_values(tp)
-    cfg = ServingConfig.build(cat, arch, cat.gpu(gpu), precision, tp, kv)
+    spec = cat.gpu(gpu)
+    cfg = ServingConfig.build(cat, arch, spec, precision, tp, kv, profile_on(cat, engine, spec).profile)
     reason = cfg.unsupported_reason()
     if reason:
         fail(reason)
@@ -584,6 +608,7 @@ def predict(
         str | None, typer.Option(help="Weight precision (default: the checkpoint's own, else bf16).")
     ] = None,
     kv_cache_precision: Annotated[str, typer.Option("--kv-cache-precision")] = "auto",
+    engine: EngineOpt = None,
     engine_command: EngineCommandOpt = None,
     engine_version: EngineVersionOpt = None,
     catalog: CatalogOpt = None,
@@ -593,7 +618,7 @@ def predict(
     the parallelism, precision, chunk budget and memory share that command sets on --gpu)."""
     cat = load(catalog)
     if engine_command is not None:
-        command = parse_command(engine_command, gpu, tp, precision, engine_version)
+        command = parse_command(engine_command, gpu, tp, precision, engine_version, cat, engine)
         arch = resolve_model(cat, model) if model is not None else command_model(cat, command)
         cfg = command_config_or_fail(cat, command, gpu, arch).config
         tp = cfg.tensor_parallel
@@ -601,7 +626,8 @@ def predict(
         fail("give --model (a catalog name, config.json or architecture file) or --engine-command")
     else:
         tp = 1 if tp is None else tp
-        cfg = _config(cat, model, gpu, tp, precision, kv_cache_precision)
+        engine_name, _ = engine_selection(cat, engine, engine_version)
+        cfg = _config(cat, model, gpu, tp, precision, kv_cache_precision, engine_name)
     positive(batch, "--batch", MAX_TOKENS)
     prediction = predict_batch(cfg, batch, tokens(input_tokens, "--input"), tokens(output_tokens, "--output"))
     data = prediction_to_dict(prediction, cfg.memory.weights_bytes, cfg.max_num_batched_tokens)

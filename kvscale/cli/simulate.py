@@ -15,6 +15,7 @@ from kvscale.cli.common import (
     ITL_HELP,
     CatalogOpt,
     EngineCommandOpt,
+    EngineOpt,
     EngineVersionOpt,
     JsonOpt,
     OptionalModelOpt,
@@ -22,6 +23,7 @@ from kvscale.cli.common import (
     command_config_or_fail,
     command_model,
     console,
+    engine_selection,
     err,
     fail,
     fmt,
@@ -143,6 +145,7 @@ def simulate(
     png: Annotated[
         Path | None, typer.Option(help="Draw load, replicas and latency against time here (.png, .svg or .pdf).")
     ] = None,
+    engine: EngineOpt = None,
     engine_command: EngineCommandOpt = None,
     engine_version: EngineVersionOpt = None,
     catalog: CatalogOpt = None,
@@ -168,14 +171,28 @@ def simulate(
     if fleet is not None:
         from kvscale.cli.simulate_fleet import run_fleet
 
-        if model is not None or trace is not None or load is not None or concurrency is not None or engine_command:
+        if (
+            model is not None
+            or trace is not None
+            or load is not None
+            or concurrency is not None
+            or engine_command
+            or engine is not None
+            or engine_version is not None
+        ):
             fail(
                 "--fleet FILE names each service's model and load: leave out --model, --trace, --load, "
-                "--concurrency, --engine-command"
+                "--concurrency, --engine-command, --engine, --engine-version"
             )
         run_fleet(fleet, cat, as_json, png)
         return
-    command = parse_command(engine_command, gpu, tp, precision, engine_version) if engine_command is not None else None
+    command = (
+        parse_command(engine_command, gpu, tp, precision, engine_version, cat, engine)
+        if engine_command is not None
+        else None
+    )
+    # Without a command, --engine/--engine-version pick the profile the plan is sized with.
+    engine_name = engine_selection(cat, engine, engine_version)[0] if command is None else None
     if (model is None and command is None) or ttft is None or tpot is None:
         fail(
             "give --model (a catalog name, config.json or architecture file) or --engine-command, with --ttft and "
@@ -255,6 +272,7 @@ def simulate(
         # its replicas are the fleet every policy starts from, its batch limit the one deployed.
         least_loaded=routing == "gateway",
         max_itl_s=max_itl_s,
+        engine=engine_name or "vllm",
     )
     try:
         if command is not None:
@@ -278,10 +296,13 @@ def simulate(
     else:
         load_text = f"{concurrency} closed-loop users, {input_tokens} in / {output_tokens} out"
     head = f"{arch.name} on {setup.cfg.gpus} x {setup.cfg.gpu.name} ({setup.cfg.precision.name})"
+    for row in rows:  # the catalog profile every policy's step times came from
+        row["engine_profile"] = setup.cfg.engine.profile
     if as_json:
         print_json(rows)
     else:
-        _render(setup, rows, slo, percentile)
+        said = engine is not None or engine_version is not None
+        _render(setup, rows, slo, percentile, said)
     if png is not None:
         from kvscale.cli.simulate_plot import draw_timeline, timeline_title
 
@@ -291,9 +312,11 @@ def simulate(
             console.print(f"wrote {png}")
 
 
-def _render(setup: Any, rows: list[dict[str, Any]], slo: Any, percentile: float) -> None:
+def _render(setup: Any, rows: list[dict[str, Any]], slo: Any, percentile: float, engine_said: bool = False) -> None:
+    """`engine_said`: --engine or --engine-version chose the profile, so the header names it."""
+    profile = f", engine profile {setup.cfg.engine.profile}" if engine_said else ""
     console.print(
-        f"{setup.cfg.model.name} on {setup.cfg.gpus} x {setup.cfg.gpu.name} ({setup.cfg.precision.name}), "
+        f"{setup.cfg.model.name} on {setup.cfg.gpus} x {setup.cfg.gpu.name} ({setup.cfg.precision.name}){profile}, "
         f"max batch {setup.max_batch}, chunk budget {setup.cfg.max_num_batched_tokens}, cold start {setup.cold_start_s:.0f}s, routing {setup.routing}; "
         f"SLO p{percentile:g} TTFT <= "
         f"{slo.ttft_s * 1e3:g} ms, TPOT <= {slo.tpot_s * 1e3:g} ms"
