@@ -11,6 +11,9 @@ KV cache follows vLLM 0.11.0:
   layer, one "KV head" that every tensor-parallel rank keeps whole
   (vllm/model_executor/layers/mla.py: `num_kv_heads=1`, `head_size=kv_lora_rank +
   qk_rope_head_dim`; kv_cache_interface.py, MLAAttentionSpec.page_size_bytes has no factor 2).
+- Sparse MLA (deepseek_v32, DeepSeek V3.2: a DeepseekV3Config with `index_topk`,
+  vllm/transformers_utils/config.py): the latent is stored in vLLM's "fp8_ds_mla" format and a
+  lightning indexer keeps an fp8 key of its own per token and layer (see sizing/memory.py).
 - Sliding windows: gpt-oss windows every even layer (vllm/model_executor/models/gpt_oss.py,
   `layer_idx % 2 == 0`); Gemma 3 and Qwen follow `config.layer_types`
   (models/gemma3.py `is_sliding`); a `sliding_window` without `layer_types` windows every
@@ -201,6 +204,12 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "num_local_experts": 8,
     },
 }
+# DeepSeek V3.2 ships config.json with model_type deepseek_v32, which vLLM 0.11.0 reads as a
+# DeepseekV3Config (vllm/transformers_utils/config.py, _CONFIG_REGISTRY deepseek_v32) plus the
+# indexer's index_head_dim / index_n_heads / index_topk, which have no class default.
+_DEFAULTS["deepseek_v32"] = _DEFAULTS["deepseek_v3"]
+_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
+_DEEPSEEK_MOE_TYPES = (*_MLA_TYPES, "glm4_moe")
 _DEFAULTS["gemma3"] = _DEFAULTS["gemma3_text"]  # the multimodal wrapper: its text_config is read
 SUPPORTED_MODEL_TYPES = tuple(sorted(_DEFAULTS))
 
@@ -332,8 +341,11 @@ def arch_from_hf_config(raw: Mapping[str, Any], name: str | None = None, source:
     vocab = _int(cfg, "vocab_size", where)
     intermediate = _int(cfg, "intermediate_size", where)
     kv_heads = cfg.get("num_key_value_heads") or heads
-    mla = model_type in ("deepseek_v2", "deepseek_v3")
+    mla = model_type in _MLA_TYPES
     fields: dict[str, Any] = {}
+    if model_type == "deepseek_v32":
+        fields["index_head_dim"] = _int(cfg, "index_head_dim", where)
+        _int(cfg, "index_n_heads", where)  # read by hf_params: a clear error here when it is missing
     if mla:
         rope = _int(cfg, "qk_rope_head_dim", where)
         nope = _int(cfg, "qk_nope_head_dim", where)
@@ -350,7 +362,7 @@ def arch_from_hf_config(raw: Mapping[str, Any], name: str | None = None, source:
         step = int(cfg.get("decoder_sparse_step") or 1)
         only_mlp = set(cfg.get("mlp_only_layers") or [])
         dense = sum(1 for i in range(layers) if i in only_mlp or (i + 1) % step)
-    elif model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+    elif model_type in _DEEPSEEK_MOE_TYPES:
         experts = _int(cfg, "n_routed_experts", where)
         active = _int(cfg, "num_experts_per_tok", where)
         expert_width = _int(cfg, "moe_intermediate_size", where)
@@ -410,12 +422,17 @@ def hf_params(
 ) -> float:
     """Weights from the shapes: embeddings, attention (GQA or MLA projections), dense and MoE
     FFNs (gated: gate, up and down), routers; norms and biases left out (< 0.1%)."""
-    if model_type in ("deepseek_v2", "deepseek_v3"):
+    if model_type in _MLA_TYPES:
         rope, nope = int(cfg["qk_rope_head_dim"]), int(cfg["qk_nope_head_dim"])
         kv_lora, v = int(cfg["kv_lora_rank"]), int(cfg["v_head_dim"])
         q_lora = cfg.get("q_lora_rank")
         q = hidden * q_lora + q_lora * heads * (nope + rope) if q_lora else hidden * heads * (nope + rope)
         attention = q + hidden * (kv_lora + rope) + kv_lora * heads * (nope + v) + heads * v * hidden
+        if model_type == "deepseek_v32":
+            # The indexer (deepseek_v2.py Indexer): wq_b from the q latent, wk and weights_proj from
+            # the hidden state.
+            index_dim, index_heads = int(cfg["index_head_dim"]), int(cfg["index_n_heads"])
+            attention += (q_lora or hidden) * index_heads * index_dim + hidden * index_dim + hidden * index_heads
     else:
         attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
     dense_ffn = 3 * hidden * intermediate
@@ -424,7 +441,7 @@ def hf_params(
         step = int(cfg.get("decoder_sparse_step") or 1)
         only_mlp = set(cfg.get("mlp_only_layers") or [])
         dense = sum(1 for i in range(layers) if i in only_mlp or (i + 1) % step)
-    elif model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+    elif model_type in _DEEPSEEK_MOE_TYPES:
         experts, width = int(cfg["n_routed_experts"]), int(cfg["moe_intermediate_size"])
         shared, dense = int(cfg.get("n_shared_experts") or 0), min(int(cfg.get("first_k_dense_replace") or 0), layers)
     elif model_type in ("gpt_oss", "mixtral"):

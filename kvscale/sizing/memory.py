@@ -63,12 +63,30 @@ def kv_heads_per_gpu(model: ModelArch, tensor_parallel: int) -> int:
     return max(math.ceil(model.kv_heads / tensor_parallel), 1)
 
 
+# vLLM 0.11.0's "fp8_ds_mla" page entry (vllm/v1/attention/backends/mla/flashmla_sparse.py, the
+# format note; kv_cache_interface.py MLAAttentionSpec.page_size_bytes): 512 fp8 latent values,
+# 4 float32 scales (16 bytes) and 64 bf16 rope values (128 bytes).
+SPARSE_MLA_FP8_BYTES_PER_TOKEN = 512 + 16 + 128
+# The indexer's key cache keeps fp8 values with one float32 scale per 128 of them
+# (deepseek_v2.py Indexer: DeepseekV32IndexerCache head_dim + head_dim // 128 * 4, uint8).
+INDEXER_QUANT_BLOCK = 128
+
+
 def kv_bytes_per_token_per_layer(model: ModelArch, kv: KvPrecisionSpec, tensor_parallel: int = 1) -> float:
     """One token, one layer, one GPU, as vLLM 0.11.0 sizes a page (vllm/v1/kv_cache_interface.py):
     AttentionSpec 2 (K and V) x kv heads x head_dim x bytes; MLAAttentionSpec one latent of
-    kv_lora_rank + qk_rope_head_dim values, no factor 2, the same on every tensor-parallel rank."""
+    kv_lora_rank + qk_rope_head_dim values, no factor 2, the same on every tensor-parallel rank.
+    Sparse MLA (DeepSeek V3.2) stores the latent as "fp8_ds_mla" under --kv-cache-dtype auto or
+    fp8 (vllm/model_executor/models/config.py DeepseekV32ForCausalLM turns both into it), plus
+    the indexer's fp8 key."""
     if model.kv_lora_rank is not None and model.qk_rope_head_dim is not None:
-        return (model.kv_lora_rank + model.qk_rope_head_dim) * kv.bytes_per_element
+        latent = (model.kv_lora_rank + model.qk_rope_head_dim) * kv.bytes_per_element
+        if model.index_head_dim is None:
+            return latent
+        if kv.name in ("auto", "fp8"):
+            latent = SPARSE_MLA_FP8_BYTES_PER_TOKEN
+        indexer = model.index_head_dim + model.index_head_dim // INDEXER_QUANT_BLOCK * 4
+        return latent + indexer
     return 2.0 * kv_heads_per_gpu(model, tensor_parallel) * model.head_dim * kv.bytes_per_element
 
 

@@ -35,6 +35,7 @@ DEFAULTS: dict[str, tuple[int, int, int, int, int, int]] = {
     "qwen3_moe": (24, 32, 4, 64, 128, 8),  # head_dim None -> 2048 / 32
     "deepseek_v2": (32, 32, 32, 192, 64, 6),  # MLA: qk_nope 128 + qk_rope 64
     "deepseek_v3": (61, 128, 128, 192, 256, 8),
+    "deepseek_v32": (61, 128, 128, 192, 256, 8),  # V3's class, plus the indexer (no class default)
     "gpt_oss": (36, 64, 8, 64, 128, 4),
     "gemma3_text": (26, 8, 4, 256, 1, 1),
     "glm4_moe": (46, 96, 8, 42, 128, 8),  # no head_dim field: vLLM glm4_moe.py takes hidden // heads
@@ -66,9 +67,15 @@ GEMMA3_27B = {  # google/gemma-3-27b-it config.json: the multimodal wrapper with
 }
 
 
+# deepseek-ai/DeepSeek-V3.2-Exp config.json: the indexer's fields.
+V32_INDEXER = {"index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048}
+
+
 def _defaults_config(model_type: str) -> dict[str, Any]:
     if model_type == "deepseek_v2":
         return {"model_type": model_type, "num_experts_per_tok": 6}  # the class default None cannot route
+    if model_type == "deepseek_v32":
+        return {"model_type": model_type, **V32_INDEXER}
     return {"model_type": model_type}
 
 
@@ -141,6 +148,26 @@ def test_mla_kv_per_token_is_the_latent_replicated_on_every_rank() -> None:
         assert cfg.memory.kv_bytes_per_token == 61 * vllm_page_bytes_per_token_per_layer  # 70,272 bytes
     # Per-head K and V (what a GQA formula would give) would be 2 x 128 x 192 x 2 bytes per layer at TP 1.
     assert 2 * 128 * 192 * 2 / vllm_page_bytes_per_token_per_layer > 80
+
+
+def test_sparse_mla_kv_per_token_is_vllms_fp8_ds_mla_page_plus_the_indexer_key() -> None:
+    # vllm 0.11.0 flashmla_sparse.py: "each token's KV cache is 656 Bytes" (512 fp8 + 16 scale + 128
+    # bf16 rope), chosen for --kv-cache-dtype auto and fp8 (models/config.py DeepseekV32ForCausalLM);
+    # the indexer's k_cache: index_head_dim + index_head_dim // 128 * 4 uint8 (deepseek_v2.py Indexer).
+    v32 = arch_from_hf_config({**DEEPSEEK_V3, "model_type": "deepseek_v32", **V32_INDEXER})
+    per_layer = 656 + 128 + 4
+    for kv in ("auto", "fp8"):
+        cfg = ServingConfig.build(CAT, v32, CAT.gpu("H200"), "fp8", 8, kv_cache_precision=kv)
+        assert cfg.memory.kv_bytes_per_token == 61 * per_layer
+    # A 16-bit latent where the user asks for it, the indexer key beside it.
+    bf16 = ServingConfig.build(CAT, v32, CAT.gpu("H200"), "fp8", 8, kv_cache_precision="fp16")
+    assert bf16.memory.kv_bytes_per_token == 61 * ((512 + 64) * 2 + 132)
+    # The indexer adds its projections to V3's weights: ~0.85B (wq_b 1536x64x128, wk 7168x128,
+    # weights_proj 7168x64, per layer).
+    v3 = arch_from_hf_config(DEEPSEEK_V3)
+    assert v32.params - v3.params == 61 * (1536 * 64 * 128 + 7168 * 128 + 7168 * 64)
+    with pytest.raises(HfConfigError, match="index_n_heads"):
+        arch_from_hf_config({"model_type": "deepseek_v32", "index_head_dim": 128})
 
 
 def _vllm_hybrid_blocks(available: float, page_per_layer: int, full: int, sliding: int) -> int:

@@ -171,6 +171,9 @@ class ModelArch(_Frozen):
     kv_lora_rank: int | None = Field(default=None, gt=0, description="MLA latent width (config.json kv_lora_rank)")
     qk_rope_head_dim: int | None = Field(default=None, gt=0, description="MLA rotary part of each key")
     v_head_dim: int | None = Field(default=None, gt=0, description="Value head width when it differs from head_dim")
+    # Sparse MLA (DeepSeek V3.2): a lightning indexer picks the keys each query attends to and
+    # caches a key of its own per token and layer (config.json index_head_dim).
+    index_head_dim: int | None = Field(default=None, gt=0, description="Sparse-MLA indexer key width (DeepSeek V3.2)")
     # Sliding-window attention on some layers (gpt-oss: every other layer, 128 tokens; Gemma 3: 5 of 6).
     sliding_window_tokens: int | None = Field(default=None, gt=0, description="Window of the local layers")
     sliding_window_layers: int = Field(default=0, ge=0, description="Layers that attend only to the window")
@@ -204,6 +207,8 @@ class ModelArch(_Frozen):
             raise ValueError("active_params cannot exceed params")
         if (self.kv_lora_rank is None) != (self.qk_rope_head_dim is None):
             raise ValueError("multi-head latent attention needs both kv_lora_rank and qk_rope_head_dim")
+        if self.index_head_dim is not None and self.kv_lora_rank is None:
+            raise ValueError("index_head_dim (a sparse-MLA indexer) needs kv_lora_rank and qk_rope_head_dim")
         if self.sliding_window_layers > self.layers:
             raise ValueError(f"sliding_window_layers ({self.sliding_window_layers}) exceeds layers ({self.layers})")
         if self.sliding_window_layers and self.sliding_window_tokens is None:
