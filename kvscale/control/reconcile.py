@@ -296,10 +296,39 @@ def _kept(
     ready = _readiness(new, res, observed, seen, now or dt.datetime.now(dt.UTC), None, scaling.pinned_replicas)
     news = before is None or (before.status, before.reason) != ("False", reason)
     events = (Event("Warning", reason, kept[:1000]),) if news else ()
-    return replace(
+    ready = replace(
         ready,
         events=(*events, *ready.events),
         retry=Retry(kept, retry_s) if retry_s is not None else None,
+    )
+    return _within_bounds(ready, intent, observed, seen)
+
+
+def _within_bounds(result: Result, intent: Intent, observed: Observed, seen: DeploymentView) -> Result:
+    """The kept workload scaled down at once to a lower spec.scaling.maxReplicas or pin (the
+    scaling tick holds without metrics, and a bound is no forecast). Up to a higher minimum is
+    the scaling tick's, under the GPUBudget's governor: nothing here asks a budget."""
+    scaling = intent.scaling
+    target = scaling.pinned_replicas if scaling.pinned_replicas is not None else scaling.bounded(seen.replicas)
+    if result.apply or target >= seen.replicas:  # drift reverted first: the next tick scales
+        return result
+    bound = (
+        f"spec.scaling.replicas pins {target}"
+        if scaling.pinned_replicas is not None
+        else f"spec.scaling.maxReplicas is {scaling.max_replicas}"
+    )
+    applied = None
+    if observed.applied is not None:  # the scale is kvscale's own: not drift to revert
+        applied = {**observed.applied, "spec": {**(observed.applied.get("spec") or {}), "replicas": target}}
+    status = result.status.model_copy(update={"replicas": target, "desired_replicas": target})
+    event = Event("Normal", "Scaled", f"Scaled {seen.replicas} -> {target}: {bound}")
+    return replace(
+        result,
+        status=status,
+        scale_to=target,
+        scale_kind=seen.kind,
+        events=(*result.events, event),
+        applied_deployment=applied,
     )
 
 
@@ -358,9 +387,8 @@ def _replan(
         body = annotate(workload, kept.target)
         body["spec"] = {**body["spec"], "replicas": kept.applied}
         return body, kept, []
-    old_rate = status.plan.rate_per_replica if status.plan is not None else None
     observed = status.observed.requests_per_second if status.observed is not None else None
-    before = Before(existing.replicas, status.desired_replicas, observed, old_rate)
+    before = Before(existing.replicas, observed, intent.workload.requests_per_s)
     sizing = size(
         before,
         planned.prediction.rate_per_replica_max,
@@ -773,7 +801,9 @@ def replans(status: InferenceServiceStatus, observed: Observed, settings: Settin
     if exclusions.expired(status, settings.gpu_exclusion_ttl_s, now):
         return True
     stuck, placed = _waiting(status, observed)
-    if not stuck or placed or not diagnosis(status, observed, stuck).replan:
+    # Placed pods hold the type, except during a re-plan's rollout: the old fleet still serves
+    # there, and a new type that places only part of the fleet would keep both for good.
+    if not stuck or (placed and not rolling_out(status)) or not diagnosis(status, observed, stuck).replan:
         return False
     return (now - (stuck[0].unschedulable_since or now)).total_seconds() >= settings.unschedulable_timeout_s
 
@@ -868,10 +898,11 @@ def _finish_replan(ready: Result, res: Resource, observed: Observed, seen: Deplo
     status = ready.status
     before = get_condition(status, CONDITION)
     what = before.message.split(":")[0] if before is not None else "re-plan"  # the change, as Rollout said it
-    if target is None or target >= seen.replicas:
+    if target is None or target == seen.replicas:
         message = f"{what}: rolled out, {seen.ready_replicas}/{seen.replicas} replicas ready on the new pods"
         done = condition(status, CONDITION, False, "RolledOut", message, res.generation, now)
         return replace(ready, status=with_conditions(status, done))
+    # Down or up: up only now, so that the increase goes to the new ReplicaSet (kvscale.control.replan)
     message = (
         f"{what}: rolled out, {seen.replicas} replicas ready on the new pods; scaled to {target}, the load's count"
     )
@@ -973,7 +1004,8 @@ def _scheduled(
         blocked = condition(status, "Scheduled", False, why.reason, message, res.generation, now)
         news = before is None or before.reason != why.reason
         return blocked, ((Event("Warning", why.reason, message[:1000]),) if news else ())
-    if placed and timeout_s is not None and waited_s >= timeout_s:
+    moving = rolling_out(status)  # a re-plan's new pods: placed ones do not hold the type (`replans`)
+    if placed and not moving and timeout_s is not None and waited_s >= timeout_s:
         message = (
             f"{placed} pod(s) serve on {gpu}; {len(stuck)} waited {waited_s:.0f}s for free {gpu} GPUs: kvscale keeps "
             "the placed pods and does not re-plan (a new GPU type would move them); free or add GPUs, or lower "
@@ -982,7 +1014,11 @@ def _scheduled(
         partial = condition(status, "Scheduled", False, "PartiallyPlaced", message, res.generation, now)
         news = before is None or before.reason != "PartiallyPlaced"
         return partial, ((Event("Warning", "PartiallyPlaced", message[:1000]),) if news else ())
-    then = f"; kvscale re-plans without {gpu} after {timeout_s:.0f}s" if timeout_s is not None and not placed else ""
+    then = (
+        f"; kvscale re-plans without {gpu} after {timeout_s:.0f}s"
+        if timeout_s is not None and (not placed or moving)
+        else ""
+    )
     message = f"{len(stuck)} pod(s) waiting for free {gpu} GPUs: {why.cause}; {why.says()}{then}"
     return condition(status, "Scheduled", False, why.reason, message, res.generation, now), ()
 

@@ -38,6 +38,12 @@ def at_rate(rps: float) -> dict[str, Any]:
 
 def serving() -> tuple[InferenceServiceStatus, DeploymentView]:
     """The sample deployed, its replicas all ready (as the status tick saw them)."""
+    status, seen, _ = serving_applied()
+    return status, seen
+
+
+def serving_applied() -> tuple[InferenceServiceStatus, DeploymentView, dict[str, Any]]:
+    """serving(), with the workload body kvscale applied."""
     first = reconcile(
         read_spec(SAMPLE),
         Resource("ns", "rag", "u", 1),
@@ -54,7 +60,7 @@ def serving() -> tuple[InferenceServiceStatus, DeploymentView]:
         read_spec(SAMPLE), Resource("ns", "rag", "u", 1), first.status, Observed(POOLS, seen), CAT, SETTINGS, NOW
     )
     assert ready is not None and ready.status.phase == "Ready"
-    return ready.status, seen
+    return ready.status, seen, first.applied_deployment
 
 
 def edited(rps: float, status: InferenceServiceStatus, seen: DeploymentView) -> Result:
@@ -145,3 +151,20 @@ def test_a_spec_that_cannot_be_met_before_anything_runs_still_fails() -> None:
     assert result.status.phase == "Failed" and result.apply == ()
     planned = get_condition(result.status, "Planned")
     assert planned is not None and planned.reason == "SLOInfeasible" and _quoted_rates(planned.message)
+
+
+def test_the_kept_plan_is_held_to_a_lower_bound_at_once() -> None:
+    """Scaling within the bounds goes on: a lower maxReplicas (or pin) scales the running fleet
+    down at once, and the applied workload records it (not drift for the status tick to revert)."""
+    status, seen, applied = serving_applied()
+    assert seen.replicas >= 2
+    for scaling in ({"minReplicas": 1, "maxReplicas": 1}, {"replicas": 1}):
+        body = at_rate(20)
+        body["scaling"] = {**body["scaling"], **scaling}
+        observed = Observed(POOLS, seen, applied=applied)
+        result = reconcile(read_spec(body), Resource("ns", "rag", "u", 2), status, observed, CAT, SETTINGS, now=NOW)
+        planned = get_condition(result.status, "Planned")
+        assert planned is not None and planned.status == "False", scaling
+        assert result.scale_to == 1 and result.status.desired_replicas == 1 and result.apply == ()
+        assert result.applied_deployment is not None and result.applied_deployment["spec"]["replicas"] == 1
+        assert any(e.reason == "Scaled" for e in result.events)
