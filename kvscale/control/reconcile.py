@@ -395,6 +395,7 @@ def _replan(
         DEFAULT_HEADROOM,
         intent.scaling.bounded(planned.prediction.replicas),
         intent.scaling.max_replicas,
+        moves_type=existing.gpu_type != planned.chosen.gpu,
     )
     body = annotate(workload, sizing.target)
     body["spec"] = {**body["spec"], "replicas": sizing.applied}

@@ -16,6 +16,19 @@ for one as new ones become ready: maxSurge 1, maxUnavailable 0), and once every 
 the new template, refresh scales it to the load's count (`target`). The count applied and
 the target travel on the workload as an annotation, so a restarted operator finishes the
 change too.
+
+Issue 38 (finding 5): the template is rolled at exactly the count that runs now, never more.
+Replicas and the pod template changed in one write give the increase to the old ReplicaSet
+(the Deployment controller scales up the newest ReplicaSet only after a rollout, and during
+one splits a change of spec.replicas across the ReplicaSets in proportion to their size:
+pkg/controller/deployment/sync.go, scale): 5-7 cold starts on the GPU type being left, on
+GPUs that may not be free. So the new ReplicaSet grows as the old one drains, one for one,
+and grows past it (to `target`) only once the rollout is done.
+
+Issue 38 (finding 6): the new fleet is sized on the load, not on the old fleet: the observed
+arrival rate with headroom, else the rate the new plan was made for. The policy's last
+decision times the old replica's capacity is what the old fleet could carry (1 A100 of 16.3
+requests/s for a load of 1/s moved back to L4 as 8 replicas).
 """
 
 from __future__ import annotations
@@ -38,19 +51,19 @@ TARGET_ANNOTATION = "kvscale.io/replan-replicas"  # the load's count, applied on
 
 @dataclass(frozen=True)
 class Before:
-    """What runs before the re-plan: its replicas, what the policy last asked for, the observed
-    arrival rate (status.observed), and one replica's capacity under the old plan."""
+    """What runs before the re-plan: its replicas, the observed arrival rate (status.observed),
+    and the rate the new plan was made for (spec.workload's, or the observed workload a drift
+    re-plan chose): the fallback where nothing is observed."""
 
     replicas: int
-    desired: int | None
     observed_rate_per_s: float | None
-    rate_per_replica: float | None
+    planned_rate_per_s: float | None = None
 
 
 @dataclass(frozen=True)
 class Sizing:
     target: int  # the new fleet's size for the load
-    applied: int  # what the workload runs while old pods are replaced: never fewer than run now
+    applied: int  # what the workload runs while old pods are replaced: what runs now
     need_per_s: float | None  # requests/s the new fleet is sized for (None: none known)
     basis: str  # what the need was read from, for the condition
 
@@ -59,28 +72,36 @@ class Sizing:
         return self.applied != self.target
 
 
-def size(before: Before, new_rate_per_replica: float, headroom: float, floor: int, ceiling: int) -> Sizing:
-    """The new fleet's size for the current load: the larger of the policy's last decision and
-    the observed rate with headroom, in requests/s (what runs now, when neither is known),
-    over what one new replica carries; never below `floor` (the new plan's count for
-    spec.workload, within the bounds), never above `ceiling` (maxReplicas)."""
-    needs: list[tuple[float, str]] = []
-    old = before.rate_per_replica
-    if old is not None and old > 0 and before.desired:
-        needs.append((before.desired * old, f"the last decision, {before.desired} x {old:g}/s"))
-    if before.observed_rate_per_s is not None and before.observed_rate_per_s > 0:
-        rate = before.observed_rate_per_s
-        needs.append((rate * (1 + headroom), f"the observed {rate:g}/s with {headroom:.0%} headroom"))
-    if not needs and old is not None and old > 0 and before.replicas > 0:
-        needs.append((before.replicas * old, f"what runs now, {before.replicas} x {old:g}/s"))
-    if not needs or new_rate_per_replica <= 0:
+def size(
+    before: Before, new_rate_per_replica: float, headroom: float, floor: int, ceiling: int, moves_type: bool = True
+) -> Sizing:
+    """The new fleet's size for the load: the observed arrival rate with headroom, else the rate
+    the plan was made for, in requests/s, over what one new replica carries; never below
+    `floor` (the new plan's count for its workload, within the bounds), never above `ceiling`
+    (maxReplicas). A move to another GPU type (`moves_type`) rolls the template at the count
+    running now (`applied`) and grows to `target` once the rollout is done (module doc); a
+    change on the same type (TP, engine args) starts at the larger of the two, as before: its
+    extra pods land on GPUs of the type already in use."""
+    need: tuple[float, str] | None = None
+    observed, planned = before.observed_rate_per_s, before.planned_rate_per_s
+    if observed is not None and math.isfinite(observed) and observed > 0:
+        need = (observed * (1 + headroom), f"the observed {observed:.3g}/s with {headroom:.0%} headroom")
+    elif planned is not None and math.isfinite(planned) and planned > 0:
+        need = (planned, f"the plan's {planned:.3g}/s, none observed")
+    running = before.replicas if before.replicas > 0 else None  # the count the template rolls at
+
+    def applied(target: int) -> int:
+        if running is None:
+            return target
+        return running if moves_type else max(target, running)
+
+    if need is None or new_rate_per_replica <= 0:
         target = max(floor, min(ceiling, before.replicas))
-        return Sizing(target, max(target, before.replicas), None, "no load known: as many as run now")
-    need, basis = max(needs)
+        return Sizing(target, applied(target), None, "no load known: as many as run now")
     # A hair of float rounding (6 x 1.5 / 1.5) must not buy a replica.
-    count = math.ceil(need / new_rate_per_replica - 1e-9)
+    count = math.ceil(need[0] / new_rate_per_replica - 1e-9)
     target = max(floor, min(ceiling, count))
-    return Sizing(target, max(target, before.replicas), need, basis)
+    return Sizing(target, applied(target), need[0], need[1])
 
 
 def annotate(workload: Mapping[str, Any], target: int) -> dict[str, Any]:

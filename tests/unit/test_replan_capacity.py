@@ -8,6 +8,8 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from kvscale.api.intent import read_spec
 from kvscale.api.models import InferenceServiceStatus, ObservedStatus
 from kvscale.autoscaling.budget import Grant
@@ -21,31 +23,45 @@ A10G = {"hardware": {"gpuTypes": ["A10G"]}}
 RES2 = Resource("ns", "chat", "uid-1", 2)
 
 
-def test_size_converts_the_load_by_per_replica_capacity() -> None:
-    # 6 replicas of 1.5/s asked for: 9/s; a new replica carries 4/s: 3 (ceil 2.25).
-    before = Before(replicas=6, desired=6, observed_rate_per_s=None, rate_per_replica=1.5)
+def test_size_converts_the_observed_load_by_per_replica_capacity() -> None:
+    # 9/s observed, 10% headroom: 9.9/s; a new replica carries 4/s: 3 (ceil 2.475), rolled at the 6 running.
+    before = Before(replicas=6, observed_rate_per_s=9.0, planned_rate_per_s=2.0)
     s = size(before, 4.0, 0.1, floor=1, ceiling=10)
-    assert (s.target, s.applied, s.need_per_s) == (3, 6, 9.0) and s.rolling
-    # The observed rate with headroom, where larger: 10/s x 1.1 = 11/s -> 3 (2.75).
-    assert size(replace(before, observed_rate_per_s=10.0), 4.0, 0.1, 1, 10).need_per_s == 11.0
-    # A smaller new replica: more of them, at once (old ones still go only as new ones are ready).
+    assert (s.target, s.applied) == (3, 6) and s.need_per_s == pytest.approx(9.9) and s.rolling
+    # A smaller new replica: more of them, but only once the template has rolled at the count
+    # that runs now (issue 38, finding 5: the increase would go to the old ReplicaSet).
     slower = size(before, 1.0, 0.1, floor=1, ceiling=20)
-    assert (slower.target, slower.applied) == (9, 9) and not slower.rolling
-    # Never below the plan's count for spec.workload, never above maxReplicas.
+    assert (slower.target, slower.applied) == (10, 6) and slower.rolling
+    # Never below the plan's count for its workload, never above maxReplicas.
     assert size(before, 4.0, 0.1, floor=5, ceiling=10).target == 5
     assert size(before, 1.0, 0.1, floor=1, ceiling=7).target == 7
-    # No decision, no rate: what runs now, converted.
-    assert size(Before(6, None, None, 1.5), 4.0, 0.1, 1, 10).target == 3
+    # Nothing observed: the rate the plan was made for (no headroom on top: the plan has it).
+    assert size(Before(6, None, 2.0), 1.0, 0.1, 1, 10).target == 2
+    # Nothing known at all: as many as run now.
+    assert size(Before(6, None, None), 4.0, 0.1, 1, 10).target == 6
     # Exact multiples do not buy a replica through float rounding.
-    assert size(Before(6, 6, None, 1.5), 1.5, 0.1, 1, 10).target == 6
+    assert size(Before(6, None, 9.0), 1.5, 0.1, 1, 10).target == 6
+    # Nothing runs yet: the target at once.
+    assert size(Before(0, 9.0), 4.0, 0.1, 1, 10).applied == 3
 
 
-def _running_on_a100(replicas: int) -> tuple[InferenceServiceStatus, DeploymentView]:
+def test_a_move_is_sized_on_the_observed_load_not_on_the_old_fleets_capacity() -> None:
+    # Issue 38, finding 6: 1 A100 of 16.3 requests/s, asked for by the last decision, carrying
+    # 1 request/s, moved to L4 replicas of 2.2/s: "8 for the load (16.3 requests/s, from the
+    # last decision, 1 x 16.3299/s)". The load is 1/s: one L4.
+    s = size(Before(replicas=1, observed_rate_per_s=1.0, planned_rate_per_s=1.0), 2.2, 0.1, floor=1, ceiling=10)
+    assert (s.target, s.applied) == (1, 1) and "observed" in s.basis
+
+
+def _running_on_a100(replicas: int, observed: float | None = None) -> tuple[InferenceServiceStatus, DeploymentView]:
     first = deployed(spec(**A100))
     assert first.applied_deployment is not None and first.status.plan is not None
     view = DeploymentView.of(first.applied_deployment)
     seen = replace(view, replicas=replicas, ready_replicas=replicas, updated_replicas=replicas, pods=replicas)
-    status = first.status.model_copy(update={"desired_replicas": replicas, "replicas": replicas})
+    update: dict[str, Any] = {"desired_replicas": replicas, "replicas": replicas}
+    if observed is not None:
+        update["observed"] = ObservedStatus(requests_per_second=observed)
+    status = first.status.model_copy(update=update)
     return status, seen
 
 
@@ -55,13 +71,11 @@ def _deployment(result: Result) -> dict[str, Any]:
 
 
 def test_a_gpu_type_change_keeps_the_running_replicas_and_aims_at_the_loads_count() -> None:
-    status, seen = _running_on_a100(6)
-    old_rate = status.plan.rate_per_replica if status.plan else 0.0
+    status, seen = _running_on_a100(6, observed=20.0)
     result = reconcile(read_spec(spec(**H100)), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
     plan = result.status.plan
     assert plan is not None and plan.gpu_type == "H100-SXM"
-    need = 6 * old_rate
-    target = max(plan.replicas, math.ceil(need / plan.rate_per_replica - 1e-9))
+    target = max(plan.replicas, math.ceil(20.0 * 1.1 / plan.rate_per_replica - 1e-9))
     body = _deployment(result)
     # Before issue 27 this was the plan's count for spec.workload (1): the Deployment controller
     # then scaled 6 ready A100 pods to 1 at once.
@@ -71,17 +85,34 @@ def test_a_gpu_type_change_keeps_the_running_replicas_and_aims_at_the_loads_coun
     state, reason, message = condition_of(result.status, "Replanning")
     assert (state, reason) == ("True", "Rollout")
     assert "GPU type A100-80GB -> H100-SXM" in message and f"then {target} for the load" in message
+    assert "observed 20/s" in message
 
 
-def test_a_change_to_a_smaller_replica_starts_at_the_loads_count_at_once() -> None:
-    status, seen = _running_on_a100(6)
-    old_rate = status.plan.rate_per_replica if status.plan else 0.0
+def test_a_change_to_a_smaller_replica_rolls_at_the_running_count_then_grows() -> None:
+    # Issue 38, finding 5: replicas and the template in one write gave the increase to the old
+    # ReplicaSet (A100 1 -> 8 before any L4 came). The template rolls at 6; the new
+    # ReplicaSet grows past them only once the rollout is done.
+    status, seen = _running_on_a100(6, observed=60.0)
     body_spec = spec(**A10G, scaling={"maxReplicas": 100})
     result = reconcile(read_spec(body_spec), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
     plan = result.status.plan
     assert plan is not None and plan.gpu_type == "A10G"
-    target = math.ceil(6 * old_rate / plan.rate_per_replica - 1e-9)
-    assert target > 6 and _deployment(result)["spec"]["replicas"] == target
+    target = math.ceil(60.0 * 1.1 / plan.rate_per_replica - 1e-9)
+    body = _deployment(result)
+    assert target > 6 and body["spec"]["replicas"] == 6 == result.status.replicas and recorded_target(body) == target
+    # Mid-rollout (3 of 6 on A10G, 7 pods): nothing grows yet.
+    new = DeploymentView.of(body)
+    midway = replace(new, ready_replicas=6, updated_replicas=3, pods=7)
+    during = refresh(
+        read_spec(body_spec), RES2, result.status, Observed(POOLS, midway, applied=body), CAT, SETTINGS, NOW
+    )
+    assert during is not None and during.scale_to is None
+    # Rolled out: every replica on A10G, the A100 pods gone: now the load's count.
+    done = replace(new, ready_replicas=6, updated_replicas=6, pods=6)
+    after = refresh(read_spec(body_spec), RES2, result.status, Observed(POOLS, done, applied=body), CAT, SETTINGS, NOW)
+    assert after is not None and after.scale_to == target == after.status.replicas
+    assert condition_of(after.status, "Replanning")[:2] == ("False", "RolledOut")
+    assert f"scaled to {target}" in condition_of(after.status, "Replanning")[2]
 
 
 def test_the_observed_rate_sizes_the_new_fleet_where_it_is_larger() -> None:
@@ -159,8 +190,8 @@ def test_the_unschedulable_replan_keeps_the_load() -> None:
     both = spec(hardware={"gpuTypes": ["A100-80GB", "H100-SXM"]})
     result = refresh(read_spec(both), RES2, status, Observed(POOLS, waiting, (stuck,)), CAT, SETTINGS, NOW)
     assert result is not None and result.status.plan is not None and result.status.plan.gpu_type == "H100-SXM"
-    old_rate = status.plan.rate_per_replica if status.plan else 0.0
-    target = max(result.status.plan.replicas, math.ceil(6 * old_rate / result.status.plan.rate_per_replica - 1e-9))
+    # Nothing observed (no pod serves): the rate the plan was made for, spec.workload's 4/s.
+    target = max(result.status.plan.replicas, math.ceil(4.0 / result.status.plan.rate_per_replica - 1e-9))
     assert recorded_target(_deployment(result)) == target and _deployment(result)["spec"]["replicas"] == 6
 
 
@@ -237,9 +268,12 @@ def test_a_drift_replan_sizes_the_new_pods_for_the_load() -> None:
     assert [e.reason for e in replanned.events][:1] == ["Replanned"]
     old_rate, plan = first.status.plan.rate_per_replica, replanned.status.plan
     assert plan is not None and plan.rate_per_replica < old_rate  # 8x longer prompts: a replica carries less
-    target = math.ceil(6 * old_rate / plan.rate_per_replica - 1e-9)
-    # Before: the same GPU type kept 6 replicas, now each carrying less than the load needs.
-    assert target > 6 and _deployment(replanned)["spec"]["replicas"] == min(target, 10)
+    assert plan.workload is not None and plan.workload.source == "observed"
+    # Sized on the rate the observed workload carries, the template rolled at the 6 running.
+    need = plan.workload.requests_per_second
+    target = max(plan.replicas, math.ceil(need / plan.rate_per_replica - 1e-9))
+    body = _deployment(replanned)
+    assert body["spec"]["replicas"] == 6 and recorded_target(body) == min(target, 10)
     assert condition_of(replanned.status, "Replanning")[0] == "True"
 
 
@@ -250,3 +284,33 @@ def test_a_budget_move_to_another_gpu_type_keeps_the_running_replicas() -> None:
     moved = replan(BudgetMove(grant, "b"), read_spec(both), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, NOW)
     assert moved.status.plan is not None and moved.status.plan.gpu_type == "H100-SXM"
     assert _deployment(moved)["spec"]["replicas"] == 6 and condition_of(moved.status, "Replanning")[0] == "True"
+
+
+def test_a_move_whose_new_type_places_only_part_of_the_fleet_does_not_keep_both_for_good() -> None:
+    # Issue 38, finding 6: 4 L4 placed, 1 Pending, and PartiallyPlaced kept 4 A100 + 4 L4
+    # running for good. During a move the old fleet still serves: the new type that cannot
+    # place the rest is left out again after the timeout, as one that places nothing is.
+    import datetime as dt
+
+    from kvscale.control.inventory import EnginePod
+    from tests.unit.test_reconcile import SHORT
+
+    status, seen = _running_on_a100(6)
+    both = spec(hardware={"gpuTypes": ["A100-80GB", "H100-SXM"]})
+    grant = Grant("chat", 0, "H100-SXM", 8, 6, 6, 1, 0, True, "a budget's move")
+    moved = replan(BudgetMove(grant, "b"), read_spec(both), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, NOW)
+    assert moved.status.plan is not None and moved.status.plan.gpu_type == "H100-SXM"
+    body = _deployment(moved)
+    rolling = replace(DeploymentView.of(body), ready_replicas=6, updated_replicas=2, pods=8)
+    since = NOW - dt.timedelta(seconds=SETTINGS.unschedulable_timeout_s + 60)
+    pods = (
+        EnginePod("chat-h-1", "H100-SXM", "node-h1", "Running", None, False),
+        EnginePod("chat-h-2", "H100-SXM", None, "Pending", since, False, unschedulable_message=SHORT),
+    )
+    cluster = Observed(POOLS, rolling, pods, applied=body)
+    result = refresh(read_spec(both), RES2, moved.status, cluster, CAT, SETTINGS, NOW)
+    assert result is not None and result.status.plan is not None
+    assert [e.reason for e in result.events][:1] == ["GPUTypeUnschedulable"]
+    assert result.status.plan.gpu_type == "A100-80GB" and "H100-SXM" in result.status.plan.excluded_gpu_types
+    assert _deployment(result)["spec"]["replicas"] == 6  # back at the count that runs: the A100 pods stay
+    assert condition_of(result.status, "Scheduled")[1] != "PartiallyPlaced"
