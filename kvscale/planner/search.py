@@ -718,6 +718,18 @@ def _suggestions(
             needs.append(knobs.to(knobs.ttft, _ceil_ms(c.best_ttft_s * 1.1)))
         if c.best_tpot_s > slo.tpot_s:
             needs.append(knobs.to(knobs.tpot, _ceil_ms(c.best_tpot_s * 1.1)))
+        if not needs:
+            # Both within their targets with no load, yet no load is carried within them: the
+            # target nearer its figure leaves no room for queueing; the same 10% margin, over
+            # the target (the figure is already below it).
+            ttft_tighter = c.best_ttft_s / slo.ttft_s >= c.best_tpot_s / slo.tpot_s
+            knob, target_s = (knobs.ttft, slo.ttft_s) if ttft_tighter else (knobs.tpot, slo.tpot_s)
+            lines.append(
+                f"{c.label}: best TTFT {format_duration(c.best_ttft_s)}, TPOT {format_duration(c.best_tpot_s)} "
+                f"with no load, too close to the target to carry any; feasible with {knobs.to(knob, _ceil_ms(target_s * 1.1))} "
+                f"({_bigger(c, node_gpus)})"
+            )
+            continue
         lines.append(
             f"{c.label}: best TTFT {format_duration(c.best_ttft_s)}, TPOT {format_duration(c.best_tpot_s)}; "
             f"feasible with {knobs.joiner.join(needs)} ({_bigger(c, node_gpus)})"

@@ -150,3 +150,32 @@ def test_at_a_load_beyond_the_replica_limit_no_latency_relaxation_is_suggested()
     assert result.chosen is None and result.suggestions
     assert not any("--tpot" in s or "--ttft" in s for s in result.suggestions), result.suggestions
     assert any("--max-replicas 8 binds" in s for s in result.suggestions)
+
+
+def test_a_candidate_within_both_targets_only_with_no_load_gets_a_value_to_relax() -> None:
+    # Issue 37: Mooncake's long prompts on 8 x H100 reach p99 TTFT 5.37 s with no load; a 5.4 s
+    # target leaves no room for queueing, and the suggestion read "feasible with  (or ...)".
+    import re
+    from dataclasses import replace
+    from pathlib import Path
+
+    from kvscale.sim.fit import fit_trace
+    from kvscale.sim.trace import read_trace
+
+    trace = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "traces" / "mooncake-synthetic.jsonl"
+    workload = fit_trace(read_trace(trace)).workload
+    base = PlanRequest(
+        model=CAT.model("llama-3.1-70b"),
+        workload=workload,
+        slo=Slo(5.4, 0.08, 99.0),
+        gpus=("H100-SXM",),
+        tensor_parallel=(8,),
+    )
+    result = plan(CAT, base)
+    assert not result.feasible and result.suggestions
+    for line in result.suggestions:
+        assert "with  " not in line and "with (" not in line, line
+    said = re.search(r"--ttft (\d+)ms", result.suggestions[0])
+    assert said is not None, result.suggestions
+    relaxed = plan(CAT, replace(base, slo=Slo(int(said.group(1)) / 1e3, 0.08, 99.0)))
+    assert relaxed.feasible  # the value named is one that works
