@@ -93,7 +93,7 @@ class UnsupportedConfig(ValueError):
     """The combination cannot run at all (not a matter of memory or speed)."""
 
 
-def mxfp4_unsupported(gpu: GpuSpec) -> str | None:
+def mxfp4_unsupported(gpu: GpuSpec, engine: EngineProfile) -> str | None:
     """Where vLLM 0.11.0 cannot run an MXFP4 MoE checkpoint (gpt-oss), or None.
 
     vllm/model_executor/layers/quantization/mxfp4.py: `Mxfp4Config.get_min_capability` is 80;
@@ -103,13 +103,18 @@ def mxfp4_unsupported(gpu: GpuSpec) -> str | None:
     activations on SM100), which precisions.yaml's mxfp4 entry models. On ROCm it returns the
     Triton backend only when the `triton_kernels` package is installed, else NONE, and
     `Mxfp4MoEMethod.__init__` asserts "No MXFP4 MoE backend (FlashInfer/Marlin/Triton)
-    available": the engine does not start. kvscale's ROCm image is not known to carry it (and
-    MI300X has no FP4 hardware), so MXFP4 is not planned on AMD GPUs."""
+    available": the engine does not start. So MXFP4 is planned on AMD GPUs only with a profile
+    whose ROCm image is known to run it (`rocm_mxfp4`, engines.yaml says where from); there the
+    same dequantize-to-16-bit GEMMs run (MI300X has no FP4 hardware)."""
     if gpu.vendor == "amd":
+        if engine.rocm_mxfp4:
+            return None
+        image = engine.rocm_image or "no ROCm image"
         return (
-            f"{gpu.name} cannot run mxfp4 as kvscale deploys it: vLLM 0.11.0 runs MXFP4 MoE on ROCm only with "
-            "the triton_kernels package (mxfp4.py get_mxfp4_backend), which the catalog's ROCm image is not "
-            "known to have; plan it on NVIDIA GPUs (compute capability 8.0 on)"
+            f"{gpu.name} cannot run mxfp4 on {engine.profile}'s ROCm image ({image}): vLLM runs MXFP4 MoE on "
+            "ROCm only with the triton_kernels package (mxfp4.py get_mxfp4_backend), which that image is not "
+            "known to carry; use a ROCm image that does (spec.engine.rocmImage) or plan it on NVIDIA GPUs "
+            "(compute capability 8.0 on)"
         )
     if not gpu.bf16_supported:
         return f"{gpu.name} cannot run mxfp4: vLLM's MXFP4 kernels need compute capability 8.0 (Ampere)"
@@ -400,7 +405,7 @@ class ServingConfig:
         if self.gpu.peak_flops_per_s(self.compute_path) is None:
             return f"{self.gpu.name} has no {self.precision.compute} tensor cores for {self.precision.name}"
         if self.precision.name == "mxfp4":
-            problem = mxfp4_unsupported(self.gpu)
+            problem = mxfp4_unsupported(self.gpu, self.engine)
             if problem:
                 return problem
         if self.precision.name == "bf16" and not self.gpu.bf16_supported:

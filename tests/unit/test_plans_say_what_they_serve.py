@@ -11,8 +11,11 @@ from typing import Any
 from typer.testing import CliRunner
 
 from kvscale.cli import app
+from kvscale.sizing.catalog import load_catalog
+from kvscale.sizing.config import mxfp4_unsupported
 
 runner = CliRunner()
+CATALOG = load_catalog()
 LOAD = ["--ttft", "1s", "--tpot", "50ms", "--rps", "4", "--input", "512", "--output", "256"]
 
 
@@ -162,15 +165,23 @@ def test_plan_rounds_the_rate_for_people_and_keeps_it_exact_in_json() -> None:
 # --- defect 7: MXFP4 only where vLLM runs it; the ROCm image pinned ------------------------
 
 
-def test_gpt_oss_is_not_planned_with_mxfp4_on_mi300x() -> None:
-    out = plan_json(
-        "-m", "gpt-oss-120b", "--ttft", "2s", "--tpot", "50ms", "--rps", "2", "--input", "1000", "--output", "300"
-    )
-    assert out["chosen"]["precision"] == "mxfp4" and out["chosen"]["gpu"] != "MI300X"
-    mi300x = [r for r in out["rejected"] if r["gpu"] == "MI300X"]
-    assert mi300x and all("triton_kernels" in r["reason"] for r in mi300x)
+def test_gpt_oss_runs_mxfp4_on_mi300x_only_with_a_rocm_image_that_runs_it() -> None:
+    # The vllm-0.11 profile's ROCm image (rocm7.0.0_vllm_0.11.1, after the 0.10.2 image that added
+    # GPT-OSS and FP4 models) runs MXFP4 MoE: a plan on MI300X only is found, with the ROCm image.
     only_amd = runner.invoke(app, ["plan", "-m", "gpt-oss-120b", *LOAD, "--gpu", "MI300X", "--json"])
-    assert only_amd.exit_code == 1 and json.loads(only_amd.stdout)["chosen"] is None
+    assert only_amd.exit_code == 0, only_amd.stdout
+    chosen = json.loads(only_amd.stdout)["chosen"]
+    assert (chosen["gpu"], chosen["precision"]) == ("MI300X", "mxfp4")
+    # A profile whose ROCm image is not known to carry triton_kernels refuses it, saying why.
+    engine = CATALOG.engine("vllm")
+    old_image = engine.model_copy(
+        update={"rocm_mxfp4": False, "rocm_image": "rocm/vllm:rocm6.4.1_vllm_0.10.1_20250909"}
+    )
+    problem = mxfp4_unsupported(CATALOG.gpu("MI300X"), old_image)
+    assert problem and "triton_kernels" in problem and "rocm6.4.1_vllm_0.10.1" in problem
+    assert mxfp4_unsupported(CATALOG.gpu("MI300X"), engine) is None
+    assert mxfp4_unsupported(CATALOG.gpu("H100-SXM"), old_image) is None  # NVIDIA: Triton/Marlin/FlashInfer
+    assert "compute capability 8.0" in (mxfp4_unsupported(CATALOG.gpu("T4"), engine) or "")
 
 
 def test_vllm_images_are_pinned_on_both_platforms() -> None:

@@ -428,6 +428,11 @@ class EngineProfile(_Frozen):
     # Deployment facts (kvscale.control.resources builds the pod from them).
     image: str | None = Field(default=None, description="Container image on NVIDIA GPUs")
     rocm_image: str | None = Field(default=None, description="Container image on AMD GPUs (ROCm); None: not offered")
+    rocm_mxfp4: bool = Field(
+        default=False,
+        description="The catalog's ROCm image runs MXFP4 MoE checkpoints (gpt-oss): its vLLM build carries "
+        "the triton_kernels package that get_mxfp4_backend needs on ROCm",
+    )
     cache_dir: str = Field(default="/root/.cache/huggingface", description="Where the engine keeps downloaded weights")
     cache_env: str = Field(default="HF_HOME", description="Environment variable that points the engine at cache_dir")
     health_path: str = "/health"
