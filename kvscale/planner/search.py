@@ -1110,3 +1110,126 @@ def with_check(planned: Plan, check: SimulatedSizing, suggestions: tuple[str, ..
         chosen=replace(chosen, prediction=prediction, check=check),
         suggestions=planned.suggestions + (suggestions if not check.met else ()),
     )
+
+
+def ranked_by_checks(planned: Plan, checks: tuple[SimulatedSizing | None, ...]) -> Plan | None:
+    """`planned` re-ranked after the simulated check of its first candidates (`checks[i]` is
+    the check of the i-th in the analytic order, chosen first; None: not replayed), or None
+    when no check met the SLO.
+
+    The cheapest checked candidate whose check met the SLO wins (the fastest, for the latency
+    objective: the first that met, in the analytic order); checked candidates carry the
+    simulator's replicas and cost, and every reason quotes those. A candidate whose check
+    stopped at the replicas that would still cost less than the winner (`most`, see
+    kvscale.sim.check) lost there."""
+    chosen = planned.chosen
+    if chosen is None:
+        raise ValueError("only a plan with a chosen candidate can be ranked by its checks")
+    request = planned.request
+    ranked = (chosen, *planned.alternatives)
+    sized = [_checked(c, checks[i] if i < len(checks) else None) for i, c in enumerate(ranked)]
+    passed = [i for i, c in enumerate(sized) if c.check is not None and c.check.met]
+    if not passed:
+        return None
+    if request.objective == "cost":
+        win = min(passed, key=lambda i: (round(sized[i].prediction.cost_usd_per_hour, 6), i))
+    else:
+        win = passed[0]
+    best = sized[win]
+    checked = sum(1 for c in sized if c.check is not None)
+    reason = (
+        _chosen_reason(best, request.objective, len(ranked) + len(planned.outranked))
+        + f"; {_checked_note(best, checked)}"
+    )
+    alternatives = tuple(
+        replace(
+            c, verdict="alternative", reason=_checked_loss(c, best, request.objective, request.workload.output_tokens)
+        )
+        for i, c in enumerate(sized)
+        if i != win
+    )
+    # Checked ones first, by what the simulator confirmed; the rest in the analytic order.
+    alternatives = tuple(
+        sorted(
+            alternatives,
+            key=lambda c: (
+                (0, round(c.prediction.cost_usd_per_hour, 6))
+                if c.check is not None and c.check.met and request.objective == "cost"
+                else (1, 0.0)
+            ),
+        )
+    )
+    outranked = tuple(
+        replace(o, reason=_outranked_by_check(o, best)) if request.objective == "cost" else o for o in planned.outranked
+    )
+    return replace(
+        planned,
+        chosen=replace(best, verdict="chosen", reason=reason),
+        alternatives=alternatives,
+        outranked=outranked,
+    )
+
+
+def _checked(c: Feasible, check: SimulatedSizing | None) -> Feasible:
+    """A candidate with its check: a check that met sets its replicas and cost."""
+    if check is None:
+        return c
+    if not check.met:
+        return replace(c, check=check)
+    prediction = replace(
+        c.prediction, replicas=check.replicas, cost_usd_per_hour=check.replicas * c.config.price_usd_per_hour
+    )
+    return replace(c, prediction=prediction, check=check)
+
+
+def _checked_note(best: Feasible, checked: int) -> str:
+    assert best.check is not None
+    asked = best.check.analytic_replicas
+    counted = "the analytic count" if asked == best.prediction.replicas else f"the analytic model asked for {asked}"
+    return (
+        f"{best.prediction.replicas} replica(s) meet the SLO in the simulated check ({counted}); "
+        f"{checked} candidate(s) replayed, the cheapest that passes wins"
+    )
+
+
+def _checked_loss(c: Feasible, best: Feasible, objective: Objective, output_tokens: int) -> str:
+    """Why a candidate lost to the one the simulated check chose, in checked figures."""
+    b = best.prediction.cost_usd_per_hour
+    check = c.check
+    pct = f"p{best.check.target * 100:g}" if best.check is not None else "the percentile"
+    if check is not None and check.met:
+        if objective == "latency":
+            return f"replayed after the chosen one in the analytic order (both pass the {pct} simulated check)"
+        return (
+            f"costs ${c.prediction.cost_usd_per_hour:.2f}/h in the simulated check ({c.prediction.replicas} replica(s) "
+            f"x {c.config.gpus} GPU(s); analytic {check.analytic_replicas}) vs ${b:.2f}/h"
+        )
+    if check is not None:
+        most = max(n for n, _ in check.tried)
+        reached = dict(check.tried)[most]
+        return (
+            f"misses in the simulated check: {most} replica(s) (${most * c.config.price_usd_per_hour:.2f}/h) reach "
+            f"{reached:.2%} of {pct}; the chosen {best.prediction.replicas} x {best.gpu} pass at ${b:.2f}/h"
+        )
+    if objective == "latency":
+        return _loss_reason(c, best, objective, output_tokens)
+    price = c.config.price_usd_per_hour
+    if price > b + 1e-9:
+        return f"costs at least ${price:.2f}/h (one replica of {c.config.gpus} GPU(s)) vs ${b:.2f}/h checked"
+    a = c.prediction.cost_usd_per_hour
+    if a > b + 1e-9:
+        return f"costs ${a:.2f}/h by the analytic model (not replayed) vs ${b:.2f}/h checked"
+    return (
+        f"not replayed: the check replays the cheapest few by the analytic model; analytic ${a:.2f}/h "
+        f"({c.prediction.replicas} replica(s)) vs ${b:.2f}/h checked"
+    )
+
+
+def _outranked_by_check(o: Outranked, best: Feasible) -> str:
+    b = best.prediction.cost_usd_per_hour
+    if o.bound > b + 1e-9:
+        return f"costs at least ${o.bound:.2f}/h vs ${b:.2f}/h checked"
+    return (
+        f"not evaluated in full (costs at least ${o.bound:.2f}/h by the analytic model, above the {FULLY_RANKED} "
+        f"cheapest) nor replayed; ${b:.2f}/h checked"
+    )

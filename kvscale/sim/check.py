@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
 
-from kvscale.planner.search import Feasible, Plan, SimulatedSizing, with_check
+from kvscale.planner.search import Feasible, Plan, PlanRequest, SimulatedSizing, ranked_by_checks, with_check
 from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.policies import StaticPolicy
 from kvscale.sim.report import attainment
@@ -30,6 +30,10 @@ TOLERANCE = 0.05
 # queueing (prompts whose own prefill exceeds the TTFT target, a TPOT no spreading fixes), so
 # no fleet will meet the SLO and the search stops.
 PLATEAU = 0.25
+# Candidates of the analytic ranking replayed by plan --trace (the chosen one first): the
+# simulator may reorder what the analytic model ranks close (its count is per percentile of
+# every term at once, the replay's per request).
+CHECKED_CANDIDATES = 6
 
 Routing = Literal["service", "gateway"]
 
@@ -223,23 +227,63 @@ def why(check: SimulatedSizing, limit: int | None = None) -> str:
     return ""
 
 
+def _limit(request: PlanRequest, candidate: Feasible) -> int | None:
+    """The most replicas the request allows `candidate`: --max-replicas, and the free GPUs of
+    its type in whole replicas."""
+    limits = [request.max_replicas] if request.max_replicas is not None else []
+    if request.gpu_limits is not None:
+        limits.append(request.gpu_limits.get(candidate.gpu, 0) // candidate.config.gpus)
+    return min(limits) if limits else None
+
+
+def _fewer_cost(best_usd_per_hour: float, price_usd_per_hour: float) -> int:
+    """The most replicas at `price_usd_per_hour` each that cost less than `best_usd_per_hour`
+    (at the planner's rounding)."""
+    most = math.floor(best_usd_per_hour / price_usd_per_hour)
+    while most >= 1 and round(most * price_usd_per_hour, 6) >= round(best_usd_per_hour, 6):
+        most -= 1
+    return most
+
+
 def check_and_size(planned: Plan, replay: list[TraceRequest], routing: Routing = "service") -> Plan:
-    """`planned` with its replicas set by the simulated check (planner.with_check); a check
-    no fleet passes makes it infeasible, with what would make it feasible: a lower percentile
-    (the closest fleet's attainment), the gateway (its attainment there, when behind a
-    Service), another GPU (the analytic runner-up on another type)."""
+    """`planned` sized and ranked by the simulated check: the first CHECKED_CANDIDATES of the
+    analytic ranking are replayed in turn, each (once one has passed) only up to the replicas
+    that would still cost less than the cheapest passing so far; the cheapest that passes
+    wins (planner.ranked_by_checks; for the latency objective, the first that passes).
+
+    When none passes, the plan is infeasible with the analytic choice's closest fleet and
+    what would make it feasible: a lower percentile (the closest fleet's attainment), the
+    gateway (its attainment there, when behind a Service), another GPU (the analytic
+    runner-up on another type)."""
     chosen = planned.chosen
     if chosen is None or not replay:
         return planned
-    slo = planned.request.slo
     request = planned.request
-    limits = [request.max_replicas] if request.max_replicas is not None else []
-    if request.gpu_limits is not None:  # the free GPUs of the chosen type, in whole replicas
-        limits.append(request.gpu_limits.get(chosen.gpu, 0) // chosen.config.gpus)
-    check = check_plan(chosen, slo, replay, routing, min(limits) if limits else None)
-    if check.met:
-        return with_check(planned, check)
-    return with_check(planned, check, _feasible_if(planned, chosen, check, replay, routing))
+    slo = request.slo
+    checks: list[SimulatedSizing | None] = []
+    best_usd_per_hour = math.inf
+    for candidate in (chosen, *planned.alternatives):
+        if sum(c is not None for c in checks) >= CHECKED_CANDIDATES:
+            break
+        limit = _limit(request, candidate)
+        if math.isfinite(best_usd_per_hour):
+            if request.objective != "cost":
+                break  # the fastest that passes: the first, in the analytic order
+            cheaper = _fewer_cost(best_usd_per_hour, candidate.config.price_usd_per_hour)
+            if cheaper < 1:  # one replica already costs as much: it cannot win
+                checks.append(None)
+                continue
+            limit = cheaper if limit is None else min(limit, cheaper)
+        check = check_plan(candidate, slo, replay, routing, limit)
+        checks.append(check)
+        if check.met:
+            best_usd_per_hour = min(best_usd_per_hour, check.replicas * candidate.config.price_usd_per_hour)
+    ranked = ranked_by_checks(planned, tuple(checks))
+    if ranked is not None:
+        return ranked
+    first = checks[0]
+    assert first is not None
+    return with_check(planned, first, _feasible_if(planned, chosen, first, replay, routing))
 
 
 def _feasible_if(

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from kvscale.cli import app
 from kvscale.planner.search import PlanRequest, plan
 from kvscale.sim.check import check_plan, sample
-from kvscale.sim.trace import TraceRequest
+from kvscale.sim.fit import fit_trace
+from kvscale.sim.trace import TraceRequest, read_trace
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.workload import LengthDistribution, Slo, Workload
 from tests.unit.profiles import catalog_2023
@@ -162,3 +163,36 @@ def test_the_operator_plans_for_the_pickers_routing_behind_an_inference_pool() -
     plain = plan_request(parse_intent(spec()), CAT.model("llama-3.1-8b"), (), None)
     pooled = plan_request(parse_intent(spec(routing={"inferencePool": {}})), CAT.model("llama-3.1-8b"), (), None)
     assert not plain.least_loaded and pooled.least_loaded
+
+
+CONVERSATION = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "traces" / "azure-llm-conv-2023.csv"
+
+
+def test_the_cheapest_candidate_that_passes_the_check_wins_and_the_reasons_quote_checked_costs() -> None:
+    # Issue 37: on the conversation trace (8B, p99 1 s / 50 ms) the check re-sized only the
+    # first-ranked candidate (2 x H100-SXM, $5.38/h) while 2 x H100-PCIE ($3.98/h) passed the
+    # same check, and "why" / "why it lost" quoted the analytic $2.69/h.
+    args = ["plan", "--model", "llama-3.1-8b", "--ttft", "1s", "--tpot", "50ms", "--percentile", "99"]
+    result = runner.invoke(app, [*args, "--trace", str(CONVERSATION), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    chosen = out["chosen"]
+    cost = chosen["cost_usd_per_hour"]
+    assert chosen["check"]["met"] and chosen["replicas"] == chosen["check"]["replicas"]
+    assert f"${cost:.2f}/h" in chosen["reason"] and "simulated check" in chosen["reason"]
+    checked = [a for a in out["alternatives"] if "check" in a]
+    assert checked, "only the first-ranked candidate was replayed"
+    for alt in out["alternatives"]:
+        assert f"${cost:.2f}/h" in alt["reason"], alt["reason"]
+        if alt.get("check", {}).get("met"):
+            assert alt["replicas"] == alt["check"]["replicas"] and alt["cost_usd_per_hour"] >= cost
+    # Any candidate the simulator confirms more cheaply than the analytic choice is at least
+    # matched: replay the analytic runners-up directly.
+    trace = read_trace(CONVERSATION)
+    workload = fit_trace(trace).workload
+    request = PlanRequest(model=CAT.model("llama-3.1-8b"), workload=workload, slo=Slo(1.0, 0.05, 99.0))
+    pcie = plan(CAT, replace(request, gpus=("H100-PCIE",))).chosen
+    assert pcie is not None
+    direct = check_plan(pcie, request.slo, sample(trace, workload.requests_per_s))
+    if direct.met:
+        assert cost <= direct.replicas * pcie.config.price_usd_per_hour + 1e-6
