@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from kvscale.engines.args import OWNED_FLAGS, owned_flag_problem
+
 DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)?(us|ms|s|m|h)$"
 _DURATION = re.compile(DURATION_PATTERN)
 
@@ -27,6 +29,46 @@ Duration = Annotated[
     AfterValidator(_duration),
 ]
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# An image reference as container runtimes parse it (github.com/distribution/reference, regexp.go):
+# [host[:port]/]path[:tag][@digest], the path's components lowercase. A space or a non-ASCII
+# character was deployed as given and failed only at the kubelet's pull.
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
+IMAGE_PATTERN = (
+    # A first component is a registry only with a dot, a port or as localhost (splitDockerDomain);
+    # otherwise it is a path component, lowercase ("Vllm/vllm-openai" is refused by runtimes).
+    rf"^(?:(?:(?:localhost|{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})+)(?::[0-9]+)?|{_DOMAIN_COMPONENT}:[0-9]+)/)?"
+    rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+_IMAGE = re.compile(IMAGE_PATTERN)
+
+
+def _image(value: str) -> str:
+    if not _IMAGE.match(value):
+        raise ValueError(
+            f"{value!r} is not an image reference: write [registry[:port]/]path[:tag][@sha256:digest], the path in "
+            "lowercase ASCII without spaces, e.g. vllm/vllm-openai:v0.11.0"
+        )
+    return value
+
+
+# The pattern is the CRD's (the API server refuses at the edge); the validator says the fix.
+ImageReference = Annotated[str, Field(json_schema_extra={"pattern": IMAGE_PATTERN}), AfterValidator(_image)]
+# Far above any one service's load (a million requests a second), and finite: 1e308 reached the
+# queueing code as infinity and failed every reconcile without a status.
+MAX_REQUESTS_PER_SECOND = 1_000_000.0
+
+
+def _rate(value: float) -> float:
+    if not value <= MAX_REQUESTS_PER_SECOND:
+        raise ValueError(
+            f"{value:g} requests/s is more than kvscale plans for ({MAX_REQUESTS_PER_SECOND:.0f}): write the expected "
+            "rate of this one service, e.g. 20"
+        )
+    return value
+
+
 Precision = Literal["bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4"]
 
 # Bounds on every string and list a user writes. kopf keeps the whole spec in an annotation
@@ -186,13 +228,13 @@ class EngineSpec(_Wire):
     """The serving engine."""
 
     type: Literal["vllm", "sglang", "tgi"] = Field(default="vllm", description="Serving engine: vllm, sglang or tgi.")
-    image: str | None = Field(
+    image: ImageReference | None = Field(
         default=None,
         min_length=1,
         max_length=MAX_IMAGE_LENGTH,
         description="Container image on NVIDIA GPUs; default: the catalog's image for the engine (vllm/vllm-openai:v0.11.0 for vllm).",
     )
-    rocm_image: str | None = Field(
+    rocm_image: ImageReference | None = Field(
         default=None,
         min_length=1,
         max_length=MAX_IMAGE_LENGTH,
@@ -201,7 +243,10 @@ class EngineSpec(_Wire):
     args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
         default_factory=list,
         max_length=MAX_ARGS,
-        description=f"Extra engine arguments appended after kvscale's (at most {MAX_ARGS_TOTAL_LENGTH} characters in all).",
+        description=f"Extra engine arguments appended after kvscale's (at most {MAX_ARGS_TOTAL_LENGTH} characters in all). "
+        "Flags kvscale sets from the plan are refused, with their other spellings: "
+        + "; ".join(f"{engine}: {', '.join(sorted(flags))}" for engine, flags in OWNED_FLAGS.items())
+        + ".",
     )
     env: list[EnvVar] = Field(
         default_factory=list,
@@ -217,6 +262,9 @@ class EngineSpec(_Wire):
                 f"spec.engine.args hold {args} characters in all, more than {MAX_ARGS_TOTAL_LENGTH}: "
                 "pass long settings through a file in the image or a mounted ConfigMap"
             )
+        owned = owned_flag_problem(self.type, self.args)
+        if owned is not None:
+            raise ValueError(owned)
         env = sum(len(e.name) + len(e.value) for e in self.env)
         if env > MAX_ENV_TOTAL_LENGTH:
             raise ValueError(
@@ -239,8 +287,12 @@ class WorkloadSpec(_Wire):
             "model's limit, lowered only to what one sequence can hold in the planned KV cache."
         ),
     )
-    requests_per_second: float = Field(
-        default=1.0, ge=0, description="Expected request rate, used for the initial plan."
+    requests_per_second: Annotated[
+        float, Field(json_schema_extra={"maximum": MAX_REQUESTS_PER_SECOND}), AfterValidator(_rate)
+    ] = Field(
+        default=1.0,
+        ge=0,
+        description=f"Expected request rate, used for the initial plan (at most {MAX_REQUESTS_PER_SECOND:.0f}).",
     )
 
     @model_validator(mode="after")

@@ -183,6 +183,118 @@ def tgi_args(launch: EngineLaunch) -> list[str]:
     return [*args, "--dtype", launch.dtype]
 
 
+# The flags kvscale sets on the engine's command line (above, and the LeaderWorkerSet's for a
+# replica across nodes: kvscale.control.leader_worker_set), with the engines' other spellings of
+# them (kvscale.engines.command names the sources: vLLM -tp/-pp/-dp/-q; SGLang --tensor-parallel-size,
+# --pipeline-parallel-size, --expert-parallel-size/--ep, --model). An engine takes the last of a
+# flag given twice, and spec.engine.args come after kvscale's: one of these there would override
+# the plan (a tensor parallelism the pod has no GPUs for, a port the Service does not reach).
+OWNED_FLAGS: dict[EngineType, dict[str, str]] = {
+    "vllm": {
+        "--model": "--model",
+        "--tensor-parallel-size": "--tensor-parallel-size",
+        "-tp": "--tensor-parallel-size",
+        "--pipeline-parallel-size": "--pipeline-parallel-size",
+        "-pp": "--pipeline-parallel-size",
+        "--data-parallel-size": "--data-parallel-size",
+        "-dp": "--data-parallel-size",
+        "--enable-expert-parallel": "--enable-expert-parallel",
+        "--max-num-seqs": "--max-num-seqs",
+        "--max-model-len": "--max-model-len",
+        "--max-num-batched-tokens": "--max-num-batched-tokens",
+        "--gpu-memory-utilization": "--gpu-memory-utilization",
+        "--dtype": "--dtype",
+        "--quantization": "--quantization",
+        "-q": "--quantization",
+        "--kv-cache-dtype": "--kv-cache-dtype",
+        "--port": "--port",
+        "--distributed-executor-backend": "--distributed-executor-backend",
+        "--data-parallel-size-local": "--data-parallel-size-local",
+        "--data-parallel-address": "--data-parallel-address",
+        "--data-parallel-start-rank": "--data-parallel-start-rank",
+        "--headless": "--headless",
+    },
+    "sglang": {
+        "--model-path": "--model-path",
+        "--model": "--model-path",
+        "--tp-size": "--tp-size",
+        "--tensor-parallel-size": "--tp-size",
+        "--pp-size": "--pp-size",
+        "--pipeline-parallel-size": "--pp-size",
+        "--ep-size": "--ep-size",
+        "--expert-parallel-size": "--ep-size",
+        "--ep": "--ep-size",
+        "--host": "--host",
+        "--port": "--port",
+        "--max-running-requests": "--max-running-requests",
+        "--context-length": "--context-length",
+        "--chunked-prefill-size": "--chunked-prefill-size",
+        "--mem-fraction-static": "--mem-fraction-static",
+        "--dtype": "--dtype",
+        "--quantization": "--quantization",
+        "--kv-cache-dtype": "--kv-cache-dtype",
+        "--nnodes": "--nnodes",
+        "--node-rank": "--node-rank",
+        "--dist-init-addr": "--dist-init-addr",
+    },
+    "tgi": {
+        "--model-id": "--model-id",
+        "--num-shard": "--num-shard",
+        "--port": "--port",
+        "-p": "--port",
+        "--max-concurrent-requests": "--max-concurrent-requests",
+        "--max-total-tokens": "--max-total-tokens",
+        "--max-input-tokens": "--max-input-tokens",
+        "--max-batch-prefill-tokens": "--max-batch-prefill-tokens",
+        "--dtype": "--dtype",
+        "--quantize": "--quantize",
+    },
+}
+# Where to ask instead for what an owned flag sets (the field the plan reads), by the canonical flag.
+FIELD_OF: dict[str, str] = {
+    **dict.fromkeys(("--model", "--model-path", "--model-id"), "spec.model.source"),
+    **dict.fromkeys(("--tensor-parallel-size", "--tp-size", "--num-shard"), "spec.hardware.maxTensorParallel"),
+    "--data-parallel-size": "spec.hardware.dataParallelAttention",
+    **dict.fromkeys(
+        ("--max-model-len", "--context-length", "--max-total-tokens", "--max-input-tokens"),
+        "spec.workload.maxContextTokens",
+    ),
+    **dict.fromkeys(
+        ("--max-num-batched-tokens", "--chunked-prefill-size", "--max-batch-prefill-tokens"),
+        "spec.slo.maxInterTokenLatency",
+    ),
+    **dict.fromkeys(("--dtype", "--quantization", "--quantize"), "spec.model.precision"),
+    "--kv-cache-dtype": "spec.model.kvCachePrecision",
+    **dict.fromkeys(("--port", "--host"), "the operator's KVSCALE_ENGINE_PORT"),
+}
+
+
+def owned_flag(engine: EngineType, arg: str) -> str | None:
+    """The flag kvscale sets that `arg` (an item of spec.engine.args: `--flag`, `--flag=value`,
+    or `--flag_name`) would set again, or None."""
+    if not arg.startswith("-"):
+        return None
+    # vLLM's FlexibleArgumentParser reads underscores as dashes; TGI's clap refuses them anyway,
+    # so one rule serves every engine (and the CRD's CEL rule says the same).
+    name = arg.split("=", 1)[0].replace("_", "-")
+    return OWNED_FLAGS[engine].get(name)
+
+
+def owned_flag_problem(engine: EngineType, args: list[str]) -> str | None:
+    """Why spec.engine.args may not be deployed as given (a flag kvscale sets), or None."""
+    for i, arg in enumerate(args):
+        flag = owned_flag(engine, arg)
+        if flag is None:
+            continue
+        field = FIELD_OF.get(flag)
+        steer = f"; to change it, set {field}" if field is not None else " (kvscale plans it)"
+        return (
+            f"spec.engine.args[{i}]: {arg.split('=', 1)[0]} sets {flag}, which kvscale sets from the plan (the "
+            f"engine takes the last one given, so it would override the plan): remove it{steer}"
+        )
+    return None
+
+
 def engine_command(launch: EngineLaunch) -> tuple[list[str], list[str]]:
     """The container's command and args."""
     if launch.engine == "sglang":
