@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kvscale.sizing.config import ServingConfig
@@ -335,9 +335,16 @@ def _least_squares(residuals: Residuals, x0: list[float], iterations: int = 60) 
     return x, r
 
 
-def fit(cfg: ServingConfig, windows: Sequence[Window], metrics: dict[str, str] | None = None) -> Calibration:
+def fit(
+    cfg: ServingConfig,
+    windows: Sequence[Window],
+    metrics: dict[str, str] | None = None,
+    start: Mapping[str, float] | None = None,
+) -> Calibration:
     """The step-time fields that make `cfg`'s step times match the windows; NotEnoughData when
-    the windows cannot carry a fit. `metrics` names the metrics read, for the messages."""
+    the windows cannot carry a fit. `metrics` names the metrics read, for the messages;
+    `start`: where the search starts (the stored profile: a refit of the same engines then
+    converges in a few steps), the catalog's values staying the prior it reports against."""
     names = {
         "gap": "vllm:inter_token_latency_seconds",
         "prefill": "vllm:request_prefill_time_seconds",
@@ -358,6 +365,9 @@ def fit(cfg: ServingConfig, windows: Sequence[Window], metrics: dict[str, str] |
     # Start between the bounds: a field at zero in the catalog (no per-sequence cost) is still fitted.
     x0 = [max(prior[n], _SCALE[n] * 0.1) / _SCALE[n] for n in FIELDS]
     x0[0] = min(x0[0], 0.9)
+    for i, n in enumerate(FIELDS):
+        if start is not None and n in start and math.isfinite(start[n]):
+            x0[i] = _clip(n, max(start[n], _SCALE[n] * 0.01)) / _SCALE[n]
     x, r = _least_squares(residuals, x0)
     jac = _jacobian(residuals, x, r)
     dof = max(len(r) - len(FIELDS), 1)

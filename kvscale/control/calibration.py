@@ -129,6 +129,7 @@ class Step:
     write: dict[str, Any] | None = None  # the ConfigMap to create or replace
     moved: tuple[Move, ...] = ()  # fields beyond the hysteresis (a re-plan is weighed on these)
     updates: Mapping[str, float] | None = None  # the profile to plan with, when it moved
+    fitted: bool = False  # the fit ran (the CPU-bound part: see kvscale.operator.calibration)
 
 
 def _finite(value: float | None) -> float | None:
@@ -152,12 +153,15 @@ def step(
     namespace: str,
     now: dt.datetime,
     key: str | None = None,
+    fit_due: bool = True,
 ) -> Step:
     """Fit, compare with the stored profile, and say what to write. `key`: the profile's key
     (profile_key: the service's namespace's own; default the configuration's, as the CLI has
     it); `stored`: the ConfigMap as read for it (or the shared one an administrator pinned,
     stored_profile). Windows with a non-finite or negative count are dropped here, at the edge
-    (Window.sane): they neither enter the fit nor put NaN into status."""
+    (Window.sane): they neither enter the fit nor put NaN into status. `fit_due` False: the
+    configuration was fitted a short while ago; a stored profile is compared with the windows
+    (cheap) and not fitted again."""
     windows = [w for w in windows if w.sane]
     key = key or config_key(cfg)
     kept: StoredProfile | None = None if stored is None else read_profile(stored, key)
@@ -174,8 +178,11 @@ def step(
             CalibrationStatus(profile=name, reason="Pinned", message=f"{name} is pinned", last_time=when, **times),
             updates=kept.updates,
         )
+    if kept is not None and not fit_due:
+        message = f"{name} compared with the windows read; fitted again once due (at most one fit per configuration and while)"
+        return Step(CalibrationStatus(profile=name, reason="Unchanged", message=message, last_time=when, **times))
     try:
-        result = fit(cfg, windows)
+        result = fit(cfg, windows, start=None if kept is None else kept.updates)
     except NotEnoughData as exc:
         message = f"{exc} ({len(windows)} window(s) read)"
         return Step(
@@ -184,7 +191,9 @@ def step(
     moved = moves(kept.updates if kept is not None else {}, result)
     if kept is not None and not moved:
         message = f"Fitted within the stored profile's error (rms error {result.rms_error:.1%})"
-        return Step(CalibrationStatus(profile=name, reason="Unchanged", message=message, last_time=when, **times))
+        return Step(
+            CalibrationStatus(profile=name, reason="Unchanged", message=message, last_time=when, **times), fitted=True
+        )
     fitted = with_fields(cfg, result.updates())
     against = compare(fitted, windows)
     if against is not None:
@@ -198,6 +207,7 @@ def step(
         write=profile_configmap(result, namespace, when, key),
         moved=tuple(moved),
         updates=result.updates(),
+        fitted=True,
     )
 
 

@@ -81,6 +81,37 @@ class ProfileCache:
 PROFILES = ProfileCache()  # one operator process, one cache
 
 
+class FitClock:
+    """When each profile was last fitted (monotonic seconds), so a configuration is fitted at
+    most once per `min_fit_interval_s`: the fit is the CPU-bound part of the tick (about 90 ms
+    for 2 pods x 30 one-minute windows from the catalog's values, 40 ms from the stored
+    profile, on one core of the test machine), and every interval a fit of 30 minutes of data
+    sees one new minute. In between, the stored profile is only compared with the windows
+    (about 2 ms). Empty after a restart: each configuration is fitted once, then at the pace."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+
+    def due(self, key: str, now_s: float, interval_s: float) -> bool:
+        with self._lock:
+            last = self._last.get(key)
+        return last is None or now_s - last >= interval_s
+
+    def mark(self, key: str, now_s: float) -> None:
+        with self._lock:
+            self._last[key] = now_s
+
+
+FITS = FitClock()
+
+
+def min_fit_interval_s(calibration_interval_s: float, since_s: float) -> float:
+    """A configuration's fits at most this often: a sixth of the span read (5 minutes of the
+    default 30), never more often than the tick."""
+    return max(calibration_interval_s, since_s / 6.0)
+
+
 def planning_catalog_of(rt: Runtime, call: Call) -> Catalog:
     """The catalog `call`'s service plans with (kvscale.control.calibration.planning_catalog):
     its stored or pinned profile over the catalog's. In the workers (it may read a ConfigMap)."""
@@ -103,8 +134,12 @@ def _fit_and_write(rt: Runtime, call: Call, cfg: ServingConfig, windows: list[Wi
 
     own = profile_key(cfg, call.res.namespace)
     _, _, stored = stored_profile(cfg, call.res.namespace, read)
-    now = dt.datetime.now(dt.UTC)
-    done: Step = step(cfg, windows, stored, namespace, now, own)
+    now, clock = dt.datetime.now(dt.UTC), time.monotonic()
+    s = rt.settings
+    due = FITS.due(own, clock, min_fit_interval_s(s.calibration_interval_s, s.calibration_since_s))
+    done: Step = step(cfg, windows, stored, namespace, now, own, fit_due=due)
+    if done.fitted:
+        FITS.mark(own, clock)
     if done.write is not None:  # never over a pinned one: `stored` is then the namespace's own, as read
         rt.kube.write_configmap(done.write, exists=stored is not None)
         PROFILES.put(profile_name(own), done.write)
