@@ -167,6 +167,14 @@ class ModelCache(_Wire):
         max_length=MAX_PATH_LENGTH,
         description="An absolute directory on each node (node-local cache).",
     )
+    read_only: bool = Field(
+        default=False,
+        description=(
+            "Mount the cache read-only: weights filled in advance, which the engine only reads (set HF_HUB_OFFLINE=1 "
+            "in spec.engine.env so it does not try to download). Default false: the engine downloads into the cache, "
+            "so the pods write the claim (see docs/tenancy.md)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _one(self) -> ModelCache:

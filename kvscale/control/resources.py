@@ -157,7 +157,11 @@ def check_policy(spec: InferenceServiceSpec, cfg: ServingConfig, policy: PodPoli
 
 
 def _cache_read_only(spec: InferenceServiceSpec, policy: PodPolicy) -> bool:
-    return spec.model.cache is not None and spec.model.cache.host_path is not None and not policy.host_path_writable
+    """spec.model.cache.readOnly (a cache filled in advance), or a node path the policy keeps read-only."""
+    cache = spec.model.cache
+    if cache is None:
+        return False
+    return cache.read_only or (cache.host_path is not None and not policy.host_path_writable)
 
 
 def _cache_volume(spec: InferenceServiceSpec, checkpoint_bytes: float | None, policy: PodPolicy) -> dict[str, Any]:
@@ -170,7 +174,10 @@ def _cache_volume(spec: InferenceServiceSpec, checkpoint_bytes: float | None, po
             return {"name": CACHE_VOLUME, "emptyDir": {}}
         return {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": cache_size_limit(checkpoint_bytes)}}
     if cache.persistent_volume_claim is not None:
-        return {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache.persistent_volume_claim}}
+        claim: dict[str, Any] = {"claimName": cache.persistent_volume_claim}
+        if cache.read_only:  # the claim itself read-only too, not only this container's mount
+            claim["readOnly"] = True
+        return {"name": CACHE_VOLUME, "persistentVolumeClaim": claim}
     path = cache.host_path or ""
     problem = host_path_problem(path, policy)  # check_policy refused it first; no builder mounts it either
     if problem is not None:
@@ -180,7 +187,7 @@ def _cache_volume(spec: InferenceServiceSpec, checkpoint_bytes: float | None, po
     # refuse `..` anyway: validatePathNoBacksteps). Read-only, the directory must exist (type
     # Directory: an empty directory made for a read-only mount could never be filled through it);
     # writable, the engine downloads into it and the kubelet creates it (DirectoryOrCreate).
-    kind = "DirectoryOrCreate" if policy.host_path_writable else "Directory"
+    kind = "DirectoryOrCreate" if policy.host_path_writable and not cache.read_only else "Directory"
     return {"name": CACHE_VOLUME, "hostPath": {"path": host_path, "type": kind}}
 
 
