@@ -73,13 +73,32 @@ def profile_configmap(calibration: Calibration, namespace: str, updated: str, ke
     """The ConfigMap (in the operator's `namespace`) that holds `calibration` under `key`
     (scoped_key; default: the configuration's own, shared key)."""
     key = key or calibration.key
-    scope, _, config = key.partition(":") if ":" in key.split("/", 1)[0] else ("", "", key)
-    model, gpu, parallel, precision, engine = (config.split("/", 4) + [""] * 5)[:5]
     summary = "\n".join(
         f"{f.name}: {f.value:.6g} ± {f.stderr:.2g} (catalog {f.prior:.6g}; {f.samples} samples in "
         f"{f.windows} windows of {f.data})"
         for f in calibration.fields
     )
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": profile_name(key),
+            "namespace": namespace,
+            "labels": _labels(key),
+            "annotations": {CONFIG_ANNOTATION: key, "kvscale.io/updated": updated},
+        },
+        "data": {
+            OVERLAY_KEY: yaml.safe_dump(calibration.overlay(), sort_keys=False, allow_unicode=True),
+            SUMMARY_KEY: summary
+            + f"\nrms error {calibration.rms_error:.1%} (catalog {calibration.prior_rms_error:.1%})",
+        },
+    }
+
+
+def _labels(key: str) -> dict[str, str]:
+    """The labels that say which configuration (and namespace) a profile is for."""
+    scope, _, config = key.partition(":") if ":" in key.split("/", 1)[0] else ("", "", key)
+    model, gpu, parallel, precision, engine = (config.split("/", 4) + [""] * 5)[:5]
     labels = {
         PROFILE_LABEL: "true",
         "kvscale.io/model": _label_value(model),
@@ -90,19 +109,27 @@ def profile_configmap(calibration: Calibration, namespace: str, updated: str, ke
     }
     if scope:
         labels[NAMESPACE_LABEL] = _label_value(scope)
+    return labels
+
+
+def rekeyed(configmap: Mapping[str, Any], key: str, updated: str) -> dict[str, Any]:
+    """The same fitted fields stored for configuration `key`: what a plan that moved to another
+    configuration on a calibrated profile was made with (kvscale.control.calibration.carried)."""
+    meta = configmap.get("metadata") or {}
+    summary = (configmap.get("data") or {}).get(SUMMARY_KEY, "")
+    was = (meta.get("annotations") or {}).get(CONFIG_ANNOTATION, "")
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
             "name": profile_name(key),
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": {CONFIG_ANNOTATION: key, "kvscale.io/updated": updated},
+            "namespace": meta.get("namespace"),
+            "labels": _labels(key),
+            "annotations": {CONFIG_ANNOTATION: key, "kvscale.io/updated": updated, "kvscale.io/carried-from": was},
         },
         "data": {
-            OVERLAY_KEY: yaml.safe_dump(calibration.overlay(), sort_keys=False, allow_unicode=True),
-            SUMMARY_KEY: summary
-            + f"\nrms error {calibration.rms_error:.1%} (catalog {calibration.prior_rms_error:.1%})",
+            **dict(configmap.get("data") or {}),
+            SUMMARY_KEY: f"carried from {was}, the plan moved here on it (fitted there):\n{summary}",
         },
     }
 

@@ -28,12 +28,14 @@ from kvscale.api.intent import Intent, SpecError
 from kvscale.api.models import CalibrationStatus, InferenceServiceStatus, PlanStatus
 from kvscale.calibration.fit import Comparison, NotEnoughData, Window, compare, config_key, fit, with_fields
 from kvscale.calibration.profile import (
+    CONFIG_ANNOTATION,
     Move,
     StoredProfile,
     moves,
     profile_configmap,
     profile_name,
     read_profile,
+    rekeyed,
     replan_message,
     scoped_key,
 )
@@ -209,6 +211,25 @@ def step(
         updates=result.updates(),
         fitted=True,
     )
+
+
+def carried(
+    done: Step, intent: Intent, after: PlanStatus | None, catalog: Catalog, namespace: str, now: dt.datetime
+) -> dict[str, Any] | None:
+    """Where a re-plan on the calibrated profile moved to another configuration (GPU type,
+    parallelism), the same profile stored under that configuration's key too: the next
+    reconcile (a restart, a spec edit) plans with the profile of the configuration in status
+    (planning_catalog), and finds there what this plan was made with instead of the catalog
+    (which would move it back). The engines there refit it from their own windows."""
+    if done.write is None or after is None:
+        return None
+    moved_to = serving_config(intent, after, catalog)
+    if moved_to is None:
+        return None
+    key = profile_key(moved_to, namespace)
+    if key == ((done.write.get("metadata") or {}).get("annotations") or {}).get(CONFIG_ANNOTATION):
+        return None
+    return rekeyed(done.write, key, now.isoformat(timespec="seconds"))
 
 
 def changes_plan(before: PlanStatus, after: PlanStatus | None) -> bool:

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from kvscale.api.models import CalibrationStatus, InferenceServiceStatus
 from kvscale.calibration.fit import Window
-from kvscale.calibration.profile import profile_name
+from kvscale.calibration.profile import CONFIG_ANNOTATION, profile_name, read_profile
 from kvscale.control.calibration import (
     Step,
     calibrated,
+    carried,
     planning_catalog,
     profile_key,
     serving_config,
@@ -143,7 +144,17 @@ def _fit_and_write(rt: Runtime, call: Call, cfg: ServingConfig, windows: list[Wi
     if done.write is not None:  # never over a pinned one: `stored` is then the namespace's own, as read
         rt.kube.write_configmap(done.write, exists=stored is not None)
         PROFILES.put(profile_name(own), done.write)
-    return calibrated(done, cfg, intent, call.res, call.before, lambda: call.observed(rt), rt.catalog, rt.settings, now)
+    result = calibrated(done, cfg, intent, call.res, call.before, lambda: call.observed(rt), rt.catalog, s, now)
+    extra = carried(done, intent, result.status.plan, rt.catalog, call.res.namespace, now)
+    if extra is not None:
+        name = extra["metadata"]["name"]
+        there = read(name)
+        key = extra["metadata"]["annotations"][CONFIG_ANNOTATION]
+        kept = None if there is None else read_profile(there, key)
+        if kept is None or not kept.pinned:  # a pin is the administrator's: never overwritten
+            rt.kube.write_configmap(extra, exists=there is not None)
+            PROFILES.put(name, extra)
+    return result
 
 
 async def calibrate_tick(rt: Runtime, call: Call) -> None:

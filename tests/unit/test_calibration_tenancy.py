@@ -230,3 +230,31 @@ def test_a_configuration_is_fitted_at_most_once_per_interval(monkeypatch: Any) -
     assert clock.due("k", 0.0, interval)
     clock.mark("k", 0.0)
     assert not clock.due("k", 299.0, interval) and clock.due("k", 300.0, interval) and clock.due("other", 1.0, interval)
+
+
+def test_a_calibrated_move_to_another_configuration_is_planned_on_after_a_restart_too() -> None:
+    """A re-plan on the calibrated profile that lands on another GPU type stores the profile it
+    was made with under that configuration's key: a restart plans there with it, not with the
+    catalog (which would move the service back)."""
+    from kvscale.control.calibration import carried
+
+    spec, first, cfg, slow = _service(20)
+    store = Store()
+    done = _tick(store, cfg, _measured(slow, BATCHES), "team-a")
+    assert done.write is not None and first.status.plan is not None
+    elsewhere = first.status.plan.model_copy(update={"gpu_type": "A100-80GB"})
+    body = carried(done, _intent(spec), elsewhere, CAT, "team-a", NOW)
+    assert body is not None
+    moved_to = serving_config(_intent(spec), elsewhere, CAT)
+    assert moved_to is not None
+    key = profile_key(moved_to, "team-a")
+    assert body["metadata"]["name"] == profile_name(key) and body["metadata"]["labels"]["kvscale.io/gpu"] == "A100-80GB"
+    kept = read_profile(body, key)
+    fitted = read_profile(done.write, profile_key(cfg, "team-a"))
+    assert kept is not None and fitted is not None and kept.updates == fitted.updates and not kept.pinned
+    store.write(body)
+    status = first.status.model_copy(update={"plan": elsewhere})
+    catalog = planning_catalog(CAT, _intent(spec), status, "team-a", store.read)
+    assert catalog.engines[cfg.engine.profile].matmul_efficiency_factor == kept.updates["matmul_efficiency_factor"]
+    # The same configuration: nothing more to store.
+    assert carried(done, _intent(spec), first.status.plan, CAT, "team-a", NOW) is None
