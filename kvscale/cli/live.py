@@ -58,8 +58,11 @@ class Live:
             else:
                 fail(f"no cluster to talk to (kubeconfig or in-cluster config): {kube_error}")
 
-    def _get_json(self, path: str, query: list[tuple[str, str]], what: str) -> dict[str, Any] | None:
-        """GET `path` as JSON; None on 404; other refusals and an unreachable server end the command."""
+    def _get_json(
+        self, path: str, query: list[tuple[str, str]], what: str, refusal_ok: bool = False
+    ) -> dict[str, Any] | None:
+        """GET `path` as JSON; None on 404 (and on 401/403 with `refusal_ok`: something extra to
+        show, not what the command is for); other refusals and an unreachable server end the command."""
         import json
 
         from kubernetes.client.exceptions import ApiException
@@ -82,6 +85,8 @@ class Live:
         if response.status == 404:
             return None
         if response.status in (401, 403):
+            if refusal_ok:
+                return None
             fail(f"not allowed to read {what}: {response.status} {response.reason}")
         if not 200 <= response.status < 300:
             fail(f"the API server refused to read {what}: {response.status} {response.reason}", EXIT_INFEASIBLE)
@@ -101,11 +106,13 @@ class Live:
         data = self._get_json(base, [], f"the API server's discovery of {api_version}")
         return any(r.get("name") == plural for r in (data or {}).get("resources") or [])
 
-    def events(self, namespace: str, name: str, limit: int = 5) -> list[dict[str, Any]]:
-        """The latest Events about `name` in `namespace`, newest last."""
+    def events(self, namespace: str, name: str, limit: int = 5, kind: str | None = None) -> list[dict[str, Any]]:
+        """The latest Events about `name` in `namespace` (of `kind` only, when given: the Service and
+        its Endpoints share an InferenceService's name), newest last."""
+        selector = f"involvedObject.name={name}" + (f",involvedObject.kind={kind}" if kind else "")
         data = self._get_json(
             f"/api/v1/namespaces/{namespace}/events",
-            [("fieldSelector", f"involvedObject.name={name}")],
+            [("fieldSelector", selector)],
             f"the Events of {namespace}/{name}",
         )
         items = list((data or {}).get("items") or [])
@@ -116,3 +123,13 @@ class Live:
             )
 
         return sorted(items, key=when)[-limit:]
+
+    def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]] | None:
+        """The pods under `label_selector`; None where this user may not list pods."""
+        data = self._get_json(
+            f"/api/v1/namespaces/{namespace}/pods",
+            [("labelSelector", label_selector)],
+            f"the pods of {namespace} ({label_selector})",
+            refusal_ok=True,
+        )
+        return None if data is None else list(data.get("items") or [])

@@ -50,15 +50,81 @@ def _span(seconds: float) -> str:
     return f"{seconds / 60:.0f}m" if seconds >= 120 else f"{seconds:.0f}s"
 
 
-def status_lines(obj: dict[str, Any], events: list[dict[str, Any]], now: dt.datetime | None = None) -> list[str]:
-    """The screen, line by line (plain text; pure, for tests: `now` is when it is read)."""
+# Waiting reasons of a container that is on its way (not a failure to show).
+STARTING = frozenset({"ContainerCreating", "PodInitializing"})
 
-    from kvscale.api.models import InferenceServiceStatus
+
+def container_problems(pods: list[dict[str, Any]]) -> list[str]:
+    """What keeps the engine pods from serving, from their containers' states (pure): a container
+    waiting for a reason other than being created (a missing Secret: CreateContainerConfigError;
+    ErrImagePull, ImagePullBackOff, CrashLoopBackOff), with its last exit and restarts. Pods of
+    one cause are counted together, the first one named."""
+    found: dict[str, list[str]] = {}
+    for pod in pods:
+        name = (pod.get("metadata") or {}).get("name", "?")
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue  # going away: not what keeps the service from serving
+        st = pod.get("status") or {}
+        for c in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+            state, last = c.get("state") or {}, (c.get("lastState") or {}).get("terminated") or {}
+            waiting = state.get("waiting") or {}
+            if not waiting or waiting.get("reason") in STARTING:
+                continue
+            reason = waiting.get("reason", "Waiting")
+            cause = f"{c.get('name')} {reason}"
+            if waiting.get("message") and reason != "CrashLoopBackOff":  # that one's names the pod: the exit says why
+                cause += f": {waiting['message']}"
+            if last:
+                cause += f" (last exit {last.get('exitCode', '?')} {last.get('reason', '')}".rstrip() + ")"
+            found.setdefault(cause, []).append(f"{name}, {int(c.get('restartCount') or 0)} restarts")
+    return [f"{len(where)} pod(s), e.g. {where[0]}: {cause}" for cause, where in found.items()]
+
+
+def pod_state(pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod as `status --json` shows it: name, phase, node and each container's state."""
+    st = pod.get("status") or {}
+    containers = []
+    for c in st.get("containerStatuses") or []:
+        state = c.get("state") or {}
+        kind = next(iter(state), None)
+        detail = state.get(kind) or {} if kind else {}
+        last = (c.get("lastState") or {}).get("terminated") or {}
+        containers.append(
+            {
+                "name": c.get("name"),
+                "ready": bool(c.get("ready")),
+                "state": kind,
+                "reason": detail.get("reason"),
+                "message": detail.get("message"),
+                "restarts": int(c.get("restartCount") or 0),
+                "last_exit_code": last.get("exitCode"),
+            }
+        )
+    return {
+        "name": (pod.get("metadata") or {}).get("name"),
+        "phase": st.get("phase"),
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "containers": containers,
+    }
+
+
+def status_lines(
+    obj: dict[str, Any],
+    events: list[dict[str, Any]],
+    now: dt.datetime | None = None,
+    pods: list[dict[str, Any]] | None = None,
+) -> list[str]:
+    """The screen, line by line (plain text; pure, for tests: `now` is when it is read). `pods`:
+    the engine pods, when read (None: not readable)."""
+
+    from kvscale.api.models import InferenceServiceStatus, ScalingSpec
 
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     status = InferenceServiceStatus.model_validate(obj.get("status") or {})
     slo, workload = spec.get("slo") or {}, spec.get("workload") or {}
     scaling = spec.get("scaling") or {}
+    # The spec's defaults where it leaves a bound out (the API server stores the spec as written).
+    bounds = {k: ScalingSpec.model_fields[k].default for k in ("min_replicas", "max_replicas")}
     generation, seen = meta.get("generation"), status.observed_generation
     behind = "" if seen is None or seen == generation else f" (status of generation {seen}, spec at {generation})"
     lines = [
@@ -69,7 +135,8 @@ def status_lines(obj: dict[str, Any], events: list[dict[str, Any]], now: dt.date
         + (f", p99 ITL <= {slo['maxInterTokenLatency']}" if slo.get("maxInterTokenLatency") else "")
         + "; "
         f"spec workload {workload.get('requestsPerSecond', '-')} req/s, {workload.get('inputTokens', '-')} in / "
-        f"{workload.get('outputTokens', '-')} out; replicas {scaling.get('minReplicas', 1)}..{scaling.get('maxReplicas', '-')}",
+        f"{workload.get('outputTokens', '-')} out; replicas {scaling.get('minReplicas', bounds['min_replicas'])}.."
+        f"{scaling.get('maxReplicas', bounds['max_replicas'])}",
     ]
     plan = status.plan
     if plan is None:
@@ -120,6 +187,20 @@ def status_lines(obj: dict[str, Any], events: list[dict[str, Any]], now: dt.date
         f"{_num(status.desired_replicas)}; last scaled {status.last_scale_time or 'never'}"
         + (f": {status.last_scale_reason}" if status.last_scale_reason else "")
     )
+    if pods is None:
+        lines.append("Pods:     not readable (this user may not list pods)")
+    elif pods:
+        ready = sum(
+            1
+            for p in pods
+            if any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (p.get("status") or {}).get("conditions") or []
+            )
+        )
+        problems = container_problems(pods)
+        lines.append(f"Pods:     {len(pods)} ({ready} ready)" + ("" if problems else "; no container failing"))
+        lines += [f"  {p}" for p in problems]
     lines.append("Conditions:")
     for c in status.conditions:
         lines.append(f"  {c.type:<17} {c.status:<7} {c.reason}" + (f": {c.message}" if c.message else ""))
@@ -151,7 +232,11 @@ def status(
         )
     if obj is None:
         fail(f"InferenceService {ns}/{name} not found; list them with `kubectl get kvis -n {ns}` (or pass -n)")
-    events = live.events(ns, name)
+    events = live.events(ns, name, kind="InferenceService")  # not the Service's or its Endpoints' of the same name
+    from kvscale.api import selector as default_selector
+
+    selector = ((obj.get("status") or {}).get("selector")) or default_selector(name)
+    pods = live.pods(ns, selector)
     if as_json:
         print_json(
             {
@@ -162,11 +247,13 @@ def status(
                 "events": [
                     {k: e.get(k) for k in ("type", "reason", "message", "lastTimestamp", "count")} for e in events
                 ],
+                "pods": None if pods is None else [pod_state(p) for p in pods],
+                "container_problems": None if pods is None else container_problems(pods),
             }
         )
         return
     try:
-        lines = status_lines(obj, events)
+        lines = status_lines(obj, events, pods=pods)
     except ValidationError as exc:
         fail(f"InferenceService {ns}/{name}: its status cannot be read ({exc.error_count()} problem(s)): {exc}")
     for line in lines:
