@@ -913,6 +913,11 @@ def _finish_replan(ready: Result, res: Resource, observed: Observed, seen: Deplo
     if observed.applied is not None:
         applied = {**observed.applied, "spec": {**(observed.applied.get("spec") or {}), "replicas": target}}
     event = Event("Normal", "Scaled", f"Scaled {seen.replicas} -> {target}: {message}"[:1000])
+    if target > seen.replicas and applied is not None:
+        # Growth is applied as the workload (not through the scale subresource), so that a
+        # GPUBudget caps it as it caps any reconcile that grows a workload (the handler's
+        # under_budget sees only what is applied).
+        return replace(ready, status=new, apply=(applied,), events=(*ready.events, event), applied_deployment=applied)
     return replace(
         ready,
         status=new,

@@ -110,7 +110,10 @@ def test_a_change_to_a_smaller_replica_rolls_at_the_running_count_then_grows() -
     # Rolled out: every replica on A10G, the A100 pods gone: now the load's count.
     done = replace(new, ready_replicas=6, updated_replicas=6, pods=6)
     after = refresh(read_spec(body_spec), RES2, result.status, Observed(POOLS, done, applied=body), CAT, SETTINGS, NOW)
-    assert after is not None and after.scale_to == target == after.status.replicas
+    assert after is not None and after.status.replicas == target
+    # Growth is applied as the workload, so that a GPUBudget caps it (the handler's under_budget).
+    assert after.scale_to is None and [b["spec"]["replicas"] for b in after.apply] == [target]
+    assert after.applied_deployment == after.apply[0] and after.apply[0]["spec"]["template"] == body["spec"]["template"]
     assert condition_of(after.status, "Replanning")[:2] == ("False", "RolledOut")
     assert f"scaled to {target}" in condition_of(after.status, "Replanning")[2]
 
