@@ -6,6 +6,7 @@ namespace, and apply the status or the re-plan the core returned."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -33,14 +34,15 @@ from kvscale.metrics.client import PrometheusError
 from kvscale.metrics.engines import ENGINES
 from kvscale.metrics.promql import pod_selector
 from kvscale.operator import effects
+from kvscale.operator.k8s import Kube, Refused
 from kvscale.operator.leader import SERVICE_ACCOUNT_NAMESPACE
 
 if TYPE_CHECKING:
     from kvscale.operator.handlers import Call, Runtime
-    from kvscale.operator.k8s import Kube
     from kvscale.sizing.catalog import Catalog
     from kvscale.sizing.config import ServingConfig
 
+log = logging.getLogger("kvscale.operator")
 HAND_RUN_NAMESPACE = "default"  # an operator run outside a pod (tests, a laptop) keeps its profiles here
 
 
@@ -88,7 +90,7 @@ class FitClock:
     for 2 pods x 30 one-minute windows from the catalog's values, 40 ms from the stored
     profile, on one core of the test machine), and every interval a fit of 30 minutes of data
     sees one new minute. In between, the stored profile is only compared with the windows
-    (about 2 ms). Empty after a restart: each configuration is fitted once, then at the pace."""
+    (about 3 ms). Empty after a restart: each configuration is fitted once, then at the pace."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -119,9 +121,22 @@ def planning_catalog_of(rt: Runtime, call: Call) -> Catalog:
     if not rt.settings.calibration_interval_s:
         return rt.catalog  # calibration off: no profile is kept up to date, none is planned with
     namespace = profile_namespace(rt.settings.lease_namespace)
-    return planning_catalog(
-        rt.catalog, call.intent, call.before, call.res.namespace, lambda name: PROFILES.get(rt.kube, namespace, name)
-    )
+    try:  # a transient API error propagates: the handler retries, and plans with the profile then
+        return planning_catalog(
+            rt.catalog,
+            call.intent,
+            call.before,
+            call.res.namespace,
+            lambda name: PROFILES.get(rt.kube, namespace, name),
+        )
+    except Refused as exc:  # no RBAC on ConfigMaps there (an older chart): plan, on the catalog's profile
+        log.warning(
+            "calibrated profile of %s/%s not read (%s): planned on the catalog's",
+            call.res.namespace,
+            call.res.name,
+            exc,
+        )
+        return rt.catalog
 
 
 def _fit_and_write(rt: Runtime, call: Call, cfg: ServingConfig, windows: list[Window], namespace: str) -> Result:

@@ -258,3 +258,41 @@ def test_a_calibrated_move_to_another_configuration_is_planned_on_after_a_restar
     assert catalog.engines[cfg.engine.profile].matmul_efficiency_factor == kept.updates["matmul_efficiency_factor"]
     # The same configuration: nothing more to store.
     assert carried(done, _intent(spec), first.status.plan, CAT, "team-a", NOW) is None
+
+
+def test_every_plan_reads_the_profile_once_and_an_rbac_refusal_plans_on_the_catalog() -> None:
+    """The shell (planning_catalog_of): a ConfigMap is read once per name, then from memory
+    (the calibration tick refreshes it); no ConfigMap RBAC (an older chart) plans anyway."""
+    from types import SimpleNamespace
+
+    from kvscale.control.settings import Settings
+    from kvscale.operator.calibration import planning_catalog_of
+    from kvscale.operator.handlers import Runtime
+    from kvscale.operator.k8s import Refused
+
+    spec, first, cfg, slow = _service(20)
+    store = Store()
+    done = _tick(store, cfg, _measured(slow, BATCHES), "cache-ns")
+    assert done.write is not None
+
+    class Kube:
+        reads = 0
+        refuse = False
+
+        def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+            Kube.reads += 1
+            if Kube.refuse:
+                raise Refused(f"reading ConfigMap {namespace}/{name}", 403, "forbidden")
+            return store.read(name)
+
+    rt = Runtime(Settings(), CAT, Kube())  # type: ignore[arg-type]
+    call = SimpleNamespace(intent=_intent(spec), before=first.status, res=_res("cache-ns"))
+    got = planning_catalog_of(rt, call)  # type: ignore[arg-type]
+    assert got.engines[cfg.engine.profile] != CAT.engines[cfg.engine.profile] and Kube.reads == 2  # shared, own
+    again = planning_catalog_of(rt, call)  # type: ignore[arg-type]
+    assert again.engines[cfg.engine.profile] == got.engines[cfg.engine.profile] and Kube.reads == 2
+    Kube.refuse = True
+    refused = planning_catalog_of(rt, SimpleNamespace(intent=_intent(spec), before=first.status, res=_res("other")))  # type: ignore[arg-type]
+    assert refused is CAT
+    off = Runtime(Settings(calibration_interval_s=0.0), CAT, Kube())  # type: ignore[arg-type]
+    assert planning_catalog_of(off, call) is CAT  # type: ignore[arg-type]
