@@ -4,7 +4,8 @@ and why the other layout lost.
 A disaggregated candidate is a prefill pool and a decode pool (kvscale.sizing.disaggregation):
 each pool's GPU type, tensor-parallel degree and chunk budget / batch limit are chosen for the
 lowest cost per request/s it carries within its share of the SLO, the best few of each are
-paired (decode TP a multiple of prefill TP, the same precisions: vLLM's NixlConnector), and
+paired (decode TP a multiple of prefill TP, the same precisions, one GPU vendor and engine
+release: vLLM's NixlConnector), and
 each pair is sized exactly: the decode pool with no slot wait at the percentile, then the
 prefill pool within what TTFT leaves after the transfer and the first decode step. Whole
 workers per pool, with the aggregated planner's headroom.
@@ -225,6 +226,8 @@ def _pair(
     pc, dc = p.worker.cfg, d.worker.cfg
     if dc.tensor_parallel % pc.tensor_parallel or pc.precision.name != dc.precision.name or pc.kv.name != dc.kv.name:
         return None
+    if pc.gpu.vendor != dc.gpu.vendor or pc.engine.profile != dc.engine.profile:
+        return None  # one engine build on both sides: the same KV layout and transfer library
     path = kv_transfer_path(catalog, pc.gpu, dc.gpu, within_node)
     if path is None:
         return None
@@ -299,7 +302,10 @@ def plan_disaggregated(catalog: Catalog, request: PlanRequest, within_node: bool
         plan for p in prefills for d in decodes if (plan := _pair(catalog, request, p, d, within_node)) is not None
     ]
     if not sized:
-        return "no prefill and decode pools pair within the SLO (decode TP a multiple of prefill TP, same precision)"
+        return (
+            "no prefill and decode pools pair within the SLO (decode TP a multiple of prefill TP, the same "
+            "precision, GPU vendor and engine release)"
+        )
     return min(sized, key=_rank)
 
 

@@ -217,3 +217,52 @@ def test_pool_engine_args_carry_the_kv_connector() -> None:
         assert args[args.index("--max-num-seqs") + 1] == str(pool.max_batch)
         assert args[args.index("--max-num-batched-tokens") + 1] == str(pool.max_num_batched_tokens)
     assert kv_transfer_config("prefill") == '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+
+
+def test_pools_pair_within_one_vendor_and_engine_release() -> None:
+    for model, prec in (("qwen3-235b-a22b", "bf16"), ("llama-3.1-405b", "fp8")):
+        request = PlanRequest(
+            model=CAT.model(model), workload=Workload(2000, 300, 3.0), slo=Slo(2.0, 0.05), precisions=(prec,)
+        )
+        d = plan_disaggregated(CAT, request)
+        assert not isinstance(d, str)
+        assert d.prefill.cfg.gpu.vendor == d.decode.cfg.gpu.vendor
+        assert d.prefill.cfg.engine.profile == d.decode.cfg.engine.profile
+
+
+def test_plan_json_carries_the_layout() -> None:
+    from kvscale.cli.plan_layouts import layout_lines, layouts, with_layouts
+    from kvscale.planner.serialize import plan_to_dict
+
+    # disaggregated wins: its pools are `chosen`, the aggregated plan beside it
+    request = _request("llama-3.1-70b", 8000, 500, 10.0, 3.0, 0.02)
+    result = plan(CAT, request)
+    found = layouts(CAT, result, "auto")
+    out = with_layouts(plan_to_dict(result), found, None, None)
+    chosen = out["chosen"]
+    assert chosen["mode"] == "disaggregated" and out["feasible"] is True
+    for role in ("prefill", "decode"):
+        pool = chosen[role]
+        assert {"gpu", "tensor_parallel", "workers", "gpus", "engine_args"} <= set(pool)
+        assert "--kv-transfer-config" in pool["engine_args"]
+    assert "max_num_batched_tokens" in chosen["prefill"] and "max_batch" in chosen["decode"]
+    assert chosen["gpus_total"] == chosen["prefill"]["gpus"] + chosen["decode"]["gpus"]
+    assert chosen["kv_transfer_ms"] > 0 and chosen["tokens_per_s_per_gpu"] > 0
+    beside = out["aggregated_beside"]
+    assert beside["mode"] == "aggregated" and beside["cost_usd_per_hour"] > chosen["cost_usd_per_hour"]
+    assert layout_lines(found)[0].startswith("Layout: disaggregated (auto): disaggregated: ")
+    # a plan sized by the simulated check keeps its layout under auto, and says why
+    kept = layouts(CAT, result, "auto", checked=True)
+    assert kept.mode == "aggregated" and "simulator does not run two pools" in kept.reason
+
+    # aggregated wins: `chosen` as it was, with its mode and the pools beside it
+    request = _request("llama-3.1-8b", 200, 200, 20.0, 0.2, 0.05)
+    result = plan(CAT, request)
+    before = plan_to_dict(result)
+    out = with_layouts(plan_to_dict(result), layouts(CAT, result, "auto"), None, None)
+    assert out["chosen"]["mode"] == "aggregated"
+    assert {k: v for k, v in out["chosen"].items() if k in before["chosen"]} == before["chosen"]
+    assert out["chosen"]["disaggregated_beside"]["mode"] == "disaggregated"
+    assert out["chosen"]["disaggregated_beside"]["reason"].startswith("aggregated: ")
+    off = with_layouts(plan_to_dict(result), layouts(CAT, result, "off"), None, None)
+    assert off["chosen"]["disaggregated_beside"] == {"why": "not searched (--disaggregation off)"}
