@@ -72,6 +72,11 @@ class ProfileCache:
         with self._lock:
             self._bodies[name] = body
 
+    def peek(self, name: str) -> dict[str, Any] | None:
+        """As kept, without a request (None where not read yet): for the loop."""
+        with self._lock:
+            return self._bodies.get(name)
+
     def get(self, kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
             if name in self._bodies:
@@ -115,20 +120,20 @@ def min_fit_interval_s(calibration_interval_s: float, since_s: float) -> float:
     return max(calibration_interval_s, since_s / 6.0)
 
 
-def planning_catalog_of(rt: Runtime, call: Call) -> Catalog:
+def planning_catalog_of(rt: Runtime, call: Call, cached: bool = False) -> Catalog:
     """The catalog `call`'s service plans with (kvscale.control.calibration.planning_catalog):
-    its stored or pinned profile over the catalog's. In the workers (it may read a ConfigMap)."""
+    its stored or pinned profile over the catalog's. In the workers (it may read a ConfigMap);
+    `cached`: only what is kept (the autoscale tick, in the loop: its capacity per replica is
+    the calibrated plan's once the reconcile or the calibration tick has read the profile)."""
     if not rt.settings.calibration_interval_s:
         return rt.catalog  # calibration off: no profile is kept up to date, none is planned with
     namespace = profile_namespace(rt.settings.lease_namespace)
+
+    def read(name: str) -> dict[str, Any] | None:
+        return PROFILES.peek(name) if cached else PROFILES.get(rt.kube, namespace, name)
+
     try:  # a transient API error propagates: the handler retries, and plans with the profile then
-        return planning_catalog(
-            rt.catalog,
-            call.intent,
-            call.before,
-            call.res.namespace,
-            lambda name: PROFILES.get(rt.kube, namespace, name),
-        )
+        return planning_catalog(rt.catalog, call.intent, call.before, call.res.namespace, read)
     except Refused as exc:  # no RBAC on ConfigMaps there (an older chart): plan, on the catalog's profile
         log.warning(
             "calibrated profile of %s/%s not read (%s): planned on the catalog's",

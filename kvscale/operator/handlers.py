@@ -504,7 +504,16 @@ async def _autoscale(rt: Runtime, call: Call, intent: Intent, start: Fleet, seen
     governor = Governor(rt.budgets, labels, budget_ttl_s(rt))
     now = dt.datetime.now(dt.UTC)
     scaled = autoscale(
-        intent, call.res, call.before, start, read, memory(call.memo), governor, rt.catalog, rt.settings, now
+        intent,
+        call.res,
+        call.before,
+        start,
+        read,
+        memory(call.memo),
+        governor,
+        planning_catalog_of(rt, call, cached=True),  # capacity per replica as the calibrated plan's
+        rt.settings,
+        now,
     )
     if scaled.fresh:  # recorded for the others: a new service starts from what these showed
         rt.cold_starts[key] = (*read.learned, *scaled.fresh)[-COLD_START_SAMPLES:]

@@ -287,10 +287,14 @@ def test_every_plan_reads_the_profile_once_and_an_rbac_refusal_plans_on_the_cata
 
     rt = Runtime(Settings(), CAT, Kube())  # type: ignore[arg-type]
     call = SimpleNamespace(intent=_intent(spec), before=first.status, res=_res("cache-ns"))
+    # The autoscale tick (in the loop) never reads: nothing kept yet, the catalog's.
+    assert planning_catalog_of(rt, call, cached=True) is CAT and Kube.reads == 0  # type: ignore[arg-type]
     got = planning_catalog_of(rt, call)  # type: ignore[arg-type]
     assert got.engines[cfg.engine.profile] != CAT.engines[cfg.engine.profile] and Kube.reads == 2  # shared, own
     again = planning_catalog_of(rt, call)  # type: ignore[arg-type]
     assert again.engines[cfg.engine.profile] == got.engines[cfg.engine.profile] and Kube.reads == 2
+    kept = planning_catalog_of(rt, call, cached=True)  # type: ignore[arg-type]
+    assert kept.engines[cfg.engine.profile] == got.engines[cfg.engine.profile] and Kube.reads == 2
     Kube.refuse = True
     refused = planning_catalog_of(rt, SimpleNamespace(intent=_intent(spec), before=first.status, res=_res("other")))  # type: ignore[arg-type]
     assert refused is CAT
