@@ -716,6 +716,9 @@ def kept_workload(status: InferenceServiceStatus, res: Resource, max_context_tok
     recorded = status.plan.workload if status.plan is not None else None
     if recorded is None or recorded.source != "observed" or status.observed_generation != res.generation:
         return None
+    planned = get_condition(status, "Planned")
+    if planned is not None and planned.status == "False":  # a kept plan (_kept): not one made under this spec
+        return None
     return planned_workload(recorded, max_context_tokens)
 
 

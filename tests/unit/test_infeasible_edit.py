@@ -168,3 +168,16 @@ def test_the_kept_plan_is_held_to_a_lower_bound_at_once() -> None:
         assert result.scale_to == 1 and result.status.desired_replicas == 1 and result.apply == ()
         assert result.applied_deployment is not None and result.applied_deployment["spec"]["replicas"] == 1
         assert any(e.reason == "Scaled" for e in result.events)
+
+
+def test_a_kept_plan_of_an_observed_workload_does_not_stand_in_for_the_spec() -> None:
+    """A plan re-made for the observed workload is kept across restarts while the spec is the
+    one it was made under; a kept plan after an edit is not that: a resume plans from the spec."""
+    status, seen = serving()
+    kept = edited(20, status, seen).status
+    assert kept.plan is not None and kept.plan.workload is not None
+    observed = kept.plan.workload.model_copy(update={"source": "observed", "requests_per_second": 1.0})
+    kept = kept.model_copy(update={"plan": kept.plan.model_copy(update={"workload": observed})})
+    resumed = edited(20, kept, seen)
+    planned = get_condition(resumed.status, "Planned")
+    assert planned is not None and planned.status == "False" and resumed.apply == ()
