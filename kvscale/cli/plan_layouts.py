@@ -36,10 +36,11 @@ CHECKED_NOTE = (
 
 def layouts(cat: Catalog, result: Plan, disaggregation: str, checked: bool = False) -> LayoutPlan:
     """Both layouts for the plan's request, the aggregated one being `result` as planned (and
-    checked). A plan sized by a simulated check keeps its layout under `auto`."""
+    checked). A plan sized by a simulated check keeps its layout under `auto`, feasible or not:
+    the simulator cannot check the pools, so an unchecked layout does not replace a checked one."""
     mode: Disaggregation = "on" if disaggregation == "on" else "off" if disaggregation == "off" else "auto"
     found = plan_layouts(cat, result.request, mode, aggregated=None if mode == "on" else result)
-    if checked and mode == "auto" and found.mode == "disaggregated" and result.feasible:
+    if checked and mode == "auto" and found.mode == "disaggregated":
         return replace(found, mode="aggregated", reason=f"aggregated: {CHECKED_NOTE}")
     return found
 

@@ -246,6 +246,8 @@ def _pair(
     prefill_ttft = p.worker.ttft_p_s(rate / prefill_workers, slo.percentile) if rate > 0 else 0.0
     if not math.isfinite(prefill_ttft):
         return None
+    if request.max_replicas is not None and max(prefill_workers, decode_workers) > request.max_replicas:
+        return None  # the replica limit bounds each pool's workers
     if request.gpu_limits is not None:
         wanted: dict[str, int] = {}
         for cfg, n in ((pc, prefill_workers), (dc, decode_workers)):
@@ -287,6 +289,11 @@ def plan_disaggregated(catalog: Catalog, request: PlanRequest, within_node: bool
     engines = {c.engine.name for c in _pool_configs(catalog, request)}
     if engines and engines != {"vllm"}:
         return f"disaggregated layouts are planned for vLLM's KV connectors only (engine {', '.join(sorted(engines))})"
+    if not any(c.memory.fits for c in _pool_configs(catalog, request)):
+        return (
+            "no worker of one node holds the model (pools of workers that span nodes are not planned yet): "
+            "allow larger GPUs or a smaller precision"
+        )
     decodes = _decode_options(catalog, request)
     if not decodes:
         return (
@@ -302,9 +309,11 @@ def plan_disaggregated(catalog: Catalog, request: PlanRequest, within_node: bool
         plan for p in prefills for d in decodes if (plan := _pair(catalog, request, p, d, within_node)) is not None
     ]
     if not sized:
+        limited = request.max_replicas is not None or request.gpu_limits is not None
+        within = ", within the replica limit per pool and the free GPUs" if limited else ""
         return (
             "no prefill and decode pools pair within the SLO (decode TP a multiple of prefill TP, the same "
-            "precision, GPU vendor and engine release)"
+            f"precision, GPU vendor and engine release{within})"
         )
     return min(sized, key=_rank)
 
@@ -315,7 +324,7 @@ def _ratio_text(mine: float, other: float, what: str) -> str:
 
 def _agg_summary(c: Feasible) -> str:
     p = c.prediction
-    return f"{p.replicas} x {c.gpu} x{c.tensor_parallel} ({c.total_gpus} GPUs, ${p.cost_usd_per_hour:.2f}/h)"
+    return f"{p.replicas} x {c.label} ({c.total_gpus} GPUs, ${p.cost_usd_per_hour:.2f}/h)"
 
 
 def _dis_summary(d: DisaggregatedPlan) -> str:

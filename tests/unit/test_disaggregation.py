@@ -266,3 +266,9 @@ def test_plan_json_carries_the_layout() -> None:
     assert out["chosen"]["disaggregated_beside"]["reason"].startswith("aggregated: ")
     off = with_layouts(plan_to_dict(result), layouts(CAT, result, "off"), None, None)
     assert off["chosen"]["disaggregated_beside"] == {"why": "not searched (--disaggregation off)"}
+
+
+def test_a_model_no_single_node_holds_has_no_pools_yet() -> None:
+    # DeepSeek-R1 in bf16 (~1.3 TB) on 8 x 80 GB: only pipeline stages over nodes hold it
+    why = plan_disaggregated(CAT, _request("deepseek-r1", 2000, 500, 1.0, 2.0, 0.08, gpus=("H100-SXM",)))
+    assert isinstance(why, str) and why.startswith("no worker of one node holds the model")
