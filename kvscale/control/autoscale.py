@@ -1,11 +1,16 @@
-"""The scale tick as one pure function of what the handler read: named stages, each taking the
-tick's decision so far and returning it (as llm-d's workload-variant-autoscaler chains
-collector -> analyzer -> optimizer -> limiter -> actuator):
+"""The operator's adapter to the one tick (kvscale.autoscaling.tick): the Intent, status and
+readings become plain values (observation, capacity, policy configuration and state, the idle
+rule's figures), the tick runs its stages (policy, idle, budget, move) and the decision is
+rendered as status, conditions and Events after each stage:
 
-1. `policy`: the autoscaling policy's decision (kvscale.control.scaling.tick);
-2. `to_zero`: the idle rule with minReplicas 0 (kvscale.control.scale_zero);
-3. `budget`: the GPUBudget that governs the service (kvscale.control.budget.govern);
-4. `move`: whether that budget granted another GPU type (the handler re-plans on it, which
+1. policy: rendered by kvscale.control.scaling.render;
+2. idle (minReplicas 0): its inputs from kvscale.control.scale_zero.idle_view, rendered by
+   kvscale.control.scale_zero.render;
+3. budget: the tick's budget view here is the operator's budget book (`_Book`): asked for the
+   service's want, it renders the decision so far and hands it to the GPUBudget that governs
+   the service (kvscale.control.budget.govern: the want recorded, the grant taken, the scale
+   capped);
+4. move: whether that budget granted another GPU type (the handler re-plans on it, which
    reads the API server, and hands the result to `moved`).
 
 `autoscale` returns the decision and the service's new memory; the handler applies the one
@@ -14,19 +19,22 @@ and stores the other."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kvscale.api.intent import Intent
 from kvscale.api.models import InferenceServiceStatus, PlanStatus
 from kvscale.autoscaling.budget import Grant
 from kvscale.autoscaling.observation import Observation
+from kvscale.autoscaling.tick import BudgetAnswer, Idle, TickInput, Want, tick
 from kvscale.control.budget import BudgetBook, govern, moving_to
 from kvscale.control.inventory import EnginePod
 from kvscale.control.memory import ServiceMemory
 from kvscale.control.reconcile import Resource, Result
-from kvscale.control.scale_zero import scale_zero
-from kvscale.control.scaling import Fleet, Tick, newly_ready, tick
+from kvscale.control.scale_zero import idle_view
+from kvscale.control.scale_zero import render as render_idle
+from kvscale.control.scaling import Fleet, ScalerMemory, Tick, newly_ready, prepared
+from kvscale.control.scaling import render as render_policy
 from kvscale.control.settings import Settings
 from kvscale.sizing.catalog import Catalog
 
@@ -60,39 +68,6 @@ class Autoscaled:
     budget: str = ""  # the governing GPUBudget's name, for the move's Event
 
 
-def policy(
-    intent: Intent,
-    res: Resource,
-    before: InferenceServiceStatus,
-    start: Fleet,
-    read: Readings,
-    memory: ServiceMemory,
-    catalog: Catalog,
-    settings: Settings,
-    now: dt.datetime,
-) -> tuple[Tick, ServiceMemory]:
-    """The policy's decision (its state kept in the memory)."""
-    done = tick(intent, res, before, start, read.obs, read.missing, memory.scaler, catalog, settings, now, read.learned)
-    return done, replace(memory, scaler=done.memory)
-
-
-def to_zero(
-    intent: Intent,
-    res: Resource,
-    before: InferenceServiceStatus,
-    start: Fleet,
-    read: Readings,
-    done: Tick,
-    memory: ServiceMemory,
-    now: dt.datetime,
-) -> tuple[Tick, ServiceMemory]:
-    cold_start_s = done.decision.cold_start_s or done.memory.cold_start_s
-    out, active = scale_zero(
-        intent, res, before, start, read.obs, read.queue, done, memory.last_active_s, cold_start_s, now
-    )
-    return out, replace(memory, last_active_s=active)
-
-
 def draining(
     memory: ServiceMemory, pods: tuple[EnginePod, ...], plan: PlanStatus
 ) -> tuple[dict[str, int], ServiceMemory]:
@@ -107,20 +82,41 @@ def draining(
     return {gpu: left * int(per_pod)}, memory
 
 
-def budget(
-    intent: Intent,
-    res: Resource,
-    before: InferenceServiceStatus,
-    start: Fleet,
-    read: Readings,
-    done: Tick,
-    memory: ServiceMemory,
-    governor: Governor,
-    now: dt.datetime,
-) -> tuple[Tick, ServiceMemory]:
-    held, memory = draining(memory, read.pods, start.plan)
-    g = governor
-    return govern(g.book, res, g.labels, intent, before, start, read.obs, done, now, g.ttl_s, held), memory
+class _Book:
+    """The budget view of one service's tick: the operator's budget book. Its answer renders
+    the tick so far (the policy's decision, then the idle rule's) and governs it; the rendered
+    tick and the memory after it are kept for the adapter."""
+
+    def __init__(
+        self,
+        intent: Intent,
+        res: Resource,
+        before: InferenceServiceStatus,
+        start: Fleet,
+        read: Readings,
+        memory: ServiceMemory,
+        scaler: ScalerMemory,
+        idle: Idle | None,
+        governor: Governor,
+        now: dt.datetime,
+    ) -> None:
+        self.intent, self.res, self.before, self.start, self.read = intent, res, before, start, read
+        self.memory, self.scaler, self.idle, self.governor, self.now = memory, scaler, idle, governor, now
+        self.done: Tick | None = None
+
+    def answer(self, wants: Sequence[Want]) -> list[BudgetAnswer]:
+        (want,) = wants  # one service ticks at a time here; the book holds the others' wants
+        intent, res, before, start, read, now = self.intent, self.res, self.before, self.start, self.read, self.now
+        done = render_policy(intent, res, before, start, read.obs, read.missing, self.scaler, want.policy, now)
+        cold_start_s = want.policy.cold_start_s or self.scaler.cold_start_s
+        after = want.decision
+        done = render_idle(intent, res, before, start, self.idle, done, after.replicas, after.reason, cold_start_s, now)
+        held, self.memory = draining(self.memory, read.pods, start.plan)
+        g = self.governor
+        done = govern(g.book, res, g.labels, intent, before, start, read.obs, done, now, g.ttl_s, held)
+        self.done = done
+        replicas = done.result.scale_to if done.result.scale_to is not None else start.current
+        return [BudgetAnswer(replicas, None, moving_to(g.book, res, g.labels, start.plan))]
 
 
 def autoscale(
@@ -135,19 +131,22 @@ def autoscale(
     settings: Settings,
     now: dt.datetime,
 ) -> Autoscaled:
-    """The tick's decision through the stages, and the memory after it. The observation gains
-    the start-to-ready times of pods newly ready (each counted once): the policy learns its
-    cold start from them."""
+    """The tick's decision through its stages, rendered, and the memory after it. The
+    observation gains the start-to-ready times of pods newly ready (each counted once): the
+    policy learns its cold start from them."""
     fresh, counted = newly_ready(read.pods, start.plan, memory.ready_pods)
     read = replace(read, obs=replace(read.obs, started_to_ready_s=fresh))
     memory = replace(memory, ready_pods=counted)
-    done, memory = policy(intent, res, before, start, read, memory, catalog, settings, now)
-    done, memory = to_zero(intent, res, before, start, read, done, memory, now)
-    done, memory = budget(intent, res, before, start, read, done, memory, governor, now)
-    move = moving_to(governor.book, res, governor.labels, start.plan)
-    if move is None:
+    model, config, scaler = prepared(intent, start.plan, memory.scaler, catalog, settings, read.learned)
+    idle, active = idle_view(intent, res, start, read.obs, read.queue, memory.last_active_s, scaler.cold_start_s, now)
+    book = _Book(intent, res, before, start, read, memory, scaler, idle, governor, now)
+    decided = tick(TickInput(read.obs, model, config, scaler.state, idle), book)
+    assert book.done is not None  # the tick asked the book
+    done = replace(book.done, memory=replace(scaler, state=decided.state))
+    memory = replace(book.memory, scaler=done.memory, last_active_s=active)
+    if decided.move is None:
         return Autoscaled(done, memory, fresh)
-    return Autoscaled(done, memory, fresh, move, governor.book.governing(res.namespace, governor.labels) or "")
+    return Autoscaled(done, memory, fresh, decided.move, governor.book.governing(res.namespace, governor.labels) or "")
 
 
 def moved(scaled: Autoscaled, result: Result | None, plan: PlanStatus) -> Autoscaled:

@@ -32,8 +32,8 @@ from dataclasses import replace
 
 from kvscale.api.intent import Intent
 from kvscale.api.models import InferenceServiceStatus
-from kvscale.autoscaling.idle import idle_replicas, wake_replicas
 from kvscale.autoscaling.observation import Observation
+from kvscale.autoscaling.tick import Idle, Wake, idled
 from kvscale.control.reconcile import Event, Resource
 from kvscale.control.scaling import Fleet, Tick
 from kvscale.control.status import condition, now_rfc3339, with_conditions, without_condition
@@ -101,29 +101,61 @@ def wants_zero(intent: Intent) -> bool:
     return intent.scaling.min_replicas == 0 and intent.scaling.mode == "auto" and intent.scaling.pinned_replicas is None
 
 
-def scale_zero(
+REFUSED = "minReplicas 0 refused (no gateway queue): keeping one replica"
+
+
+def idle_view(
+    intent: Intent,
+    res: Resource,
+    fleet_: Fleet,
+    obs: Observation,
+    queue: float | None,
+    last_active_s: float | None,
+    cold_start_s: float,
+    now: dt.datetime,
+) -> tuple[Idle | None, float | None]:
+    """The idle rule's inputs for the tick (None: minReplicas is not 0), and when requests last
+    arrived or waited (`last_active_s`, moved on to now while they do). `cold_start_s`: the
+    wake's drain time until the policy has learned its own."""
+    if not wants_zero(intent):
+        return None, last_active_s
+    window_s = intent.scaling.idle_window_s
+    if not queue_queries(intent, res):
+        return Idle(None, window_s, queue, fleet_.ready, refused=REFUSED), last_active_s
+    now_s = now.timestamp()
+    # Unknown traffic is never idle: a missing metric never releases the last replica.
+    rate = obs.arrival_rate_per_s
+    active = queue is None or queue > 0 or (fleet_.current > 0 and (rate is None or rate > 0))
+    if active or last_active_s is None:
+        last_active_s = now_s
+    # A wake is sized by the queue and the arrival rate, not one replica: the policy sees no
+    # engine queue while no replica runs (issue 29: 50 waiting, one replica for 40 s).
+    wake = Wake(rate, fleet_.plan.rate_per_replica, intent.slo.ttft_s, intent.scaling.max_replicas, cold_start_s)
+    return Idle(now_s - last_active_s, window_s, queue, fleet_.ready, wake), last_active_s
+
+
+def render(
     intent: Intent,
     res: Resource,
     before: InferenceServiceStatus,
     fleet_: Fleet,
-    obs: Observation,
-    queue: float | None,
+    idle: Idle | None,
     done: Tick,
-    last_active_s: float | None,
+    target: int,
+    why: str,
     cold_start_s: float,
     now: dt.datetime,
-) -> tuple[Tick, float | None]:
-    """The tick with the idle rule applied (unchanged unless minReplicas is 0), and when
-    requests last arrived or waited (`last_active_s`, moved on to now while they do)."""
+) -> Tick:
+    """The tick (`done`: the policy's, rendered) after the idle rule chose `target` for `why`:
+    the ScaleToZero condition, and the scale and Event when the rule changed the count.
+    `cold_start_s`: how long the next request waits at the gateway after a release."""
     status = done.result.status
-    if not wants_zero(intent):
+    if idle is None:
         if any(c.type == CONDITION for c in status.conditions):
-            return replace(
-                done, result=replace(done.result, status=without_condition(status, CONDITION))
-            ), last_active_s
-        return done, last_active_s
+            return replace(done, result=replace(done.result, status=without_condition(status, CONDITION)))
+        return done
     current, decided = fleet_.current, done.decision.replicas
-    if not queue_queries(intent, res):
+    if idle.refused is not None:
         message = (
             "minReplicas 0 needs a signal of waiting requests while no replica runs, and behind a plain Service the "
             "first request would fail: route through spec.routing.inferencePool (its endpoint picker holds requests "
@@ -131,22 +163,10 @@ def scale_zero(
             f"and reports {KEDA_PENDING_METRIC}); keeping at least one replica"
         )
         cond = condition(status, CONDITION, False, "NoQueueSignal", message, res.generation, now)
-        target, why = max(decided, 1), "minReplicas 0 refused (no gateway queue): keeping one replica"
     else:
-        now_s = now.timestamp()
-        # Unknown traffic is never idle: a missing metric never releases the last replica.
-        rate = obs.arrival_rate_per_s
-        active = queue is None or queue > 0 or (current > 0 and (rate is None or rate > 0))
-        if active or last_active_s is None:
-            last_active_s = now_s
-        idle_s = now_s - last_active_s
-        # A wake is sized by the queue and the arrival rate, not one replica: the policy sees no
-        # engine queue while no replica runs (issue 29: 50 waiting, one replica for 40 s).
-        drain_s = cold_start_s + intent.slo.ttft_s
-        wake = wake_replicas(queue or 0.0, rate, fleet_.plan.rate_per_replica, drain_s, intent.scaling.max_replicas)
-        target, why_idle = idle_replicas(decided, 0, idle_s, intent.scaling.idle_window_s, queue, wake, fleet_.ready)
-        why = why_idle or done.decision.reason
+        idle_s = idle.idle_s or 0.0
         state = "at zero" if current == 0 else f"idle {_s(idle_s)}"
+        queue = idle.waiting
         message = (
             f"releases the last replica after {_s(intent.scaling.idle_window_s)} without requests; the "
             f"next request then waits at the gateway about {_s(cold_start_s)} (the cold start); "
@@ -155,7 +175,7 @@ def scale_zero(
         cond = condition(status, CONDITION, True, "Enabled", message, res.generation, now)
     new = with_conditions(status, cond)
     if target == decided:
-        return replace(done, result=replace(done.result, status=new)), last_active_s
+        return replace(done, result=replace(done.result, status=new))
     done = replace(done, decision=replace(done.decision, replicas=target, reason=why))
     events = [e for e in done.result.events if e.reason != "Scaled"]
     scale_to = target if target != current else None
@@ -179,4 +199,24 @@ def scale_zero(
             }
         )
     result = replace(done.result, status=new, scale_to=scale_to, events=tuple(events))
-    return replace(done, result=result), last_active_s
+    return replace(done, result=result)
+
+
+def scale_zero(
+    intent: Intent,
+    res: Resource,
+    before: InferenceServiceStatus,
+    fleet_: Fleet,
+    obs: Observation,
+    queue: float | None,
+    done: Tick,
+    last_active_s: float | None,
+    cold_start_s: float,
+    now: dt.datetime,
+) -> tuple[Tick, float | None]:
+    """The idle stage alone on a rendered policy tick (unchanged unless minReplicas is 0), and
+    when requests last arrived or waited. `cold_start_s`: the wake's drain time. The operator
+    runs every stage in one tick (kvscale.control.autoscale); this shows one stage's effect."""
+    idle, active = idle_view(intent, res, fleet_, obs, queue, last_active_s, cold_start_s, now)
+    after, _, _ = idled(replace(done.decision, cold_start_s=cold_start_s), idle)
+    return render(intent, res, before, fleet_, idle, done, after.replicas, after.reason, cold_start_s, now), active

@@ -2,7 +2,8 @@
 (new status, replicas to scale to, Events, the operator's own gauges, new memory). Pure:
 the observation is read by the handler before, and the result applied after.
 
-The policy is kvscale.autoscaling's, the same the simulator runs. Its state lives in the
+The policy runs inside kvscale.autoscaling.tick, the tick the simulator runs; this module
+prepares its inputs (`prepared`) and renders its decision (`render`). Its state lives in the
 operator's memory per object; after a restart it starts empty, which only delays
 scale-downs (they need a full stabilization window of history).
 """
@@ -10,13 +11,15 @@ scale-downs (they need a full stabilization window of history).
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvscale.api.intent import Intent, policy_config, serving_config
 from kvscale.api.models import InferenceServiceStatus, PlanStatus
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.observation import Decision, Observation
-from kvscale.autoscaling.policy import PolicyState, decide
+from kvscale.autoscaling.policy import PolicyConfig, PolicyState
+from kvscale.autoscaling.tick import TickInput
+from kvscale.autoscaling.tick import tick as run_tick
 from kvscale.control.inventory import EnginePod
 from kvscale.control.reconcile import DeploymentView, Event, Resource, Result, rolling_out, workload_kind
 from kvscale.control.settings import Settings
@@ -254,7 +257,22 @@ def _conditions(
     )
 
 
-def tick(
+def prepared(
+    intent: Intent,
+    plan: PlanStatus,
+    memory: ScalerMemory,
+    catalog: Catalog,
+    settings: Settings,
+    learned: tuple[float, ...] = (),
+) -> tuple[SizingCapacity, PolicyConfig, ScalerMemory]:
+    """The tick's capacity model and policy configuration for this plan, and the memory
+    holding the model (kvscale.control.scaling.capacity)."""
+    model, memory = capacity(memory, intent, plan, catalog, learned)
+    config = policy_config(intent, memory.cold_start_s, settings.scale_interval_s, settings.metrics_window_s)
+    return model, config, memory
+
+
+def render(
     intent: Intent,
     res: Resource,
     status: InferenceServiceStatus,
@@ -262,18 +280,13 @@ def tick(
     obs: Observation,
     missing: str | None,
     memory: ScalerMemory,
-    catalog: Catalog,
-    settings: Settings,
+    decision: Decision,
     now: dt.datetime,
-    learned: tuple[float, ...] = (),
 ) -> Tick:
-    """Ask the policy; scale (mode auto) or only say what it would do (mode recommend).
-    `learned`: start-to-ready times seen for this model and GPU type, for a fresh policy state."""
+    """The policy's decision as the operator shows and applies it: status (conditions, the
+    observed figures, the desired count), the scale (mode auto) or only what it would do (mode
+    recommend), the Event and the gauges. `memory`: the scaler's memory after the tick."""
     plan = fleet_.plan
-    model, memory = capacity(memory, intent, plan, catalog, learned)
-    config = policy_config(intent, memory.cold_start_s, settings.scale_interval_s, settings.metrics_window_s)
-    decision, state = decide(obs, memory.state, model, config)
-    memory = ScalerMemory(memory.key, model, memory.cold_start_s, state)
     new = steady(
         status,
         _conditions(intent, res, status, obs, missing, now).model_copy(
@@ -295,3 +308,25 @@ def tick(
     event = Event("Normal", "Scaled", f"Scaled {current} -> {target}: {decision.reason}"[:1000])
     result = Result(scaled, scale_to=target, scale_kind=workload_kind(status), events=(event,))
     return Tick(result, memory, decision, gauges)
+
+
+def tick(
+    intent: Intent,
+    res: Resource,
+    status: InferenceServiceStatus,
+    fleet_: Fleet,
+    obs: Observation,
+    missing: str | None,
+    memory: ScalerMemory,
+    catalog: Catalog,
+    settings: Settings,
+    now: dt.datetime,
+    learned: tuple[float, ...] = (),
+) -> Tick:
+    """The tick without an idle rule or a budget (kvscale.autoscaling.tick), rendered: ask the
+    policy; scale (mode auto) or only say what it would do (mode recommend). `learned`:
+    start-to-ready times seen for this model and GPU type, for a fresh policy state. The
+    operator's handler runs every stage through kvscale.control.autoscale."""
+    model, config, memory = prepared(intent, fleet_.plan, memory, catalog, settings, learned)
+    done = run_tick(TickInput(obs, model, config, memory.state))
+    return render(intent, res, status, fleet_, obs, missing, replace(memory, state=done.state), done.policy, now)

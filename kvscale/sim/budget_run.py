@@ -2,9 +2,10 @@
 policy, and every tick one allocation over all of them (kvscale.autoscaling.budget, the
 allocator the operator runs).
 
-Per tick: each service's policy says what it wants on the GPU type it runs on; the want is
-converted to its other options (by their planned per-replica capacity); the allocator
-grants replicas; scale-downs are applied first, then scale-ups, and a replica starts only
+Per tick: one call of the deployed tick (kvscale.autoscaling.tick.tick_all, the stages the
+operator runs) over every service: each service's policy and idle rule say what it wants on
+the GPU type it runs on; the want is converted to its other options (by their planned
+per-replica capacity); the allocator grants replicas to all of them together; scale-downs are applied first, then scale-ups, and a replica starts only
 when the budget has the GPUs free (a replica still draining holds its GPUs until its last
 request ends), so GPUs in use never exceed a limit. A service moved to another GPU type
 drains on the old one at once and starts on the new one: requests wait at the gateway
@@ -31,11 +32,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kvscale.autoscaling.budget import Allocation, Budget, Demand, Grant, Option, allocate
+from kvscale.autoscaling.budget import Allocation, Budget, Demand, Grant, Option
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.drain import DEFAULT_PREEMPTION_GRACE_S
-from kvscale.autoscaling.idle import idle_replicas
 from kvscale.autoscaling.observation import Observation
+from kvscale.autoscaling.tick import Idle, Pooled, Seat, SeatOption, TickDecision, TickInput, grants, tick_all
 from kvscale.autoscaling.tuning import policy_config
 from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.fleet import Fleet
@@ -238,40 +239,31 @@ class _ServiceRun:
         others = sum(f.waiting(now_s) for i, f in self.lanes.items() if i != self.active)
         return replace(obs, waiting=(obs.waiting or 0.0) + others) if others else obs
 
-    def demand(self, now_s: float) -> Demand:
+    def tick_input(self, now_s: float) -> TickInput:
+        """The deployed tick's inputs (kvscale.autoscaling.tick): the observation, the idle
+        rule's figures with min_replicas 0, and the service's seat in the budget."""
         obs = self.observe(now_s)
-        decision = self.policy.decide(obs)
-        waiting = float(self.outstanding() - sum(len(r.running) for f in self.lanes.values() for r in f.serving(now_s)))
-        wanted, _ = idle_replicas(
-            decision.replicas, self.svc.min_replicas, now_s - self.last_arrival_s, self.svc.idle_window_s, waiting
-        )
-        self.wanted = min(self.svc.max_replicas, wanted)
-        # Room ahead of need: what its forecast asks for one lead further (none while idle).
-        ahead = max(wanted, decision.lead_replicas or 0) if wanted else 0
-        base_rate = self.svc.options[self.active].rate_per_replica
-        options = []
-        for i, o in enumerate(self.svc.options):
-            n, m = (
-                (wanted, ahead)
-                if i == self.active
-                else (math.ceil(x * base_rate / o.rate_per_replica - 1e-9) for x in (wanted, ahead))
+        idle = None
+        if self.svc.min_replicas == 0:
+            waiting = float(
+                self.outstanding() - sum(len(r.running) for f in self.lanes.values() for r in f.serving(now_s))
             )
-            n, m = min(self.svc.max_replicas, n), min(self.svc.max_replicas, m)
-            options.append(Option(o.gpu_type, o.gpus_per_replica, n, o.rate_per_replica, m - n))
-        gaps = [0.0]
-        if obs.ttft_p_s is not None:
-            gaps.append(obs.ttft_p_s / self.configs[self.active].ttft_target_s - 1)
-        if obs.tpot_p_s is not None:
-            gaps.append(obs.tpot_p_s / self.configs[self.active].tpot_target_s - 1)
+            idle = Idle(now_s - self.last_arrival_s, self.svc.idle_window_s, waiting)
         current = self.svc.options[self.active].gpu_type if self.lane(self.active).desired_size() else None
-        return Demand(
+        seat = Seat(
             self.svc.name,
-            tuple(options),
+            tuple(SeatOption(o.gpu_type, o.gpus_per_replica, o.rate_per_replica) for o in self.svc.options),
+            self.active,
             self.svc.priority,
             self.svc.min_replicas,
-            slo_gap=max(gaps),
-            current_gpu_type=current,
+            self.svc.max_replicas,
+            current,
         )
+        return self.policy.tick_input(obs, idle, seat)
+
+    def ticked(self, done: TickDecision) -> None:
+        self.policy.ticked(done)
+        self.wanted = min(self.svc.max_replicas, done.decision.replicas)
 
     def index_of(self, gpu_type: str) -> int:
         return next(i for i, o in enumerate(self.svc.options) if o.gpu_type == gpu_type)
@@ -363,7 +355,7 @@ def simulate_fleet(
     runs = [_ServiceRun(s, tick_s, window_s) for s in services]
     last_arrival_s = max((r.arrival_s for s in services for r in s.trace), default=0.0)
     # The start: each service's planned replicas, as the budget allows, warm.
-    first = allocate(
+    first = grants(
         budget,
         [
             Demand(
@@ -427,7 +419,11 @@ def _held(runs: list[_ServiceRun]) -> dict[str, int]:
 def _tick(
     budget: Budget, runs: list[_ServiceRun], previous: dict[str, Grant], now: float, grace_s: float
 ) -> Allocation:
-    allocation = allocate(budget, [r.demand(now) for r in runs], previous)
+    pooled = Pooled(budget, previous)
+    for run, done in zip(runs, tick_all([r.tick_input(now) for r in runs], pooled), strict=True):
+        run.ticked(done)
+    allocation = pooled.allocation
+    assert allocation is not None  # answered above
     by_name = allocation.by_name
     for run in runs:
         run.shrink(by_name[run.svc.name], now, grace_s)

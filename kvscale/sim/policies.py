@@ -12,6 +12,7 @@ from kvscale.autoscaling.observation import Decision, DecisionKind, Observation
 
 if TYPE_CHECKING:  # imported when a KvscalePolicy is made: `kvscale plan --trace` replays with StaticPolicy
     from kvscale.autoscaling.policy import Capacity, PolicyConfig, PolicyState
+    from kvscale.autoscaling.tick import Idle, Seat, TickDecision, TickInput
 
 HPA_TOLERANCE = 0.10  # kube-controller-manager --horizontal-pod-autoscaler-tolerance
 HPA_SCALE_DOWN_STABILIZATION_S = 300.0  # behavior.scaleDown.stabilizationWindowSeconds default
@@ -47,11 +48,23 @@ class KvscalePolicy:
     kinds: dict[str, int] = field(default_factory=dict)  # decisions by kind, as the operator counts them
 
     def decide(self, obs: Observation) -> Decision:
-        from kvscale.autoscaling.policy import decide
+        """The deployed tick alone (no idle rule, no budget): the single-service simulator's."""
+        from kvscale.autoscaling.tick import tick
 
-        decision, self.state = decide(obs, self.state, self.capacity, self.config)
-        self.kinds[decision.kind.value] = self.kinds.get(decision.kind.value, 0) + 1
-        return decision
+        return self.ticked(tick(self.tick_input(obs))).decision
+
+    def tick_input(self, obs: Observation, idle: Idle | None = None, seat: Seat | None = None) -> TickInput:
+        """The tick's inputs for this observation (the deployed tick: kvscale.autoscaling.tick)."""
+        from kvscale.autoscaling.tick import TickInput
+
+        return TickInput(obs, self.capacity, self.config, self.state, idle, seat)
+
+    def ticked(self, done: TickDecision) -> TickDecision:
+        """Keeps the tick's new policy state and counts its decision."""
+        self.state = done.state
+        kind = done.policy.kind.value
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        return done
 
 
 @dataclass

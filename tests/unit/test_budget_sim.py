@@ -4,7 +4,9 @@ and scale to zero and back with the gateway holding the first requests."""
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -238,3 +240,35 @@ def test_a_rising_top_priority_is_held_room_ahead_of_its_want() -> None:
         assert q.granted == 8 - p.granted - 1  # the room is not low's
     for _, used in result.usage:
         assert used.get("L40S", 0) <= 8
+
+
+def test_every_decision_of_the_fleet_simulator_is_the_deployed_ticks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One call of kvscale.autoscaling.tick.tick_all per tick over every service, and the
+    # policy asked only from within it: the simulator composes no stage itself.
+    import kvscale.autoscaling.tick as the_tick
+    import kvscale.sim.budget_run as budget_run
+    from kvscale.autoscaling.policy import decide
+
+    ticks: list[int] = []
+    decided: list[int] = []
+    tick_all = the_tick.tick_all
+
+    def counted_tick_all(
+        inputs: Sequence[the_tick.TickInput], budget: the_tick.BudgetView | None = None
+    ) -> list[the_tick.TickDecision]:
+        ticks.append(len(inputs))
+        return tick_all(inputs, budget)
+
+    def counted_decide(*args: Any) -> Any:
+        decided.append(1)
+        return decide(*args)
+
+    monkeypatch.setattr(budget_run, "tick_all", counted_tick_all)
+    monkeypatch.setattr(the_tick, "decide", counted_decide)
+    services = [
+        FleetService("a", (option("L4", 3.0),), poisson(3.0, 120, 1), priority=5),
+        FleetService("b", (option("L4", 6.0),), poisson(6.0, 120, 2), min_replicas=0),
+    ]
+    simulate_fleet(Budget("tight", {"L4": 3}), services)
+    assert ticks and set(ticks) == {2}
+    assert len(decided) == sum(ticks)
