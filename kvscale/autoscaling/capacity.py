@@ -35,6 +35,7 @@ class SizingCapacity:
         self.shape = shape
         self._replica = lru_cache(maxsize=256)(self._replica_uncached)
         self._rate = lru_cache(maxsize=256)(self._rate_uncached)
+        self._reachable = lru_cache(maxsize=256)(self._reachable_uncached)
 
     @staticmethod
     def _bucket(tokens: float) -> int:
@@ -77,19 +78,29 @@ class SizingCapacity:
         """The SLO at the highest percentile a replica meets for these lengths under load:
         where the longest prompts of the mix miss the TTFT target on their own prefill, no
         number of replicas serves them in time, and the rest of the requests are sized at the
-        percentile that is still reachable (the SLO itself when an idle replica meets it).
-        Prompts just inside the target on an idle replica miss it behind any queue, so a lowered
-        percentile goes on down until a replica carries REACHABLE_LOAD_SHARE of the rate it
-        would carry without the TTFT target (else the capacity is ~0 and the fleet unbounded).
+        percentile that is still reachable (the SLO itself when a replica under load meets it).
+        Those prompts take their share of the misses the percentile allows before any queue
+        does: when the share left lets a replica carry less than REACHABLE_LOAD_SHARE of the
+        rate it would carry without the TTFT target (else the capacity is ~0 and the fleet
+        unbounded), the percentile goes down until it does. Prompts just inside the target
+        on an idle replica miss it behind any queue alike.
         Judged at the shape's own rate, so the percentile does not move with the load."""
-        replica = self._replica(self._bucket(input_tokens), self._bucket(output_tokens), None, None)
+        return self._reachable(self._bucket(input_tokens), self._bucket(output_tokens))
+
+    def _reachable_uncached(self, input_tokens: int, output_tokens: int) -> Slo:
+        replica = self._replica(input_tokens, output_tokens, None, None)
         idle = replica.zero_load(self.slo.percentile)
         if idle.ttft_p_s <= self.slo.ttft_s and idle.tpot_p_s <= self.slo.tpot_s:
-            return self.slo
+            longest = replica.zero_load(100.0)  # the longest prompt of the mix, alone
+            if longest.ttft_p_s <= self.slo.ttft_s:
+                return self.slo  # every prompt is served in time on its own: queueing sets the rate
         batch = min(self.max_batch, max(1, replica.kv_max_batch))
         percentile = self.slo.percentile
+        first = True
         while percentile > _LOWEST_PERCENTILE:
-            percentile = max(_LOWEST_PERCENTILE, percentile - _PERCENTILE_STEP)
+            if not first:
+                percentile = max(_LOWEST_PERCENTILE, percentile - _PERCENTILE_STEP)
+            first = False
             slo = replace(self.slo, percentile=percentile)
             idle = replica.zero_load(percentile)
             if idle.ttft_p_s > slo.ttft_s or idle.tpot_p_s > slo.tpot_s:

@@ -105,6 +105,15 @@ def running_bucket(concurrency: float) -> int:
     return -(-n // grain) * grain
 
 
+def running_bucket_below(tokens: float) -> int:
+    """The running bucket at or below `tokens` (running_bucket is the one at or above)."""
+    n = max(1, math.floor(tokens))
+    if n <= 16:
+        return n
+    grain = 1 << (n.bit_length() - 4)
+    return n // grain * grain
+
+
 class ReplicaModel:
     """Latency of one replica of a configuration for one workload, with its steps cached."""
 
@@ -226,20 +235,41 @@ class ReplicaModel:
         return seconds
 
     def length_prefill_s(self, batch: int, prompt_tokens: int) -> float:
-        """Chunk steps of one prompt of `prompt_tokens` beside `batch` decodes (its attention
-        over its own length: a long prompt of the mix costs more per token than the mean)."""
+        """Chunk steps of one prompt of `prompt_tokens` (bucketed up) beside `batch` decodes (its
+        attention over its own length: a long prompt of the mix costs more per token than the mean)."""
+        batch = self._own_batch(batch)
+        return self._bucket_prefill_s(batch, running_bucket(prompt_tokens))
+
+    def prompt_prefill_s(self, batch: int, prompt_tokens: int) -> float:
+        """length_prefill_s for a request's own TTFT: costed at the running buckets either side
+        of the length and interpolated between them. Costing a prompt at the bucket above (up to
+        1/8 longer) put a prompt just inside the TTFT target on an idle replica outside it."""
         batch = self._own_batch(batch)
         known = self._length_prefills.get((batch, prompt_tokens))
         if known is not None:
             return known
+        above = running_bucket(prompt_tokens)
+        below = running_bucket_below(prompt_tokens)
+        seconds = self._bucket_prefill_s(batch, above)
+        if below < above:
+            share = (above - prompt_tokens) / (above - below)
+            seconds += share * (self._bucket_prefill_s(batch, below) - seconds)
+        self._length_prefills[(batch, prompt_tokens)] = seconds
+        return seconds
+
+    def _bucket_prefill_s(self, batch: int, prompt: int) -> float:
+        """Chunk steps of a prompt of `prompt` tokens (a running bucket) beside `batch` decodes."""
+        key = (batch, -prompt)  # beside the per-length entries, apart from them
+        known = self._length_prefills.get(key)
+        if known is not None:
+            return known
         room = self.chunk_room(batch)
-        prompt = running_bucket(prompt_tokens)
         full, rest = divmod(prompt, room)
         rest = -(-rest // _CHUNK_GRAIN_TOKENS) * _CHUNK_GRAIN_TOKENS if rest else 0
         seconds = (full * self.length_chunk_s(batch, room, prompt) if full else 0.0) + (
             self.length_chunk_s(batch, rest, prompt) if rest else 0.0
         )
-        self._length_prefills[(batch, prompt_tokens)] = seconds
+        self._length_prefills[key] = seconds
         return seconds
 
     def own_prefill(self, batch: int) -> StepTime:
@@ -388,7 +418,7 @@ class ReplicaModel:
             if not self.workload.inputs.is_constant:  # the percentile prompt's own chunks
                 ttft_idle = (
                     self.intake_s
-                    + self.length_prefill_s(0, self.workload.inputs.quantile(percentile / 100.0))
+                    + self.prompt_prefill_s(0, self.workload.inputs.spread_quantile(percentile / 100.0))
                     + dec.seconds
                 )
             return LoadPoint(
@@ -513,12 +543,25 @@ class ReplicaModel:
         it (a request sees D - 1 others of its burst, uniformly placed around it, so up to
         D - 1 prompts ahead) plus the background queue (M/G/1: waits with probability rho,
         exponential tail at the Cramer-Lundberg decay rate of the prompts' prefill times).
+
+        A request's own chunk steps are read over the lengths' spread pieces (each bin's
+        lengths spread between its shortest and longest, LengthDistribution.pieces), their time
+        even over a piece: where the TTFT target cuts through the longest bin, only the part of
+        it beyond the cut misses on an idle replica. Costing the bin at its mean put all of it
+        on one side: with the p99 cut inside the top 1% bin, the whole 1% missed at idle, no
+        load was left within the percentile and a replica's rate came out ~0 (issue 35).
         """
         if prefill_util >= 1.0:
             return math.inf, math.inf
         inputs = self.workload.inputs
         # The prefill server's service per prompt: its intake, then its chunk steps
-        owns = [(self.intake_s + self.length_prefill_s(batch, t), w) for t, w in inputs.points]
+        owns = [(self.intake_s + self.prompt_prefill_s(batch, t), w) for t, w in inputs.points]
+        # A request's own: the start of its piece, the spread over it, the weight
+        pieces = []
+        for first, last, w in inputs.pieces:
+            start = self.intake_s + self.prompt_prefill_s(batch, first)
+            end = start if last == first else self.intake_s + self.prompt_prefill_s(batch, last)
+            pieces.append((start, max(0.0, end - start), w))
         room = self.chunk_room(batch)
         per_token_full_s = self.mixed(batch, room).seconds / room
         width = arrivals.companions_span * (inputs.mean * per_token_full_s + self.intake_s)
@@ -536,26 +579,28 @@ class ReplicaModel:
         alone = 0.0 if in_burst >= 1.0 else (1.0 - in_burst)
 
         def over(x: float, stop_above: float) -> float:
+            # The spread of a piece's own time and the companions' are both even: their sum is
+            # taken as one even spread of the summed width (the same mean, exact when either is 0)
             total = 0.0
-            for own, w in owns:
+            for own, spread, w in pieces:
                 if total > stop_above:  # the rest only adds (see _bisect_percentile)
                     break
                 total += w * (
-                    in_burst * _queue_tail(x - fixed_s - own, width, busy, mean_wait)
-                    + (alone * _queue_tail(x - fixed_s - own, 0.0, busy, mean_wait) if alone else 0.0)
+                    in_burst * _queue_tail(x - fixed_s - own, spread + width, busy, mean_wait)
+                    + (alone * _queue_tail(x - fixed_s - own, spread, busy, mean_wait) if alone else 0.0)
                 )
             return total
 
-        if len(owns) == 1 and width <= 0.0:  # one prompt length, Poisson: the tail in closed form
+        if len(pieces) == 1 and pieces[0][1] <= 0.0 and width <= 0.0:  # one length, Poisson: closed form
             queued = mean_wait * math.log(busy / tail) if busy > tail and mean_wait > 0 else 0.0
             return fixed_s + owns[0][0] + queued, queued
-        longest = max(own for own, _ in owns)
+        longest = max(own + spread for own, spread, _ in pieces)
         queue_top = mean_wait * math.log(busy / tail) if busy > tail and mean_wait > 0 else 0.0
         hi = fixed_s + longest + width + queue_top + 1e-9
-        lo = fixed_s + min(own for own, _ in owns)
+        lo = fixed_s + min(own for own, _, _ in pieces)
         ttft = _bisect_percentile(over, lo, hi, tail, against_s)
         own_p = (
-            self.intake_s + self.length_prefill_s(batch, inputs.quantile(percentile / 100.0))
+            self.intake_s + self.prompt_prefill_s(batch, inputs.spread_quantile(percentile / 100.0))
             if not inputs.is_constant
             else owns[0][0]
         )

@@ -27,16 +27,24 @@ class LengthDistribution:
 
     Each point stands for a bin of requests (its mean length), so the mean is exact and the
     quantiles are those of the bins. `constant(n)` is the mean-value special case.
+
+    `spans[i]` (optional): the shortest and longest length in point i's bin, where known (a
+    sample's bins, a histogram's buckets). A share of requests beyond a length (the prompts
+    whose own prefill exceeds the TTFT target) then moves continuously with that length
+    (`pieces`), instead of in steps of a whole bin.
     """
 
     tokens: tuple[int, ...]
     weights: tuple[float, ...]
+    spans: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.tokens:
             raise ValueError("a length distribution needs at least one point")
         if len(self.tokens) != len(self.weights):
             raise ValueError(f"{len(self.tokens)} lengths but {len(self.weights)} weights: give one weight per length")
+        if self.spans is not None and len(self.spans) != len(self.tokens):
+            raise ValueError(f"{len(self.tokens)} lengths but {len(self.spans)} spans: give one span per length")
         if any(t < 1 for t in self.tokens):
             raise ValueError(f"every length must be at least 1 token, got {min(self.tokens)}")
         if any(not (w >= 0 and math.isfinite(w)) for w in self.weights):
@@ -44,13 +52,21 @@ class LengthDistribution:
         total = sum(self.weights)
         if not total > 0:
             raise ValueError("weights must not all be zero")
-        pairs = sorted(zip(self.tokens, self.weights, strict=True))
+        spans = self.spans if self.spans is not None else tuple((t, t) for t in self.tokens)
+        triples = sorted(zip(self.tokens, self.weights, spans, strict=True))
         merged: dict[int, float] = {}
-        for t, w in pairs:
+        merged_spans: dict[int, tuple[int, int]] = {}
+        for t, w, (lo, hi) in triples:
             if w > 0:
                 merged[t] = merged.get(t, 0.0) + w / total
+                # a span holds its mean: clamped to it, and joined with a merged point's
+                lo, hi = min(max(1, int(lo)), t), max(int(hi), t)
+                known = merged_spans.get(t)
+                merged_spans[t] = (lo, hi) if known is None else (min(known[0], lo), max(known[1], hi))
         object.__setattr__(self, "tokens", tuple(merged))
         object.__setattr__(self, "weights", tuple(merged.values()))
+        has_spread = self.spans is not None and any(lo < hi for lo, hi in merged_spans.values())
+        object.__setattr__(self, "spans", tuple(merged_spans.values()) if has_spread else None)
 
     @classmethod
     def constant(cls, tokens: int) -> LengthDistribution:
@@ -59,13 +75,15 @@ class LengthDistribution:
     @classmethod
     def from_samples(cls, samples: Iterable[int], edges: Sequence[float] = SAMPLE_BIN_EDGES) -> LengthDistribution:
         """Summarizes observed lengths: one point per probability bin (`edges`), at the bin's
-        mean length, so the mean is preserved and the tail keeps its own points."""
+        mean length, so the mean is preserved and the tail keeps its own points; each bin's
+        shortest and longest sample are its span."""
         values = sorted(max(1, int(s)) for s in samples)
         if not values:
             raise ValueError("no samples to fit a length distribution from")
         n = len(values)
         tokens: list[int] = []
         weights: list[float] = []
+        spans: list[tuple[int, int]] = []
         for lo, hi in itertools.pairwise(edges):
             a, b = round(lo * n), round(hi * n)
             if b <= a:
@@ -73,18 +91,20 @@ class LengthDistribution:
             chunk = values[a:b]
             tokens.append(max(1, round(sum(chunk) / len(chunk))))
             weights.append(len(chunk) / n)
-        return cls(tuple(tokens), tuple(weights))
+            spans.append((chunk[0], chunk[-1]))
+        return cls(tuple(tokens), tuple(weights), tuple(spans))
 
     @classmethod
     def from_histogram(cls, upper_bounds: Sequence[float], counts: Sequence[float]) -> LengthDistribution:
         """From a cumulative-free histogram (Prometheus buckets after differencing): bucket i
         holds counts[i] requests of length in (upper_bounds[i-1], upper_bounds[i]]; each is
         placed at its midpoint (the first bucket at half its bound, an infinite one at twice
-        the last finite bound)."""
+        the last finite bound), its bounds its span."""
         if len(upper_bounds) != len(counts):
             raise ValueError("give one count per bucket bound")
         tokens: list[int] = []
         weights: list[float] = []
+        spans: list[tuple[int, int]] = []
         lower = 0.0
         finite = [b for b in upper_bounds if math.isfinite(b)]
         for bound, count in zip(upper_bounds, counts, strict=True):
@@ -92,10 +112,11 @@ class LengthDistribution:
             if count > 0:
                 tokens.append(max(1, round((lower + top) / 2.0)))
                 weights.append(float(count))
+                spans.append((max(1, math.floor(lower) + 1), max(1, math.floor(top))))
             lower = top
         if not tokens:
             raise ValueError("the histogram is empty")
-        return cls(tuple(tokens), tuple(weights))
+        return cls(tuple(tokens), tuple(weights), tuple(spans))
 
     @property
     def mean(self) -> float:
@@ -107,11 +128,32 @@ class LengthDistribution:
 
     @property
     def is_constant(self) -> bool:
-        return len(self.tokens) == 1
+        return len(self.tokens) == 1 and self.spans is None
 
     @property
     def points(self) -> tuple[tuple[int, float], ...]:
         return tuple(zip(self.tokens, self.weights, strict=True))
+
+    @cached_property
+    def pieces(self) -> tuple[tuple[int, int, float], ...]:
+        """The mixture as pieces of evenly spread lengths (shortest, longest, weight), in
+        order: each point's bin as two, from its span's start to its mean and from its mean to
+        the span's end, weighted so the bin's mean is kept (a share (end - mean) / (end -
+        start) below the mean). The least a span and a mean say of the bin, and enough that
+        the share beyond a length moves continuously with it. Without spans, the points."""
+        if self.spans is None:
+            return tuple((t, t, w) for t, w in self.points)
+        out: list[tuple[int, int, float]] = []
+        for t, w, (lo, hi) in zip(self.tokens, self.weights, self.spans, strict=True):
+            if hi <= lo:
+                out.append((t, t, w))
+                continue
+            below = (hi - t) / (hi - lo)  # a mean at an end of its span: all of it there
+            if below > 0.0:
+                out.append((lo, t, w * below))
+            if below < 1.0:
+                out.append((t, hi, w * (1.0 - below)))
+        return tuple(out)
 
     def quantile(self, q: float) -> int:
         """The smallest length with at least q of the mass at or below it (q in [0, 1])."""
@@ -124,9 +166,27 @@ class LengthDistribution:
                 return t
         return self.tokens[-1]
 
+    def spread_quantile(self, q: float) -> int:
+        """The length with a share q of the requests at or below it, read from the spread
+        pieces (`pieces`: continuous in q where spans are known; `quantile` without them)."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be in [0, 1], got {q}")
+        acc = 0.0
+        for lo, hi, w in self.pieces:
+            if acc + w >= q - 1e-12:
+                inside = min(1.0, max(0.0, (q - acc) / w)) if w > 0 else 1.0
+                return max(1, math.ceil(lo + inside * (hi - lo) - 1e-9))
+            acc += w
+        return self.pieces[-1][1]
+
     def scaled(self, factor: float) -> LengthDistribution:
         """Every length times `factor` (at least 1 token): a length mix that drifted."""
-        return LengthDistribution(tuple(max(1, round(t * factor)) for t in self.tokens), self.weights)
+        spans = (
+            tuple((max(1, round(lo * factor)), max(1, round(hi * factor))) for lo, hi in self.spans)
+            if self.spans is not None
+            else None
+        )
+        return LengthDistribution(tuple(max(1, round(t * factor)) for t in self.tokens), self.weights, spans)
 
 
 BURST_WINDOW_SDS = 3.0  # a window this many Poisson standard deviations above its minute's mean holds a burst
