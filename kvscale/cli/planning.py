@@ -49,7 +49,16 @@ from kvscale.cli.common import (
 from kvscale.cli.root import app
 from kvscale.engines.args import ENGINE_TYPES, PlannedLaunch, engine_command, plan_launch, requested_source
 from kvscale.planner.routing_advice import GatewayAdvice, gateway_advice
-from kvscale.planner.search import DEFAULT_HEADROOM, Feasible, Plan, PlanRequest, SimulatedSizing, cheapest, plan
+from kvscale.planner.search import (
+    DEFAULT_HEADROOM,
+    TENSOR_PARALLEL_DEGREES,
+    Feasible,
+    Plan,
+    PlanRequest,
+    SimulatedSizing,
+    cheapest,
+    plan,
+)
 from kvscale.planner.serialize import candidate_to_dict, check_to_dict, plan_to_dict, prediction_to_dict
 from kvscale.sizing.batching import predict_batch, throughput_latency_curve
 from kvscale.sizing.catalog import Catalog, EngineProfile, ModelArch
@@ -215,12 +224,15 @@ def plan_cmd(
     result = plan(cat, request)
     # Both routers by the analytic model alike (the simulated check sizes only the chosen one).
     gateway = gateway_advice(cat, result)
-    if fitted is not None and result.chosen is not None:
-        from kvscale.sim.check import check_and_size, sample
+    replay = None
+    if fitted is not None:
+        from kvscale.sim.check import sample
 
-        # The analytic count proposes; the simulator's replay of the trace's busiest stretch
-        # (the same routing) sizes the plan, below or above that count.
-        result = check_and_size(result, sample(fitted.trace, workload.requests_per_s), routing)  # type: ignore[arg-type]
+        replay = sample(fitted.trace, workload.requests_per_s)
+    result = _checked(result, replay, routing)
+    unpinned = _unpinned(cat, result, replay, routing) if not result.feasible else None
+    if unpinned is not None:
+        result = replace(result, suggestions=(*result.suggestions, unpinned[0]))
     fp8 = _fp8_beside(cat, request, result, served, source)
     # A custom architecture or a config.json file names no checkpoint: the engine line needs
     # --source (without it the engine would be told to load the file's name).
@@ -259,6 +271,8 @@ def plan_cmd(
                 checkpoint_note=substitution(launch.checkpoint),
                 cold_start_s=round(launch.cold_start.total_s, 1),
             )
+        if unpinned is not None:
+            out["unpinned"] = unpinned[1]
         if fitted is not None:
             out["workload"]["fitted"] = fitted.fit.describe()
         if check is not None:
@@ -277,13 +291,58 @@ def plan_cmd(
         raise typer.Exit(EXIT_INFEASIBLE)
 
 
+def _checked(result: Plan, replay: list[Any] | None, routing: str, advise: bool = True) -> Plan:
+    """The plan sized and ranked by the simulated check on `replay` (None: no trace, as planned);
+    `advise`: with what would make an infeasible check feasible."""
+    if replay is None or result.chosen is None:
+        return result
+    from kvscale.sim.check import check_and_size
+
+    # The analytic count proposes; the simulator's replay of the trace's busiest stretch
+    # (the same routing) sizes the plan, below or above that count.
+    return check_and_size(result, replay, routing, advise)  # type: ignore[arg-type]
+
+
+def _unpinned(cat: Catalog, result: Plan, replay: list[Any] | None, routing: str) -> tuple[str, dict[str, Any]] | None:
+    """An infeasible plan under a pinned tensor-parallel degree: the plan without the pin (the
+    same GPU types, checked the same way), as a suggestion line and its JSON, when it meets
+    the SLO; None when nothing is pinned or it does not."""
+    r = result.request
+    if len(r.tensor_parallel) != 1:
+        return None
+    free = _checked(plan(cat, replace(r, tensor_parallel=TENSOR_PARALLEL_DEGREES)), replay, routing, advise=False)
+    c = free.chosen
+    if c is None or not free.feasible:
+        return None
+    p = c.prediction
+    how = "in the simulated check" if c.check is not None else "by the analytic model"
+    line = (
+        f"without the pin ({r.knobs.to(r.knobs.tensor_parallel, str(r.tensor_parallel[0]))}): {p.replicas} x "
+        f"{_shape(c)} ({c.precision}) meets the SLO {how} at ${p.cost_usd_per_hour:.2f}/h"
+    )
+    data = {
+        "gpu": c.gpu,
+        "tensor_parallel": c.tensor_parallel,
+        "pipeline_parallel": c.pipeline_parallel,
+        "precision": c.precision,
+        "replicas": p.replicas,
+        "cost_usd_per_hour": round(p.cost_usd_per_hour, 4),
+        "checked": c.check is not None,
+    }
+    return line, data
+
+
 def describe_check(check: SimulatedSizing, slo: Slo) -> list[str]:
     """The simulated check in the plan's words: what was replayed, both counts, and why they differ."""
     head = (
         f"simulated check: {check.requests} requests ({check.span_s / 60:.1f} min at {check.rate_per_s:.2f} req/s, "
         f"the trace's busiest stretch scaled to the planned rate, behind a {check.routing}): "
-        f"{check.analytic_replicas} replica(s) (the analytic count) {check.analytic_attainment:.2%} meet "
-        f"p{slo.percentile:g} TTFT/TPOT (target {check.target:.0%})"
+        + (
+            f"{check.analytic_replicas} replica(s) (the analytic count) {check.analytic_attainment:.2%} meet "
+            if check.analytic_attainment is not None
+            else f"{check.replicas} replica(s) {check.attainment:.2%} meet "
+        )
+        + f"p{slo.percentile:g} TTFT/TPOT (target {check.target:.0%})"
     )
     if check.replicas == check.analytic_replicas and check.met:
         return [head]

@@ -129,7 +129,9 @@ class SimulatedSizing:
     attainment seen. Filled by kvscale.sim.check (the sizing core does not simulate)."""
 
     analytic_replicas: int
-    analytic_attainment: float  # share of the sample meeting both targets on the analytic count
+    # share of the sample meeting both targets on the analytic count; None: not replayed (far
+    # above the fewest the load needs, the search started below it)
+    analytic_attainment: float | None
     replicas: int
     attainment: float  # at `replicas`
     target: float  # the SLO percentile as a share (0.99)

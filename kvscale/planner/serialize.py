@@ -107,16 +107,17 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
 
 def check_to_dict(check: SimulatedSizing) -> dict[str, Any]:
     """The simulated check that sized a plan (`plan --json`'s `check`)."""
+    analytic = None if check.analytic_attainment is None else round(check.analytic_attainment, 5)
     return {
         "requests": check.requests,
         "rate_per_s": round(check.rate_per_s, 4),
         "routing": check.routing,
         "target": check.target,
         "analytic_replicas": check.analytic_replicas,
-        "analytic_attainment": round(check.analytic_attainment, 5),
+        "analytic_attainment": analytic,  # null: not replayed (the search started below it)
         # the analytic count under its older names, kept for scripts that read them
         "planned_replicas": check.analytic_replicas,
-        "planned_attainment": round(check.analytic_attainment, 5),
+        "planned_attainment": analytic,
         "replicas": check.replicas,
         "attainment": round(check.attainment, 5),
         "met": check.met,
