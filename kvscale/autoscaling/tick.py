@@ -217,7 +217,7 @@ def demand(want: Want, seat: Seat) -> Demand:
 
 def grants(budget: Budget, demands: Sequence[Demand], previous: Mapping[str, Grant] | None = None) -> Allocation:
     """The allocator over demands made outside a tick (a fleet's opening grant)."""
-    return allocate(budget, demands, previous or {})
+    return allocate(budget, demands, previous)
 
 
 class Pooled:
