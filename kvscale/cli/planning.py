@@ -770,8 +770,9 @@ def roofline(
                 fmt(p["tpot_ms"], 2),
                 fmt(p["throughput_tokens_per_s"], 0),
                 p["limited_by"],
-                f"{p['mbu']:.0%}",
-                f"{p['mfu']:.0%}",
+                # the decode step's, as B* and "limited by" are (the JSON's mbu/mfu: the binding phase's)
+                f"{p['decode_mbu']:.0%}",
+                f"{p['decode_mfu']:.0%}",
             )
         console.print(table)
     if png is not None:

@@ -27,6 +27,10 @@ class Figures:
 
     replicas: int
     gpus_per_replica: int
+    # The confirmed rate when a simulated check sized the plan and met the SLO (the check's
+    # rate over the replicas it confirmed: what one replica carried within the SLO on the
+    # traffic itself); the analytic model's otherwise, which `analytic_rate_per_replica_per_s`
+    # always is.
     rate_per_replica_per_s: float
     cost_usd_per_hour: float
     throughput_tokens_per_s: float
@@ -34,18 +38,30 @@ class Figures:
     mfu: float
     ttft_s: float | None  # microseconds kept; None where the prediction is unbounded (JSON has no infinity)
     tpot_s: float | None
+    analytic_rate_per_replica_per_s: float = 0.0
 
 
 def _s(seconds: float) -> float | None:
     return round(seconds, 6) if math.isfinite(seconds) else None
 
 
+def confirmed_rate_per_replica_per_s(c: Feasible) -> float | None:
+    """Requests/s one replica carried within the SLO in the simulated check that sized the
+    plan (the replayed rate over the fleet it confirmed); None without a check that met."""
+    check = c.check
+    if check is None or not check.met or check.replicas < 1 or not check.rate_per_s > 0.0:
+        return None
+    return check.rate_per_s / check.replicas
+
+
 def figures(c: Feasible) -> Figures:
     p = c.prediction
+    confirmed = confirmed_rate_per_replica_per_s(c)
     return Figures(
         replicas=p.replicas,
         gpus_per_replica=c.tensor_parallel * c.pipeline_parallel * c.data_parallel,
-        rate_per_replica_per_s=round(p.rate_per_replica_max, 4),
+        rate_per_replica_per_s=round(confirmed if confirmed is not None else p.rate_per_replica_max, 4),
+        analytic_rate_per_replica_per_s=round(p.rate_per_replica_max, 4),
         cost_usd_per_hour=round(p.cost_usd_per_hour, 4),
         throughput_tokens_per_s=round(p.throughput_tokens_per_s, 1),
         mbu=round(p.mbu, 4),
@@ -75,6 +91,8 @@ def candidate_to_dict(c: Candidate) -> dict[str, Any]:
             gpus_total=c.total_gpus,
             max_batch=p.max_batch,
             rate_per_replica_max=f.rate_per_replica_per_s,
+            # the model's figure beside it (equal unless a simulated check sized the plan)
+            analytic_rate_per_replica_max=f.analytic_rate_per_replica_per_s,
             ttft_ms=_ms(p.ttft_p_s),
             tpot_ms=_ms(p.tpot_p_s),
             # Per token gap, not per request: the stalls a chunk step puts in a stream (the
@@ -160,6 +178,12 @@ def plan_to_dict(plan: Plan, engine_args: list[str] | None = None) -> dict[str, 
 def prediction_to_dict(
     p: BatchPrediction, weights_bytes_per_gpu: float, max_num_batched_tokens: int | None = None
 ) -> dict[str, Any]:
+    # The phase that takes most of the batch's time: one long prompt's prefill can run the
+    # GPU near its peak FLOPs while a few decode steps read the weights at batch one.
+    phase = None
+    if p.prefill is not None and p.decode is not None:
+        phase = "prefill" if p.prefill.seconds >= p.output_tokens * p.decode.seconds else "decode"
+    binding = p.prefill if phase == "prefill" else p.decode
     out = {
         "fits": p.fits,
         "batch": p.batch,
@@ -173,9 +197,14 @@ def prediction_to_dict(
         "kv_cache_tokens": p.kv_cache_tokens,
         "max_batch": p.max_batch,
         "limited_by": p.limited_by,
-        "mbu": None if p.decode is None else round(p.decode.mbu, 4),
-        "mfu": None if p.decode is None else round(p.decode.mfu, 4),
+        # mbu/mfu: the binding phase's (utilization_phase); each phase's beside them
+        "mbu": None if binding is None else round(binding.mbu, 4),
+        "mfu": None if binding is None else round(binding.mfu, 4),
+        "utilization_phase": phase,
+        "prefill_mbu": None if p.prefill is None else round(p.prefill.mbu, 4),
         "prefill_mfu": None if p.prefill is None else round(p.prefill.mfu, 4),
+        "decode_mbu": None if p.decode is None else round(p.decode.mbu, 4),
+        "decode_mfu": None if p.decode is None else round(p.decode.mfu, 4),
         "weights_gib_per_gpu": round(weights_bytes_per_gpu / GIB, 3),
     }
     if max_num_batched_tokens is not None:

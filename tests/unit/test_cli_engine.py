@@ -99,3 +99,31 @@ def test_engine_beside_an_engine_command() -> None:
     assert run_json(*predict, "--engine", "vllm")["engine_profile"] == newest("vllm")
     assert "does not match the vllm command" in refused(*predict, "--engine", "sglang")
     assert "is a tensorrt-llm release" in refused(*predict, "--engine-version", "tensorrt-llm-0.9")
+
+
+def test_predict_utilization_is_the_binding_phases_and_says_which() -> None:
+    # Issue 37: one 60k-token prompt on 4 x H100 read MFU 0.3% (its ten decode steps) while its
+    # prefill, 97% of the batch's time, runs at ~40% of peak FLOPs.
+    long = run_json(
+        "predict",
+        "-m",
+        "llama-3.1-70b",
+        "--gpu",
+        "H100-SXM",
+        "--tp",
+        "4",
+        "--batch",
+        "1",
+        "--input",
+        "60000",
+        "--output",
+        "10",
+    )
+    assert long["utilization_phase"] == "prefill"
+    assert (long["mbu"], long["mfu"]) == (long["prefill_mbu"], long["prefill_mfu"])
+    assert long["mfu"] > 0.2 and long["decode_mfu"] < 0.01
+    chat = run_json(
+        "predict", "-m", "llama-3.1-8b", "--gpu", "H100-SXM", "--batch", "8", "--input", "128", "--output", "1000"
+    )
+    assert chat["utilization_phase"] == "decode"
+    assert (chat["mbu"], chat["mfu"]) == (chat["decode_mbu"], chat["decode_mfu"])
