@@ -604,3 +604,15 @@ def test_simulate_refuses_a_generated_load_too_large_before_generating(load: str
 def test_sim_serve_load_numbers_checked_before_the_cluster(load: str, message: str) -> None:
     result = runner.invoke(app, ["sim", "serve", "--name", "x", "--load", load])
     assert result.exit_code == 2 and message in _stderr(result)
+
+
+def test_simulate_shows_the_slos_percentile() -> None:
+    # Issue 39: a p99 SLO was shown against p50/p95 columns only.
+    args = ["simulate", "-m", "llama-3.1-8b", "--ttft", "1s", "--tpot", "50ms", "--percentile", "99"]
+    args += ["--concurrency", "8", "--input", "512", "--output", "32", "--duration", "30s", "--policy", "static"]
+    human = runner.invoke(app, args)
+    assert human.exit_code == 0, human.output
+    assert "TTFT p50/p99 ms" in human.stdout and "TPOT p50/p99 ms" in human.stdout
+    (row,) = run_json(*args)
+    assert row["ttft_p99_ms"] >= row["ttft_p95_ms"] and row["tpot_p99_ms"] >= row["tpot_p95_ms"]
+    assert f"/ {row['ttft_p99_ms']:.0f}" in human.stdout
