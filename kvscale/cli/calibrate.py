@@ -46,7 +46,7 @@ def calibrate(
     import yaml
 
     from kvscale.calibration.fit import NotEnoughData, compare, fit, with_fields
-    from kvscale.cli.common import check_names, tp_values
+    from kvscale.cli.common import check_names, http_url, tp_values
     from kvscale.cli.common import model as resolve_model
     from kvscale.metrics.calibration import SelectorError, matchers, read_windows
     from kvscale.metrics.client import PrometheusError
@@ -54,6 +54,7 @@ def calibrate(
     from kvscale.sizing.checkpoints import default_precision
     from kvscale.sizing.config import ServingConfig
 
+    prometheus = http_url(prometheus, "--prometheus", "http://prometheus:9090")
     if engine not in ENGINES or not ENGINES[engine].prefill_time_histogram:
         fail(f"--engine {engine}: calibration reads vLLM's metrics; use --engine vllm")
     since_s, window_s = duration(since, "--since"), duration(window, "--window")

@@ -238,6 +238,21 @@ def duration(value: str, option: str) -> float:
     return seconds
 
 
+def http_url(url: str, option: str, example: str) -> str:
+    """A base URL, checked before anything is read: http(s) with a host and a valid port;
+    exit 2 naming the option otherwise (not a connection error, exit 1, after the work)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        fail(f"{option} {url!r}: give an http:// or https:// URL with a host, e.g. {example}")
+    try:
+        parts.port  # noqa: B018  (raises on a port out of range or not a number)
+    except ValueError as exc:
+        fail(f"{option} {url!r}: {exc}")
+    return url.strip()
+
+
 def positive(value: int, option: str, maximum: int | None = None) -> int:
     if value < 1:
         fail(f"{option} must be a positive whole number, got {value}")

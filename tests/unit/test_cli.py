@@ -616,3 +616,12 @@ def test_simulate_shows_the_slos_percentile() -> None:
     (row,) = run_json(*args)
     assert row["ttft_p99_ms"] >= row["ttft_p95_ms"] and row["tpot_p99_ms"] >= row["tpot_p95_ms"]
     assert f"/ {row['ttft_p99_ms']:.0f}" in human.stdout
+
+
+def test_calibrate_refuses_a_url_without_a_scheme_as_bench_does() -> None:
+    # Issue 39: `calibrate --prometheus localhost:9090` exited 1 (a connection error) where
+    # bench exits 2 naming the option.
+    for url in ("localhost:9090", "http://127.0.0.1:99999", "ftp://prometheus"):
+        result = runner.invoke(app, ["calibrate", "--prometheus", url, "--gpu", "H100-SXM"])
+        assert result.exit_code == 2, result.output
+        assert "--prometheus" in result.stderr
