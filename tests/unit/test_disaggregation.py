@@ -272,3 +272,29 @@ def test_a_model_no_single_node_holds_has_no_pools_yet() -> None:
     # DeepSeek-R1 in bf16 (~1.3 TB) on 8 x 80 GB: only pipeline stages over nodes hold it
     why = plan_disaggregated(CAT, _request("deepseek-r1", 2000, 500, 1.0, 2.0, 0.08, gpus=("H100-SXM",)))
     assert isinstance(why, str) and why.startswith("no worker of one node holds the model")
+
+
+def test_monotone_in_the_load_and_the_targets() -> None:
+    model = CAT.model("llama-3.1-70b")
+    h100 = CAT.gpu("H100-SXM")
+    path = kv_transfer_path(CAT, h100, h100)
+    assert path is not None
+    times = [kv_transfer_s(model, AUTO, 4, t, path) for t in (100, 1000, 10_000)]
+    assert times == sorted(times)
+    # more TP: a smaller shard per GPU, a shorter transfer (GQA)
+    assert kv_transfer_s(model, AUTO, 8, 4000, path) < kv_transfer_s(model, AUTO, 2, 4000, path)
+    w = Workload(4000, 500, 5.0)
+    loose, tight = Slo(2.0, 0.05), Slo(2.0, 0.025)
+    # a tighter TPOT: a smaller batch limit and less rate per decode worker
+    a, b = DecodeWorker(_cfg(), w, loose.tpot_s), DecodeWorker(_cfg(), w, tight.tpot_s)
+    assert b.max_batch <= a.max_batch and b.max_rate(tight) <= a.max_rate(loose)
+    # a longer TTFT share: more rate per prefill worker
+    prefill = PrefillWorker(_cfg().with_chunk_budget(8192), w)
+    assert prefill.max_rate(0.8, 95.0) <= prefill.max_rate(1.6, 95.0)
+    # more load: never fewer GPUs, nor a lower cost
+    sized = []
+    for rps in (2.0, 8.0, 32.0):
+        d = plan_disaggregated(CAT, _request("llama-3.1-70b", 4000, 500, rps, 2.0, 0.04, gpus=("H100-SXM",)))
+        assert not isinstance(d, str)
+        sized.append((d.gpus_total, d.cost_usd_per_hour))
+    assert sized == sorted(sized)
