@@ -66,7 +66,7 @@ def calibrate(
     except SelectorError as exc:
         fail(str(exc))
     cat = load(catalog)
-    check_names(cat, (gpu,), (), "auto")
+    (gpu,) = check_names(cat, (gpu,), (), "auto")  # the catalog name from here on (noted once if an alias)
     end_s = time.time()
     # The model first: without --model, the engines' model_name label names it.
     names = ENGINES[engine]

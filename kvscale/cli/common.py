@@ -208,6 +208,7 @@ def gpu_counts(cat: Catalog, text: str) -> dict[str, int]:
             name = cat.gpu(kind.strip()).name
         except CatalogError as exc:
             fail(f"--gpus: {exc}")
+        say_alias(cat, kind, name, "--gpus")
         if name in counts:
             fail(f"--gpus names {name} twice")
         counts[name] = int(count)
@@ -290,9 +291,25 @@ def tp_values(tp: int | None) -> tuple[int, ...]:
     return (tp,)
 
 
+def say_alias(cat: Catalog, given: str, resolved: str, option: str = "--gpu") -> None:
+    """A name that stands for one of several catalog types (`H100`: H100-SXM, beside H100-PCIE
+    and H100-NVL) is said on stderr, not taken silently."""
+    typed = given.strip().lower()
+    others = sorted(k for k in cat.gpus if k.lower().startswith(typed) and k != resolved)
+    if typed != resolved.lower() and others:
+        err.print(
+            f"note: {option} {given.strip()} means {resolved}; {', '.join(others)} "
+            f"{'is another type' if len(others) == 1 else 'are other types'}: name one to use it",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 def check_names(cat: Catalog, gpus: tuple[str, ...], precisions: tuple[str, ...], kv: str) -> tuple[str, ...]:
     try:
         resolved = tuple(cat.gpu(g).name for g in gpus)
+        for given, name in zip(gpus, resolved, strict=True):
+            say_alias(cat, given, name)
         for p in precisions:
             cat.precision(p)
         cat.kv_precision(kv)

@@ -625,3 +625,20 @@ def test_calibrate_refuses_a_url_without_a_scheme_as_bench_does() -> None:
         result = runner.invoke(app, ["calibrate", "--prometheus", url, "--gpu", "H100-SXM"])
         assert result.exit_code == 2, result.output
         assert "--prometheus" in result.stderr
+
+
+def test_a_gpu_name_shared_by_several_types_is_said_and_suggestions_name_entries() -> None:
+    # Issue 39: `--gpu H100` silently meant H100-SXM, and "Did you mean h100" named an alias
+    # missing from the `Known:` list.
+    args = ["predict", "-m", "llama-3.1-8b", "--batch", "1", "--input", "100", "--output", "10", "--json"]
+    result = runner.invoke(app, [*args, "--gpu", "H100"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert "--gpu H100 means H100-SXM" in said and "H100-PCIE" in said and "H100-NVL" in said
+    assert json.loads(result.stdout)["fits"] is True  # stdout stays one JSON document
+    exact = runner.invoke(app, [*args, "--gpu", "H100-SXM"])
+    assert exact.exit_code == 0 and "means" not in exact.stderr
+    typo = runner.invoke(app, [*args, "--gpu", "H10"])
+    assert typo.exit_code == 2
+    message = " ".join(typo.stderr.split())
+    assert "Did you mean H100-SXM (h100)" in message and "Known:" in message

@@ -553,7 +553,13 @@ def _resolve(name: str, table: dict[str, Any], aliases: dict[str, str], what: st
         return aliases[lowered]
     candidates = list(table) + list(aliases)
     close = difflib.get_close_matches(lowered, [c.lower() for c in candidates], n=3, cutoff=0.6)
-    suggestion = f" Did you mean {', '.join(close)}?" if close else ""
+    # An alias is named with the entry it stands for: the list after "Known:" holds entries only.
+    keys = {key.lower(): key for key in table}
+    named: dict[str, str] = {}  # entry -> how it is suggested, once per entry
+    for c in close:
+        entry = keys.get(c) or aliases[c]
+        named.setdefault(entry, entry if c in keys else f"{entry} ({c})")
+    suggestion = f" Did you mean {', '.join(named.values())}?" if named else ""
     listing = f" Run `{hint}` to list them." if hint else ""
     raise CatalogError(f"unknown {what} {name!r}.{suggestion} Known: {', '.join(sorted(table))}.{listing}")
 
