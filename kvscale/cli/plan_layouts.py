@@ -91,33 +91,29 @@ def disaggregated_dict(plan: DisaggregatedPlan, served: str | None, source: str 
     }
 
 
-def with_layouts(out: dict[str, Any], found: LayoutPlan, served: str | None, source: str | None) -> dict[str, Any]:
+def with_layouts(
+    out: dict[str, Any], found: LayoutPlan, served: str | None, source: str | None, aggregated_met: bool = True
+) -> dict[str, Any]:
     """`plan --json` with the layout: the aggregated `chosen` gains `mode` and
-    `disaggregated_beside`; a disaggregated `chosen` replaces it, the aggregated one beside it."""
+    `disaggregated_beside`; a disaggregated `chosen` (or none, under `on`) replaces it, the
+    aggregated one beside it. `aggregated_met`: the aggregated plan meets the SLO (its check too)."""
     aggregated = out.get("chosen")
     if aggregated is not None:
         aggregated["mode"] = "aggregated"
         w = found.request.workload
+        gpus = aggregated.get("gpus_total")
         aggregated.setdefault(
-            "tokens_per_s_per_gpu",
-            round(w.requests_per_s * w.outputs.mean / aggregated["gpus_total"], 1)
-            if aggregated.get("gpus_total")
-            else None,
+            "tokens_per_s_per_gpu", round(w.requests_per_s * w.outputs.mean / gpus, 1) if gpus else None
         )
     dis = disaggregated_dict(found.disaggregated, served, source) if found.disaggregated is not None else None
-    if found.mode == "disaggregated":
-        assert dis is not None
-        out["chosen"] = dis
+    if found.mode == "disaggregated" or found.disaggregation == "on":
+        out["chosen"] = dis if found.mode == "disaggregated" else None
+        out["feasible"] = found.mode == "disaggregated"
         out["aggregated_beside"] = (
-            aggregated
-            if aggregated is not None and found.aggregated is not None and found.aggregated.feasible
-            else {
-                "why": "not searched (--disaggregation on)"
-                if found.aggregated is None
-                else "no aggregated plan meets the SLO"
-            }
+            aggregated if aggregated is not None and aggregated_met else {"why": "no aggregated plan meets the SLO"}
         )
-        out["feasible"] = True
+        if found.mode is None:
+            out["suggestions"] = [found.reason, *out.get("suggestions", [])]
     elif aggregated is not None:
         if dis is not None:
             dis["reason"] = found.reason
@@ -128,8 +124,14 @@ def with_layouts(out: dict[str, Any], found: LayoutPlan, served: str | None, sou
     return out
 
 
+def infeasible(found: LayoutPlan, aggregated_met: bool) -> bool:
+    """No layout meets the SLO: `plan` exits 1."""
+    return found.mode is None or (found.mode == "aggregated" and not aggregated_met)
+
+
 def layout_lines(found: LayoutPlan) -> list[str]:
-    """The lines under the plan's table: the layout and why, and the pools when disaggregated."""
+    """The lines beside the plan's table: the layout and why, and the pools when disaggregated
+    (printed above the table then, the aggregated plan below them for comparison)."""
     lines = [f"Layout: {found.mode or 'none'} ({found.disaggregation}): {found.reason}"]
     d = found.disaggregated
     if d is not None and found.mode == "disaggregated":
@@ -140,5 +142,6 @@ def layout_lines(found: LayoutPlan) -> list[str]:
             f"  KV transfer {format_duration(d.kv_transfer_s)} per request over {d.path.name} ({KV_CONNECTOR}); "
             f"TTFT {format_duration(d.ttft_p_s)}, TPOT {format_duration(d.tpot_p_s)}; {d.gpus_total} GPUs, "
             f"${d.cost_usd_per_hour:.2f}/h, {d.tokens_per_s_per_gpu:.0f} output tokens/s per GPU",
+            "The aggregated plan beside it:",
         ]
     return lines

@@ -298,3 +298,23 @@ def test_monotone_in_the_load_and_the_targets() -> None:
         assert not isinstance(d, str)
         sized.append((d.gpus_total, d.cost_usd_per_hour))
     assert sized == sorted(sized)
+
+
+def test_plan_json_under_on() -> None:
+    from kvscale.cli.plan_layouts import infeasible, layouts, with_layouts
+    from kvscale.planner.serialize import plan_to_dict
+
+    request = _request("llama-3.1-8b", 2000, 200, 5.0, 1.0, 0.03, gpus=("H100-SXM",))
+    result = plan(CAT, request)
+    found = layouts(CAT, result, "on")
+    out = with_layouts(plan_to_dict(result), found, None, None, result.feasible)
+    assert out["chosen"]["mode"] == "disaggregated" and out["feasible"] is True
+    assert out["aggregated_beside"]["mode"] == "aggregated"  # computed anyway: shown, not chosen
+    assert not infeasible(found, result.feasible)
+    # no pools meet TPOT 1 ms: nothing chosen, exit 1, the reason first among the suggestions
+    request = _request("llama-3.1-70b", 2000, 200, 1.0, 2.0, 0.001, gpus=("H100-SXM",))
+    result = plan(CAT, request)
+    found = layouts(CAT, result, "on")
+    out = with_layouts(plan_to_dict(result), found, None, None, result.feasible)
+    assert out["chosen"] is None and out["feasible"] is False
+    assert "TPOT" in out["suggestions"][0] and infeasible(found, result.feasible)
