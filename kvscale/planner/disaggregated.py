@@ -322,16 +322,20 @@ def _ratio_text(mine: float, other: float, what: str) -> str:
     return f"{other / mine:.1f}x {what}" if mine > 0 else what
 
 
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
 def _agg_summary(c: Feasible) -> str:
     p = c.prediction
-    return f"{p.replicas} x {c.label} ({c.total_gpus} GPUs, ${p.cost_usd_per_hour:.2f}/h)"
+    return f"{p.replicas} x {c.label} ({_gpus(c.total_gpus)}, ${p.cost_usd_per_hour:.2f}/h)"
 
 
 def _dis_summary(d: DisaggregatedPlan) -> str:
     return (
         f"{d.prefill.workers} prefill x {d.prefill.cfg.gpu.name} x{d.prefill.cfg.tensor_parallel} + "
         f"{d.decode.workers} decode x {d.decode.cfg.gpu.name} x{d.decode.cfg.tensor_parallel} "
-        f"({d.gpus_total} GPUs, ${d.cost_usd_per_hour:.2f}/h)"
+        f"({_gpus(d.gpus_total)}, ${d.cost_usd_per_hour:.2f}/h)"
     )
 
 
@@ -349,9 +353,9 @@ def _disaggregated_wins(d: DisaggregatedPlan, a: Feasible) -> str:
     per_gpu = ap.rate_per_replica_max / a.config.gpus
     return (
         f"{head} ({_dis_summary(d)} vs {_agg_summary(a)}): TPOT {format_duration(d.request.slo.tpot_s)} with "
-        f"prompt chunks in the steps holds an aggregated replica ({a.config.gpus} GPUs, batch limit {ap.max_batch}) "
+        f"prompt chunks in the steps holds an aggregated replica ({_gpus(a.config.gpus)}, batch limit {ap.max_batch}) "
         f"to {ap.rate_per_replica_max:.2f} req/s ({per_gpu:.2f} per GPU), while a decode-only worker "
-        f"({d.decode.cfg.gpus} GPUs) runs batches up to {d.decode.max_batch} at {d.decode.rate_per_worker_max:.2f} "
+        f"({_gpus(d.decode.cfg.gpus)}) runs batches up to {d.decode.max_batch} at {d.decode.rate_per_worker_max:.2f} "
         f"req/s ({d.decode.rate_per_worker_max / d.decode.cfg.gpus:.2f} per GPU) and a prefill worker carries "
         f"{d.prefill.rate_per_worker_max:.2f}; the KV transfer adds {format_duration(d.kv_transfer_s)} per request "
         f"over {d.path.name}"
