@@ -5,6 +5,7 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from kvscale.cli import app
@@ -294,3 +295,23 @@ def test_an_infeasible_pin_on_long_prompts_stops_at_the_knee_cheaply(monkeypatch
         assert tried[check["replicas"]] >= best - noise - 1e-9
         assert all(n >= check["replicas"] for n, a in tried.items() if a >= best - noise - 1e-9)
     assert len(whole) <= 1 and all(n == min(tried) for n in whole)
+
+
+def test_a_far_analytic_count_is_not_where_the_search_starts(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # An analytic count thousands of replicas above what the load needs (the 3,504 TP4
+    # replicas where a few hundred met the SLO): the search starts near the load's need and
+    # goes up, never stepping a whole fleet behind the Service.
+    trace = read_trace(MOONCAKE)
+    workload = fit_trace(trace).workload
+    slo = Slo(10.0, 0.08, 99.0)
+    request = PlanRequest(
+        model=CAT.model("llama-3.1-70b"), workload=workload, slo=slo, gpus=("H100-SXM",), tensor_parallel=(8,)
+    )
+    chosen = plan(CAT, replace(request, slo=Slo(30.0, 0.08, 99.0))).chosen
+    assert chosen is not None
+    far = replace(chosen, prediction=replace(chosen.prediction, replicas=5000))
+    monkeypatch.setattr("kvscale.sim.check.simulate", lambda *a, **k: pytest.fail("a whole-fleet replay"))
+    check = check_plan(far, slo, sample(trace, workload.requests_per_s), "service", None, workload)
+    first = check.tried[0][0]
+    assert first < 5000 // 2 and check.replicas < 5000
+    assert check.analytic_attainment is None or 5000 in dict(check.tried)  # replayed only if reached
