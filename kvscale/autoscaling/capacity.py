@@ -143,6 +143,61 @@ class SizingCapacity:
         return replica.at_rate(rate_per_replica, batch, self.slo.percentile).tpot_p_s
 
 
+class ConfirmedCapacity:
+    """Per-replica capacity at the level the simulated sizing search confirmed on the
+    service's own traffic (the fewest warm replicas meeting the SLO on a replay of it, as
+    `plan --trace` sizes a plan), with the sizing model's shape around it.
+
+    The model says how the rate moves with the observed lengths and the fleet's rate (a
+    minute of long prompts needs more replicas than a minute of short ones); the search says
+    where it is on the traffic it replayed: every rate is the model's times the confirmed
+    figure over the model's own at that traffic. The model sizes each term at its percentile
+    at once; the replay meets the percentile on the requests themselves, where the terms'
+    tails fall on different requests. Predicted TPOT (the engine-speed calibration's yardstick)
+    stays the model's at the load it is asked at."""
+
+    def __init__(
+        self,
+        model: SizingCapacity,
+        confirmed_rate_per_s: float,
+        input_tokens: float,
+        output_tokens: float,
+        fleet_rate_per_s: float | None = None,
+    ) -> None:
+        """`confirmed_rate_per_s`: requests/s one replica carried within the SLO in the search
+        (the replayed rate over the replicas it confirmed); the lengths and fleet rate: the
+        replayed traffic's."""
+        if not confirmed_rate_per_s > 0.0:
+            raise ValueError(f"a confirmed rate per replica must be positive, got {confirmed_rate_per_s}")
+        self.model = model
+        self.max_batch = model.max_batch
+        self.confirmed_rate_per_s = confirmed_rate_per_s
+        self.analytic_rate_per_s = model.rate_per_replica(input_tokens, output_tokens, fleet_rate_per_s)
+        # a model that gives the replayed traffic no rate at all has no shape to keep: the
+        # confirmed figure stands alone
+        self.scale = confirmed_rate_per_s / self.analytic_rate_per_s if self.analytic_rate_per_s > 0.0 else None
+
+    def rate_per_replica(
+        self,
+        input_tokens: float,
+        output_tokens: float,
+        fleet_rate_per_s: float | None = None,
+        burst_at_most: float | None = None,
+    ) -> float:
+        if self.scale is None:
+            return self.confirmed_rate_per_s
+        return self.scale * self.model.rate_per_replica(input_tokens, output_tokens, fleet_rate_per_s, burst_at_most)
+
+    def predicted_tpot_s(
+        self,
+        rate_per_replica: float,
+        input_tokens: float,
+        output_tokens: float,
+        fleet_rate_per_s: float | None = None,
+    ) -> float:
+        return self.model.predicted_tpot_s(rate_per_replica, input_tokens, output_tokens, fleet_rate_per_s)
+
+
 def default_cold_start_s(cfg: ServingConfig, weights_cached: bool = False, source: str | None = None) -> float:
     """A new replica's start-to-ready time before any was observed, from the model size:
     the engine's start, downloading the checkpoint (`source`, or the 16-bit one) when the pod

@@ -22,6 +22,7 @@ from dataclasses import replace
 from itertools import pairwise
 
 from kvscale.autoscaling.capacity import SizingCapacity
+from kvscale.autoscaling.policy import Capacity
 from kvscale.autoscaling.tuning import policy_config
 from kvscale.sim.policies import (
     HpaRunningPolicy,
@@ -100,7 +101,10 @@ def make_policies(
     headroom: float,
     replicas: int | None,
     max_replicas: int,
+    confirmed: Capacity | None = None,
 ) -> list[SimPolicy]:
+    """`confirmed`: the capacity kvscale's policy acts on when it is not the model's (the
+    one the simulated sizing search confirmed on the traffic: kvscale.sim.session)."""
     inp, out = _lengths(trace) if trace else (512.0, 256.0)
     per_replica = capacity.rate_per_replica(inp, out)
     static_n = replicas or (busiest_minute_replicas(trace, capacity, headroom) if trace else setup.initial_replicas)
@@ -121,7 +125,7 @@ def make_policies(
         least_loaded_routing=setup.routing == "gateway",
     )
     built: dict[str, Callable[[], SimPolicy]] = {
-        "kvscale": lambda: KvscalePolicy(capacity, config),
+        "kvscale": lambda: KvscalePolicy(confirmed if confirmed is not None else capacity, config),
         "static": lambda: StaticPolicy(static_n),
         "hpa": lambda: HpaRunningPolicy(target_running, max_replicas=max_replicas),
         "keda": lambda: KedaWaitingPolicy(max_replicas=max_replicas),

@@ -3,14 +3,18 @@ the same arrivals, with GPU-hours relative to the oracle."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kvscale.autoscaling.capacity import SizingCapacity
+from kvscale.autoscaling.capacity import ConfirmedCapacity, SizingCapacity
 from kvscale.planner.search import Plan
+from kvscale.sim.check import sample, search_replicas, service_attainment
 from kvscale.sim.compare import NEEDS_TRACE, REFERENCE_NAMES, make_policies, run_bound, run_oracle, run_peak
-from kvscale.sim.report import summary
+from kvscale.sim.engine import StepTimes
+from kvscale.sim.policies import StaticPolicy
+from kvscale.sim.report import attainment, summary
 from kvscale.sim.run import SimResult, SimSetup, Source, simulate
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import Catalog
@@ -47,6 +51,52 @@ def setup_from_plan(catalog: Catalog, plan: Plan, cold_start_s: float | None, re
     )
 
 
+def confirmed_capacity(
+    setup: SimSetup,
+    trace: list[TraceRequest],
+    capacity: SizingCapacity,
+    shape: Workload | None = None,
+    most: int | None = None,
+) -> ConfirmedCapacity | None:
+    """The capacity kvscale's policy acts on offline: the simulated sizing search on the
+    traffic itself, as `plan --trace` sizes a plan (the trace's busiest stretch replayed at
+    the load's rate on fleets of warm replicas behind the setup's routing, searched from the
+    analytic count for the fewest that meet the SLO percentile), the replayed rate over that
+    fleet per replica, with the sizing model's shape around it. None when no fleet up to
+    `most` meets the SLO there (the analytic figure stays)."""
+    if not trace:
+        return None
+    span = max(trace[-1].arrival_s - trace[0].arrival_s, 1.0)
+    rate = shape.requests_per_s if shape is not None and shape.requests_per_s > 0 else len(trace) / span
+    lengths: tuple[float, float] = (
+        (shape.input_tokens, shape.output_tokens)
+        if shape is not None
+        else (sum(r.input_tokens for r in trace) / len(trace), sum(r.output_tokens for r in trace) / len(trace))
+    )
+    replay = sample(trace, rate)
+    if len(replay) < 2:
+        return None
+    replay_rate = len(replay) / max(replay[-1].arrival_s - replay[0].arrival_s, 1e-9)
+    modelled = capacity.rate_per_replica(*lengths, fleet_rate_per_s=replay_rate)
+    analytic = max(1, math.ceil(replay_rate / modelled)) if modelled > 0 else setup.initial_replicas
+    if most is not None:
+        analytic = min(analytic, most)
+    steps = StepTimes(setup.cfg)
+    warm = replace(setup, cold_start_s=0.0)
+
+    def attain(n: int) -> float:
+        if setup.routing == "service":
+            return service_attainment(warm, replay, n, steps)
+        result = simulate(replace(warm, initial_replicas=n), Source(replay), StaticPolicy(n), steps=steps)
+        return attainment(result, setup.slo)
+
+    noise = math.sqrt(0.99 * 0.01 / len(replay))
+    replicas, met = search_replicas(attain, analytic, setup.slo.percentile / 100.0, most=most, noise=noise)
+    if not met:
+        return None
+    return ConfirmedCapacity(capacity, replay_rate / replicas, *lengths, fleet_rate_per_s=replay_rate)
+
+
 def run_policies(
     setup: SimSetup,
     load: Load,
@@ -58,8 +108,15 @@ def run_policies(
     shape: Workload | None = None,
 ) -> tuple[list[SimResult], list[dict[str, Any]]]:
     """Every named policy on the load; `shape` (lengths and burstiness the plan was made
-    for) is what the capacity model of kvscale and the oracle assumes."""
+    for) is what the capacity model of kvscale and the oracle assumes. With a trace,
+    kvscale's policy acts on the capacity the simulated sizing search confirms on it
+    (`confirmed_capacity`), as the plan does; the oracle and the baselines keep the model's."""
     capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch, shape, least_loaded=setup.routing == "gateway")
+    confirmed = (
+        confirmed_capacity(setup, load.trace, capacity, shape, max_replicas)
+        if load.trace is not None and "kvscale" in names
+        else None
+    )
     references = [n for n in names if n in REFERENCE_NAMES]
     traced = [n for n in names if n in NEEDS_TRACE]
     if traced and load.trace is None:
@@ -68,7 +125,7 @@ def run_policies(
             "known in advance); use --trace or --load, or leave them out"
         )
     results: list[SimResult] = []
-    for policy in make_policies(names, setup, capacity, load.trace, headroom, replicas, max_replicas):
+    for policy in make_policies(names, setup, capacity, load.trace, headroom, replicas, max_replicas, confirmed):
         tick = (lambda t, name=policy.name: progress(name, t)) if progress else None
         results.append(simulate(setup, load.source(), policy, tick))
     hours: dict[str, float] = {}
