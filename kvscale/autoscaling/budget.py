@@ -46,7 +46,7 @@ Hysteresis, so allocations do not flap from tick to tick:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 
@@ -64,6 +64,10 @@ class Option:
     # Replicas beyond `wanted` its forecast asks for one lead further: room held for them
     # ahead of lower priorities' wants (kvscale.autoscaling.policy.replicas_ahead).
     ahead: int = 0
+    # The budget whose limit bounds this GPU type for this service, a name in allocate's
+    # `pools` ("": the budget allocate is given). Several budgets may select one service, each
+    # type bounded by the tightest that limits it (kvscale.control.budget.governors).
+    budget: str = ""
 
     def __post_init__(self) -> None:
         if not self.rate_per_replica >= 0:
@@ -87,7 +91,10 @@ class Demand:
     namespace: str = ""
     slo_gap: float = 0.0  # observed over target minus 1 (> 0: missing its SLO); 0 when unknown
     current_gpu_type: str | None = None  # what it runs on now (hysteresis)
-    gateway: bool = True  # a gateway holds its requests at zero replicas (else it keeps one, whatever the limit)
+    gateway: bool = True  # a gateway holds its requests at zero replicas
+    # It has replicas now. Without a gateway, a running service whose floor the limit cannot
+    # hold may keep one replica beyond it (one service per budget); a new one is refused.
+    running: bool = False
 
     @property
     def floor(self) -> int:
@@ -145,6 +152,10 @@ class Grant:
     floor_short: int = 0  # replicas of minReplicas the budget could not hold
     over_limit: int = 0  # replicas granted beyond the limit: the one a service without a gateway keeps
     ahead: int = 0  # replicas of room held for it beyond its grant, ahead of its forecast's rise
+    budget: str = ""  # the budget whose limit bounds its GPU type (Option.budget, or allocate's)
+    # No gateway holds its requests at zero and the limit holds none of its replicas: it gets
+    # none, and the operator says so (it must not run beyond the limit: issue 38).
+    refused: bool = False
 
     @property
     def floor_kept(self) -> bool:
@@ -167,6 +178,8 @@ class Allocation:
     used: Mapping[str, int]  # GPUs granted per type (limited types and others)
     wanted: Mapping[str, int]  # GPUs each service wanted on its first option, summed per type
     reserved: Mapping[str, int] = field(default_factory=dict)  # GPUs held as room ahead of need, per type
+    # GPUs granted per budget (Grant.budget) and type: what each budget's limits count.
+    used_by_budget: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def grant(self, name: str) -> Grant:
         for g in self.grants:
@@ -179,32 +192,51 @@ class Allocation:
         return {g.name: g for g in self.grants}
 
 
+Pool = tuple[str, str]  # (budget, GPU type): the GPUs one limit counts
+
+
 class _Ledger:
-    """Free GPUs per type, globally and per namespace."""
+    """Free GPUs per budget and type, globally and per namespace."""
 
-    def __init__(self, budget: Budget) -> None:
+    def __init__(self, budget: Budget, pools: Mapping[str, Budget]) -> None:
         self.budget = budget
-        self.used: dict[str, int] = {}
-        self.ns_used: dict[tuple[str, str], int] = {}
+        self.pools = pools
+        self.used: dict[Pool, int] = {}
+        self.ns_used: dict[tuple[str, str, str], int] = {}
 
-    def free(self, namespace: str, gpu: str) -> float:
+    def bound(self, option: Option) -> Budget:
+        """The budget whose limits bound this option."""
+        if not option.budget:
+            return self.budget
+        if option.budget not in self.pools:
+            raise ValueError(f"option {option.gpu_type} names budget {option.budget!r}, which pools does not hold")
+        return self.pools[option.budget]
+
+    def key(self, option: Option) -> Pool:
+        return (self.bound(option).name, option.gpu_type)
+
+    def free(self, namespace: str, option: Option) -> float:
+        bound = self.bound(option)
+        gpu = option.gpu_type
         room: float = math.inf
-        if gpu in self.budget.limits:
-            room = self.budget.limits[gpu] - self.used.get(gpu, 0)
-        ns_limits = self.budget.namespace_limits.get(namespace, {})
+        if gpu in bound.limits:
+            room = bound.limits[gpu] - self.used.get((bound.name, gpu), 0)
+        ns_limits = bound.namespace_limits.get(namespace, {})
         if gpu in ns_limits:
-            room = min(room, ns_limits[gpu] - self.ns_used.get((namespace, gpu), 0))
+            room = min(room, ns_limits[gpu] - self.ns_used.get((bound.name, namespace, gpu), 0))
         return room
 
     def fits(self, namespace: str, option: Option, replicas: int) -> int:
         """How many of `replicas` fit on this option now."""
-        room = self.free(namespace, option.gpu_type)
+        room = self.free(namespace, option)
         return replicas if math.isinf(room) else max(0, min(replicas, int(room // option.gpus_per_replica)))
 
     def take(self, namespace: str, option: Option, replicas: int) -> None:
         gpus = replicas * option.gpus_per_replica
-        self.used[option.gpu_type] = self.used.get(option.gpu_type, 0) + gpus
-        self.ns_used[(namespace, option.gpu_type)] = self.ns_used.get((namespace, option.gpu_type), 0) + gpus
+        pool = self.key(option)
+        self.used[pool] = self.used.get(pool, 0) + gpus
+        ns_key = (pool[0], namespace, option.gpu_type)
+        self.ns_used[ns_key] = self.ns_used.get(ns_key, 0) + gpus
 
     def give(self, namespace: str, option: Option, replicas: int) -> None:
         self.take(namespace, option, -replicas)
@@ -234,31 +266,45 @@ def allocate(
     demands: Sequence[Demand],
     previous: Mapping[str, Grant] | None = None,
     config: AllocatorConfig | None = None,
+    pools: Mapping[str, Budget] | None = None,
 ) -> Allocation:
     """One decision over every governed service (see the module's docstring): the wants in
-    order, then, within each priority whose wants do not all fit, a fair share."""
-    allocation = _in_order(budget, demands, previous, config)
+    order, then, within each priority whose wants do not all fit, a fair share. `pools`: the
+    other budgets an option may name (Option.budget), each with its own limits; an option
+    that names none is bounded by `budget`."""
+    pools = pools or {}
+
+    uncapped = {d.name: d for d in demands}
+
+    def run(ds: Sequence[Demand]) -> Allocation:
+        return _in_order(budget, ds, previous, config, pools, uncapped)
+
+    allocation = run(demands)
     caps: dict[str, int] = {}
     for priority in sorted({d.priority for d in demands}, reverse=True):
         group = [d.name for d in demands if d.priority == priority]
         if len(group) < 2 or not any(allocation.grant(n).held for n in group):
             continue
-        caps = _fair_caps(budget, demands, previous, config, group, caps)
+        caps = _fair_caps(run, demands, group, caps)
     if not caps:
         return allocation
-    capped = _in_order(budget, _capped(demands, caps), previous, config)
-    true_want = {g.name: g.wanted for g in allocation.grants}
+    capped = run(_capped(demands, caps))
+    # Its true want on the option it was granted (issue 38: read from the uncapped allocation,
+    # which had it on another option, a service at its whole want here counted as held).
+    by_name = {d.name: d for d in demands}
     grants = []
     for g in capped.grants:
-        if g.name in caps and g.replicas < true_want[g.name] and g.floor_kept:  # else the floor is the news
-            sharing = sum(1 for d in demands if d.priority == g.priority and d.name in caps)
+        d = by_name[g.name]
+        true_want = next(max(o.wanted, d.floor) for o in d.options if o.gpu_type == g.gpu_type)
+        if g.name in caps and g.replicas < true_want and g.floor_kept and not g.refused:
+            sharing = sum(1 for x in demands if x.priority == g.priority and x.name in caps)
             g = replace(
                 g,
-                wanted=max(g.wanted, true_want[g.name]),
+                wanted=max(g.wanted, true_want),
                 reason=(
-                    f"wanted {max(g.wanted, true_want[g.name])}, got {g.replicas} on {g.gpu_type} x{g.gpus_per_replica}: "
-                    f"a fair share of budget {budget.name}'s GPUs among {sharing} services of priority {g.priority} "
-                    f"whose wants do not all fit (each up to {caps[g.name]})"
+                    f"wanted {max(g.wanted, true_want)}, got {g.replicas} on {g.gpu_type} x{g.gpus_per_replica}: "
+                    f"a fair share of budget {g.budget or budget.name}'s GPUs among {sharing} services of priority "
+                    f"{g.priority} whose wants do not all fit (each up to {caps[g.name]})"
                 ),
             )
         grants.append(g)
@@ -277,10 +323,8 @@ def _capped(demands: Sequence[Demand], caps: Mapping[str, int]) -> list[Demand]:
 
 
 def _fair_caps(
-    budget: Budget,
+    run: Callable[[Sequence[Demand]], Allocation],
     demands: Sequence[Demand],
-    previous: Mapping[str, Grant] | None,
-    config: AllocatorConfig | None,
     group: Sequence[str],
     caps: Mapping[str, int],
 ) -> dict[str, int]:
@@ -288,25 +332,33 @@ def _fair_caps(
     of equal priority, both missing their SLO while their backlog drained, both wanted every
     GPU, and the one ranked first took five of six for good, while the other, starved, could
     never catch up). The largest cap every service of the group gets in full; then the
-    remainder, one replica at a time, in the group's order (SLO gap, then incumbency)."""
+    remainder one replica at a time, round the group in its order (SLO gap, then incumbency):
+    no service takes a second replica of the remainder before every other that can take one
+    has (issue 38: eight services wanting 5 under a limit of 5 got [5, 0, ...])."""
     top = max(o.wanted for d in demands if d.name in group for o in d.options)
 
-    def holds(trial_caps: Mapping[str, int], floor_caps: Mapping[str, int]) -> bool:
-        trial = _in_order(budget, _capped(demands, {**caps, **trial_caps}), previous, config).by_name
-        return all(trial[n].replicas >= min(trial[n].wanted, floor_caps[n]) for n in group)
+    def holds(trial_caps: Mapping[str, int]) -> bool:
+        trial = run(_capped(demands, {**caps, **trial_caps})).by_name
+        return all(trial[n].replicas >= min(trial[n].wanted, trial_caps[n]) for n in group)
 
     low, high = 0, top  # the largest cap every one of them gets in full, by bisection
     while low < high:
         mid = (low + high + 1) // 2
-        if holds(dict.fromkeys(group, mid), dict.fromkeys(group, mid)):
+        if holds(dict.fromkeys(group, mid)):
             low = mid
         else:
             high = mid - 1
     fair = dict.fromkeys(group, low)
-    order = [g.name for g in _in_order(budget, _capped(demands, {**caps, **fair}), previous, config).grants]
-    for name in [n for n in order if n in fair]:
-        while fair[name] < top and holds({**fair, name: fair[name] + 1}, {**fair, name: fair[name] + 1}):
-            fair[name] += 1
+    order = [g.name for g in run(_capped(demands, {**caps, **fair})).grants if g.name in fair]
+    # Rounds until none can take one more (one that could not may later: another's larger
+    # share can move it to another GPU type, freeing this one's).
+    grew = True
+    while grew:
+        grew = False
+        for name in order:
+            if fair[name] < top and holds({**fair, name: fair[name] + 1}):
+                fair[name] += 1
+                grew = True
     return {**caps, **fair}
 
 
@@ -315,8 +367,11 @@ def _in_order(
     demands: Sequence[Demand],
     previous: Mapping[str, Grant] | None = None,
     config: AllocatorConfig | None = None,
+    pools: Mapping[str, Budget] | None = None,
+    uncapped: Mapping[str, Demand] | None = None,
 ) -> Allocation:
-    """The wants in priority order, and within a priority by SLO gap and incumbency."""
+    """The wants in priority order, and within a priority by SLO gap and incumbency.
+    `uncapped`: the demands before a fair share capped their wants (allocate)."""
     previous = previous or {}
     config = config or AllocatorConfig()
     names = [d.name for d in demands]
@@ -324,10 +379,12 @@ def _in_order(
         raise ValueError(f"budget {budget.name}: service names must be unique, got {sorted(names)}")
     order = _ranked(demands, previous, config)
     rank = {d.name: i for i, d in enumerate(order)}
-    ledger = _Ledger(budget)
+    ledger = _Ledger(budget, pools or {})
     at: dict[str, int] = {}  # option index each service holds
     held: dict[str, int] = {}  # replicas it holds there
     over: dict[str, int] = {}  # the replica a service without a gateway keeps beyond the limit
+    beyond: set[str] = set()  # budgets one of whose services already keeps its replica beyond the limit
+    refused: set[str] = set()  # services without a gateway the limit holds no replica of
     ahead: dict[str, int] = {}  # replicas of room held for it ahead of its forecast
 
     # 1. Floors, in order.
@@ -352,9 +409,17 @@ def _in_order(
             choice = max(tries, key=lambda i: (ledger.fits(d.namespace, d.options[i], floor), -tries.index(i)))
         got = ledger.fits(d.namespace, d.options[choice], floor)
         if got == 0 and not d.gateway:
-            # Nothing holds its requests at zero: one replica beyond the limit, kept off the
-            # ledger so that it takes nothing from the floors and wants ranked before it.
-            over[d.name] = 1
+            # Nothing holds its requests at zero. One running service per budget keeps one
+            # replica beyond the limit (a limit cut below the floors must not take it down),
+            # kept off the ledger so that it takes nothing from the floors and wants ranked
+            # before it; every other is refused: a replica each beyond the limit let a tenant
+            # escape its budget by creating more services (issue 38).
+            bound = ledger.bound(d.options[choice]).name
+            if d.running and bound not in beyond:
+                over[d.name] = 1
+                beyond.add(bound)
+            else:
+                refused.add(d.name)
         ledger.take(d.namespace, d.options[choice], got)
         at[d.name], held[d.name] = choice, got
 
@@ -375,23 +440,31 @@ def _in_order(
         _fill(order[:n], ledger, at, held)
         ledger.give(d.namespace, d.options[floor_at], floor_got)
         got = ledger.fits(d.namespace, opt, want)
-        if got < floor_got and choice != floor_at:  # never below the floor it already had
+        if (got < floor_got or (got == 0 and not d.gateway)) and choice != floor_at:
+            # Never below the floor it already had (and one kept beyond, or refused, stays
+            # on the type its budget's slot counts).
             # ... and the floors moved for it go back: it stays where it was.
             ledger.used, ledger.ns_used = before[0], before[1]
             at.update(before[2])
             held.update(before[3])
             choice, opt = floor_at, d.options[floor_at]
             got = ledger.fits(d.namespace, opt, max(opt.wanted, d.floor))
-        if got == 0 and not d.gateway:  # the replica it keeps beyond the limit
-            over[d.name] = 1
-        else:
-            over.pop(d.name, None)  # room for it within the limit after all
+        if got > 0:  # room for it within the limit after all
+            over.pop(d.name, None)
+            refused.discard(d.name)
         ledger.take(d.namespace, opt, got)
         at[d.name], held[d.name] = choice, got
         # What this turn freed elsewhere (a floor that moved) goes first to those before it.
         _fill(order[:n], ledger, at, held)
         if n + 1 == len(order) or order[n + 1].priority < d.priority:
-            # Its priority's wants are all placed: room ahead of need, before lower priorities.
+            # Its priority's wants are all placed. What its fair shares left free on a type goes
+            # to its services held there, up to their whole wants, before any lower priority:
+            # a share is of what they contend for, never a gift to those below (issue 38: a
+            # larger cap moved a service to another type, so its share stopped short and the
+            # remainder went to a lower priority).
+            if uncapped:
+                _fill(order[: n + 1], ledger, at, held, uncapped)
+            # Then room ahead of need, before lower priorities.
             _fill(order[: n + 1], ledger, at, held)
             for e in order[: n + 1]:
                 if e.priority != d.priority or e.name in ahead:
@@ -406,11 +479,18 @@ def _in_order(
     for d in order:
         if held[d.name] > 0:  # room came free for it within the limit
             over.pop(d.name, None)
+            refused.discard(d.name)
         opt = d.options[at[d.name]]
         got = held[d.name] + over.get(d.name, 0)
-        want = max(opt.wanted, d.floor)
+        want = max((uncapped or {}).get(d.name, d).options[at[d.name]].wanted, d.floor)  # its whole want
         short = max(0, d.min_replicas - got)
-        reason = _reason(budget, d, at[d.name], got, want, short, over.get(d.name, 0), order, at, held, ledger, ahead)
+        reason = _reason(d, at[d.name], got, want, short, over.get(d.name, 0), order, at, held, ledger, ahead)
+        if d.name in refused:
+            reason += (
+                f"; refused: no gateway (spec.routing.inferencePool or kedaHttp) holds its requests at zero and "
+                f"budget {ledger.bound(opt).name} has no room for one replica ({opt.gpus_per_replica} {opt.gpu_type}) "
+                "within its limit: raise the limit, lower another service's share, or give it a gateway"
+            )
         grants.append(
             Grant(
                 d.name,
@@ -426,6 +506,8 @@ def _in_order(
                 short,
                 over.get(d.name, 0),
                 ahead.get(d.name, 0),
+                ledger.bound(opt).name,
+                d.name in refused,
             )
         )
     wanted: dict[str, int] = {}
@@ -436,21 +518,35 @@ def _in_order(
         )
     for name, n in over.items():  # what runs beyond the limit is allocated all the same
         g = next(g for g in grants if g.name == name)
-        ledger.used[g.gpu_type] = ledger.used.get(g.gpu_type, 0) + n * g.gpus_per_replica
+        pool = (g.budget, g.gpu_type)
+        ledger.used[pool] = ledger.used.get(pool, 0) + n * g.gpus_per_replica
     reserved: dict[str, int] = {}
     for g in grants:
         if g.ahead:
             reserved[g.gpu_type] = reserved.get(g.gpu_type, 0) + g.ahead * g.gpus_per_replica
-            ledger.used[g.gpu_type] -= g.ahead * g.gpus_per_replica  # held as room, not granted
-    used = {gpu: n for gpu, n in ledger.used.items() if n > 0}
-    return Allocation(budget.name, tuple(grants), used, wanted, reserved)
+            ledger.used[(g.budget, g.gpu_type)] -= g.ahead * g.gpus_per_replica  # held as room, not granted
+    used: dict[str, int] = {}
+    by_budget: dict[str, dict[str, int]] = {}
+    for (name, gpu), n in ledger.used.items():
+        if n > 0:
+            used[gpu] = used.get(gpu, 0) + n
+            by_budget.setdefault(name, {})[gpu] = n
+    return Allocation(budget.name, tuple(grants), used, wanted, reserved, by_budget)
 
 
-def _fill(before: Sequence[Demand], ledger: _Ledger, at: dict[str, int], held: dict[str, int]) -> None:
-    """Those ranked before, in order, take what is free on the option each holds, up to its want."""
+def _fill(
+    before: Sequence[Demand],
+    ledger: _Ledger,
+    at: dict[str, int],
+    held: dict[str, int],
+    wants: Mapping[str, Demand] | None = None,
+) -> None:
+    """Those ranked before, in order, take what is free on the option each holds, up to its want
+    (its want in `wants` where given: its whole want before a fair share capped it)."""
     for e in before:
         eo = e.options[at[e.name]]
-        short = max(eo.wanted, e.floor) - held[e.name]
+        wanted = (wants or {}).get(e.name, e).options[at[e.name]].wanted
+        short = max(wanted, e.floor) - held[e.name]
         if short > 0:
             more = ledger.fits(e.namespace, eo, short)
             ledger.take(e.namespace, eo, more)
@@ -461,13 +557,13 @@ def _room(ledger: _Ledger, d: Demand, i: int, lower: list[Demand], at: dict[str,
     """Replicas of `d` option `i` could hold: what is free, plus what lower priorities' floors
     would free by moving to another option of theirs with room."""
     opt = d.options[i]
-    free = ledger.free(d.namespace, opt.gpu_type)
+    free = ledger.free(d.namespace, opt)
     if math.isinf(free):
         return max(opt.wanted, d.min_replicas)
     movable = 0
     for x in lower:
         xo = x.options[at[x.name]]
-        if xo.gpu_type != opt.gpu_type or held[x.name] == 0:
+        if ledger.key(xo) != ledger.key(opt) or held[x.name] == 0:
             continue
         if any(
             j != at[x.name] and ledger.fits(x.namespace, x.options[j], held[x.name]) >= held[x.name]
@@ -524,10 +620,10 @@ def _make_room(
     """Moves the floors of `movable` (lower priorities, or floors placed earlier) off `opt`'s
     GPU type, last first, until `needed_gpus` are free or none can move."""
     for x in reversed(movable):
-        if ledger.free(d.namespace, opt.gpu_type) >= needed_gpus:
+        if ledger.free(d.namespace, opt) >= needed_gpus:
             return
         xo = x.options[at[x.name]]
-        if xo.gpu_type != opt.gpu_type or held[x.name] == 0:
+        if ledger.key(xo) != ledger.key(opt) or held[x.name] == 0:
             continue
         for j, alt in enumerate(x.options):
             if j != at[x.name] and ledger.fits(x.namespace, alt, held[x.name]) >= held[x.name]:
@@ -538,7 +634,6 @@ def _make_room(
 
 
 def _reason(
-    budget: Budget,
     d: Demand,
     i: int,
     got: int,
@@ -566,16 +661,19 @@ def _reason(
         moved += f"; room for {ahead[d.name]} more held ahead of its forecast"
     if got >= want:
         return f"wanted {want}, got {got} on {where}{moved}"
+    budget = ledger.bound(opt)
     limit = budget.limits.get(opt.gpu_type)
     ns_limit = budget.namespace_limits.get(d.namespace, {}).get(opt.gpu_type)
     holders = [
         f"{x.name} (priority {x.priority}) {held[x.name] * x.options[at[x.name]].gpus_per_replica}"
         + (f" (+{ahead[x.name] * x.options[at[x.name]].gpus_per_replica} ahead)" if ahead.get(x.name) else "")
         for x in order
-        if x.name != d.name and x.options[at[x.name]].gpu_type == opt.gpu_type and held[x.name] > 0
+        if x.name != d.name and ledger.key(x.options[at[x.name]]) == ledger.key(opt) and held[x.name] > 0
     ]
-    global_free = math.inf if limit is None else limit - ledger.used.get(opt.gpu_type, 0)
-    ns_free = math.inf if ns_limit is None else ns_limit - ledger.ns_used.get((d.namespace, opt.gpu_type), 0)
+    global_free = math.inf if limit is None else limit - ledger.used.get((budget.name, opt.gpu_type), 0)
+    ns_free = (
+        math.inf if ns_limit is None else ns_limit - ledger.ns_used.get((budget.name, d.namespace, opt.gpu_type), 0)
+    )
     if ns_free < global_free:
         cap = f"namespace {d.namespace}'s {opt.gpu_type} limit of {ns_limit} GPUs"
     else:

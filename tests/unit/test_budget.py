@@ -12,7 +12,11 @@ from kvscale.autoscaling.budget import Allocation, Budget, Demand, Grant, Option
 H100, L40S, A100 = "H100-SXM", "L40S", "A100-80GB"
 
 
-def d(name: str, *options: tuple[str, int, int] | tuple[str, int, int, float], **kw: object) -> Demand:
+def d(
+    name: str,
+    *options: tuple[str, int, int] | tuple[str, int, int, float] | tuple[str, int, int, float, int, str],
+    **kw: object,
+) -> Demand:
     return Demand(name, tuple(Option(*o) for o in options), **kw)  # type: ignore[arg-type]
 
 
@@ -246,7 +250,7 @@ def _used(a: Allocation) -> dict[str, int]:
     return used
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None)  # the machine's load, not the allocator, sets the time
 @given(scenarios())
 def test_never_above_a_limit(case: tuple[Budget, list[Demand]]) -> None:
     budget, demands = case
@@ -258,7 +262,7 @@ def test_never_above_a_limit(case: tuple[Budget, list[Demand]]) -> None:
         assert 0 <= g.replicas <= g.wanted
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None)  # the machine's load, not the allocator, sets the time
 @given(scenarios())
 def test_without_contention_the_allocation_is_the_independent_decisions(case: tuple[Budget, list[Demand]]) -> None:
     _, demands = case
@@ -278,7 +282,8 @@ def test_without_contention_the_allocation_is_the_independent_decisions(case: tu
         )
 
 
-@settings(max_examples=150)
+# Issue 38: at 150 examples its counterexample surfaced on some runs only.
+@settings(max_examples=600, deadline=None)
 @given(scenarios())
 def test_priority_order(case: tuple[Budget, list[Demand]]) -> None:
     """A service held on a GPU type leaves lower priorities at most their floors there (up to
@@ -296,7 +301,7 @@ def test_priority_order(case: tuple[Budget, list[Demand]]) -> None:
         assert above_floor < high.gpus_per_replica
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None)  # the machine's load, not the allocator, sets the time
 @given(scenarios())
 def test_floors_first(case: tuple[Budget, list[Demand]]) -> None:
     """A service short of its floor means the floors alone fill what it could use."""
@@ -307,7 +312,7 @@ def test_floors_first(case: tuple[Budget, list[Demand]]) -> None:
             assert "does not fit" in g.reason
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None)  # the machine's load, not the allocator, sets the time
 @given(scenarios(ahead=False))
 def test_the_same_inputs_give_the_same_allocation_next_tick(case: tuple[Budget, list[Demand]]) -> None:
     """No flapping: feeding a tick's result back (where each runs, its rank) changes nothing."""
@@ -400,11 +405,11 @@ def test_a_limit_cut_below_the_floors_keeps_them_in_priority_order_and_names_the
 
 def test_a_service_without_a_gateway_keeps_one_replica_beyond_the_limit() -> None:
     # Issue 29: a limit cut below the floors took a minReplicas 1 service behind a plain
-    # Service to zero. It keeps one, beyond the limit, and takes nothing from the others.
+    # Service to zero. A running one keeps one, beyond the limit, and takes nothing from the others.
     a = allocate(
         Budget("b", {H100: 1}),
         [
-            d("plain", (H100, 1, 3), priority=1, min_replicas=1, gateway=False),
+            d("plain", (H100, 1, 3), priority=1, min_replicas=1, gateway=False, running=True),
             d("top", (H100, 1, 3), priority=100, min_replicas=1),
         ],
     )
@@ -415,7 +420,7 @@ def test_a_service_without_a_gateway_keeps_one_replica_beyond_the_limit() -> Non
     assert a.used == {H100: 2}  # what runs, the replica beyond the limit included
     assert "1 replica beyond the H100-SXM limit: no gateway holds its requests at zero" in a.grant("plain").reason
     # minReplicas 0 and a limit of 0: still one.
-    alone = allocate(Budget("b", {H100: 0}), [d("plain", (H100, 1, 2), gateway=False)])
+    alone = allocate(Budget("b", {H100: 0}), [d("plain", (H100, 1, 2), gateway=False, running=True)])
     assert (alone.grant("plain").replicas, alone.grant("plain").over_limit) == (1, 1)
     # Room within the limit: no replica beyond it.
     roomy = allocate(Budget("b", {H100: 4}), [d("plain", (H100, 1, 2), gateway=False)])
@@ -425,20 +430,59 @@ def test_a_service_without_a_gateway_keeps_one_replica_beyond_the_limit() -> Non
     assert gated.grant("gated").replicas == 0
 
 
-@settings(max_examples=150)
-@given(scenarios(), st.lists(st.booleans(), min_size=6, max_size=6))
-def test_without_a_gateway_never_zero_and_beyond_a_limit_by_one_replica_at_most(
-    case: tuple[Budget, list[Demand]], gateways: list[bool]
+def test_services_without_a_gateway_never_take_a_budget_beyond_its_limit_by_more_than_one_replica() -> None:
+    # Issue 38: five TP8 services behind plain Services under a namespace limit of 8 H100 were
+    # granted 40 (each kept "one replica beyond the limit"). One runs within the limit; the new
+    # ones are refused and say what to do.
+    budget = Budget("b", {H100: 64}, namespace_limits={"t": {H100: 8}})
+    five = [d(f"t/s{i}", (H100, 8, 1), min_replicas=1, namespace="t", gateway=False) for i in range(5)]
+    a = allocate(budget, five)
+    assert a.used == {H100: 8}
+    assert [(g.name, g.replicas, g.refused) for g in a.grants] == [
+        ("t/s0", 1, False),
+        *((f"t/s{i}", 0, True) for i in range(1, 5)),
+    ]
+    why = a.grant("t/s1").reason
+    assert "refused: no gateway (spec.routing.inferencePool or kedaHttp) holds its requests at zero" in why
+    assert "budget b has no room for one replica (8 H100-SXM) within its limit: raise the limit" in why
+    # All five already running (a limit cut below them): one keeps its replica beyond the limit,
+    # the others are refused: a budget runs at most one replica beyond its limit.
+    running = allocate(budget, [replace(x, running=True) for x in five])
+    assert sorted(g.replicas for g in running.grants) == [0, 0, 0, 1, 1] and running.used == {H100: 16}
+    assert sum(g.over_limit for g in running.grants) == 1
+    # A higher priority created later takes the floor within the limit: the running one keeps
+    # its replica beyond it, and a third, older, lower one is refused rather than a second beyond.
+    escalate = allocate(
+        budget,
+        [
+            replace(five[0], running=True, priority=1),
+            replace(five[1], running=True, priority=2),
+            replace(five[2], priority=3),
+        ],
+    )
+    assert [(g.name, g.replicas, g.over_limit, g.refused) for g in escalate.grants] == [
+        ("t/s2", 1, 0, False),
+        ("t/s1", 1, 1, False),
+        ("t/s0", 0, 0, True),
+    ]
+
+
+@settings(max_examples=400, deadline=None)
+@given(scenarios(), st.lists(st.booleans(), min_size=7, max_size=7), st.lists(st.booleans(), min_size=7, max_size=7))
+def test_without_a_gateway_never_zero_unless_refused_and_beyond_a_limit_by_one_replica_at_most(
+    case: tuple[Budget, list[Demand]], gateways: list[bool], running: list[bool]
 ) -> None:
     budget, demands = case
-    demands = [replace(x, gateway=gw) for x, gw in zip(demands, gateways, strict=False)]
+    demands = [replace(x, gateway=gw, running=run) for x, gw, run in zip(demands, gateways, running, strict=False)]
     a = allocate(budget, demands)
     for x in demands:
         g = a.grant(x.name)
         if not x.gateway:
-            assert g.replicas >= 1
-        assert g.over_limit <= 1 and (g.over_limit == 0 or not x.gateway)
+            assert (g.replicas >= 1) != g.refused
+        assert not g.refused or (not x.gateway and g.replicas == 0)
+        assert g.over_limit <= 1 and (g.over_limit == 0 or (not x.gateway and x.running))
         assert g.over_limit == 0 or g.replicas == 1  # beyond the limit only the one replica
+    assert sum(g.over_limit for g in a.grants) <= 1  # of one service per budget
     # Less the replicas kept beyond it, every limit holds.
     for gpu, limit in budget.limits.items():
         within = sum((g.replicas - g.over_limit) * g.gpus_per_replica for g in a.grants if g.gpu_type == gpu)
@@ -477,7 +521,7 @@ def test_floors_that_cannot_make_room_stay_put_from_tick_to_tick() -> None:
     ]
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None)  # the machine's load, not the allocator, sets the time
 @given(scenarios())
 def test_with_room_ahead_the_allocation_settles_and_never_cycles(case: tuple[Budget, list[Demand]]) -> None:
     """Room held ahead changes where lower priorities fit, so a return to a preferred type
@@ -495,3 +539,79 @@ def test_with_room_ahead_the_allocation_settles_and_never_cycles(case: tuple[Bud
         seen.append(now)
         previous, where = a.by_name, {g.name: g.gpu_type for g in a.grants}
     raise AssertionError(f"not settled within 4 ticks: {seen}")
+
+
+def test_equal_priorities_hand_out_the_remainder_one_replica_at_a_time() -> None:
+    # Issue 38: 8 equal services wanting 5 each under a limit of 5 got [5, 0, 0, 0, 0, 0, 0, 0];
+    # max-min fairness hands the remainder out one replica at a time, in the group's order.
+    a = allocate(Budget("b", {H100: 5}), [d(f"s{i}", (H100, 1, 5)) for i in range(8)])
+    assert [g.replicas for g in a.grants] == [1, 1, 1, 1, 1, 0, 0, 0]
+    assert a.used == {H100: 5}
+    # Beyond the equal share, still one at a time: 3 services wanting 9 under 11 get 4, 4, 3.
+    b = allocate(Budget("b", {H100: 11}), [d(f"s{i}", (H100, 1, 9)) for i in range(3)])
+    assert [g.replicas for g in b.grants] == [4, 4, 3]
+
+
+def test_each_gpu_type_is_bounded_by_the_budget_its_option_names() -> None:
+    # Issue 38: several budgets select one service, each type bounded by the tightest that limits
+    # it. Options name their budget; two services on one type under different budgets do not
+    # compete, and each grant says which budget bounds it.
+    team = Budget("team-a100", {A100: 4})
+    cap = Budget("h100-cap", {H100: 0})
+    a = allocate(
+        Budget("", {}),
+        [
+            d("bud/x", (A100, 1, 3, 0.0, 0, "team-a100"), (H100, 1, 3, 0.0, 0, "h100-cap"), namespace="bud"),
+            d("bud/y", (A100, 1, 3, 0.0, 0, "team-a100"), namespace="bud"),
+            d("other/z", (A100, 1, 10)),  # no budget limits its A100s
+        ],
+        pools={"team-a100": team, "h100-cap": cap},
+    )
+    assert sorted(a.grant(n).replicas for n in ("bud/x", "bud/y")) == [2, 2]
+    assert a.grant("other/z").replicas == 10
+    assert {a.grant(n).budget for n in ("bud/x", "bud/y")} == {"team-a100"}
+    assert a.used_by_budget == {"team-a100": {A100: 4}, "": {A100: 10}}
+    assert "budget team-a100's GPUs" in a.grant("bud/y").reason
+    with pytest.raises(ValueError, match="names budget 'gone', which pools does not hold"):
+        allocate(Budget("", {}), [d("x", (A100, 1, 1, 0.0, 0, "gone"))])
+
+
+def test_a_service_at_its_whole_want_on_the_option_it_got_is_not_held() -> None:
+    # Issue 38, finding 7 (test_priority_order failed on some runs only): under a fair share, a
+    # service's "true want" was read from the uncapped allocation, which had it on another option
+    # (2 on H100, where nothing fits); granted its whole want of 1 on A100 it counted as held,
+    # "wanted 2, got 1", and a lower priority's A100 above its floor broke the priority order.
+    budget = Budget("b", {A100: 12, H100: 0, L40S: 0})
+    a = allocate(
+        budget,
+        [
+            d("s0", (H100, 1, 1), (L40S, 1, 1), (A100, 1, 1)),
+            d("s1", (H100, 1, 2), (L40S, 1, 1), (A100, 1, 1), priority=2),
+            d("s2", (A100, 4, 3), (H100, 1, 1), priority=2, slo_gap=1.0),
+        ],
+    )
+    s1 = a.grant("s1")
+    assert (s1.gpu_type, s1.replicas, s1.wanted, s1.held) == (A100, 1, 1, False)
+    s2 = a.grant("s2")
+    assert (s2.gpu_type, s2.replicas, s2.wanted, s2.held) == (A100, 2, 3, True)
+    assert a.grant("s0").gpus < s2.gpus_per_replica  # what a held priority leaves below it
+
+
+def test_what_a_priority_s_fair_shares_leave_free_goes_to_its_held_services_before_lower_ones() -> None:
+    # Found by test_priority_order at 600 examples: s1's larger cap kept it on H100 (hysteresis),
+    # so its share stopped at 3 of 4 on L40S, and the two L40S left went to s3, priority 0.
+    a = allocate(
+        Budget("b", {H100: 6, L40S: 8, A100: 0}),
+        [
+            d("s0", (H100, 2, 2), (L40S, 1, 1), priority=3),
+            d("s1", (H100, 1, 3), (L40S, 2, 4), (A100, 1, 1), priority=3, current_gpu_type=H100),
+            d("s2", (H100, 1, 0), (L40S, 1, 0), priority=3, min_replicas=1, current_gpu_type=L40S),
+            d("s3", (L40S, 1, 2)),
+        ],
+    )
+    assert [(g.name, g.gpu_type, g.replicas, g.held) for g in a.grants] == [
+        ("s0", H100, 2, False),
+        ("s1", L40S, 4, False),
+        ("s2", H100, 1, False),
+        ("s3", L40S, 0, True),
+    ]
