@@ -4,10 +4,11 @@ got, what it wanted and why. Without a budget nothing changes: services are size
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvscale.api.models import Condition, _Status, _Wire
 from kvscale.autoscaling.budget import Budget
@@ -27,6 +28,40 @@ NAMESPACE_LENGTH = 63  # a namespace is a DNS-1123 label
 LABEL_KEY_LENGTH = 317  # a 253-character prefix, '/', a 63-character name
 LABEL_VALUE_LENGTH = 63
 Namespace = Annotated[str, Field(max_length=NAMESPACE_LENGTH)]
+# Kubernetes' own forms (apimachinery validation): a namespace is a DNS-1123 label; a label key an
+# optional DNS-1123 subdomain prefix and '/', then a name; a label value empty or a name. A
+# selector naming anything else matches nothing, silently (issue 38: `bad key!`, `namespaces: [""]`).
+NAMESPACE_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+LABEL_NAME_PATTERN = "[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+LABEL_PREFIX_PATTERN = "[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+LABEL_KEY_PATTERN = f"^({LABEL_PREFIX_PATTERN}/)?{LABEL_NAME_PATTERN}$"
+LABEL_VALUE_PATTERN = f"^({LABEL_NAME_PATTERN})?$"
+LABEL_NAME_LENGTH = 63
+LABEL_PREFIX_LENGTH = 253
+
+
+def namespace_error(field: str, namespace: str) -> str | None:
+    """Why `namespace` is not a namespace name (None when it is one)."""
+    if re.fullmatch(NAMESPACE_PATTERN, namespace) and len(namespace) <= NAMESPACE_LENGTH:
+        return None
+    return (
+        f"{field} {namespace!r} is not a namespace name: a DNS-1123 label (lowercase letters, digits and '-', "
+        f"starting and ending with a letter or digit, at most {NAMESPACE_LENGTH} characters), e.g. team-a"
+    )
+
+
+def label_key_error(field: str, key: str) -> str | None:
+    """Why `key` is not a label key (None when it is one)."""
+    prefix, _, name = key.rpartition("/")
+    if re.fullmatch(LABEL_KEY_PATTERN, key) and len(name) <= LABEL_NAME_LENGTH and len(prefix) <= LABEL_PREFIX_LENGTH:
+        return None
+    return (
+        f"{field} key {key!r} is not a label key: an optional DNS subdomain prefix and '/', then a name of at most "
+        f"{LABEL_NAME_LENGTH} letters, digits, '-', '_' or '.' starting and ending with a letter or digit, "
+        "e.g. tier or example.com/team"
+    )
+
+
 MAX_PREEMPTION_GRACE_S = 3600
 
 
@@ -45,6 +80,29 @@ class BudgetSelector(_Wire):
         max_length=MAX_LABELS,
         description="Only InferenceServices carrying all these labels; empty: no label needed.",
     )
+
+    @field_validator("namespaces")
+    @classmethod
+    def _namespaces(cls, namespaces: list[str]) -> list[str]:
+        for i, namespace in enumerate(namespaces):
+            error = namespace_error(f"spec.selector.namespaces[{i}]", namespace)
+            if error:
+                raise ValueError(f"{error}; fix it or remove it")
+        return namespaces
+
+    @field_validator("match_labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            error = label_key_error("spec.selector.matchLabels", key)
+            if error:
+                raise ValueError(f"{error}; fix it or remove it")
+            if not re.fullmatch(LABEL_VALUE_PATTERN, value):
+                raise ValueError(
+                    f"spec.selector.matchLabels.{key} value {value!r} is not a label value: empty, or up to "
+                    f"{LABEL_VALUE_LENGTH} letters, digits, '-', '_' or '.' starting and ending with a letter or digit"
+                )
+        return labels
 
     def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
         if self.namespaces and namespace not in self.namespaces:
@@ -79,6 +137,10 @@ class GPUBudgetSpec(_Wire):
     def _some(self) -> GPUBudgetSpec:
         if not self.limits:
             raise ValueError("spec.limits must name at least one GPU type, e.g. {H100-SXM: 8}")
+        for namespace in self.namespace_limits:
+            error = namespace_error("spec.namespaceLimits", namespace)
+            if error:
+                raise ValueError(f"{error}; fix it or remove it")
         for namespace, limits in self.namespace_limits.items():
             for gpu, count in limits.items():
                 if gpu in self.limits and count > self.limits[gpu]:

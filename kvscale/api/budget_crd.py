@@ -14,8 +14,12 @@ from kvscale.api.budget import (
     BUDGET_SHORT_NAMES,
     BUDGET_SINGULAR,
     LABEL_KEY_LENGTH,
+    LABEL_KEY_PATTERN,
+    LABEL_NAME_LENGTH,
+    LABEL_VALUE_PATTERN,
     MAX_BUDGET_TYPES,
     NAMESPACE_LENGTH,
+    NAMESPACE_PATTERN,
     GPUBudgetSpec,
     GPUBudgetStatus,
 )
@@ -57,17 +61,36 @@ def budget_crd() -> dict[str, Any]:
     per_namespace = spec["properties"]["namespaceLimits"]["additionalProperties"]
     per_namespace["maxProperties"] = MAX_BUDGET_TYPES
     per_namespace["x-kubernetes-validations"] = [gpu_name]
+    namespace_form = (
+        "a DNS-1123 label (lowercase letters, digits and '-', starting and ending with a letter or digit), e.g. team-a"
+    )
     spec["properties"]["namespaceLimits"]["x-kubernetes-validations"] = [
         {
-            "rule": f"self.all(ns, ns.size() <= {NAMESPACE_LENGTH})",
-            "message": f"spec.namespaceLimits keys are namespaces: at most {NAMESPACE_LENGTH} characters",
+            "rule": f"self.all(ns, ns.size() <= {NAMESPACE_LENGTH} && ns.matches('{NAMESPACE_PATTERN}'))",
+            "message": f"spec.namespaceLimits keys are namespaces: {namespace_form}",
         }
     ]
-    spec["properties"]["selector"]["properties"]["matchLabels"]["x-kubernetes-validations"] = [
+    selector = spec["properties"]["selector"]["properties"]
+    selector["namespaces"]["items"]["pattern"] = NAMESPACE_PATTERN
+    selector["namespaces"]["x-kubernetes-validations"] = [
         {
-            "rule": f"self.all(k, k.size() <= {LABEL_KEY_LENGTH})",
-            "message": f"spec.selector.matchLabels keys are label keys: at most {LABEL_KEY_LENGTH} characters",
+            "rule": f"self.all(ns, ns.matches('{NAMESPACE_PATTERN}'))",
+            "message": f"spec.selector.namespaces are namespace names: {namespace_form}",
         }
+    ]
+    selector["matchLabels"]["x-kubernetes-validations"] = [
+        {
+            "rule": f"self.all(k, k.size() <= {LABEL_KEY_LENGTH} && k.matches('{LABEL_KEY_PATTERN}') && "
+            f"k.split('/')[k.split('/').size() - 1].size() <= {LABEL_NAME_LENGTH})",
+            "message": "spec.selector.matchLabels keys are label keys: an optional DNS subdomain prefix and '/', then "
+            f"a name of at most {LABEL_NAME_LENGTH} letters, digits, '-', '_' or '.' starting and ending with a letter "
+            "or digit, e.g. tier or example.com/team",
+        },
+        {
+            "rule": f"self.all(k, self[k].matches('{LABEL_VALUE_PATTERN}'))",
+            "message": "spec.selector.matchLabels values are label values: empty, or letters, digits, '-', '_' or '.' "
+            "starting and ending with a letter or digit",
+        },
     ]
     status = openapi_schema(GPUBudgetStatus)
     spec["description"] = "GPU limits per type and which InferenceServices they govern."
