@@ -42,19 +42,20 @@ def budget_ttl_s(rt: _HasSettings) -> float:
 
 
 def budget_conditions(book: BudgetBook, name: str) -> list[dict[str, str]]:
-    """Ready, and Shadowed where services the budget selects are governed by a tighter one (their
-    GPUs do not count against this budget: without saying so a catch-all budget looked as if it
-    held them)."""
+    """Ready, and Shadowed where a GPU type this budget limits is bounded, for some service it
+    selects, by a tighter budget (those GPUs do not count against this budget: without saying so
+    a catch-all budget looked as if it held them)."""
     ready = {"type": "Ready", "status": "True", "reason": "Allocating", "message": "allocating every scale interval"}
     shadowed = book.shadowed(name)
     if not shadowed:
         return [ready, {"type": "Shadowed", "status": "False", "reason": "GovernsAllItSelects", "message": ""}]
-    listed = ", ".join(f"{key} (by {by})" for key, by in shadowed[:20])
+    listed = ", ".join(f"{key} on {gpu} (by {by})" for key, gpu, by in shadowed[:20])
     more = f" and {len(shadowed) - 20} more" if len(shadowed) > 20 else ""
     message = (
-        f"{len(shadowed)} service(s) this budget selects are governed by a tighter budget: {listed}{more}; their GPUs "
-        "do not count against this budget's limits. A service is governed by the matching budget with the fewest "
-        "GPUs in its limits; narrow this budget's selector (namespaces, matchLabels) to make that explicit"
+        f"{len(shadowed)} service GPU type(s) this budget limits are bounded by a tighter budget: {listed}{more}; "
+        "those GPUs do not count against this budget's limits. Each GPU type of a service is bounded by the "
+        "matching budget with the fewest GPUs of that type; a budget that does not limit a type does not govern "
+        "it. Narrow this budget's selector (namespaces, matchLabels) to make that explicit"
     )
     return [ready, {"type": "Shadowed", "status": "True", "reason": "TighterBudgetGoverns", "message": message[:1000]}]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 from kvscale.api.budget import parse_budget_spec
 from kvscale.api.intent import read_spec
@@ -70,7 +71,7 @@ def test_a_scale_up_waits_for_gpus_another_service_still_holds() -> None:
     mine = book.entries["ns/chat"]
     held_by_low = limit - start.current * tp
     low = replace(mine.demand, name="ns/low", priority=-1, min_replicas=0)
-    book.entries["ns/low"] = Entry("b", low, "ns", "low", held_by_low, gpu, NOW.timestamp())
+    book.record(Entry("b", low, "ns", "low", held_by_low, gpu, NOW.timestamp()))
     _, governed, _ = _tick_under_load(book)
     assert governed.result.scale_to is None  # nothing free now
     c = get_condition(governed.result.status, CONDITION)
@@ -95,15 +96,15 @@ def test_a_scale_up_stays_within_the_namespaces_limit_while_a_neighbour_still_ho
     mine = book.entries["ns/chat"]
     # Both behind a gateway (minReplicas 0 lets them go to zero; without one they keep a replica).
     low = replace(mine.demand, name="ns/low", priority=-1, min_replicas=0, gateway=True)
-    book.entries["ns/low"] = Entry("b", low, "ns", "low", 2 * tp, gpu, NOW.timestamp())
+    book.record(Entry("b", low, "ns", "low", 2 * tp, gpu, NOW.timestamp()))
     far = replace(mine.demand, name="other/far", priority=-1, min_replicas=0, namespace="other", gateway=True)
-    book.entries["other/far"] = Entry("b", far, "other", "far", 10 * tp, gpu, NOW.timestamp())
+    book.record(Entry("b", far, "other", "far", 10 * tp, gpu, NOW.timestamp()))
     _, governed, _ = _tick_under_load(book)
     assert governed.result.scale_to is None  # the namespace's limit is full now
     c = get_condition(governed.result.status, CONDITION)
     assert c is not None and "once other services release their GPUs" in c.message
     # The neighbour released its GPUs: chat takes up to the namespace's limit, no further.
-    book.entries["ns/low"] = Entry("b", low, "ns", "low", 0, gpu, NOW.timestamp())
+    book.record(Entry("b", low, "ns", "low", 0, gpu, NOW.timestamp()))
     _, governed, _ = _tick_under_load(book)
     assert governed.result.scale_to == start.current + 2
 
@@ -216,7 +217,7 @@ def test_gpus_a_moved_service_still_holds_on_its_old_type_count_against_the_budg
     mine = book.entries["ns/chat"]
     # Another service moved off this type: its pods there drain, holding all but one replica's GPUs.
     other = replace(mine.demand, name="ns/low", priority=-1, min_replicas=0)
-    book.entries["ns/low"] = Entry("b", other, "ns", "low", 0, "L4", NOW.timestamp(), ((gpu, 100 * tp - tp),))
+    book.record(Entry("b", other, "ns", "low", 0, "L4", NOW.timestamp(), ((gpu, 100 * tp - tp),)))
     _, governed, _ = _tick_under_load(book)
     assert governed.result.scale_to is None
     c = get_condition(governed.result.status, CONDITION)
@@ -237,9 +238,7 @@ def test_a_service_started_with_no_replicas_reads_as_none_and_waits_for_free_gpu
     book = BudgetBook()
     elsewhere = {a.gpu_type: 0 for a in plan.alternatives if a.gpu_type != gpu}
     book.set_budget("b", parse_budget_spec({"limits": {gpu: tp, **elsewhere}}))
-    book.entries["ns/big"] = Entry(
-        "b", Demand("ns/big", (Option(gpu, tp, 1),), 5), "ns", "big", tp, gpu, NOW.timestamp()
-    )
+    book.record(Entry("b", Demand("ns/big", (Option(gpu, tp, 1),), 5), "ns", "big", tp, gpu, NOW.timestamp()))
     started = cap_deploy(book, RES, {}, parse_intent(SPEC), created, None, NOW)
     assert started.status.desired_replicas == 0
     # Running behind a plain Service, a re-plan onto a full GPU type keeps one replica: nothing
@@ -296,9 +295,10 @@ def test_overlapping_budgets_the_tightest_governs_and_the_catch_all_says_it_is_s
     cond = get_condition(governed.result.status, CONDITION)
     assert cond is not None and cond.message.startswith("budget team:")
     key = f"{RES.namespace}/{RES.name}"
-    assert book.shadowed("a-catch-all") == [(key, "team")] and book.shadowed("team") == []
+    assert book.shadowed("a-catch-all") == [(key, gpu, "team")] and book.shadowed("team") == []
     catch_all = {c["type"]: c for c in budget_conditions(book, "a-catch-all")}
-    assert catch_all["Shadowed"]["status"] == "True" and f"{key} (by team)" in catch_all["Shadowed"]["message"]
+    assert catch_all["Shadowed"]["status"] == "True"
+    assert f"{key} on {gpu} (by team)" in catch_all["Shadowed"]["message"]
     assert {c["type"]: c["status"] for c in budget_conditions(book, "team")}["Shadowed"] == "False"
     status = budget_status(book, "team", NOW.timestamp(), TTL, 1)
     assert [s["name"] for s in status["services"]] == [RES.name]
@@ -324,7 +324,7 @@ def test_a_limit_cut_below_the_floors_never_takes_a_service_behind_a_plain_servi
     elsewhere = {a.gpu_type: 0 for a in start.plan.alternatives if a.gpu_type != gpu}
     book.set_budget("b", parse_budget_spec({"limits": {gpu: tp, **elsewhere}}))
     top = Demand("ns/top", (Option(gpu, tp, 1),), 100, 1, "ns", 0.0, gpu)
-    book.entries["ns/top"] = Entry("b", top, "ns", "top", tp, gpu, NOW.timestamp())
+    book.record(Entry("b", top, "ns", "top", tp, gpu, NOW.timestamp()))
     obs = _obs(0.5, start.ready)
     done = tick(intent, RES, status, start, obs, None, ScalerMemory(), CAT, SETTINGS, NOW)
     governed = govern(book, RES, {}, intent, status, start, obs, done, NOW, TTL)
@@ -419,7 +419,7 @@ def test_room_ahead_of_the_forecast_is_held_from_a_lower_priority() -> None:
     # On the tick: chat (priority 0) asks 3 beyond its want; low (-1) wants everything.
     book.set_budget("b", parse_budget_spec({"limits": {gpu: (wanted + 10) * tp}}))
     low = Demand("ns/low", (Option(gpu, tp, 100),), priority=-1)
-    book.entries["ns/low"] = Entry("b", low, "ns", "low", 0, gpu, NOW.timestamp())
+    book.record(Entry("b", low, "ns", "low", 0, gpu, NOW.timestamp()))
     ahead = replace(done, decision=replace(done.decision, lead_replicas=wanted + 3))
     govern(book, RES, {"tier": "x"}, intent, status, start, obs, ahead, NOW, TTL)
     a = book.allocation("b", NOW.timestamp(), TTL)
@@ -447,4 +447,86 @@ def test_a_scale_up_is_counted_at_once_so_a_service_created_next_does_not_take_t
     _, governed, _ = _tick_under_load(book)
     assert governed.result.scale_to == start.current + 2
     assert book.entries["ns/chat"].held_gpus == limit  # what its Deployment now asks for
-    assert free_gpus(book, "b", "ns/rag", "ns", gpu) == 0
+    assert free_gpus(book.view(), "ns/rag", "ns", {}, gpu) == 0
+
+
+def test_a_catch_all_budget_on_another_gpu_type_does_not_void_a_teams_budget() -> None:
+    """Issue 38, finding 1: `h100-cap {H100-SXM: 2}` with no selector became the governing budget
+    of every service (tightest by the sum of its limits), and a team's A100 budget limited
+    nothing. Each GPU type is bounded by the tightest budget that limits it; a budget without a
+    limit for a type does not govern it, nor count it."""
+    book = BudgetBook()
+    _, _, start = _tick_under_load(BudgetBook())
+    gpu, tp = start.plan.gpu_type, start.plan.tensor_parallel
+    elsewhere = {a.gpu_type: 0 for a in start.plan.alternatives if a.gpu_type != gpu}  # nowhere to move
+    team = {"limits": {gpu: (start.current + 1) * tp, **elsewhere}, "selector": {"namespaces": [RES.namespace]}}
+    book.set_budget("team", parse_budget_spec(team))
+    book.set_budget("cap", parse_budget_spec({"limits": {"B200": 0}}))  # a type the service never runs on
+    done, governed, _ = _tick_under_load(book)
+    assert done.decision.replicas > start.current + 1
+    assert governed.result.scale_to == start.current + 1  # the team's limit holds
+    c = get_condition(governed.result.status, CONDITION)
+    assert c is not None and c.message.startswith("budget team:")
+    cap = budget_status(book, "cap", NOW.timestamp(), TTL, 1)
+    assert (cap["allocated"], cap["services"]) == ({"B200": 0}, [])  # counts only what it limits
+    mine = budget_status(book, "team", NOW.timestamp(), TTL, 1)
+    assert mine["allocated"][gpu] == (start.current + 1) * tp
+    assert [s["name"] for s in mine["services"]] == [RES.name]
+    # A catch-all that does limit the type, more tightly, bounds it instead: per type, the tightest.
+    book.set_budget("tight", parse_budget_spec({"limits": {gpu: start.current * tp}}))
+    _, governed, _ = _tick_under_load(book)
+    c = get_condition(governed.result.status, CONDITION)
+    assert c is not None and c.message.startswith("budget tight:") and governed.result.scale_to is None
+    assert budget_status(book, "team", NOW.timestamp(), TTL, 1)["allocated"][gpu] == 0
+
+
+def test_a_new_service_without_a_gateway_is_refused_rather_than_run_beyond_the_limit() -> None:
+    """Issue 38, finding 2: every service behind a plain Service kept "one replica beyond the
+    limit", so a tenant escaped its budget by creating more. A new one whose replica the limit
+    cannot hold is refused, and says what to do; the budget says so too."""
+    body = {**SPEC, "scaling": {"minReplicas": 1, "maxReplicas": 6, "priority": 1}}
+    intent, status, start = _planned(body)
+    new = replace(start, current=0, ready=0)
+    gpu, tp = start.plan.gpu_type, start.plan.tensor_parallel
+    book = BudgetBook()
+    elsewhere = {a.gpu_type: 0 for a in start.plan.alternatives if a.gpu_type != gpu}
+    book.set_budget("b", parse_budget_spec({"limits": {gpu: tp, **elsewhere}}))
+    top = Demand("ns/top", (Option(gpu, tp, 1),), 100, 1, "ns", 0.0, gpu, False, True)
+    book.record(Entry("b", top, "ns", "top", tp, gpu, NOW.timestamp()))
+    obs = _obs(0.5, 0)
+    done = tick(intent, RES, status, new, obs, None, ScalerMemory(), CAT, SETTINGS, NOW)
+    governed = govern(book, RES, {}, intent, status, new, obs, done, NOW, TTL)
+    assert governed.result.scale_to is None  # it starts none
+    c = get_condition(governed.result.status, CONDITION)
+    assert c is not None and (c.status, c.reason) == ("True", "RefusedByBudget")
+    assert "refused: no gateway (spec.routing.inferencePool or kedaHttp) holds its requests at zero" in c.message
+    assert "raise the limit" in c.message
+    assert CONDITION in [e.reason for e in governed.result.events]
+    out = budget_status(book, "b", NOW.timestamp(), TTL, 1)
+    assert out["allocated"][gpu] == tp  # the running one only
+    (floors,) = out["conditions"]
+    assert (floors["status"], floors["reason"]) == ("False", "RefusedByBudget") and "ns/chat" in floors["message"]
+
+
+def test_a_selector_or_namespace_limit_kubernetes_could_never_match_is_refused_with_the_field() -> None:
+    """Issue 38: the schema accepted the selector key `bad key!` and `namespaces: [""]`, which
+    match nothing, silently."""
+    import pytest
+    from pydantic import ValidationError
+
+    from kvscale.api.budget import budget_spec_error
+
+    cases: dict[str, dict[str, Any]] = {
+        "spec.selector.matchLabels key 'bad key!' is not a label key": {"selector": {"matchLabels": {"bad key!": "x"}}},
+        "spec.selector.namespaces[1] '' is not a namespace name": {"selector": {"namespaces": ["ok", ""]}},
+        "spec.namespaceLimits 'Team_A' is not a namespace name": {"namespaceLimits": {"Team_A": {"L4": 1}}},
+        "spec.selector.matchLabels.tier value 'a b' is not a label value": {
+            "selector": {"matchLabels": {"tier": "a b"}}
+        },
+    }
+    for said, extra in cases.items():
+        with pytest.raises(ValidationError) as err:
+            parse_budget_spec({"limits": {"L4": 1}, **extra})
+        assert said in budget_spec_error(err.value)
+    ok = {"namespaces": ["team-a"], "matchLabels": {"example.com/team": "a.b_c", "tier": ""}}
+    assert parse_budget_spec({"limits": {"L4": 1}, "selector": ok}).selector.namespaces == ["team-a"]
