@@ -11,8 +11,10 @@ Order of the decision:
    now when that has room, else on the first option that does; a floor the budget cannot
    hold gets what is left and says so (Grant.floor_short). A service with no gateway to hold
    its requests (`gateway` False: behind a plain Service a request finds no endpoint at
-   zero) keeps one replica even beyond the limit, and says so (Grant.over_limit): a limit
-   cut below the floors must not take such a service down.
+   zero) that the limit holds no replica of is refused (Grant.refused), except one already
+   running per budget, which keeps one replica beyond the limit and says so
+   (Grant.over_limit): a limit cut below the floors must not take such a service down, nor
+   may a tenant escape its budget by creating more of them (issue 38).
 2. Then what each wants, in priority order (higher first), and within one priority by SLO
    gap (observed over target; the service missing its target most goes first). Where the
    wants of one priority do not all fit, each is capped at a max-min fair share first
@@ -28,7 +30,9 @@ Order of the decision:
    want rises, without waiting for a lower priority to release GPUs first (issue 29: a
    diurnal rise waited for a preemption each time). Lower priorities' floors come first.
 4. Never above a limit: per GPU type, and per namespace and type where the budget says.
-   GPU types the budget does not list are not limited by it.
+   GPU types the budget does not list are not limited by it. Where several budgets govern
+   one allocation, each option names the budget that bounds its type (Option.budget, one of
+   `pools`), and the ledger counts each budget's types apart.
 
 Hysteresis, so allocations do not flap from tick to tick:
 - a service stays on the GPU type it runs on while that type holds its want (a move is a

@@ -32,14 +32,21 @@ Floors: a limit cut below the services' floors keeps each minReplicas in priorit
 far as the limit allows; the service whose floor is not kept says so (HeldByBudget, reason
 FloorNotKept) and so does the budget (condition FloorsKept). A service with no gateway to
 hold its requests (no spec.routing.inferencePool or kedaHttp: behind a plain Service a
-request at zero replicas finds no endpoint) is never taken to zero by a budget: it keeps one
-replica, beyond the limit if need be (reason KeptBeyondLimit).
+request at zero replicas finds no endpoint) that the limit holds no replica of is refused
+(reason RefusedByBudget, naming the budget and what to do), except one already running per
+budget, which keeps one replica beyond the limit (reason KeptBeyondLimit).
+
+Several budgets: each GPU type a service accepts is bounded by the tightest matching budget
+that limits it (governors); one allocation runs over every service that shares a budget with
+it, transitively, each option naming its budget. The book has one owner (BudgetBook, locked);
+the functions here read its snapshot (BookView), and a budget's status is computed from one
+without changing what the next tick's allocation remembers.
 
 Pins: spec.scaling.replicas (`kubectl scale`) is a want like any other: it counts against
 the budget, is held to its grant (govern_pin on the tick, cap_deploy on a reconcile), says
 so (HeldByBudget, reason PinHeldByBudget), and the budget's status lists the service.
 
-Without a GPUBudget selecting a service nothing here changes its tick.
+Without a GPUBudget limiting one of a service's GPU types nothing here changes its tick.
 """
 
 from __future__ import annotations

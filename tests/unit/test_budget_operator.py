@@ -530,3 +530,54 @@ def test_a_selector_or_namespace_limit_kubernetes_could_never_match_is_refused_w
         assert said in budget_spec_error(err.value)
     ok = {"namespaces": ["team-a"], "matchLabels": {"example.com/team": "a.b_c", "tier": ""}}
     assert parse_budget_spec({"limits": {"L4": 1}, "selector": ok}).selector.namespaces == ["team-a"]
+
+
+def test_the_book_has_one_owner_and_a_status_write_remembers_nothing() -> None:
+    """Issue 38, design review: the kopf loop, kvscale's workers and kopf's sync handler threads
+    wrote the book without a lock, a budget's status write advanced the allocator's memory, and
+    members() deleted entries while others iterated them."""
+    import threading
+
+    book = BudgetBook()
+    book.set_budget("b", parse_budget_spec({"limits": {"L4": 4}}))
+    now = NOW.timestamp()
+
+    def entry(i: int, seen_s: float) -> Entry:
+        return Entry("b", Demand(f"ns/s{i}", (Option("L4", 1, 3),), 0, 0, "ns"), "ns", f"s{i}", 0, "L4", seen_s)
+
+    for i in range(3):
+        book.record(entry(i, now))
+    status = budget_status(book, "b", now, TTL, 1)
+    assert sum(s["replicas"] for s in status["services"]) == 4 and status["allocated"] == {"L4": 4}
+    assert book.previous == {}  # the status is computed from a snapshot; the next tick's memory is unchanged
+    view = book.view()
+    book.record(entry(9, now))
+    assert "ns/s9" not in view.entries  # a snapshot never changes under its reader
+    # Writers recording and expiring entries while readers allocate over snapshots: no reader
+    # sees a dict change size under it, and what is left is what the writers last recorded.
+    failures: list[BaseException] = []
+
+    def write(k: int) -> None:
+        try:
+            for j in range(200):
+                book.record(entry(k, now - (TTL + 1 if j % 2 else 0)), now, TTL)
+        except BaseException as exc:
+            failures.append(exc)
+
+    def read() -> None:
+        try:
+            for _ in range(50):
+                budget_status(book, "b", now, TTL, 1)
+                list(book.entries.values())
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(4)] + [
+        threading.Thread(target=read) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert sorted(book.entries) == ["ns/s9"]  # each writer's last want was too old to count
