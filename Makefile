@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SAMPLE_PLAN := --model llama-3.1-8b --ttft 500ms --tpot 50ms --rps 10 --input 512 --output 256
 
-.PHONY: venv plan test test-unit lint bench cluster-bins cluster-up cluster-down demo conformance image image-push clean
+.PHONY: venv plan test test-unit lint docs-check docs-update bench cluster-bins cluster-up cluster-down demo conformance image image-push clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,14 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+## docs-check: rerun every command whose output or figures README.md and docs/ quote (the markers
+## `<!-- docs-check ... -->`), fail naming the file, line and what differs (~2 min); docs-update rewrites them
+docs-check: venv
+	$(BIN)/python hack/docs_check.py
+
+docs-update: venv
+	$(BIN)/python hack/docs_check.py --update
 
 bench: venv cluster-bins
 	PYTHONPATH=. $(BIN)/python benchmarks/accuracy.py
