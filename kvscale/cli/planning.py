@@ -229,7 +229,11 @@ def plan_cmd(
         from kvscale.sim.check import sample
 
         replay = sample(fitted.trace, workload.requests_per_s)
-    result = _checked(result, replay, routing)
+    analytic, result = result, _checked(result, replay, routing)
+    if result.chosen is not None and analytic.chosen is not None and result.chosen.config != analytic.chosen.config:
+        # The check chose another candidate: the gateway advice is for it (its analytic figures).
+        twin = next((a for a in analytic.alternatives if a.config == result.chosen.config), None)
+        gateway = gateway_advice(cat, replace(analytic, chosen=twin)) if twin is not None else None
     unpinned = _unpinned(cat, result, replay, routing) if not result.feasible else None
     if unpinned is not None:
         result = replace(result, suggestions=(*result.suggestions, unpinned[0]))

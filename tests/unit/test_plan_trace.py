@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvscale.cli import app
+from kvscale.planner.routing_advice import gateway_advice
 from kvscale.planner.search import PlanRequest, plan
 from kvscale.sim import check as sim_check
 from kvscale.sim.check import check_plan, sample, search_replicas, service_attainment
@@ -175,15 +176,23 @@ def test_the_operator_plans_for_the_pickers_routing_behind_an_inference_pool() -
 CONVERSATION = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "traces" / "azure-llm-conv-2023.csv"
 
 
-def test_the_cheapest_candidate_that_passes_the_check_wins_and_the_reasons_quote_checked_costs() -> None:
+def test_the_cheapest_candidate_that_passes_the_check_wins_and_the_reasons_quote_checked_costs(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # Issue 37: on the conversation trace (8B, p99 1 s / 50 ms) the check re-sized only the
     # first-ranked candidate (2 x H100-SXM, $5.38/h) while 2 x H100-PCIE ($3.98/h) passed the
     # same check, and "why" / "why it lost" quoted the analytic $2.69/h.
+    advised: list[str] = []  # the GPU type of each plan the gateway advice was asked about
+
+    def recorded(cat, planned):  # type: ignore[no-untyped-def]
+        advised.append(planned.chosen.gpu)
+        return gateway_advice(cat, planned)
+
+    monkeypatch.setattr("kvscale.cli.planning.gateway_advice", recorded)
     args = ["plan", "--model", "llama-3.1-8b", "--ttft", "1s", "--tpot", "50ms", "--percentile", "99"]
     result = runner.invoke(app, [*args, "--trace", str(CONVERSATION), "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     chosen = out["chosen"]
+    assert advised[-1] == chosen["gpu"]  # the advice beside the plan is about the plan the check chose
     cost = chosen["cost_usd_per_hour"]
     assert chosen["check"]["met"] and chosen["replicas"] == chosen["check"]["replicas"]
     assert f"${cost:.2f}/h" in chosen["reason"] and "simulated check" in chosen["reason"]
