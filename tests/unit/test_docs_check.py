@@ -142,3 +142,15 @@ def test_the_docs_markers_all_parse() -> None:
     """Cheap: reads every marker of README and docs/ (running them is `make docs-check`)."""
     markers = [m for p in docs_check.default_paths() for m in docs_check.parse(p, p.read_text().splitlines())]
     assert markers
+
+
+def test_templates_read_json_paths_strings_and_text() -> None:
+    data = {"services": [{"name": "rag", "load": "poisson:rate=20,input=3000", "gpu": 1, "tp": 8}]}
+    render = docs_check.render_figure
+    assert render("{services[name=rag].load/input=(\\d+)/:,}-token", "", data, "x") == "3,000-token"
+    assert render("{services[name=rag,tp=8].gpu}", "", data, "x") == "1"
+    assert render("{/(\\d+) tests collected/|floor(100):,} tests", "1549 tests collected in 9s", None, "x") == (
+        "1,500 tests"
+    )
+    with pytest.raises(docs_check.MarkerError, match="not in the command's output"):
+        render("{services[name=chat].gpu}", "", data, "x")
