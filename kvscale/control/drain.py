@@ -50,10 +50,13 @@ def scale_down_marks(
     return deletion_costs({name: in_flight.get(name, math.nan) for name in live})
 
 
-def preemption_grace_s(book: BudgetBook, namespace: str, labels: Mapping[str, str]) -> int | None:
-    """The grace of the GPUBudget governing the service (spec.preemptionGraceSeconds); None
+def preemption_grace_s(
+    book: BudgetBook, namespace: str, labels: Mapping[str, str], gpu_type: str | None = None
+) -> int | None:
+    """The grace of the GPUBudget that bounds the service's `gpu_type` (the type its preempted
+    pods run on: each type is bounded by its own budget), spec.preemptionGraceSeconds; None
     without one."""
-    budget = book.governing(namespace, labels)
+    budget = book.governing(namespace, labels, gpu_type)
     spec = book.specs.get(budget) if budget is not None else None
     return spec.preemption_grace_seconds if spec is not None else None
 

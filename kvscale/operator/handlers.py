@@ -487,7 +487,8 @@ async def _drain_and_apply(
     replicas = current.replicas if current is not None else None
     await mark_scale_down(rt.kube, rt.prometheus, rt.io, call.res, intent.engine, replicas, pods, result)
     labels = (call.body.get("metadata") or {}).get("labels") or {}
-    grace_s = preemption_grace_s(rt.budgets, call.res.namespace, labels)
+    gpu_type = current.gpu_type if current is not None else None
+    grace_s = preemption_grace_s(rt.budgets, call.res.namespace, labels, gpu_type)
     await shorten_preempted(rt.kube, rt.io, call.res, grace_s, result.status, pods)
     await call.apply_async(rt, result)
 

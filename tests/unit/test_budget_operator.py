@@ -581,3 +581,17 @@ def test_the_book_has_one_owner_and_a_status_write_remembers_nothing() -> None:
         t.join()
     assert failures == []
     assert sorted(book.entries) == ["ns/s9"]  # each writer's last want was too old to count
+
+
+def test_preempted_pods_drain_within_the_grace_of_the_budget_bounding_their_type() -> None:
+    """Issue 38, finding 1: a catch-all budget on another GPU type must not set the grace of a
+    team's preemptions either."""
+    from kvscale.control.drain import preemption_grace_s
+
+    book = BudgetBook()
+    book.set_budget("cap", parse_budget_spec({"limits": {"H100-SXM": 0}, "preemptionGraceSeconds": 60}))
+    team = {"limits": {"A100-80GB": 4}, "preemptionGraceSeconds": 5, "selector": {"namespaces": ["ns"]}}
+    book.set_budget("team", parse_budget_spec(team))
+    assert preemption_grace_s(book, "ns", {}, "A100-80GB") == 5
+    assert preemption_grace_s(book, "ns", {}, "H100-SXM") == 60
+    assert preemption_grace_s(book, "other", {}, "A100-80GB") is None
