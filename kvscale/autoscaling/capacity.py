@@ -15,6 +15,10 @@ _LENGTH_BUCKET_TOKENS = 16  # observed means are rounded so the cache stays smal
 _PERCENTILE_STEP = 0.5  # an SLO percentile no idle replica meets is lowered in these steps
 _LOWEST_PERCENTILE = 50.0
 REACHABLE_LOAD_SHARE = 0.5  # a lowered percentile must let a replica carry this share of its TTFT-free rate
+# Prompts that miss the TTFT target on an idle replica taking more than this share of the misses
+# the percentile allows leave queueing less than they take: the percentile is then checked as
+# a lowered one is (REACHABLE_LOAD_SHARE)
+UNSERVED_SHARE = 0.5
 _FLEET_RATE_STEP = 1.1  # fleet rates are rounded to powers of this (10% steps) so the cache stays small
 
 
@@ -80,10 +84,11 @@ class SizingCapacity:
         number of replicas serves them in time, and the rest of the requests are sized at the
         percentile that is still reachable (the SLO itself when a replica under load meets it).
         Those prompts take their share of the misses the percentile allows before any queue
-        does: when the share left lets a replica carry less than REACHABLE_LOAD_SHARE of the
-        rate it would carry without the TTFT target (else the capacity is ~0 and the fleet
-        unbounded), the percentile goes down until it does. Prompts just inside the target
-        on an idle replica miss it behind any queue alike.
+        does: when they take more than UNSERVED_SHARE of it and the share left lets a replica
+        carry less than REACHABLE_LOAD_SHARE of the rate it would carry without the TTFT
+        target (else the capacity is ~0 and the fleet unbounded), the percentile goes down
+        until it does. Prompts just inside the target on an idle replica miss it behind any
+        queue alike.
         Judged at the shape's own rate, so the percentile does not move with the load."""
         return self._reachable(self._bucket(input_tokens), self._bucket(output_tokens))
 
@@ -91,9 +96,11 @@ class SizingCapacity:
         replica = self._replica(input_tokens, output_tokens, None, None)
         idle = replica.zero_load(self.slo.percentile)
         if idle.ttft_p_s <= self.slo.ttft_s and idle.tpot_p_s <= self.slo.tpot_s:
-            longest = replica.zero_load(100.0)  # the longest prompt of the mix, alone
-            if longest.ttft_p_s <= self.slo.ttft_s:
-                return self.slo  # every prompt is served in time on its own: queueing sets the rate
+            # The prompts an idle replica misses take at most UNSERVED_SHARE of the misses the
+            # percentile allows: queueing has the rest, and sets the rate
+            allowance = 100.0 - self.slo.percentile
+            if replica.zero_load(100.0 - UNSERVED_SHARE * allowance).ttft_p_s <= self.slo.ttft_s:
+                return self.slo
         batch = min(self.max_batch, max(1, replica.kv_max_batch))
         percentile = self.slo.percentile
         first = True
