@@ -20,7 +20,7 @@ from kvscale.sim.fit import fit_trace
 from kvscale.sim.generators import generate, parse_load
 from kvscale.sim.policies import KvscalePolicy
 from kvscale.sim.run import SimSetup
-from kvscale.sim.session import confirmed_capacity
+from kvscale.sim.session import confirmed_capacity, policy_capacity
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.config import ServingConfig
@@ -106,3 +106,16 @@ def test_a_confirmed_rate_must_be_positive(heavy: Heavy) -> None:
     _, shape, capacity, _ = heavy
     with pytest.raises(ValueError, match="positive"):
         ConfirmedCapacity(capacity, 0.0, shape.input_tokens, shape.output_tokens)
+
+
+def test_the_policy_acts_on_a_confirmed_figure_only_above_the_models(heavy: Heavy) -> None:
+    # SLO feedback corrects an optimistic model online (it lowers the capacity on misses);
+    # nothing raises a pessimistic one: only a confirmed figure above the model's replaces it
+    _, shape, capacity, _ = heavy
+    lengths = (shape.input_tokens, shape.output_tokens)
+    model = capacity.rate_per_replica(*lengths, shape.requests_per_s)
+    above = ConfirmedCapacity(capacity, 1.5 * model, *lengths, shape.requests_per_s)
+    below = ConfirmedCapacity(capacity, 0.5 * model, *lengths, shape.requests_per_s)
+    assert policy_capacity(above) is above
+    assert policy_capacity(below) is None
+    assert policy_capacity(None) is None
