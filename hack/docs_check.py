@@ -27,6 +27,10 @@ comparison) are marked as such, saying where they come from, so that leaving the
 
     <!-- docs-check skip: benchmarks/autoscaling.py (9 minutes), RESULTS.md 2026-11-26 -->
 
+A picture the docs show is redrawn by `--update` (never compared: check mode does not run it):
+
+    <!-- docs-check picture: kvscale simulate --fleet deploy/budget/fleet.yaml --png docs/fleet-budget.png -->
+
 A template holds `{PATH}` or `{PATH:SPEC}` fields. PATH reads the command's JSON output: `a.b`,
 `[0]`, `[key=value]` or `[k1=v1,k2=v2]` (the first list item whose keys have those values);
 `PATH/REGEX/` reads a string in it, and `/REGEX/` alone the command's whole output (group 1 when
@@ -77,7 +81,7 @@ DEFAULT_COLUMNS = 160
 COMMAND_TIMEOUT_S = 600.0
 MASKED = "\x00masked\x00"
 
-_OPEN = re.compile(r"^<!-- docs-check( figures| skip)?:(.*)$")
+_OPEN = re.compile(r"^<!-- docs-check( figures| skip| picture)?:(.*)$")
 _OPTION = re.compile(r"^([a-z][a-z-]*):\s?(.*)$")
 _FIELD = re.compile(r"\{([^{}:|/]*)(/(?:[^/\\]|\\.)*/)?((?:\|[a-z]+\([-\d.]+\))*)(?::([^{}]*))?\}")
 _DATE = re.compile(r"\d{4}-\d\d-\d\d")
@@ -166,7 +170,10 @@ def parse(path: Path, lines: list[str]) -> list[Marker]:
         body[-1] = body[-1].split("-->", 1)[0]
         end = i
         kind = (match.group(1) or " block").strip()
-        if kind == "skip":  # figures below are measurements no command here reruns: the marker says where from
+        if kind in (
+            "skip",
+            "picture",
+        ):  # figures below are measurements no command here reruns: the marker says where from
             markers.append(
                 Marker(path=path, kind=kind, command=" ".join(b.strip() for b in body).strip(), start=start, end=end)
             )
@@ -425,17 +432,25 @@ class Outcome:
 def check(paths: list[Path], update: bool = False, jobs: int = 2, today: str | None = None) -> Outcome:
     outcome = Outcome()
     docs: dict[Path, list[Marker]] = {}
+    pictures: list[Marker] = []
     for path in paths:
-        docs[path] = [m for m in parse(path, path.read_text(encoding="utf-8").splitlines()) if m.kind != "skip"]
-    keys = sorted({m.run_key for markers in docs.values() for m in markers})
+        markers = parse(path, path.read_text(encoding="utf-8").splitlines())
+        docs[path] = [m for m in markers if m.kind in ("block", "figures")]
+        pictures += [m for m in markers if m.kind == "picture" and update]
+    keys = sorted({m.run_key for markers in docs.values() for m in markers} | {m.run_key for m in pictures})
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for key, run in zip(keys, pool.map(lambda k: run_command(*k), keys), strict=True):
             outcome.runs[key] = run
+    for picture in pictures:
+        run = outcome.runs[picture.run_key]
+        if run.returncode != 0:
+            tail = "\n".join((run.stderr or run.stdout).strip().splitlines()[-8:])
+            outcome.problems.append(f"{picture.where()}: `{picture.command}` exited {run.returncode}\n{tail}")
     today = today or dt.datetime.now(dt.UTC).date().isoformat()
     for path in docs:
         # Read again: the commands took minutes, and someone may have edited the page meanwhile.
         lines = path.read_text(encoding="utf-8").splitlines()
-        markers = [m for m in parse(path, lines) if m.kind != "skip"]
+        markers = [m for m in parse(path, lines) if m.kind in ("block", "figures")]
         for marker in markers:
             if marker.run_key not in outcome.runs:  # a marker added while the commands ran
                 outcome.runs[marker.run_key] = run_command(*marker.run_key)

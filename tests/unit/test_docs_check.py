@@ -154,3 +154,12 @@ def test_templates_read_json_paths_strings_and_text() -> None:
     )
     with pytest.raises(docs_check.MarkerError, match="not in the command's output"):
         render("{services[name=chat].gpu}", "", data, "x")
+
+
+def test_pictures_are_redrawn_by_update_only(tmp_path: Path) -> None:
+    picture = tmp_path / "picture.png"
+    path = tmp_path / "page.md"
+    path.write_text(f"<!-- docs-check picture: echo drawn > {picture} -->\n![a picture](picture.png)\n")
+    assert docs_check.check([path], jobs=1).problems == [] and not picture.exists()
+    assert docs_check.check([path], update=True, jobs=1).problems == []
+    assert picture.read_text() == "drawn\n"
