@@ -354,15 +354,18 @@ def _fair_caps(
             high = mid - 1
     fair = dict.fromkeys(group, low)
     order = [g.name for g in run(_capped(demands, {**caps, **fair})).grants if g.name in fair]
-    # Rounds until none can take one more (one that could not may later: another's larger
-    # share can move it to another GPU type, freeing this one's).
-    grew = True
-    while grew:
-        grew = False
+    # Rounds until none can take one more. One that could not is not asked again (the others'
+    # shares only grow); where a larger share moved another to a type it did not use, what
+    # that frees goes to the priority's held services anyway (_in_order's top-up).
+    stuck: set[str] = set()
+    while len(stuck) < len(order):
         for name in order:
+            if name in stuck:
+                continue
             if fair[name] < top and holds({**fair, name: fair[name] + 1}):
                 fair[name] += 1
-                grew = True
+            else:
+                stuck.add(name)
     return {**caps, **fair}
 
 
@@ -440,8 +443,11 @@ def _in_order(
         _make_room(ledger, d, opt, want * opt.gpus_per_replica, lower, at, held)
         # What the floors moved for it freed goes first to those ranked before it (a higher
         # priority held on that type), its own floor kept aside.
+        # Higher priorities held to a fair share take it up to their whole want: a share is of
+        # what their own priority contends for, never a gift to those below (issue 38).
+        above = {e.name: uncapped[e.name] for e in order[:n] if e.priority > d.priority} if uncapped else {}
         ledger.take(d.namespace, d.options[floor_at], floor_got)
-        _fill(order[:n], ledger, at, held)
+        _fill(order[:n], ledger, at, held, above)
         ledger.give(d.namespace, d.options[floor_at], floor_got)
         got = ledger.fits(d.namespace, opt, want)
         if (got < floor_got or (got == 0 and not d.gateway)) and choice != floor_at:
@@ -459,7 +465,7 @@ def _in_order(
         ledger.take(d.namespace, opt, got)
         at[d.name], held[d.name] = choice, got
         # What this turn freed elsewhere (a floor that moved) goes first to those before it.
-        _fill(order[:n], ledger, at, held)
+        _fill(order[:n], ledger, at, held, above)
         if n + 1 == len(order) or order[n + 1].priority < d.priority:
             # Its priority's wants are all placed. What its fair shares left free on a type goes
             # to its services held there, up to their whole wants, before any lower priority:

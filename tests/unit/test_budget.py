@@ -615,3 +615,20 @@ def test_what_a_priority_s_fair_shares_leave_free_goes_to_its_held_services_befo
         ("s2", H100, 1, False),
         ("s3", L40S, 0, True),
     ]
+
+
+def test_what_a_lower_priority_frees_by_moving_goes_to_a_higher_one_held_to_its_share() -> None:
+    # Found by the property test at 4,000 examples: s2 (priority 2) was held to a share of 1 on
+    # L40S; s3 (priority 1) then moved its floor to H100 and the two L40S it freed went to s5
+    # (priority 1), above its floor, while s2 wanted them.
+    a = allocate(
+        Budget("b", {H100: 1, L40S: 5, A100: 0}),
+        [
+            d("s0", (H100, 1, 0), priority=2),
+            d("s2", (L40S, 2, 2), (H100, 1, 1), priority=2),
+            d("s3", (L40S, 2, 2), (H100, 1, 1), (A100, 1, 1), priority=1, min_replicas=1),
+            d("s5", (L40S, 1, 3), (H100, 1, 1), priority=1, min_replicas=1),
+        ],
+    )
+    assert (a.grant("s2").gpu_type, a.grant("s2").replicas, a.grant("s2").held) == (L40S, 2, False)
+    assert (a.grant("s5").replicas, a.grant("s3").replicas) == (1, 1)  # the floors, within 5 L40S and 1 H100
