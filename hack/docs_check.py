@@ -27,6 +27,12 @@ comparison) are marked as such, saying where they come from, so that leaving the
 
     <!-- docs-check skip: benchmarks/autoscaling.py (9 minutes), RESULTS.md 2026-11-26 -->
 
+Markdown that a command prints whole (a table no CLI command prints, from hack/docs_tables.py)
+sits under a text marker; the paragraph below it is the command's output:
+
+    <!-- docs-check text: python hack/docs_tables.py cold-starts -->
+    | model, precision, TP | checkpoint | ... |
+
 A picture the docs show is redrawn by `--update` (never compared: check mode does not run it):
 
     <!-- docs-check picture: kvscale simulate --fleet deploy/budget/fleet.yaml --png docs/fleet-budget.png -->
@@ -81,7 +87,7 @@ DEFAULT_COLUMNS = 160
 COMMAND_TIMEOUT_S = 600.0
 MASKED = "\x00masked\x00"
 
-_OPEN = re.compile(r"^<!-- docs-check( figures| skip| picture)?:(.*)$")
+_OPEN = re.compile(r"^<!-- docs-check( figures| text| skip| picture)?:(.*)$")
 _OPTION = re.compile(r"^([a-z][a-z-]*):\s?(.*)$")
 _FIELD = re.compile(r"\{([^{}:|/]*)(/(?:[^/\\]|\\.)*/)?((?:\|[a-z]+\([-\d.]+\))*)(?::([^{}]*))?\}")
 _DATE = re.compile(r"\d{4}-\d\d-\d\d")
@@ -188,7 +194,7 @@ def parse(path: Path, lines: list[str]) -> list[Marker]:
             if close is None:
                 raise MarkerError(f"{marker.where(fence)}: the fenced block is never closed")
             marker.region_start, marker.region_end = fence, close
-        else:
+        else:  # figures, text: the paragraph(s) below
             region_start = end + 1
             while region_start < len(lines) and _OPEN.match(lines[region_start].strip()):
                 region_start = _skip_marker(lines, region_start) + 1
@@ -202,7 +208,7 @@ def parse(path: Path, lines: list[str]) -> list[Marker]:
                 ):
                     region_end += 1
             if region_end == region_start:
-                raise MarkerError(f"{marker.where()}: a figures marker must sit right above the paragraph quoting them")
+                raise MarkerError(f"{marker.where()}: a {kind} marker must sit right above the paragraph it checks")
             marker.region_start, marker.region_end = region_start, region_end
         markers.append(marker)
         i += 1
@@ -435,7 +441,7 @@ def check(paths: list[Path], update: bool = False, jobs: int = 2, today: str | N
     pictures: list[Marker] = []
     for path in paths:
         markers = parse(path, path.read_text(encoding="utf-8").splitlines())
-        docs[path] = [m for m in markers if m.kind in ("block", "figures")]
+        docs[path] = [m for m in markers if m.kind in ("block", "figures", "text")]
         pictures += [m for m in markers if m.kind == "picture" and update]
     keys = sorted({m.run_key for markers in docs.values() for m in markers} | {m.run_key for m in pictures})
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -450,12 +456,11 @@ def check(paths: list[Path], update: bool = False, jobs: int = 2, today: str | N
     for path in docs:
         # Read again: the commands took minutes, and someone may have edited the page meanwhile.
         lines = path.read_text(encoding="utf-8").splitlines()
-        markers = [m for m in parse(path, lines) if m.kind in ("block", "figures")]
+        markers = [m for m in parse(path, lines) if m.kind in ("block", "figures", "text")]
         for marker in markers:
             if marker.run_key not in outcome.runs:  # a marker added while the commands ran
                 outcome.runs[marker.run_key] = run_command(*marker.run_key)
         new = list(lines)
-        dates: list[tuple[Marker, Figure]] = []
         changed = False
         # Bottom-up, so a rewritten block does not move the lines of the markers above it.
         for marker in sorted(markers, key=lambda m: m.start, reverse=True):
@@ -467,13 +472,15 @@ def check(paths: list[Path], update: bool = False, jobs: int = 2, today: str | N
                     f"{marker.where()}: `{marker.command}` exited {run.returncode}, the docs say {want_exit}\n{tail}"
                 )
                 continue
-            if marker.kind == "block":
-                changed |= _check_block(marker, run, new, update, outcome)
+            if marker.kind == "figures":
+                changed |= _check_figures(marker, run, new, update, outcome)
             else:
-                changed |= _check_figures(marker, run, new, update, outcome, dates)
-        if update and changed:
-            for marker, figure in dates:
-                _replace_figure(marker, figure, today, new)
+                changed |= _check_block(marker, run, new, update, outcome)
+        if update and changed:  # the dates beside the figures: this --update's
+            for marker in parse(path, new):
+                for figure in marker.figures:
+                    if figure.template == "date":
+                        _replace_figure(marker, figure, today, new)
         if update and new != lines:
             path.write_text("\n".join(new) + "\n", encoding="utf-8")
             outcome.changed_files.append(_rel(path))
@@ -488,14 +495,16 @@ def _place(problem: str) -> tuple[str, int]:
 
 
 def _check_block(marker: Marker, run: Run, lines: list[str], update: bool, outcome: Outcome) -> bool:
-    quoted = lines[marker.region_start + 1 : marker.region_end]
+    # A block: the lines inside the fence; a text: the paragraph(s) below the marker, whole.
+    begin = marker.region_start + 1 if marker.kind == "block" else marker.region_start
+    quoted = lines[begin : marker.region_end]
     printed = render_block(marker, run)
     if masked(marker, quoted) == masked(marker, printed):
         return False
     if update:
-        lines[marker.region_start + 1 : marker.region_end] = printed
+        lines[begin : marker.region_end] = printed
         return True
-    first = marker.region_start + 2  # 1-based line of the block's first line
+    first = begin + 1  # 1-based line of the quoted text's first line
     report = []
     matcher = difflib.SequenceMatcher(None, masked(marker, quoted), masked(marker, printed), autojunk=False)
     for tag, q1, q2, p1, p2 in matcher.get_opcodes():
@@ -511,9 +520,7 @@ def _check_block(marker: Marker, run: Run, lines: list[str], update: bool, outco
     return False
 
 
-def _check_figures(
-    marker: Marker, run: Run, lines: list[str], update: bool, outcome: Outcome, dates: list[tuple[Marker, Figure]]
-) -> bool:
+def _check_figures(marker: Marker, run: Run, lines: list[str], update: bool, outcome: Outcome) -> bool:
     data = _json_of(run.stdout)
     changed = False
     region = "\n".join(lines[marker.region_start : marker.region_end])
@@ -530,7 +537,6 @@ def _check_figures(
         if figure.template == "date":
             if not _DATE.fullmatch(figure.text):
                 outcome.problems.append(f"{marker.where(figure.line)}: {figure.text!r} = date is not a YYYY-MM-DD date")
-            dates.append((marker, figure))
             continue
         try:
             printed = render_figure(figure.template, run.stdout, data, marker.where(figure.line))

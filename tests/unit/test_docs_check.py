@@ -163,3 +163,12 @@ def test_pictures_are_redrawn_by_update_only(tmp_path: Path) -> None:
     assert docs_check.check([path], jobs=1).problems == [] and not picture.exists()
     assert docs_check.check([path], update=True, jobs=1).problems == []
     assert picture.read_text() == "drawn\n"
+
+
+def test_a_text_marker_checks_and_rewrites_the_paragraph_below_whole(tmp_path: Path) -> None:
+    path = tmp_path / "page.md"
+    path.write_text("<!-- docs-check text: printf '| a |\\n|---|\\n| 2 |\\n' -->\n| a |\n|---|\n| 1 |\n\nAfter.\n")
+    (problem,) = docs_check.check([path], jobs=1).problems
+    assert "@@" in problem and "-| 1 |" in problem and "+| 2 |" in problem
+    assert docs_check.check([path], update=True, jobs=1).problems == []
+    assert path.read_text().endswith("| a |\n|---|\n| 2 |\n\nAfter.\n")
