@@ -172,3 +172,17 @@ def test_a_text_marker_checks_and_rewrites_the_paragraph_below_whole(tmp_path: P
     assert "@@" in problem and "-| 1 |" in problem and "+| 2 |" in problem
     assert docs_check.check([path], update=True, jobs=1).problems == []
     assert path.read_text().endswith("| a |\n|---|\n| 2 |\n\nAfter.\n")
+
+
+def test_update_keeps_markers_right_when_a_block_above_grows(tmp_path: Path) -> None:
+    path = tmp_path / "page.md"
+    path.write_text(
+        "<!-- docs-check: printf 'a\\nb\\nc\\n' -->\n```\na\n```\n\n"
+        "<!-- docs-check figures: echo 7\n     6 = {/(\\d+)/}\n     2026-11-25 = date\n-->\n"
+        "Six is 6 (2026-11-25).\n"
+    )
+    assert docs_check.check([path], update=True, jobs=1, today="2026-11-29").problems == []
+    text = path.read_text()
+    assert "```\na\nb\nc\n```" in text and "     7 = {/(\\d+)/}\n     2026-11-29 = date" in text
+    assert "Six is 7 (2026-11-29)." in text
+    assert docs_check.check([path], jobs=1).problems == []
