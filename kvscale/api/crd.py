@@ -19,6 +19,8 @@ from kvscale.api.models import (
     InferenceServiceStatus,
     ScalingSpec,
 )
+from kvscale.engines.args import OWNED_FLAGS
+from kvscale.sizing.checkpoints import EngineType
 
 # Names that must be valid for the children the operator creates from an InferenceService:
 # the Service takes its name (a DNS-1035 label: a letter first, no dots) and the engine pods
@@ -58,6 +60,20 @@ def _cache_env() -> str:
     expr = f"'{default}'"
     for engine_type, variable in choices:
         expr = f"({engine} == '{engine_type}' ? '{variable}' : {expr})"
+    return expr
+
+
+def _owned_flags() -> str:
+    """CEL: the flags kvscale sets for the engine in spec.engine.type (default vllm), as a list."""
+    engine = "(has(self.type) ? self.type : 'vllm')"
+
+    def listed(engine_type: EngineType) -> str:
+        return "[" + ", ".join(f"'{f}'" for f in sorted(OWNED_FLAGS[engine_type])) + "]"
+
+    expr = listed("vllm")
+    others: tuple[EngineType, ...] = ("sglang", "tgi")
+    for engine_type in others:
+        expr = f"({engine} == '{engine_type}' ? {listed(engine_type)} : {expr})"
     return expr
 
 
@@ -112,6 +128,15 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": f"spec.engine.env may hold at most {MAX_ENV_TOTAL_LENGTH} characters of names and values in "
             "all: keep large values in a Secret (spec.model.credentialsSecret)",
             "fieldPath": ".env",
+        },
+        {
+            "rule": f"!has(self.args) || !self.args.exists(a, a.split('=')[0].replace('_', '-') in {_owned_flags()})",
+            "message": (
+                "spec.engine.args must not repeat a flag kvscale sets from the plan (the engine takes the last one "
+                "given): tensor, pipeline and data parallelism, batch and context limits, precision, KV-cache dtype, "
+                "model, host and port; remove it (kubectl explain inferenceservice.spec.engine.args lists them)"
+            ),
+            "fieldPath": ".args",
         },
         {
             "rule": f"!has(self.env) || !self.env.exists(e, e.name == {_cache_env()})",
