@@ -3,7 +3,10 @@ replicas under load (the last decision and the observed rate in status, as the a
 leaves them), then spec.hardware.gpuTypes moves to H100-SXM. The Deployment controller
 replaces pods (maxSurge 1, maxUnavailable 0); every pod event is recorded from a watch and
 the ready capacity (ready pods x their plan's requests/s) replayed: it never falls below the
-load's need, and the new fleet ends at the load's count, not spec.workload's."""
+load's need, and the new fleet ends at the load's count, not spec.workload's.
+
+Issue 38 (finding 5): a move to a GPU type of smaller replicas rolls the template at the count
+that runs and grows the new ReplicaSet only after; the old type never gets a pod more."""
 
 from __future__ import annotations
 
@@ -78,7 +81,7 @@ def test_a_gpu_type_change_under_load_never_drops_ready_capacity(
     wait_until(lambda: (deployment(api, namespace, NAME).status.ready_replicas or 0) == 6, 90, "6 ready A100 pods")
     wait_ready(api, namespace, NAME, operator)
     assert replicas(api, namespace, NAME) == 6
-    need = max(6 * old_rate, observed_rate * 1.1)  # what the 6 replicas carry: the load to keep
+    need = observed_rate * 1.1  # the load, with the planner's headroom: what the new fleet is sized on
 
     history: list[tuple[str, str, str | None, bool]] = []
     failures: list[BaseException] = []
@@ -158,3 +161,73 @@ def test_a_gpu_type_change_under_load_never_drops_ready_capacity(
     done = condition(api, namespace, NAME, "Replanning")
     assert (done.get("status"), done.get("reason")) == ("False", "RolledOut"), done
     assert "GPU type A100-80GB -> H100-SXM" in done["message"] and f"scaled to {target}" in done["message"]
+
+
+def test_a_move_to_smaller_replicas_grows_the_new_replicaset_never_the_old(
+    operator: Operator, cluster: Cluster, api: client.ApiClient, namespace: str
+) -> None:
+    """2 H100 replicas carrying 20 requests/s move to A100 (8.6/s each): 3 for the load. Written
+    as one change of replicas and template, the Deployment controller gave the increase to the
+    old ReplicaSet first (H100 3 -> 8 ready before the A100 pods came)."""
+    name = "grows"
+    body = a100(name, 4)
+    body["spec"]["hardware"]["gpuTypes"] = ["H100-SXM"]
+    create(api, namespace, body)
+    wait_ready(api, namespace, name, operator)
+    assert get(api, namespace, name)["status"]["plan"]["gpuType"] == "H100-SXM"
+    operator.stop()
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 2}})
+    objects(api).patch_namespaced_custom_object_status(
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        name,
+        {"status": {"desiredReplicas": 2, "observed": {"requestsPerSecond": 20.0}}},
+    )
+    operator.start()
+    wait_until(lambda: (deployment(api, namespace, name).status.ready_replicas or 0) == 2, 90, "2 ready H100 pods")
+    wait_ready(api, namespace, name, operator)
+
+    most: dict[str, int] = {}
+    stop = threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            pods = core.list_namespaced_pod(namespace).items
+            alive: dict[str, int] = {}
+            for p in pods:
+                if p.metadata.name.startswith(f"{name}-") and p.metadata.deletion_timestamp is None:
+                    gpu = (p.metadata.labels or {}).get(LABEL_GPU_TYPE, "")
+                    alive[gpu] = alive.get(gpu, 0) + 1
+            for gpu, n in alive.items():
+                most[gpu] = max(most.get(gpu, 0), n)
+            stop.wait(0.2)
+
+    counter = threading.Thread(target=count, daemon=True)
+    counter.start()
+    objects(api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, {"spec": {"hardware": {"gpuTypes": ["A100-80GB"]}}}
+    )
+    wait_until(lambda: get(api, namespace, name)["status"].get("plan", {}).get("gpuType") == "A100-80GB", 30, "re-plan")
+    plan = get(api, namespace, name)["status"]["plan"]
+    target = math.ceil(20.0 * 1.1 / float(plan["ratePerReplica"]) - 1e-9)
+    assert target == 3 and deployment(api, namespace, name).spec.replicas == 2  # rolled at the count that runs
+
+    def grown() -> bool:
+        pods = [p for p in core.list_namespaced_pod(namespace).items if p.metadata.name.startswith(f"{name}-")]
+        on_a100 = [p for p in pods if (p.metadata.labels or {}).get(LABEL_GPU_TYPE) == "A100-80GB" and _ready(p)]
+        return len(pods) == len(on_a100) == target
+
+    try:
+        wait_until(grown, 120, f"{target} ready A100 pods and nothing else")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\nstatus: {get(api, namespace, name)['status']}\n{operator.tail()}") from exc
+    finally:
+        stop.set()
+        counter.join(5)
+    assert most.get("H100-SXM", 0) <= 2, f"the old ReplicaSet grew: {most}"
+    done = condition(api, namespace, name, "Replanning")
+    assert (done.get("status"), done.get("reason")) == ("False", "RolledOut"), done
+    assert f"scaled to {target}" in done["message"]
