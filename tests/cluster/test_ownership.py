@@ -314,7 +314,15 @@ def test_an_apply_never_takes_over_an_object_it_does_not_own(api: client.ApiClie
     (selector replaced, owner reference added: garbage-collected with the InferenceService)."""
     core = client.CoreV1Api(api)
     core.create_namespaced_service(namespace, foreign_service("taken"))
-    owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "name": "taken", "uid": "0000-owner"}
+    # The owner must exist: the garbage collector deletes a dependent whose owner is gone, and
+    # a made-up uid had it delete "mine" below while the test read it (issue 39). A ConfigMap,
+    # which no operator acts on, stands in for the InferenceService: kvscale's write tells its
+    # own object from another's by the controller owner's uid alone (Kube._claim).
+    holder = core.create_namespaced_config_map(
+        namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="owner-of-mine"))
+    )
+    uid = holder.metadata.uid
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner-of-mine", "uid": uid}
     child: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -337,4 +345,4 @@ def test_an_apply_never_takes_over_an_object_it_does_not_own(api: client.ApiClie
     mine = {**child, "metadata": {**child["metadata"], "name": "mine"}}
     kube.apply(mine)
     kube.apply(mine)
-    assert owner_uids(core.read_namespaced_service("mine", namespace)) == ["0000-owner"]
+    assert owner_uids(core.read_namespaced_service("mine", namespace)) == [uid]
