@@ -9,7 +9,8 @@ engine release selects (kvscale.sizing.engine_profiles.profile_for: vLLM 0.10-0.
 2. |error| median / p90 by engine, model, GPU, case, and for the MoE and sliding-window rows;
 3. with --grid: the three fitted fields per engine (sequence_overhead_s,
    matmul_efficiency_factor, request_overhead_s) refitted on a grid (gpustack.grid), on all
-   rows, leave-one-model-out and leave-one-GPU-out (held-out errors).
+   rows, leave-one-model-out and leave-one-GPU-out (held-out errors), and the held-out vLLM
+   errors per shape (case: sharegpt, short, medium, long, very_long).
 
 4. with --png PATH: predicted against measured, per metric, coloured by engine and marked by
    model (the README's picture).
@@ -179,6 +180,19 @@ def main() -> None:
             **{f"  leave-one-model-out, {k}": v for k, v in by(lomo, lambda run: run.engine).items()},
             "leave-one-GPU-out": logo,
             **{f"  leave-one-GPU-out, {k}": v for k, v in by(logo, lambda run: run.gpu).items()},
+        },
+    )
+    # The aim is per shape too (each case within 25%): the held-out errors by case, vLLM
+    # rows (the profile the modern replays use) and all engines.
+    summary(
+        "Held out per shape: |error| median / p90 (vLLM rows; leave-one-model-out, then leave-one-GPU-out)",
+        {
+            **{
+                f"LOMO {k}": v for k, v in by([r for r in lomo if r.run.engine == "vllm"], lambda run: run.case).items()
+            },
+            **{
+                f"LOGO {k}": v for k, v in by([r for r in logo if r.run.engine == "vllm"], lambda run: run.case).items()
+            },
         },
     )
 
