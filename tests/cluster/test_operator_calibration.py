@@ -8,6 +8,7 @@ plan is made again on it with one ProfileCalibrated Event."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import time
@@ -17,11 +18,15 @@ from typing import Any
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from kvscale.calibration.profile import OVERLAY_KEY, PROFILE_LABEL
+from kvscale.api.intent import Intent, read_spec
+from kvscale.api.models import parse_status
+from kvscale.calibration.fit import FIELDS, Calibration, FittedField, config_key
+from kvscale.calibration.profile import OVERLAY_KEY, PROFILE_LABEL, profile_configmap
+from kvscale.control.calibration import profile_key, serving_config
 from kvscale.sim.engine import StepTimes
 from kvscale.sim.fleet import FleetSpec
 from kvscale.sim.load_profile import parse_profile
-from kvscale.sizing.catalog import load_catalog, load_yaml
+from kvscale.sizing.catalog import default_catalog, load_catalog, load_yaml
 from kvscale.sizing.config import ServingConfig
 from kvscale.standin.exposition import EngineCollector, serve_metrics
 from kvscale.standin.fleet import PodFleet
@@ -145,3 +150,64 @@ def test_the_operator_calibrates_writes_the_profile_and_replans(
     # On the stand-in's real speed 20 req/s needs more replicas than the catalog promised.
     assert after > before and said, (before, after, said)
     assert all("Calibrated profile of llama-3.1-8b/H100-SXM" in m for m in said), said
+
+
+def _profile(cfg: ServingConfig, values: dict[str, float], key: str) -> dict[str, Any]:
+    """A profile ConfigMap of `cfg` holding `values`, as the operator writes one under `key`."""
+    fields = tuple(FittedField(f, values[f], 0.0, float(getattr(cfg.engine, f)), 1000, 10, "test") for f in FIELDS)
+    return profile_configmap(
+        Calibration(config_key(cfg), cfg.engine.name, fields, 10, 10, 0.01, 0.3), "default", "now", key
+    )
+
+
+def test_a_restarted_operator_plans_with_the_namespaces_stored_profile_not_another_ones(
+    cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 38, findings 3 and 4 on the real API server: the namespace's stored profile (a slow
+    engine's) is what the resume after a restart plans with (before: the catalog's plan came
+    back and stayed); another namespace's profile of the same configuration is never read."""
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.kvscale.io", "--timeout=60s")
+    core = client.CoreV1Api(api)
+    name = "restarts"
+    body = {**BODY, "metadata": {"name": name}}
+    op = Operator(cluster, tmp_path)  # no Prometheus: nothing is fitted; the profiles are written here
+    created: list[str] = []
+    try:
+        op.start()
+        create(api, namespace, body)
+        wait_until(lambda: get(api, namespace, name).get("status", {}).get("plan"), 60, "a plan")
+        status = parse_status(get(api, namespace, name)["status"])
+        intent = read_spec(body["spec"])
+        assert status.plan is not None and isinstance(intent, Intent)
+        cfg = serving_config(intent, status.plan, default_catalog())
+        assert cfg is not None
+        slow = load_catalog(SLOWER).engine("vllm")
+        fast = {f: float(getattr(cfg.engine, f)) * (1.5 if f == "matmul_efficiency_factor" else 0.5) for f in FIELDS}
+        fast["matmul_efficiency_factor"] = min(fast["matmul_efficiency_factor"], 1.0)
+        theirs = _profile(cfg, fast, profile_key(cfg, "someone-else"))  # another tenant's, same configuration
+        mine = _profile(cfg, {f: float(getattr(slow, f)) for f in FIELDS}, profile_key(cfg, namespace))
+        for cm in (theirs, mine):
+            with contextlib.suppress(client.ApiException):
+                core.delete_namespaced_config_map(cm["metadata"]["name"], "default")
+            core.create_namespaced_config_map("default", cm)
+            created.append(cm["metadata"]["name"])
+        op.stop()
+        op.start()  # fresh memory: the resume reconciles from status and the stored ConfigMap
+        before = status.plan.rate_per_replica or 0.0
+
+        def replanned() -> bool:
+            plan = (get(api, namespace, name).get("status") or {}).get("plan") or {}
+            return bool(plan) and float(plan.get("ratePerReplica") or 0) < before
+
+        wait_until(replanned, 60, "the plan made on the namespace's stored (slower) profile")
+        after = get(api, namespace, name)["status"]["plan"]
+        assert after["replicas"] > status.plan.replicas, (after["replicas"], status.plan.replicas)
+    except BaseException:
+        print(op.tail())
+        raise
+    finally:
+        op.stop()
+        for cm_name in created:
+            with contextlib.suppress(client.ApiException):
+                core.delete_namespaced_config_map(cm_name, "default")
