@@ -514,6 +514,14 @@ class LengthsStatus(_Status):
 
     tokens: list[int] = Field(default_factory=list, description="Representative lengths in tokens, ascending.")
     shares: list[float] = Field(default_factory=list, description="Share of requests at each length (sums to 1).")
+    # The bins' spans: the planner reads how much of a bin lies past a TTFT cut from them, so a
+    # plan read back from status (a resume) without them would be made for another workload.
+    shortest: list[int] | None = Field(
+        default=None, description="Shortest length in each length's bin, where known (same order as tokens)."
+    )
+    longest: list[int] | None = Field(
+        default=None, description="Longest length in each length's bin, where known (same order as tokens)."
+    )
 
 
 class BurstinessStatus(_Status):

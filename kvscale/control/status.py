@@ -92,7 +92,13 @@ def candidate_status(c: Candidate) -> CandidateStatus:
 def _lengths(dist: LengthDistribution | None) -> LengthsStatus | None:
     if dist is None or dist.is_constant:
         return None
-    return LengthsStatus(tokens=list(dist.tokens), shares=[round(w, 5) for w in dist.weights])
+    spans = dist.spans
+    return LengthsStatus(
+        tokens=list(dist.tokens),
+        shares=[round(w, 5) for w in dist.weights],
+        shortest=[lo for lo, _ in spans] if spans is not None else None,
+        longest=[hi for _, hi in spans] if spans is not None else None,
+    )
 
 
 def planned_workload_status(workload: Workload, source: Literal["spec", "observed"]) -> PlannedWorkloadStatus:
@@ -139,7 +145,9 @@ def _distribution(lengths: LengthsStatus | None) -> LengthDistribution | None:
     if lengths is None or not lengths.tokens:
         return None
     try:
-        return LengthDistribution(tuple(lengths.tokens), tuple(lengths.shares))
+        shortest, longest = lengths.shortest, lengths.longest
+        spans = tuple(zip(shortest, longest, strict=True)) if shortest is not None and longest is not None else None
+        return LengthDistribution(tuple(lengths.tokens), tuple(lengths.shares), spans)
     except ValueError:
         return None
 
