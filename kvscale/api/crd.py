@@ -221,6 +221,14 @@ PRINTER_COLUMNS = [
     {"name": "Planned", "type": "integer", "jsonPath": ".status.plan.replicas"},
     {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
     {"name": "USD/h", "type": "number", "jsonPath": ".status.plan.costPerHour"},
+    # What one replica carries (the policy's and the budget's figure) and where it comes from, for `-o wide`.
+    {
+        "name": "RPS/Replica",
+        "type": "number",
+        "jsonPath": ".status.capacity.requestsPerSecondPerReplica",
+        "priority": 1,
+    },
+    {"name": "Capacity", "type": "string", "jsonPath": ".status.capacity.source", "priority": 1},
     {"name": "TTFT", "type": "string", "jsonPath": ".status.observed.ttft"},
     {"name": "TPOT", "type": "string", "jsonPath": ".status.observed.tpot"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},

@@ -713,6 +713,27 @@ class CalibrationStatus(_Status):
     last_time: str | None = Field(default=None, description="When the calibration last ran.")
 
 
+class CapacityStatus(_Status):
+    """What one replica of the plan carries within the SLO: the figure the autoscaling policy
+    and the GPU budget's wants use, with the sizing model's beside it. Simulated once the
+    operator's search (the simulated sizing search of `plan --trace`, on arrivals synthesized
+    from the observed rate, burstiness and length histograms) replayed enough requests."""
+
+    requests_per_second_per_replica: float = Field(
+        description="Requests/s one replica carries within the SLO: what the policy and the budget use."
+    )
+    analytic: float = Field(description="Requests/s per replica by the sizing model at the observed lengths.")
+    source: Literal["analytic", "simulated"] = Field(
+        description="simulated: confirmed by the simulated sizing search on the observed traffic; analytic: the model's."
+    )
+    measured_at: str | None = Field(default=None, description="When the simulated search last ran (RFC 3339).")
+    requests: int = Field(default=0, description="Observed requests the last search replayed (0: none yet).")
+    replicas: int | None = Field(
+        default=None, description="The fewest warm replicas the last search confirmed on the replayed requests."
+    )
+    message: str = Field(default="", description="Why this source: the search's outcome, or why it has not run.")
+
+
 class InferenceServiceStatus(_Status):
     observed_generation: int | None = Field(default=None, description="Spec generation the status describes.")
     phase: Literal["Pending", "Planned", "Deploying", "Ready", "Recommended", "Failed"] | None = Field(
@@ -737,6 +758,9 @@ class InferenceServiceStatus(_Status):
     )
     calibration: CalibrationStatus | None = Field(
         default=None, description="The calibrated profile and predicted vs observed step times."
+    )
+    capacity: CapacityStatus | None = Field(
+        default=None, description="Requests/s per replica the policy and the budget use, and where it comes from."
     )
     last_scale_time: str | None = Field(default=None, description="When replicas last changed.")
     last_scale_reason: str | None = Field(default=None, description="Why replicas last changed.")

@@ -28,6 +28,7 @@ from kvscale.autoscaling.budget import Grant
 from kvscale.autoscaling.observation import Observation
 from kvscale.autoscaling.tick import BudgetAnswer, Idle, TickInput, Want, tick
 from kvscale.control.budget import BudgetBook, govern, moving_to
+from kvscale.control.capacity import acted_on
 from kvscale.control.inventory import EnginePod
 from kvscale.control.memory import ServiceMemory
 from kvscale.control.reconcile import Resource, Result
@@ -138,9 +139,10 @@ def autoscale(
     read = replace(read, obs=replace(read.obs, started_to_ready_s=fresh))
     memory = replace(memory, ready_pods=counted)
     model, config, scaler = prepared(intent, start.plan, memory.scaler, catalog, settings, read.learned)
+    acting = acted_on(model, memory.capacity, intent, start.plan)  # status.capacity's figure (control.capacity)
     idle, active = idle_view(intent, res, start, read.obs, read.queue, memory.last_active_s, scaler.cold_start_s, now)
     book = _Book(intent, res, before, start, read, memory, scaler, idle, governor, now)
-    decided = tick(TickInput(read.obs, model, config, scaler.state, idle), book)
+    decided = tick(TickInput(read.obs, acting, config, scaler.state, idle), book)
     assert book.done is not None  # the tick asked the book
     done = replace(book.done, memory=replace(scaler, state=decided.state))
     memory = replace(book.memory, scaler=done.memory, last_active_s=active)

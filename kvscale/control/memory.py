@@ -15,6 +15,7 @@ from typing import Any
 from kvscale.api.models import PlannedWorkloadStatus
 from kvscale.control import children as owned
 from kvscale.control import inference_pool
+from kvscale.control.capacity import Confirmed
 from kvscale.control.reconcile import DEPLOYMENT, Result
 from kvscale.control.scaling import ScalerMemory
 
@@ -38,6 +39,8 @@ class ServiceMemory:
       while its pods still hold GPUs there.
     - `last_active_s`: when requests last arrived or waited (scale to zero's idle clock).
     - `deleted`: the object is being deleted: a tick in flight exports no gauges after this.
+    - `capacity`: the capacity the simulated search last confirmed (kvscale.control.capacity),
+      which the policy acts on for that configuration.
     """
 
     children: Mapping[ChildKey, Mapping[str, Any]] = field(default_factory=dict)
@@ -48,6 +51,7 @@ class ServiceMemory:
     budget_draining: tuple[str, int] | None = None
     last_active_s: float | None = None
     deleted: bool = False
+    capacity: Confirmed | None = None
 
     def applied_children(self) -> tuple[Mapping[str, Any], ...]:
         """The children kvscale last applied; the Deployment as `applied`, which the scale tick

@@ -118,15 +118,10 @@ def fleet(
     return Fleet(current, seen.ready_replicas if seen else 0, plan)
 
 
-def capacity(
-    memory: ScalerMemory, intent: Intent, plan: PlanStatus, catalog: Catalog, learned: tuple[float, ...] = ()
-) -> tuple[SizingCapacity, ScalerMemory]:
-    """A capacity model for this plan and SLO, and the memory holding it (with a fresh policy
-    state when the plan or the SLO changed, starting from the start-to-ready times `learned`
-    from other replicas of this model on this GPU type). The model sizes for the workload the
-    plan was made for (status.plan.workload: its length distributions and burstiness, scaled
-    to each tick's observed means); a re-plan that changed only that workload keeps the state."""
-    configuration = (
+def configuration_key(intent: Intent, plan: PlanStatus) -> tuple[object, ...]:
+    """What a replica's capacity depends on: the planned configuration, the model, the SLO and
+    the routing (not the workload: the capacity is measured on it)."""
+    return (
         plan.gpu_type,
         plan.tensor_parallel,
         plan.pipeline_parallel,
@@ -139,6 +134,17 @@ def capacity(
         intent.slo,
         intent.routing.least_loaded,
     )
+
+
+def capacity(
+    memory: ScalerMemory, intent: Intent, plan: PlanStatus, catalog: Catalog, learned: tuple[float, ...] = ()
+) -> tuple[SizingCapacity, ScalerMemory]:
+    """A capacity model for this plan and SLO, and the memory holding it (with a fresh policy
+    state when the plan or the SLO changed, starting from the start-to-ready times `learned`
+    from other replicas of this model on this GPU type). The model sizes for the workload the
+    plan was made for (status.plan.workload: its length distributions and burstiness, scaled
+    to each tick's observed means); a re-plan that changed only that workload keeps the state."""
+    configuration = configuration_key(intent, plan)
     key = (*configuration, plan.workload)
     if memory.key == key and memory.capacity is not None:
         return memory.capacity, memory

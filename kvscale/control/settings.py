@@ -92,6 +92,12 @@ def _images(name: str, text: str) -> tuple[str, ...]:
         raise SettingsError(f"{name}: {exc}") from exc
 
 
+def _count(name: str, text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise SettingsError(f"{name} must be a positive whole number, got {text!r}")
+    return int(text)
+
+
 def _text(_: str, text: str) -> str:
     return text.strip()
 
@@ -218,6 +224,20 @@ class Settings:
         "How often each planned InferenceService's engine profile is fitted to its engines' metrics (the calibrated "
         "profile ConfigMap); off disables.",
         _duration_or_off,
+    )
+    capacity_interval_s: float = setting(
+        "KVSCALE_CAPACITY_INTERVAL",
+        "5m",
+        "How often each running InferenceService's capacity per replica is confirmed by the simulated sizing "
+        "search on arrivals synthesized from its observed workload (status.capacity; the policy and the GPU "
+        "budget act on it); off disables (the sizing model's figure is used).",
+        _duration_or_off,
+    )
+    capacity_min_requests: int = setting(
+        "KVSCALE_CAPACITY_MIN_REQUESTS",
+        "200",
+        "Requests the observed workload window must hold before the simulated capacity replaces the model's.",
+        _count,
     )
     calibration_window: str = setting(
         "KVSCALE_CALIBRATION_WINDOW",

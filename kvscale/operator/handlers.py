@@ -78,6 +78,7 @@ from kvscale.operator import effects, telemetry
 from kvscale.operator.access import Access, RetryForever, budgets_watched
 from kvscale.operator.budget_handlers import budget_handlers, budget_ttl_s
 from kvscale.operator.calibration import calibrate_tick, planning_catalog_of
+from kvscale.operator.capacity import capacity_handlers
 from kvscale.operator.diffbase import DigestDiffBaseStorage
 from kvscale.operator.drain import mark_scale_down, shorten_preempted
 from kvscale.operator.informers import Inventory
@@ -198,6 +199,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     _lifecycle(registry, rt)
     _timers(registry, rt)
     budget_handlers(registry, rt.budgets, rt.settings.scale_interval_s, rt.catalog.gpus)
+    capacity_handlers(registry, rt, spread)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,12 @@ DECISIONS = Counter("kvscale_decisions", "Policy decisions by kind", (*LABELS, "
 ERRORS = Counter("kvscale_errors", "Reconcile and tick errors", ("stage",), registry=REGISTRY)
 TICK_SECONDS = Histogram("kvscale_tick_duration_seconds", "Autoscaling tick duration", registry=REGISTRY)
 RECONCILE_SECONDS = Histogram("kvscale_reconcile_duration_seconds", "Reconcile duration", registry=REGISTRY)
+CAPACITY_SEARCH_CPU_SECONDS = Histogram(
+    "kvscale_capacity_search_cpu_seconds",
+    "CPU seconds of one service's simulated capacity search (status.capacity)",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    registry=REGISTRY,
+)
 
 _PER_RESOURCE = (
     DESIRED,

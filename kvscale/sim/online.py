@@ -1,0 +1,234 @@
+"""The operator's online capacity search (issue 35, part 1): arrivals synthesized from what the
+engines' metrics say of a recent window (the request rate, the burstiness counted per burst
+window, the prompt and output length histograms), replayed through the simulated sizing search
+that `plan --trace` runs (kvscale.sim.check.search_replicas) on the service's current plan.
+The confirmed rate per replica is the replayed rate over the fewest warm replicas that meet
+the SLO percentile on it.
+
+Pure: plain values in, a value out; the operator times it and runs it in its search worker.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from kvscale.autoscaling.capacity import SizingCapacity
+from kvscale.autoscaling.observation import LengthHistogram, ObservedWorkload
+from kvscale.sim.check import search_replicas, service_attainment
+from kvscale.sim.engine import StepTimes
+from kvscale.sim.policies import StaticPolicy
+from kvscale.sim.report import attainment
+from kvscale.sim.run import SimSetup, Source, simulate
+from kvscale.sim.trace import TraceRequest
+from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.load import ReplicaModel
+from kvscale.sizing.workload import Slo, Workload
+
+# Requests one search replays at most: a window with more is replayed over a shorter span at
+# the same rate (its rate, bursts and length mix kept). Bounds the CPU per search: about
+# 0.1-0.4 s behind a Service on one core of the test machine (tests/unit/test_online_capacity).
+MAX_REPLAY_REQUESTS = 1500
+# Below this many observed requests in the window the search says too little: the analytic
+# figure stays (one request is 1/200 of the sample: the p99 allows two misses).
+MIN_REQUESTS = 200
+# An open last bucket (le=+Inf) draws lengths from its lower bound up to this many times it.
+OPEN_BUCKET_SPAN = 2.0
+# The confirmed fleet's rate headroom (rate_headroom): at most this many times the observed rate
+# (a replica carrying 1/MAX_SPEEDUP of its capacity is confirmed at MAX_SPEEDUP times its load),
+# found to within this share.
+MAX_SPEEDUP = 64.0
+HEADROOM_TOLERANCE = 0.05
+
+
+@dataclass(frozen=True)
+class OnlineSearch:
+    """One search's outcome. `confirmed_rate_per_s` is None when no fleet met the SLO on the
+    replay (or there was too little to replay); `requests`: how many the search replayed."""
+
+    requests: int
+    observed_requests: float  # arrivals the window held (rate x window)
+    replay_rate_per_s: float
+    input_tokens: float  # the replay's mean lengths
+    output_tokens: float
+    analytic_rate_per_s: float  # the model's rate per replica at the replay's lengths and rate
+    analytic_replicas: int
+    replicas: int | None  # the fewest warm replicas meeting the SLO (None: none did, or not run)
+    attainment: float | None
+    confirmed_rate_per_s: float | None
+    reason: str  # why it stands as it does, in a sentence
+
+
+def _draw_length(rng: random.Random, histogram: LengthHistogram, cap: int) -> int:
+    """One length from the histogram: a bucket drawn by its count, uniform within it."""
+    pick = rng.random() * histogram.total
+    lower = 0.0
+    for bound, count in zip(histogram.upper_bounds, histogram.counts, strict=True):
+        if pick < count or (count > 0 and bound == histogram.upper_bounds[-1]):
+            upper = bound if math.isfinite(bound) else max(lower, 1.0) * OPEN_BUCKET_SPAN
+            return max(1, min(cap, round(rng.uniform(lower, upper))))
+        pick -= count
+        lower = bound if math.isfinite(bound) else lower
+    return max(1, min(cap, round(lower)))
+
+
+def _lengths(
+    rng: random.Random, n: int, histogram: LengthHistogram | None, mean: float | None, cap: int
+) -> list[int] | None:
+    """`n` lengths drawn from the histogram and scaled to the observed mean (the histogram's
+    buckets are coarse: the mean counter is exact); the mean alone when there is no histogram;
+    None when neither was read."""
+    if histogram is not None and histogram.total > 0:
+        drawn = [_draw_length(rng, histogram, cap) for _ in range(n)]
+        if mean is not None and mean > 0 and drawn:
+            factor = mean / (sum(drawn) / len(drawn))
+            drawn = [max(1, min(cap, round(x * factor))) for x in drawn]
+        return drawn
+    if mean is not None and mean > 0:
+        return [max(1, min(cap, round(mean)))] * n
+    return None
+
+
+def synthesize(
+    workload: ObservedWorkload,
+    max_context_tokens: int,
+    seed: int = 0,
+    max_requests: int = MAX_REPLAY_REQUESTS,
+) -> list[TraceRequest]:
+    """Arrivals like the window's: the observed rate over the window (at most `max_requests`,
+    over a shorter span at the same rate), in bursts as the burstiness counted them (a share of
+    the arrivals in bursts of the observed size, each within one burst window; the rest
+    Poisson), with prompt and output lengths drawn from the engines' histograms. Empty when the
+    rate or the lengths were not read, or the window held no request."""
+    rate = workload.requests_per_s
+    if rate is None or not rate > 0 or not workload.window_s > 0:
+        return []
+    total = min(max_requests, math.floor(rate * workload.window_s))
+    if total < 2:
+        return []
+    rng = random.Random(seed)
+    span_s = total / rate
+    burst = workload.burstiness
+    times: list[float] = []
+    if burst is not None and burst.index_of_dispersion > 1.0:
+        size = max(1, round(burst.companions_span + 1.0))
+        bursty = round(total * burst.burst_share)
+        bursts = max(1, bursty // size) if size > 1 else 0
+        for _ in range(bursts if size > 1 else 0):
+            start = rng.uniform(0.0, max(span_s - burst.window_s, 0.0))
+            times.extend(start + rng.uniform(0.0, burst.window_s) for _ in range(size))
+    alone = total - len(times)
+    times.extend(rng.uniform(0.0, span_s) for _ in range(max(0, alone)))
+    times.sort()
+    times = times[:total]
+    out_cap = max(1, max_context_tokens - 1)
+    outputs = _lengths(rng, total, workload.output_lengths, workload.output_tokens_mean, out_cap)
+    inputs = _lengths(rng, total, workload.prompt_lengths, workload.input_tokens_mean, out_cap)
+    if inputs is None or outputs is None:
+        return []
+    # a request never asks more than the context holds: the prompt gives way
+    return [
+        TraceRequest(t, max(1, min(i, max_context_tokens - o)), o)
+        for t, i, o in zip(times, inputs, outputs, strict=True)
+    ]
+
+
+def search_capacity(
+    cfg: ServingConfig,
+    slo: Slo,
+    max_batch: int,
+    model: SizingCapacity,
+    replay: list[TraceRequest],
+    observed_requests: float,
+    routing: str = "service",
+    most: int | None = None,
+    min_requests: int = MIN_REQUESTS,
+) -> OnlineSearch:
+    """The simulated sizing search on `replay`, started from the model's count at the replay's
+    rate: the fewest warm replicas meeting the SLO percentile behind `routing` (at most
+    `most`), and the rate per replica that confirms. Fewer than `min_requests` observed (or a
+    replay too short) runs nothing and says so."""
+    n = len(replay)
+    span = replay[-1].arrival_s - replay[0].arrival_s if n >= 2 else 0.0
+    rate = n / span if span > 0 else 0.0
+    inp = sum(r.input_tokens for r in replay) / n if n else 0.0
+    out = sum(r.output_tokens for r in replay) / n if n else 0.0
+    modelled = model.rate_per_replica(inp, out, fleet_rate_per_s=rate) if n else 0.0
+    if modelled > 0:
+        analytic = max(1, math.ceil(rate / modelled))
+    else:  # a model that gives this traffic no rate: the fewest its no-queueing capacity needs
+        fewest = ReplicaModel(cfg, Workload(max(1, round(inp)), max(1, round(out)), rate)).capacity_rate_per_s(
+            max_batch
+        )
+        analytic = max(1, math.ceil(rate / fewest)) if n and fewest > 0 else 1
+    if most is not None:
+        analytic = max(1, min(analytic, most))
+    base = OnlineSearch(n, observed_requests, rate, inp, out, modelled, analytic, None, None, None, "")
+    if observed_requests < min_requests or n < 2 or not rate > 0:
+        why = (
+            f"{observed_requests:.0f} request(s) observed in the window, fewer than the {min_requests} "
+            "the search needs: the model's figure stands"
+        )
+        return replace(base, reason=why)
+    setup = SimSetup(cfg, slo, max_batch, 0.0, analytic, routing=routing)
+    steps = StepTimes(cfg)
+    target = slo.percentile / 100.0
+
+    def attain_on(arrivals: list[TraceRequest], k: int) -> float:
+        if routing == "service":
+            return service_attainment(setup, arrivals, k, steps)
+        result = simulate(replace(setup, initial_replicas=k), Source(arrivals), StaticPolicy(k), steps=steps)
+        return attainment(result, slo)
+
+    seen: dict[int, float] = {}
+    noise = math.sqrt(target * (1.0 - target) / n)
+    replicas, met = search_replicas(lambda k: attain_on(replay, k), analytic, target, seen, most=most, noise=noise)
+    reached = seen.get(replicas)
+    if reached is None:
+        reached = seen[replicas] = attain_on(replay, replicas)
+    if not met:
+        why = (
+            f"no fleet up to {max(seen)} replica(s) meets p{slo.percentile:g} on the {n} replayed requests "
+            f"(the closest, {replicas}, reaches {reached:.2%}): the model's figure stands"
+        )
+        return replace(base, replicas=replicas, attainment=reached, reason=why)
+    scale = rate_headroom(lambda f: attain_on(faster(replay, f), replicas) >= target, replicas, seen)
+    confirmed = scale * rate / replicas
+    why = (
+        f"{replicas} warm replica(s) meet p{slo.percentile:g} ({reached:.2%}) on {n} requests replayed at "
+        f"{rate:.3g} req/s, and up to {scale * rate:.3g} req/s played faster; the model asked for {analytic}"
+    )
+    return replace(base, replicas=replicas, attainment=reached, confirmed_rate_per_s=confirmed, reason=why)
+
+
+def faster(replay: list[TraceRequest], factor: float) -> list[TraceRequest]:
+    """The replay played `factor` times faster: the same requests at `factor` times the rate."""
+    return [TraceRequest(r.arrival_s / factor, r.input_tokens, r.output_tokens) for r in replay]
+
+
+def rate_headroom(meets: Callable[[float], bool], replicas: int, seen: dict[int, float]) -> float:
+    """How much faster the replay can play on the confirmed `replicas` and still meet the SLO:
+    the fewest replicas of a quiet window (one, at a fraction of its capacity) say only that a
+    replica carries at least the rate. Bracketed by the largest count that missed (n - 1 missed
+    at the rate, so n replicas miss by n / (n - 1) or so) or, with none, by doubling up to
+    MAX_SPEEDUP; bisected to within HEADROOM_TOLERANCE."""
+    below = max((k for k in seen if k < replicas), default=0)
+    lo, hi = 1.0, (replicas / below if below else None)
+    if hi is None:
+        f = 2.0
+        while f <= MAX_SPEEDUP and meets(f):
+            lo, f = f, 2 * f
+        if f > MAX_SPEEDUP:
+            return lo
+        hi = f
+    elif meets(hi):
+        return hi
+    while hi / lo > 1.0 + HEADROOM_TOLERANCE:
+        mid = math.sqrt(lo * hi)
+        if meets(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
