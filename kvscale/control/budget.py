@@ -65,6 +65,7 @@ from kvscale.autoscaling.budget import Allocation, Budget, Demand, Grant, Option
 from kvscale.autoscaling.observation import DecisionKind, Observation
 from kvscale.control import leader_worker_set as lws
 from kvscale.control.reconcile import DEPLOYMENT, DeploymentView, Event, Resource, Result, workload_kind
+from kvscale.control.replan import annotate, recorded_target
 from kvscale.control.scale_zero import queue_queries
 from kvscale.control.scaling import Fleet, Tick
 from kvscale.control.status import condition, now_rfc3339, with_conditions, without_condition
@@ -722,10 +723,16 @@ def moved(result: Result, before: PlanStatus, grant: Grant) -> Result | None:
         return None
     origin = before.budget_moved_from or before.gpu_type
     marked = plan.model_copy(update={"budget_moved_from": None if plan.gpu_type == origin else origin})
-    sized = {**workload, "spec": {**workload["spec"], "replicas": grant.replicas}}
-    status = result.status.model_copy(
-        update={"plan": marked, "replicas": grant.replicas, "desired_replicas": grant.replicas}
-    )
+    # A move that rolls the pods (the re-plan annotated the load's count: kvscale.control.replan)
+    # writes the new template at no more than the count running now, and records the grant as
+    # the count the rollout's end grows to: replicas and template changed in one write would give
+    # the increase to the old ReplicaSet, on the type being left (issue 38, finding 5).
+    rolling = recorded_target(workload) is not None
+    running = int(workload["spec"].get("replicas") or 0)
+    applied = min(grant.replicas, running) if rolling and running > 0 else grant.replicas
+    body = annotate(workload, grant.replicas) if rolling else workload
+    sized = {**body, "spec": {**body["spec"], "replicas": applied}}
+    status = result.status.model_copy(update={"plan": marked, "replicas": applied, "desired_replicas": grant.replicas})
     return replace(
         result,
         status=status,

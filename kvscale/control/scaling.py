@@ -301,9 +301,12 @@ def render(
     )
     gauges = _gauges(intent, plan, fleet_, obs, decision, missing is None)
     current, target = fleet_.current, decision.replicas
-    # While a re-plan's new pods replace the old ones, a scale-down would take old pods before
-    # new ones are ready (kvscale.control.replan): the rollout's end scales to the load's count.
-    if target == current or (target < current and rolling_out(status)):
+    # While a re-plan's new pods replace the old ones the count holds: a scale-down would take
+    # old pods before new ones are ready, and a scale-up would be shared out in proportion to the
+    # ReplicaSets' sizes (the Deployment controller's proportional scaling), most of it to the old
+    # pods' ReplicaSet, on the GPU type being left. The rollout's end scales to the load's count
+    # (kvscale.control.replan), and the next tick follows the load from there.
+    if target == current or rolling_out(status):
         return Tick(Result(new), memory, decision, gauges)
     if intent.scaling.mode == "recommend":
         event = Event("Normal", "Recommendation", f"Would scale {current} -> {target}: {decision.reason}"[:1000])

@@ -157,9 +157,9 @@ def test_a_new_service_starts_with_what_the_budget_has_free_and_is_counted_at_on
 
 def test_a_service_whose_type_is_full_moves_to_its_next_option_and_back() -> None:
     from kvscale.control.budget import MOVED, moved, moving_to, options
-    from kvscale.control.reconcile import Observed, replan
-    from kvscale.control.replan import BudgetMove
-    from tests.unit.test_reconcile import POOLS, SETTINGS
+    from kvscale.control.reconcile import DeploymentView, Observed, replan
+    from kvscale.control.replan import BudgetMove, recorded_target
+    from tests.unit.test_reconcile import POOLS, SETTINGS, deployed
 
     book = BudgetBook()
     _, _, start = _tick_under_load(BudgetBook())
@@ -193,6 +193,19 @@ def test_a_service_whose_type_is_full_moves_to_its_next_option_and_back() -> Non
     assert out.applied_deployment == workload
     assert [e.reason for e in out.events].count(MOVED) == 1 and "Planned" not in [e.reason for e in out.events]
     assert f"moved from {gpu} TP{tp} to {to}" in next(e.message for e in out.events if e.reason == MOVED)
+    # A grant above the count running now: the new template rolls at that count, the grant is
+    # recorded as what the rollout's end grows to (replicas and template in one write would give
+    # the increase to the old ReplicaSet, on the type being left).
+    first = deployed(SPEC)
+    assert first.applied_deployment is not None
+    running = replace(DeploymentView.of(first.applied_deployment), replicas=2, ready_replicas=2, updated_replicas=2)
+    more = replace(grant, replicas=running.replicas + 3)
+    seen = Observed(POOLS, running)
+    bigger = moved(replan(BudgetMove(more, "b"), read_spec(SPEC), RES, status, seen, CAT, SETTINGS, NOW), plan, more)
+    assert bigger is not None
+    (rolled,) = [o for o in bigger.apply if o["kind"] == "Deployment"]
+    assert rolled["spec"]["replicas"] == running.replicas == bigger.status.replicas
+    assert recorded_target(rolled) == more.replicas == bigger.status.desired_replicas
     # Moved, its options start with the type the planner chose: it goes back when that has room.
     assert options(out.status.plan, 2, 100)[0].gpu_type == gpu
     back_grant = replace(grant, gpu_type=gpu, replicas=1)

@@ -317,3 +317,29 @@ def test_a_move_whose_new_type_places_only_part_of_the_fleet_does_not_keep_both_
     assert result.status.plan.gpu_type == "A100-80GB" and "H100-SXM" in result.status.plan.excluded_gpu_types
     assert _deployment(result)["spec"]["replicas"] == 6  # back at the count that runs: the A100 pods stay
     assert condition_of(result.status, "Scheduled")[1] != "PartiallyPlaced"
+
+
+def test_the_autoscaler_holds_the_count_while_a_type_change_rolls_out() -> None:
+    # A scale-up mid-rollout is shared out in proportion to the ReplicaSets' sizes, most of it
+    # to the old pods' ReplicaSet on the type being left: the count holds until the rollout's end
+    # (which scales to the load's count).
+    from kvscale.api.intent import parse_intent
+    from kvscale.control.scaling import Fleet, ScalerMemory, fleet, tick
+    from tests.unit.test_reconcile import _obs
+
+    status, seen = _running_on_a100(2, observed=2.0)
+    body = spec(**H100)
+    result = reconcile(read_spec(body), RES2, status, Observed(POOLS, seen), CAT, SETTINGS, now=NOW)
+    assert condition_of(result.status, "Replanning")[0] == "True"
+    intent = parse_intent(body)
+    start = fleet(intent, result.status, DeploymentView(2, 2, "H100-SXM"))
+    assert isinstance(start, Fleet)
+    done = tick(intent, RES2, result.status, start, _obs(500.0, 2), None, ScalerMemory(), CAT, SETTINGS, NOW)
+    assert done.decision.replicas > 2  # the policy does want more
+    assert done.result.scale_to is None and done.result.status.replicas == 2
+    # Once rolled out (no Replanning), the same tick scales.
+    settled = result.status.model_copy(
+        update={"conditions": [c for c in result.status.conditions if c.type != "Replanning"]}
+    )
+    done = tick(intent, RES2, settled, start, _obs(500.0, 2), None, ScalerMemory(), CAT, SETTINGS, NOW)
+    assert done.result.scale_to is not None and done.result.scale_to > 2
