@@ -1,0 +1,167 @@
+"""status.capacity end to end (issue 35, part 1): two stand-in engines on the catalog's own
+profile (so a replica's true capacity is the simulator's) serve vLLM's metrics for an
+InferenceService's pods, a real Prometheus scrapes them, the operator runs its capacity timer
+every few seconds. Before traffic status.capacity is the model's figure (source analytic);
+under steady Poisson traffic (played SPEED times faster than the wall clock) it turns
+simulated, on at least KVSCALE_CAPACITY_MIN_REQUESTS observed requests, and lands within 15%
+of the stand-in replica's true capacity, closer than the model's figure: the highest Poisson rate one replica serves within
+the SLO percentile at the load's lengths, found here by bisection on the simulator."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from kvscale.api.intent import Intent, read_spec, serving_config
+from kvscale.api.models import parse_status
+from kvscale.sim.check import service_attainment
+from kvscale.sim.engine import StepTimes
+from kvscale.sim.fleet import FleetSpec
+from kvscale.sim.load_profile import parse_profile
+from kvscale.sim.run import SimSetup
+from kvscale.sim.trace import TraceRequest
+from kvscale.sizing.catalog import default_catalog
+from kvscale.standin.exposition import EngineCollector, serve_metrics
+from kvscale.standin.fleet import PodFleet
+from tests.cluster.harness import Cluster, free_port, wait_until
+from tests.cluster.processes import Operator
+from tests.cluster.prometheus import Prometheus
+from tests.cluster.test_operator import ROOT, create, get
+
+SPEED = 5.0  # simulated seconds per wall-clock second
+RATE = 6.0  # requests/s (simulated) over the two stand-in pods
+INPUT, OUTPUT = 512, 256
+NAME = "capacity"
+BODY: dict[str, Any] = {
+    "apiVersion": "kvscale.io/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": NAME},
+    "spec": {
+        "model": {"name": "llama-3.1-8b"},
+        "workload": {"inputTokens": INPUT, "outputTokens": OUTPUT, "requestsPerSecond": RATE},
+        "slo": {"timeToFirstToken": "1s", "timePerOutputToken": "50ms"},
+        "hardware": {"gpuTypes": ["H100-SXM"], "maxTensorParallel": 1},
+    },
+}
+
+
+def _capacity(api: client.ApiClient, namespace: str) -> dict[str, Any]:
+    return dict(get(api, namespace, NAME).get("status", {}).get("capacity") or {})
+
+
+def true_capacity(setup: SimSetup, steps: StepTimes, requests: int = 1500) -> float:
+    """The highest Poisson rate (fixed lengths, the load's) one replica serves within the SLO
+    percentile, bisected to 2%."""
+
+    def meets(rate: float) -> bool:
+        rng, t, arrivals = random.Random(11), 0.0, []
+        for _ in range(requests):
+            t += rng.expovariate(rate)
+            arrivals.append(TraceRequest(t, INPUT, OUTPUT))
+        return service_attainment(setup, arrivals, 1, steps) >= setup.slo.percentile / 100
+
+    lo, hi = 0.25, 0.5
+    while meets(hi):
+        lo, hi = hi, 2 * hi
+    while hi / lo > 1.02:
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if meets(mid) else (lo, mid)
+    return lo
+
+
+def test_status_capacity_moves_from_the_model_to_the_stand_ins_true_capacity(
+    cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.kvscale.io", "--timeout=60s")
+    catalog = default_catalog()
+    port = free_port()
+    registry = CollectorRegistry()
+    running = threading.Event()
+    running.set()
+    op = Operator(cluster, tmp_path)
+    server = None
+    try:
+        with Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{port}"]) as prom:
+            op.env.update(
+                {
+                    "KVSCALE_PROMETHEUS_URL": prom.url,
+                    "KVSCALE_CALIBRATION_INTERVAL": "off",  # the stand-in runs the catalog's profile
+                    "KVSCALE_CAPACITY_INTERVAL": "4s",
+                    "KVSCALE_WORKLOAD_INTERVAL": "4s",
+                    "KVSCALE_WORKLOAD_WINDOW": "1m",
+                    "KVSCALE_BURST_WINDOW": "5s",
+                }
+            )
+            op.start()
+            create(api, namespace, BODY)
+            wait_until(lambda: get(api, namespace, NAME).get("status", {}).get("plan"), 60, "a plan")
+            status = parse_status(get(api, namespace, NAME)["status"])
+            intent = read_spec(BODY["spec"])
+            assert status.plan is not None and isinstance(intent, Intent)
+            plan = status.plan
+            cfg = serving_config(intent, plan, catalog)
+            steps = StepTimes(cfg)
+
+            # Before traffic: the model's figure, said so
+            wait_until(lambda: _capacity(api, namespace).get("source") == "analytic", 60, "an analytic capacity")
+            before = _capacity(api, namespace)
+            assert before["requestsPerSecondPerReplica"] == before["analytic"] > 0, before
+            assert before.get("requests", 0) == 0 and "not read" in before["message"], before
+
+            clock = {"t": 0.0}
+            standin = PodFleet(
+                FleetSpec(plan.max_batch, cfg.memory.kv_capacity_tokens, cfg.max_num_batched_tokens, cfg.gpus, 0.0),
+                steps,
+                parse_profile(f"constant:{RATE:g}", INPUT, OUTPUT, seed=5),
+                clock=lambda: clock["t"],
+            )
+            standin.sync_pods([f"{NAME}-abc12-x1y2z", f"{NAME}-abc12-q8r9s"])
+            registry.register(EngineCollector(standin, namespace, "meta-llama/Llama-3.1-8B-Instruct"))
+            server = serve_metrics(registry, port)
+
+            def advance() -> None:
+                start = time.monotonic()
+                while running.is_set():
+                    clock["t"] = SPEED * (time.monotonic() - start)
+                    standin.tick()
+                    time.sleep(0.02)
+
+            threading.Thread(target=advance, daemon=True).start()
+            started = time.time()
+
+            def simulated() -> bool:
+                seen = _capacity(api, namespace)
+                when = seen.get("measuredAt")
+                return bool(
+                    seen.get("source") == "simulated"
+                    and when
+                    and dt.datetime.fromisoformat(when).timestamp() > started + 20  # a window of traffic
+                )
+
+            wait_until(simulated, 120, "a simulated capacity after 20 s of traffic", 0.5)
+    except BaseException:
+        print(op.tail())
+        raise
+    finally:
+        running.clear()
+        if server is not None:
+            server.shutdown()
+        op.stop()
+    after = _capacity(api, namespace)
+    assert after["requests"] >= 200 and after["replicas"] >= 1, after
+    assert after["analytic"] > 0, after
+    truth = true_capacity(SimSetup(cfg, intent.slo, plan.max_batch, 0.0, 1), steps)
+    print(f"status.capacity {after}; true capacity {truth:.3f} req/s")
+    # 13.9 against 13.2 req/s in the first runs (the model's 15.4: 17% off); the synthesized
+    # lengths are drawn within the engines' histogram buckets, the truth's are the load's own
+    error = abs(after["requestsPerSecondPerReplica"] / truth - 1)
+    assert error < 0.15, (after, truth)
+    assert error < abs(after["analytic"] / truth - 1), (after, truth)
