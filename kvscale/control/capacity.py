@@ -21,6 +21,7 @@ Pure: the worker times the call and applies the status."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvscale.api.intent import Intent, serving_config
@@ -91,9 +92,13 @@ def measure(
     now: dt.datetime,
     seed: int = 0,
     max_requests: int = MAX_REPLAY_REQUESTS,
+    counts: Sequence[float] | None = None,
+    counts_step_s: float | None = None,
 ) -> Measured:
     """status.capacity after one search on `workload` (None: not read, `missing` says why), and
-    the confirmed capacity the policy acts on next. CPU-bound (one search: kvscale.sim.online)."""
+    the confirmed capacity the policy acts on next. `counts`: the window's requests per
+    `counts_step_s` at scrape resolution (kvscale.metrics.arrivals), which the replay follows
+    where read. CPU-bound (one search: kvscale.sim.online)."""
     model, _ = capacity_model(ScalerMemory(), intent, plan, catalog)
     key = configuration_key(intent, plan)
     kept = previous if previous is not None and previous.key == key else None
@@ -103,8 +108,9 @@ def measure(
         if kept is not None:
             status = _kept(kept, status.analytic, why)
         return Measured(status, kept, None)
-    replay = synthesize(workload, plan.max_context_tokens, seed, max_requests)
-    observed = workload.requests_per_s * workload.window_s
+    replay = synthesize(workload, plan.max_context_tokens, seed, max_requests, counts, counts_step_s)
+    counted = counts is not None and counts_step_s is not None and sum(counts) >= 2
+    observed = sum(counts) if counts is not None and counted else workload.requests_per_s * workload.window_s
     cfg = serving_config(intent, plan, catalog)
     routing = "gateway" if intent.routing.least_loaded else "service"
     found = search_capacity(

@@ -320,6 +320,14 @@ class Settings:
         return _duration("KVSCALE_CALIBRATION_WINDOW", self.calibration_window)
 
     @property
+    def workload_window_s(self) -> float:
+        return _duration("KVSCALE_WORKLOAD_WINDOW", self.workload_window)
+
+    @property
+    def burst_window_s(self) -> float:
+        return _duration("KVSCALE_BURST_WINDOW", self.burst_window)
+
+    @property
     def calibration_since_s(self) -> float:
         return _duration("KVSCALE_CALIBRATION_SINCE", self.calibration_since)
 

@@ -25,6 +25,8 @@ from kvscale.control.capacity import Measured, measure, with_capacity
 from kvscale.control.reconcile import Result
 from kvscale.control.scaling import planned
 from kvscale.control.status import mark_synced
+from kvscale.metrics.arrivals import arrival_counts
+from kvscale.metrics.engines import ENGINES
 from kvscale.metrics.observe import observe_workload_batched
 from kvscale.operator import effects, telemetry
 from kvscale.operator.calibration import planning_catalog_of
@@ -49,10 +51,23 @@ def _measure(
     catalog: Catalog,
     min_requests: int,
     now: dt.datetime,
+    counts: list[float] | None,
+    counts_step_s: float,
 ) -> tuple[Measured, float]:
     """In the search thread: the search, and the CPU seconds it took (this thread's)."""
     started = time.thread_time()
-    measured = measure(intent, plan, workload, missing, previous, catalog, min_requests, now)
+    measured = measure(
+        intent,
+        plan,
+        workload,
+        missing,
+        previous,
+        catalog,
+        min_requests,
+        now,
+        counts=counts,
+        counts_step_s=counts_step_s,
+    )
     return measured, time.thread_time() - started
 
 
@@ -78,10 +93,32 @@ async def capacity_tick(rt: Runtime, call: Call) -> None:
             deadline_s=rt.workload_deadline_s(),
             burst_window=s.burst_window,
         )
+        counts = None
+        if rt.workload_prometheus is not None and workload is not None and workload.requests_per_s:
+            counts = await arrival_counts(
+                rt.workload_prometheus,
+                ENGINES[intent.engine],
+                call.res.namespace,
+                call.res.name,
+                time.time(),
+                s.workload_window_s,
+                s.burst_window_s,
+            )
         catalog = planning_catalog_of(rt, call, cached=True)  # the calibrated profile, as the tick's capacity
         previous = memory(call.memo).capacity
         now = dt.datetime.now(dt.UTC)
-        args = (intent, plan, workload, missing, previous, catalog, s.capacity_min_requests, now)
+        args = (
+            intent,
+            plan,
+            workload,
+            missing,
+            previous,
+            catalog,
+            s.capacity_min_requests,
+            now,
+            counts,
+            s.burst_window_s,
+        )
         measured, cpu_s = await rt.io(_measure, *args, pool=SEARCH)
         if measured.search is not None and measured.search.requests:
             telemetry.CAPACITY_SEARCH_CPU_SECONDS.observe(cpu_s)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from kvscale.autoscaling.capacity import SizingCapacity
@@ -91,24 +91,45 @@ def _lengths(
     return None
 
 
+def from_counts(counts: Sequence[float], step_s: float, rng: random.Random, max_requests: int) -> list[float]:
+    """Arrival times from requests counted per `step_s` (oldest first): each step's count
+    (rounded at random, keeping the expected total) placed uniformly within it; at most the
+    latest `max_requests`, from the start of the first step they fall in."""
+    times: list[float] = []
+    for i, c in enumerate(counts):
+        whole = math.floor(c) + (1 if rng.random() < c - math.floor(c) else 0)
+        times.extend(sorted(rng.uniform(i * step_s, (i + 1) * step_s) for _ in range(whole)))
+    times = times[-max_requests:]
+    if not times:
+        return []
+    first = math.floor(times[0] / step_s) * step_s  # the steps keep their edges
+    return [t - first for t in times]
+
+
 def synthesize(
     workload: ObservedWorkload,
     max_context_tokens: int,
     seed: int = 0,
     max_requests: int = MAX_REPLAY_REQUESTS,
+    counts: Sequence[float] | None = None,
+    counts_step_s: float | None = None,
 ) -> list[TraceRequest]:
-    """Arrivals like the window's: the observed rate over the window (at most `max_requests`,
-    over a shorter span at the same rate), in bursts as the burstiness counted them (a share of
-    the arrivals in bursts of the observed size, each within one burst window; the rest
-    Poisson), with prompt and output lengths drawn from the engines' histograms. Empty when the
-    rate or the lengths were not read, or the window held no request."""
+    """Arrivals like the window's, with prompt and output lengths drawn from the engines'
+    histograms. With `counts` (requests per `counts_step_s` over the window, at scrape
+    resolution) the arrivals follow them, the latest `max_requests`; without, the observed rate
+    over the window (at most `max_requests`, over a shorter span at the same rate), in bursts as
+    the burstiness counted them (a share of the arrivals in bursts of the observed size, each
+    within one burst window; the rest Poisson). Empty when the rate (or the counts) or the
+    lengths were not read, or the window held no request."""
+    rng = random.Random(seed)
+    if counts is not None and counts_step_s is not None and counts_step_s > 0 and sum(counts) >= 2:
+        return _with_lengths(workload, from_counts(counts, counts_step_s, rng, max_requests), max_context_tokens, rng)
     rate = workload.requests_per_s
     if rate is None or not rate > 0 or not workload.window_s > 0:
         return []
     total = min(max_requests, math.floor(rate * workload.window_s))
     if total < 2:
         return []
-    rng = random.Random(seed)
     span_s = total / rate
     burst = workload.burstiness
     times: list[float] = []
@@ -122,7 +143,15 @@ def synthesize(
     alone = total - len(times)
     times.extend(rng.uniform(0.0, span_s) for _ in range(max(0, alone)))
     times.sort()
-    times = times[:total]
+    return _with_lengths(workload, times[:total], max_context_tokens, rng)
+
+
+def _with_lengths(
+    workload: ObservedWorkload, times: list[float], max_context_tokens: int, rng: random.Random
+) -> list[TraceRequest]:
+    total = len(times)
+    if total < 2:
+        return []
     out_cap = max(1, max_context_tokens - 1)
     outputs = _lengths(rng, total, workload.output_lengths, workload.output_tokens_mean, out_cap)
     inputs = _lengths(rng, total, workload.prompt_lengths, workload.input_tokens_mean, out_cap)

@@ -36,7 +36,11 @@ from tests.cluster.prometheus import Prometheus
 from tests.cluster.test_operator import ROOT, create, get
 
 SPEED = 5.0  # simulated seconds per wall-clock second
-RATE = 6.0  # requests/s (simulated) over the two stand-in pods
+# Requests/s (simulated) over the two stand-in pods: the operator reads SPEED x RATE = 12/s of
+# wall-clock time, about one replica's worth (13/s), so its replay of the 1-minute window runs
+# ~700 requests over a minute; a replay of a few seconds (a window 5x busier than a replica, at
+# the 1,500-request cap) cannot tell a rate a replica sustains from a queue still building up.
+RATE = 2.4
 INPUT, OUTPUT = 512, 256
 NAME = "capacity"
 BODY: dict[str, Any] = {
@@ -143,10 +147,10 @@ def test_status_capacity_moves_from_the_model_to_the_stand_ins_true_capacity(
                 return bool(
                     seen.get("source") == "simulated"
                     and when
-                    and dt.datetime.fromisoformat(when).timestamp() > started + 20  # a window of traffic
+                    and dt.datetime.fromisoformat(when).timestamp() > started + 60  # a full window of traffic
                 )
 
-            wait_until(simulated, 120, "a simulated capacity after 20 s of traffic", 0.5)
+            wait_until(simulated, 150, "a simulated capacity after a minute of traffic", 0.5)
     except BaseException:
         print(op.tail())
         raise

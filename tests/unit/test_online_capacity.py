@@ -6,6 +6,7 @@ model's figure, and the capacity the scale tick acts on (acted_on, control.autos
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 import time
@@ -22,6 +23,8 @@ from kvscale.control.capacity import Confirmed, acted_on, measure, with_capacity
 from kvscale.control.memory import ServiceMemory
 from kvscale.control.reconcile import DeploymentView
 from kvscale.control.scaling import Fleet, ScalerMemory, capacity, configuration_key, fleet
+from kvscale.metrics.arrivals import arrival_counts_query, counts_of
+from kvscale.metrics.engines import ENGINES
 from kvscale.sim.check import service_attainment
 from kvscale.sim.engine import StepTimes
 from kvscale.sim.online import MAX_REPLAY_REQUESTS, MIN_REQUESTS, faster, search_capacity, synthesize
@@ -92,6 +95,38 @@ def test_synthesis_without_a_rate_or_lengths_is_empty_and_without_histograms_tak
     assert {(r.input_tokens, r.output_tokens) for r in flat} == {(420, 100)}
     # a request never asks for more than the context holds
     assert all(r.input_tokens + r.output_tokens <= 1024 for r in synthesize(window(), 1024))
+
+
+def test_counts_at_scrape_resolution_are_followed_window_by_window() -> None:
+    counts = [0.0, 10.0, 0.0, 40.0, 5.5]  # requests per 5 s, oldest first; the leading quiet step dropped
+    replay = synthesize(window(), 8192, seed=2, counts=counts, counts_step_s=5.0)
+    assert len(replay) in (55, 56)  # 55.5 rounded at random
+    per_step = [0] * 4  # the replay starts at the first step that holds a request
+    for r in replay:
+        per_step[int(r.arrival_s // 5.0)] += 1
+    assert per_step[:3] == [10, 0, 40] and per_step[3] in (5, 6)
+    assert all(a.arrival_s <= b.arrival_s for a, b in itertools.pairwise(replay))
+    # more than the cap: the latest requests
+    busy = synthesize(window(), 8192, counts=[1000.0, 1000.0], counts_step_s=10.0, max_requests=1500)
+    assert len(busy) == 1500  # the last 500 of the first step, all of the second
+    assert busy[0].arrival_s == pytest.approx(5.0, abs=0.2) and busy[-1].arrival_s == pytest.approx(20.0, abs=0.2)
+    # counts that hold no request: the rate and burstiness instead
+    assert len(synthesize(window(rate=1.0), 8192, counts=[0.0, 0.0], counts_step_s=5.0)) == 600
+
+
+def test_a_range_answer_becomes_counts_per_step() -> None:
+    body = {
+        "status": "success",
+        "data": {
+            "resultType": "matrix",
+            "result": [{"metric": {}, "values": [[100.0, "3"], [110.0, "NaN"], [115.0, "7"]]}],
+        },
+    }
+    assert counts_of(body, 100.0, 5.0, 4) == [3.0, 0.0, 0.0, 7.0]  # 105 unsampled, 110 not a number
+    assert counts_of({"data": {"resultType": "vector", "result": []}}, 100.0, 5.0, 4) is None
+    assert counts_of({"data": {"resultType": "matrix", "result": []}}, 100.0, 5.0, 4) is None
+    query = arrival_counts_query(ENGINES["vllm"], "ns", "chat", 5.0)
+    assert query.startswith("sum(") and "offset 5s" in query and 'pod=~"chat-' in query
 
 
 # -- the search on the current plan ----------------------------------------------------------
@@ -201,6 +236,18 @@ def test_the_model_stands_before_traffic_and_without_metrics(planned: Planned) -
     quiet = measure(intent, plan, window(rate=0.1), None, None, CAT, MIN_REQUESTS, NOW)
     assert quiet.status.source == "analytic" and quiet.confirmed is None
     assert "fewer than the 200" in quiet.status.message
+
+
+def test_counted_arrivals_decide_whether_there_were_enough_requests(planned: Planned) -> None:
+    intent, plan, *_ = planned
+    few = measure(
+        intent, plan, window(rate=12.0), None, None, CAT, MIN_REQUESTS, NOW, counts=[50.0] * 3, counts_step_s=5.0
+    )
+    assert few.status.source == "analytic" and "150 request(s) observed" in few.status.message
+    enough = measure(
+        intent, plan, window(rate=0.1), None, None, CAT, MIN_REQUESTS, NOW, counts=[60.0] * 10, counts_step_s=5.0
+    )
+    assert enough.status.source == "simulated" and enough.status.requests == 600
 
 
 def test_a_figure_confirmed_before_stays_through_a_quiet_window_but_not_a_new_plan(
