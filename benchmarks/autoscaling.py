@@ -311,6 +311,8 @@ def run_unit(case: Case, routing: str, name: str) -> tuple[str, str, str, dict[s
     row["ttft_p99_ms"] = _p99([r.ttft_s * 1e3 for r in result.requests if r.done and r.arrival_s >= case.warmup_s])
     if isinstance(policy, KvscalePolicy):
         row["decision_kinds"] = dict(sorted(policy.kinds.items()))
+    if (choices := getattr(policy, "choices", None)) is not None:  # kvscale-tuned: which holding ran from when
+        row["holding_choices"] = [(t, choice.settings.name) for t, choice in choices]
     return case.name, routing, name, row, _light(result), time.perf_counter() - started
 
 

@@ -95,6 +95,12 @@ class PolicyConfig:
     # by a few percent, and a burst it would chase is over before the replica is ready.
     hold_tolerance: float = 0.10
     cold_start_samples: int = 8  # observed start-to-ready times kept for learning
+    # A causal trailing floor (issue 35): the level is at least `trailing_margin` x the largest
+    # observed (per-minute, trailing-window) rate of the last `trailing_lookback_s`. 0: off,
+    # the default; the holding tuner (kvscale.autoscaling.autotune) runs it before there is
+    # history to tune on, and may keep it after.
+    trailing_margin: float = 0.0
+    trailing_lookback_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_replicas <= self.max_replicas:
@@ -103,6 +109,8 @@ class PolicyConfig:
             raise ValueError(f"the cold start must be >= 0 seconds, got {self.cold_start_s}")
         if not 0 < self.burst_quantile <= 1:
             raise ValueError(f"burst_quantile must be in (0, 1], got {self.burst_quantile}")
+        if not self.trailing_margin >= 0:
+            raise ValueError(f"trailing_margin must be >= 0, got {self.trailing_margin}")
 
 
 @dataclass(frozen=True)
@@ -449,6 +457,16 @@ def _decide(
         else:
             level, kind = forecast, DecisionKind.FORECAST
             why = f"forecast {forecast:.2f} req/s {horizon_s:.0f}s ahead (now {rate_now:.2f})"
+    if config.trailing_margin > 0:
+        trailing = config.trailing_margin * max(
+            (r for t, r in history if t >= obs.time_s - config.trailing_lookback_s), default=0.0
+        )
+        if trailing > level:
+            level, kind = trailing, DecisionKind.BURST_RESERVE
+            why = (
+                f"trailing floor {config.trailing_margin:g} x the largest per-minute rate of the last "
+                f"{config.trailing_lookback_s:.0f}s = {trailing:.2f} req/s (now {rate_now:.2f}; {why})"
+            )
     # What a replica carries in a fleet sized for `level`: its share of each burst shrinks as
     # the fleet grows (a burst is requests, not a rate the level already holds).
     per_replica = capacity.rate_per_replica(*lengths, fleet_rate_per_s=level) / (calibration * slo_factor)

@@ -156,7 +156,7 @@ def simulate(
 
     With --engine-command the fleet runs that command (one GPU type, --gpu) instead of a plan:
     "what does the command I run today give me"; --replicas sets the static fleet (default 1)."""
-    from kvscale.sim.compare import POLICY_NAMES
+    from kvscale.sim.compare import OPT_IN_NAMES, POLICY_NAMES
     from kvscale.sim.fit import fit_trace
     from kvscale.sim.fleet import RoutingError, check_routing
     from kvscale.sim.generators import LoadError
@@ -201,9 +201,12 @@ def simulate(
         )
     arch = resolve_model(cat, model) if model is not None else command_model(cat, command)
     names = POLICY_NAMES if policy == "all" else split(policy)
-    unknown = [n for n in names if n not in POLICY_NAMES]
+    unknown = [n for n in names if n not in (*POLICY_NAMES, *OPT_IN_NAMES)]
     if unknown or not names:
-        fail(f"--policy: unknown {', '.join(unknown) or 'empty'}; choose from {', '.join(POLICY_NAMES)} or all")
+        fail(
+            f"--policy: unknown {', '.join(unknown) or 'empty'}; choose from "
+            f"{', '.join((*POLICY_NAMES, *OPT_IN_NAMES))} or all"
+        )
     if replicas is not None:
         positive(replicas, "--replicas", MAX_REPLICAS)
     positive(max_replicas, "--max-replicas", MAX_REPLICAS)

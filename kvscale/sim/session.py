@@ -11,7 +11,15 @@ from typing import Any
 from kvscale.autoscaling.capacity import ConfirmedCapacity, SizingCapacity
 from kvscale.planner.search import Plan
 from kvscale.sim.check import sample, search_replicas, service_attainment
-from kvscale.sim.compare import NEEDS_TRACE, REFERENCE_NAMES, make_policies, run_bound, run_oracle, run_peak
+from kvscale.sim.compare import (
+    KVSCALE_NAMES,
+    NEEDS_TRACE,
+    REFERENCE_NAMES,
+    make_policies,
+    run_bound,
+    run_oracle,
+    run_peak,
+)
 from kvscale.sim.engine import StepTimes
 from kvscale.sim.policies import StaticPolicy
 from kvscale.sim.report import attainment, summary
@@ -129,7 +137,7 @@ def run_policies(
     capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch, shape, least_loaded=setup.routing == "gateway")
     confirmed = (
         confirmed_capacity(setup, load.trace, capacity, shape, max_replicas)
-        if load.trace is not None and "kvscale" in names
+        if load.trace is not None and any(n in KVSCALE_NAMES for n in names)
         else None
     )
     references = [n for n in names if n in REFERENCE_NAMES]
