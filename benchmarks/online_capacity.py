@@ -4,9 +4,10 @@ One search = kvscale.control.capacity.measure on an observed workload window: th
 model built, arrivals synthesized from the window (at most MAX_REPLAY_REQUESTS), the simulated
 sizing search on the plan, and the replay played faster on the confirmed fleet. Each case is
 timed in thread CPU seconds (the best of REPEATS: the machine is shared), behind a Service and
-behind a gateway (which steps every replica at every event), at loads from a quiet window
-(one replica) to a busy one (a dozen and more), with a bursty case. The last lines say what
-300 services searching every KVSCALE_CAPACITY_INTERVAL cost the operator's one search thread.
+behind a gateway (which steps every replica at every event), at loads from 1 to 150 requests/s
+over a 10-minute window (a busy window is thinned at random to the cap over its whole span, so
+the search sizes about one replica's share), with a bursty case. The last lines say what 300
+services searching every KVSCALE_CAPACITY_INTERVAL cost the operator's one search thread.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/online_capacity.py [--services 300] [--interval 300]
 """

@@ -27,10 +27,13 @@ from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.load import ReplicaModel
 from kvscale.sizing.workload import Slo, Workload
 
-# Requests one search replays at most: a window with more is replayed over a shorter span at
-# the same rate (its rate, bursts and length mix kept). Bounds the CPU per search: about
-# 0.1-0.4 s behind a Service on one core of the test machine (tests/unit/test_online_capacity).
+# Requests one search replays at most: a window with more is thinned at random to this many,
+# over its whole span (`thinned`). Bounds the CPU per search: about 0.1-0.4 s on one core of the
+# test machine (benchmarks/online_capacity.py).
 MAX_REPLAY_REQUESTS = 1500
+# The synthesized window (no counts read) holds at most this many times the replay before it is
+# thinned: a busier window is synthesized over a shorter span at its rate.
+MAX_SYNTHESIZED = 20
 # Below this many observed requests in the window the search says too little: the analytic
 # figure stays (one request is 1/200 of the sample: the p99 allows two misses).
 MIN_REQUESTS = 200
@@ -94,16 +97,28 @@ def _lengths(
 def from_counts(counts: Sequence[float], step_s: float, rng: random.Random, max_requests: int) -> list[float]:
     """Arrival times from requests counted per `step_s` (oldest first): each step's count
     (rounded at random, keeping the expected total) placed uniformly within it; at most the
-    latest `max_requests`, from the start of the first step they fall in."""
+    thinned to `max_requests` (`thinned`), from the start of the first step they fall in."""
     times: list[float] = []
     for i, c in enumerate(counts):
         whole = math.floor(c) + (1 if rng.random() < c - math.floor(c) else 0)
         times.extend(sorted(rng.uniform(i * step_s, (i + 1) * step_s) for _ in range(whole)))
-    times = times[-max_requests:]
+    times = thinned(times, max_requests, rng)
     if not times:
         return []
     first = math.floor(times[0] / step_s) * step_s  # the steps keep their edges
     return [t - first for t in times]
+
+
+def thinned(times: list[float], most: int, rng: random.Random) -> list[float]:
+    """At most `most` of the (sorted) arrival times, each kept alike at random, in order.
+    Behind a Service a fleet of n replicas routes each arrival to one at random: each replica
+    serves a random thinning of the traffic, so a thinned replay over the whole window sizes a
+    replica as the full one does, where a contiguous stretch of as many requests would last a
+    few seconds at a high rate and hide a queue that builds up over minutes. Behind a gateway it
+    pools fewer replicas than the traffic would: it errs toward fewer requests per replica."""
+    if len(times) <= most:
+        return times
+    return [times[i] for i in sorted(rng.sample(range(len(times)), most))]
 
 
 def synthesize(
@@ -115,9 +130,10 @@ def synthesize(
     counts_step_s: float | None = None,
 ) -> list[TraceRequest]:
     """Arrivals like the window's, with prompt and output lengths drawn from the engines'
-    histograms. With `counts` (requests per `counts_step_s` over the window, at scrape
-    resolution) the arrivals follow them, the latest `max_requests`; without, the observed rate
-    over the window (at most `max_requests`, over a shorter span at the same rate), in bursts as
+    histograms, thinned at random to `max_requests` over the window (`thinned`). With `counts`
+    (requests per `counts_step_s` over the window, at scrape resolution) the arrivals follow
+    them; without, the observed rate over the window (at most MAX_SYNTHESIZED x `max_requests`,
+    over a shorter span at the same rate), in bursts as
     the burstiness counted them (a share of the arrivals in bursts of the observed size, each
     within one burst window; the rest Poisson). Empty when the rate (or the counts) or the
     lengths were not read, or the window held no request."""
@@ -127,7 +143,7 @@ def synthesize(
     rate = workload.requests_per_s
     if rate is None or not rate > 0 or not workload.window_s > 0:
         return []
-    total = min(max_requests, math.floor(rate * workload.window_s))
+    total = min(MAX_SYNTHESIZED * max_requests, math.floor(rate * workload.window_s))
     if total < 2:
         return []
     span_s = total / rate
@@ -143,7 +159,7 @@ def synthesize(
     alone = total - len(times)
     times.extend(rng.uniform(0.0, span_s) for _ in range(max(0, alone)))
     times.sort()
-    return _with_lengths(workload, times[:total], max_context_tokens, rng)
+    return _with_lengths(workload, thinned(times[:total], max_requests, rng), max_context_tokens, rng)
 
 
 def _with_lengths(

@@ -38,8 +38,8 @@ from tests.cluster.test_operator import ROOT, create, get
 SPEED = 5.0  # simulated seconds per wall-clock second
 # Requests/s (simulated) over the two stand-in pods: the operator reads SPEED x RATE = 12/s of
 # wall-clock time, about one replica's worth (13/s), so its replay of the 1-minute window runs
-# ~700 requests over a minute; a replay of a few seconds (a window 5x busier than a replica, at
-# the 1,500-request cap) cannot tell a rate a replica sustains from a queue still building up.
+# ~700 requests over a minute (the stand-in's clock runs SPEED x faster than the window's: a
+# busier load would replay the window's minute as SPEED minutes of engine time compressed).
 RATE = 2.4
 INPUT, OUTPUT = 512, 256
 NAME = "capacity"

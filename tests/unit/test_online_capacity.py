@@ -27,7 +27,7 @@ from kvscale.metrics.arrivals import arrival_counts_query, counts_of
 from kvscale.metrics.engines import ENGINES
 from kvscale.sim.check import service_attainment
 from kvscale.sim.engine import StepTimes
-from kvscale.sim.online import MAX_REPLAY_REQUESTS, MIN_REQUESTS, faster, search_capacity, synthesize
+from kvscale.sim.online import MAX_REPLAY_REQUESTS, MAX_SYNTHESIZED, MIN_REQUESTS, faster, search_capacity, synthesize
 from kvscale.sim.run import SimSetup
 from kvscale.sizing.config import ServingConfig
 from tests.unit.test_reconcile import CAT, NOW, RES, SETTINGS, SPEC, deployed
@@ -63,10 +63,17 @@ def test_synthesis_keeps_the_rate_the_window_and_the_observed_means() -> None:
     assert 1024 < longest < 2 * 2048 * 1.1
 
 
-def test_a_busy_window_is_replayed_over_a_shorter_span_at_its_rate() -> None:
+def test_a_busy_window_is_thinned_over_its_whole_span() -> None:
+    """Behind a Service each replica serves a random thinning of the traffic: a replay thinned
+    to the cap over the whole window sizes a replica as the full one does, over minutes."""
     replay = synthesize(window(rate=50.0), 8192)
     assert len(replay) == MAX_REPLAY_REQUESTS
-    assert len(replay) / (replay[-1].arrival_s - replay[0].arrival_s) == pytest.approx(50.0, rel=0.05)
+    assert replay[-1].arrival_s - replay[0].arrival_s == pytest.approx(600.0, rel=0.02)
+    # a window too busy to synthesize whole: MAX_SYNTHESIZED x the cap at its rate, thinned
+    busy = synthesize(window(rate=1000.0), 8192)
+    assert len(busy) == MAX_REPLAY_REQUESTS
+    span = MAX_SYNTHESIZED * MAX_REPLAY_REQUESTS / 1000.0
+    assert busy[-1].arrival_s - busy[0].arrival_s == pytest.approx(span, rel=0.02)
 
 
 def test_observed_bursts_are_synthesized_and_poisson_stays_poisson() -> None:
@@ -108,8 +115,9 @@ def test_counts_at_scrape_resolution_are_followed_window_by_window() -> None:
     assert all(a.arrival_s <= b.arrival_s for a, b in itertools.pairwise(replay))
     # more than the cap: the latest requests
     busy = synthesize(window(), 8192, counts=[1000.0, 1000.0], counts_step_s=10.0, max_requests=1500)
-    assert len(busy) == 1500  # the last 500 of the first step, all of the second
-    assert busy[0].arrival_s == pytest.approx(5.0, abs=0.2) and busy[-1].arrival_s == pytest.approx(20.0, abs=0.2)
+    assert len(busy) == 1500  # thinned over both steps alike
+    assert busy[0].arrival_s < 0.2 and busy[-1].arrival_s > 19.8
+    assert 650 < sum(r.arrival_s < 10.0 for r in busy) < 850
     # counts that hold no request: the rate and burstiness instead
     assert len(synthesize(window(rate=1.0), 8192, counts=[0.0, 0.0], counts_step_s=5.0)) == 600
 
@@ -147,10 +155,10 @@ def planned() -> Planned:
 def test_the_search_confirms_the_fewest_warm_replicas_and_their_rate(planned: Planned) -> None:
     intent, plan, model, cfg = planned
     assert isinstance(model, SizingCapacity)
-    replay = synthesize(window(rate=12.0), plan.max_context_tokens)
-    found = search_capacity(cfg, intent.slo, plan.max_batch, model, replay, 12.0 * 600)
+    replay = synthesize(window(rate=12.0, window_s=120.0), plan.max_context_tokens)  # 1,440: not thinned
+    found = search_capacity(cfg, intent.slo, plan.max_batch, model, replay, 12.0 * 120)
     assert found.replicas is not None and found.confirmed_rate_per_s is not None
-    assert found.requests == len(replay) == MAX_REPLAY_REQUESTS
+    assert found.requests == len(replay) == 1440
     # by hand: that many replicas meet the percentile on the replay, one fewer does not
     setup = SimSetup(cfg, intent.slo, plan.max_batch, 0.0, found.replicas)
     target = intent.slo.percentile / 100
@@ -174,8 +182,9 @@ def test_a_quiet_fleet_is_confirmed_at_what_one_replica_carries_not_at_its_load(
     intent, plan, model, cfg = planned
     figures = {}
     for rate in (2.0, 12.0, 30.0):
-        replay = synthesize(window(rate=rate), plan.max_context_tokens)
-        found = search_capacity(cfg, intent.slo, plan.max_batch, model, replay, rate * 600)
+        span = min(600.0, MAX_REPLAY_REQUESTS / rate)  # not thinned: the fleet the load needs
+        replay = synthesize(window(rate=rate, window_s=span), plan.max_context_tokens)
+        found = search_capacity(cfg, intent.slo, plan.max_batch, model, replay, rate * span)
         assert found.confirmed_rate_per_s is not None
         figures[rate] = found.confirmed_rate_per_s
     assert figures[2.0] > 2 * 2.0  # not the load itself
@@ -204,9 +213,9 @@ def test_one_search_costs_well_under_a_second_of_cpu(planned: Planned) -> None:
     so 300 services searching every 5 minutes take at most 300 x 0.5 s = 150 s of the operator's
     one search thread per 300 s: half a core."""
     intent, plan, model, cfg = planned
-    replay = synthesize(window(rate=30.0), plan.max_context_tokens)
+    replay = synthesize(window(rate=30.0, window_s=50.0), plan.max_context_tokens)  # 1,500 at 30/s: 4 replicas
     started = time.thread_time()
-    found = search_capacity(cfg, intent.slo, plan.max_batch, model, replay, 30.0 * 600)
+    found = search_capacity(cfg, intent.slo, plan.max_batch, model, replay, 30.0 * 50)
     spent = time.thread_time() - started
     assert found.requests == MAX_REPLAY_REQUESTS and found.replicas is not None
     assert spent < 1.0, f"one search took {spent:.2f} s of CPU"
