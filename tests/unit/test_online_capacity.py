@@ -208,10 +208,9 @@ def test_too_few_requests_run_no_search(planned: Planned) -> None:
 
 
 def test_one_search_costs_well_under_a_second_of_cpu(planned: Planned) -> None:
-    """The CPU budget: at the replay cap a search behind a Service takes 0.1-0.15 s of CPU on
-    the test machine (0.15-0.5 s behind a gateway, which steps every replica at every event),
-    so 300 services searching every 5 minutes take at most 300 x 0.5 s = 150 s of the operator's
-    one search thread per 300 s: half a core."""
+    """The CPU budget: at the replay cap a search takes 0.07-0.17 s of CPU behind a Service on
+    the test machine, 0.19-0.31 s behind a gateway (benchmarks/online_capacity.py), so 300
+    services searching every 5 minutes take at most a third of the one search thread's core."""
     intent, plan, model, cfg = planned
     replay = synthesize(window(rate=30.0, window_s=50.0), plan.max_context_tokens)  # 1,500 at 30/s: 4 replicas
     started = time.thread_time()
