@@ -182,6 +182,17 @@ def status_lines(
             f"{_num(observed.requests_per_second)} req/s, queue {_num(observed.queue, 1)}, "
             f"KV cache {_pct(observed.kv_cache_usage)}"
         )
+    capacity = status.capacity
+    if capacity is not None:
+        where = (
+            f"simulated on {capacity.requests} observed requests at {capacity.measured_at}"
+            if capacity.source == "simulated"
+            else "the model's"
+        )
+        lines.append(
+            f"Capacity: {_num(capacity.requests_per_second_per_replica)} req/s per replica ({where}; the model's "
+            f"{_num(capacity.analytic)})" + (f": {capacity.message}" if capacity.message else "")
+        )
     lines.append(
         f"Decision: replicas {_num(status.replicas)} (ready {_num(status.ready_replicas)}), desired "
         f"{_num(status.desired_replicas)}; last scaled {status.last_scale_time or 'never'}"

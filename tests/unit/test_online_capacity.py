@@ -17,6 +17,7 @@ from kvscale.api.intent import Intent, parse_intent, serving_config
 from kvscale.api.models import InferenceServiceStatus, PlanStatus, status_dict
 from kvscale.autoscaling.capacity import ConfirmedCapacity, SizingCapacity
 from kvscale.autoscaling.observation import LengthHistogram, Observation, ObservedWorkload, dispersion_of_counts
+from kvscale.cli.status import status_lines
 from kvscale.control.autoscale import Governor, Readings, autoscale
 from kvscale.control.budget import BudgetBook
 from kvscale.control.capacity import Confirmed, acted_on, measure, with_capacity
@@ -312,3 +313,24 @@ def test_the_tick_acts_on_the_confirmed_capacity_of_its_configuration(planned: P
     model_figure, confirmed_figure = wanted(ServiceMemory()), wanted(ServiceMemory(capacity=confirmed))
     assert model_figure is not None and confirmed_figure is not None
     assert confirmed_figure == pytest.approx(3 * model_figure, rel=0.05)
+
+
+def test_kvscale_status_shows_the_capacity_and_where_it_comes_from() -> None:
+    obj = {
+        "metadata": {"name": "chat", "namespace": "ns"},
+        "spec": {},
+        "status": {
+            "capacity": {
+                "requestsPerSecondPerReplica": 14.1,
+                "analytic": 15.36,
+                "source": "simulated",
+                "measuredAt": "2026-11-29T07:38:13Z",
+                "requests": 741,
+                "message": "1 warm replica(s) meet p95",
+            }
+        },
+    }
+    (line,) = [line for line in status_lines(obj, []) if line.startswith("Capacity:")]
+    assert "14.1 req/s per replica (simulated on 741 observed requests at 2026-11-29T07:38:13Z" in line
+    assert "the model's 15.36" in line
+    assert not any(line.startswith("Capacity:") for line in status_lines({**obj, "status": {}}, []))
