@@ -334,3 +334,11 @@ def test_kvscale_status_shows_the_capacity_and_where_it_comes_from() -> None:
     assert "14.1 req/s per replica (simulated on 741 observed requests at 2026-11-29T07:38:13Z" in line
     assert "the model's 15.36" in line
     assert not any(line.startswith("Capacity:") for line in status_lines({**obj, "status": {}}, []))
+
+
+def test_the_capacity_timer_runs_at_its_interval_and_off_turns_it_off() -> None:
+    from tests.unit.test_calibration_tick import _timers
+
+    assert _timers({})["capacity"] == 300.0
+    assert _timers({"KVSCALE_CAPACITY_INTERVAL": "20s"})["capacity"] == 20.0
+    assert "capacity" not in _timers({"KVSCALE_CAPACITY_INTERVAL": "off"})
