@@ -46,6 +46,7 @@ from kvscale.cli.common import (
 from kvscale.cli.common import (
     slo as make_slo,
 )
+from kvscale.cli.plan_layouts import DISAGGREGATION_HELP, infeasible, layout_lines, layouts, with_layouts
 from kvscale.cli.root import app
 from kvscale.engines.args import ENGINE_TYPES, PlannedLaunch, engine_command, plan_launch, requested_source
 from kvscale.planner.routing_advice import GatewayAdvice, gateway_advice
@@ -144,6 +145,7 @@ def plan_cmd(
             "busy replica only when none is idle, which long prompts need far fewer replicas for."
         ),
     ] = "service",
+    disaggregation: Annotated[str, typer.Option(help=DISAGGREGATION_HELP)] = "auto",
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -155,6 +157,8 @@ def plan_cmd(
         fail(f"--objective must be cost or latency, got {objective!r}")
     if routing not in ("service", "gateway"):
         fail(f"--routing must be service or gateway, got {routing!r}")
+    if disaggregation not in ("auto", "on", "off"):
+        fail(f"--disaggregation must be auto, on or off, got {disaggregation!r}")
     number(headroom, "--headroom", low=0, high=10, what="spare capacity as a fraction, e.g. 0.2")
     if trace is None and (rps is None or input_tokens is None or output_tokens is None):
         fail("give --rps, --input and --output, or --trace FILE to fit them from a trace")
@@ -247,6 +251,8 @@ def plan_cmd(
     if launch is not None and context_said is not None:
         launch = replace(launch, context=replace(launch.context, reason=context_said))
     check = result.chosen.check if result.chosen is not None else None
+    # The layout beside the aggregated plan (prefill/decode pools: kvscale.planner.disaggregated)
+    found = layouts(cat, result, disaggregation, checked=check is not None)
     command, args = engine_command(launch.launch) if launch else ([], None)
     if as_json:
         out = plan_to_dict(result, args)
@@ -281,17 +287,23 @@ def plan_cmd(
             out["workload"]["fitted"] = fitted.fit.describe()
         if check is not None:
             out["check"] = check_to_dict(check)
-        print_json(out)
+        print_json(with_layouts(out, found, served, source, result.feasible))
     else:
         if fitted is not None:
             console.print("[bold]Workload fitted from the trace[/]")
             for line in fitted.fit.describe():
                 console.print(f"  {line}")
         checked = describe_check(check, slo) if check is not None else []
+        if found.mode == "disaggregated":
+            for line in layout_lines(found):
+                console.print(line, highlight=False, soft_wrap=True)
         _render_plan(result, [*command, *args] if args else None, show, launch, fp8, gateway, checked)
         if (needs_source or not_deployed) and result.chosen is not None:
             console.print(f"  engine: {not_deployed or NEEDS_SOURCE}", highlight=False, soft_wrap=True)
-    if not result.feasible:
+        if found.mode != "disaggregated":
+            for line in layout_lines(found):
+                console.print(line, highlight=False, soft_wrap=True)
+    if infeasible(found, result.feasible):
         raise typer.Exit(EXIT_INFEASIBLE)
 
 

@@ -61,6 +61,7 @@ def test_no_advice_for_short_chat_or_a_plan_already_behind_a_gateway() -> None:
 def test_plan_prints_and_serializes_the_gateway_beside_the_service_plan() -> None:
     args = ["plan", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--ttft", "2s", "--tpot", "50ms"]
     args += ["--percentile", "99", "--rps", "8", "--input", "8000", "--output", "100"]
+    args += ["--disaggregation", "off"]  # the gateway beside aggregated replicas is the subject
     text = CliRunner().invoke(app, args)
     assert text.exit_code == 0, text.output
     assert "gateway beside it:" in text.output and "--routing gateway" in text.output

@@ -53,6 +53,10 @@ RAG = [
     "H100-SXM",
     "--tp",
     "4",
+    # the aggregated replica's chunk budget is the subject (prefill/decode pools would take the
+    # chunks out of the decode steps altogether: tests/unit/test_disaggregation.py)
+    "--disaggregation",
+    "off",
     "--json",
 ]
 

@@ -235,6 +235,7 @@ def test_repeated_rejections_fold_into_one_row() -> None:
 
 def test_fp8_cost_is_shown_beside_bf16_on_h100_not_chosen() -> None:
     args = ["-m", "meta-llama/Llama-3.1-70B-Instruct", "--ttft", "1s", "--tpot", "50ms", "--rps", "6"]
+    args += ["--disaggregation", "off"]  # the fp8 line beside an aggregated bf16 plan is the subject
     chosen = plan_json(*args, "--input", "512", "--output", "256", "--gpu", "H100-SXM")["chosen"]
     assert chosen["precision"] == "bf16"
     fp8 = chosen["fp8_beside"]
