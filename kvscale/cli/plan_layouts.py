@@ -131,7 +131,11 @@ def infeasible(found: LayoutPlan, aggregated_met: bool) -> bool:
 
 def layout_lines(found: LayoutPlan) -> list[str]:
     """The lines beside the plan's table: the layout and why, and the pools when disaggregated
-    (printed above the table then, the aggregated plan below them for comparison)."""
+    (printed above the table then, the aggregated plan below them for comparison). None under
+    `auto` when no disaggregated plan exists: the aggregated plan's output as it was (the JSON's
+    `disaggregated_beside` says why)."""
+    if found.disaggregation == "auto" and found.disaggregated is None:
+        return []
     lines = [f"Layout: {found.mode or 'none'} ({found.disaggregation}): {found.reason}"]
     d = found.disaggregated
     if d is not None and found.mode == "disaggregated":

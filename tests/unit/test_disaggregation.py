@@ -318,3 +318,11 @@ def test_plan_json_under_on() -> None:
     out = with_layouts(plan_to_dict(result), found, None, None, result.feasible)
     assert out["chosen"] is None and out["feasible"] is False
     assert "TPOT" in out["suggestions"][0] and infeasible(found, result.feasible)
+
+
+def test_no_layout_line_under_auto_without_pools() -> None:
+    from kvscale.cli.plan_layouts import layout_lines, layouts
+
+    result = plan(CAT, _request("deepseek-r1", 2000, 500, 1.0, 2.0, 0.08, gpus=("H100-SXM",)))
+    assert layout_lines(layouts(CAT, result, "auto")) == []  # the plan's output as it was
+    assert layout_lines(layouts(CAT, result, "on"))[0].startswith("Layout: none (on): no worker of one node")
