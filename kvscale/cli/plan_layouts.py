@@ -146,6 +146,8 @@ def layout_lines(found: LayoutPlan) -> list[str]:
             f"  KV transfer {format_duration(d.kv_transfer_s)} per request over {d.path.name} ({KV_CONNECTOR}); "
             f"TTFT {format_duration(d.ttft_p_s)}, TPOT {format_duration(d.tpot_p_s)}; {d.gpus_total} GPUs, "
             f"${d.cost_usd_per_hour:.2f}/h, {d.tokens_per_s_per_gpu:.0f} output tokens/s per GPU",
+            "  (analytic: the simulator does not run two pools yet, and the operator deploys aggregated "
+            "replicas only; --disaggregation off plans those alone)",
             "The aggregated plan beside it:",
         ]
     return lines
