@@ -27,7 +27,6 @@ from kvscale.control.scaling import planned
 from kvscale.control.status import mark_synced
 from kvscale.metrics.arrivals import arrival_counts
 from kvscale.metrics.engines import ENGINES
-from kvscale.metrics.observe import observe_workload_batched
 from kvscale.operator import effects, telemetry
 from kvscale.operator.calibration import planning_catalog_of
 
@@ -74,7 +73,7 @@ def _measure(
 async def capacity_tick(rt: Runtime, call: Call) -> None:
     """One service's capacity search: nothing for a service not running (recommend mode, not
     planned) or without Prometheus."""
-    from kvscale.operator.handlers import memory, update  # the handlers import this module
+    from kvscale.operator.handlers import memory, read_workload, update  # the handlers import this module
 
     plan = call.before.plan
     if plan is None or not planned(call.before) or call.before.phase == "Recommended" or rt.workload_reader is None:
@@ -82,17 +81,7 @@ async def capacity_tick(rt: Runtime, call: Call) -> None:
     try:
         intent = call.valid()
         s = rt.settings
-        workload, missing = await observe_workload_batched(
-            rt.workload_reader,
-            intent.engine,
-            call.res.namespace,
-            call.res.name,
-            time.time(),
-            s.workload_window,
-            s.metrics_window,
-            deadline_s=rt.workload_deadline_s(),
-            burst_window=s.burst_window,
-        )
+        workload, missing = await read_workload(rt, call, intent.engine)
         counts = None
         if rt.workload_prometheus is not None and workload is not None and workload.requests_per_s:
             counts = await arrival_counts(

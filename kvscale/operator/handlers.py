@@ -36,7 +36,7 @@ from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.api.intent import Intent, SpecError, read_spec
 from kvscale.api.models import InferenceServiceStatus, PlanStatus, parse_status
 from kvscale.autoscaling.budget import Grant
-from kvscale.autoscaling.observation import Observation
+from kvscale.autoscaling.observation import Observation, ObservedWorkload
 from kvscale.control import children as owned
 from kvscale.control.autoscale import Autoscaled, Governor, Readings, autoscale
 from kvscale.control.autoscale import moved as moved_tick
@@ -536,6 +536,26 @@ async def _gateway_queue(rt: Runtime, res: Resource, intent: Intent) -> float | 
     return gateway_queue([r if isinstance(r, float) else None for r in readings])
 
 
+async def read_workload(rt: Runtime, call: Call, engine: str) -> tuple[ObservedWorkload | None, str | None]:
+    """The service's observed workload over the operator's workload window (and why not, when
+    it could not be read): what the workload timer and the capacity search both start from."""
+    reader = rt.workload_reader
+    if reader is None:  # the callers return before this without one
+        return None, "no Prometheus to read the workload from"
+    s = rt.settings
+    return await observe_workload_batched(
+        reader,
+        engine,
+        call.res.namespace,
+        call.res.name,
+        time.time(),
+        s.workload_window,
+        s.metrics_window,
+        deadline_s=rt.workload_deadline_s(),
+        burst_window=s.burst_window,
+    )
+
+
 async def observe_workload(rt: Runtime, call: Call) -> None:
     """The observed workload into status, and a re-plan when it drifted long enough (the
     planner and the API reads in the workers)."""
@@ -546,17 +566,7 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
     try:
         intent = call.valid()
         s = rt.settings
-        workload, missing = await observe_workload_batched(
-            rt.workload_reader,
-            intent.engine,
-            call.res.namespace,
-            call.res.name,
-            time.time(),
-            s.workload_window,
-            s.metrics_window,
-            deadline_s=rt.workload_deadline_s(),
-            burst_window=s.burst_window,
-        )
+        workload, missing = await read_workload(rt, call, intent.engine)
         now = dt.datetime.now(dt.UTC)
         catalog = await rt.io(planning_catalog_of, rt, call)
         args = (intent, call.res, call.before, lambda: call.observed(rt), workload, missing, catalog, s, now)
