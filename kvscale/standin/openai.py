@@ -62,8 +62,11 @@ def _event(engine: ModelledEngine, text: str, finish: str | None) -> bytes:
     return _chunk(f"data: {json.dumps(body)}\n\n".encode())
 
 
-async def _reply(writer: asyncio.StreamWriter, status: str, message: str) -> None:
-    body = json.dumps({"error": {"message": message}}).encode()
+async def _reply(writer: asyncio.StreamWriter, status: str, message: str, err_type: str | None = None) -> None:
+    error: dict[str, object] = {"message": message}
+    if err_type is not None:  # vLLM's ErrorInfo (entrypoints/openai/protocol.py): message, type, code
+        error.update(type=err_type, code=int(status.split(" ", 1)[0]))
+    body = json.dumps({"error": error}).encode()
     writer.write(
         f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         "Connection: close\r\n\r\n".encode()
@@ -91,6 +94,12 @@ async def _handle(engine: ModelledEngine, reader: asyncio.StreamReader, writer: 
             await _reply(writer, "500 Internal Server Error", "injected fault")
             return
         request = json.loads(body)
+        asked = request.get("model")
+        if asked and asked != engine.model_name:
+            # As vLLM 0.11.0 answers a name it does not serve (entrypoints/openai/serving_engine.py,
+            # _check_model; an empty or absent name means the served model).
+            await _reply(writer, "404 Not Found", f"The model `{asked}` does not exist.", "NotFoundError")
+            return
         prompt = request.get("prompt", "")
         prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
         max_tokens = int(request.get("max_tokens", 16))

@@ -222,3 +222,15 @@ def test_summary_by_hand() -> None:
     assert out["requests"] == 3 and out["errors"] == 1
     assert out["slo_attainment"] == pytest.approx(1 / 3, abs=1e-5)  # only the first meets TTFT 0.2 s
     assert out["ttft_p50_ms"] == pytest.approx(300.0)
+
+
+def test_a_model_name_the_server_does_not_serve_is_a_404_as_vllm_answers_it(endpoint: str) -> None:
+    # vLLM 0.11.0 entrypoints/openai/serving_engine.py _check_model: 404 NotFoundError, "The model
+    # `NAME` does not exist."; bench counts each one as an error and says the first.
+    result = runner.invoke(app, ["bench", "--endpoint", endpoint, "--model", "llama-3.1-70b", *LOAD, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["requests"] == data["errors"] > 0
+    (first,) = data["first_errors"]
+    assert first.startswith("HTTP 404:") and "The model `llama-3.1-70b` does not exist." in first
+    assert '"type": "NotFoundError"' in first and '"code": 404' in first
