@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import kopf
@@ -31,43 +32,15 @@ from kvscale.operator import effects, telemetry
 from kvscale.operator.calibration import planning_catalog_of
 
 if TYPE_CHECKING:
-    from kvscale.api.intent import Intent
-    from kvscale.api.models import PlanStatus
-    from kvscale.autoscaling.observation import ObservedWorkload
-    from kvscale.control.capacity import Confirmed
     from kvscale.operator.handlers import Call, Runtime
-    from kvscale.sizing.catalog import Catalog
 
 SEARCH = ThreadPoolExecutor(1, thread_name_prefix="capacity-search")  # one core at most, for every service
 
 
-def _measure(
-    intent: Intent,
-    plan: PlanStatus,
-    workload: ObservedWorkload | None,
-    missing: str | None,
-    previous: Confirmed | None,
-    catalog: Catalog,
-    min_requests: int,
-    now: dt.datetime,
-    counts: list[float] | None,
-    counts_step_s: float,
-) -> tuple[Measured, float]:
+def _cpu_timed(search: Callable[[], Measured]) -> tuple[Measured, float]:
     """In the search thread: the search, and the CPU seconds it took (this thread's)."""
     started = time.thread_time()
-    measured = measure(
-        intent,
-        plan,
-        workload,
-        missing,
-        previous,
-        catalog,
-        min_requests,
-        now,
-        counts=counts,
-        counts_step_s=counts_step_s,
-    )
-    return measured, time.thread_time() - started
+    return search(), time.thread_time() - started
 
 
 async def capacity_tick(rt: Runtime, call: Call) -> None:
@@ -96,7 +69,8 @@ async def capacity_tick(rt: Runtime, call: Call) -> None:
         catalog = planning_catalog_of(rt, call, cached=True)  # the calibrated profile, as the tick's capacity
         previous = memory(call.memo).capacity
         now = dt.datetime.now(dt.UTC)
-        args = (
+        search = partial(
+            measure,
             intent,
             plan,
             workload,
@@ -105,10 +79,10 @@ async def capacity_tick(rt: Runtime, call: Call) -> None:
             catalog,
             s.capacity_min_requests,
             now,
-            counts,
-            s.burst_window_s,
+            counts=counts,
+            counts_step_s=s.burst_window_s,
         )
-        measured, cpu_s = await rt.io(_measure, *args, pool=SEARCH)
+        measured, cpu_s = await rt.io(_cpu_timed, search, pool=SEARCH)
         if measured.search is not None and measured.search.requests:
             telemetry.CAPACITY_SEARCH_CPU_SECONDS.observe(cpu_s)
         update(call.memo, lambda m: replace(m, capacity=measured.confirmed))
