@@ -172,7 +172,14 @@ def test_a_workload_batch_answers_each_service_as_its_own_queries_do(tmp_path: P
     Both are evaluated at one instant (Prometheus's `time` parameter), so they read the same
     samples and must agree to rounding."""
     with serving(tmp_path) as (prom, _running):
-        time.sleep(SETTLE_S)  # the window full of samples
+
+        def history_s() -> float:
+            """How far back Prometheus holds the stand-ins' series (the oldest sample's age)."""
+            oldest = prom.query("time() - min(min_over_time(timestamp(vllm:request_success_total)[2m:1s]))")
+            return float(oldest[0]["value"][1]) if oldest else 0.0
+
+        # The workload window (WORK_WINDOW, 32 s) full of samples, with the scrape after it.
+        wait_until(lambda: history_s() >= 34.0, 60 + SETTLE_S, "the workload window full of samples", interval_s=1.0)
         alone, batched, sent = asyncio.run(_workloads(prom.url, time.time() - 2))
     built = workload_queries(ENGINES["vllm"], "ns", "svc", WORK_WINDOW, PEAK_WINDOW, BURST_WINDOW)
     assert sent == len(built)  # one query per key for the three services
