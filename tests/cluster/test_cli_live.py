@@ -5,15 +5,12 @@ screen; `kvscale manifests --diff` compares what kvscale would apply with the li
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import yaml
 from kubernetes import client
 from typer.testing import CliRunner
 
-from kvscale.api import GROUP, PLURAL
 from kvscale.cli import app
 from tests.cluster.harness import Cluster, find_bins
 from tests.cluster.processes import Operator
@@ -21,16 +18,6 @@ from tests.cluster.test_operator import SAMPLES, create, wait_phase
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, api: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-    op = Operator(cluster, tmp_path_factory.mktemp("operator"))
-    op.start()
-    yield op
-    op.stop()
 
 
 def test_status_without_the_crd_says_how_to_install_it(tmp_path: Path) -> None:

@@ -8,31 +8,19 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from kubernetes import client
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from tests.cluster.harness import Cluster, wait_until
+from tests.cluster.harness import wait_until
 from tests.cluster.processes import Operator
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "deploy" / "samples" / "llama-3.1-70b-rag.yaml").read_text())
 NAME = SAMPLE["metadata"]["name"]
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, api: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-    op = Operator(cluster, tmp_path_factory.mktemp("operator"))
-    op.start()
-    yield op
-    op.stop()
 
 
 def get(api: client.ApiClient, namespace: str) -> dict[str, Any]:

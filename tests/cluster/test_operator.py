@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +14,11 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kvscale.api import GROUP, PLURAL, VERSION
-from tests.cluster.harness import Cluster, wait_until
+from tests.cluster.harness import wait_until
 from tests.cluster.processes import Operator
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "deploy" / "samples").glob("*.yaml"))}
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, api: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-    op = Operator(cluster, tmp_path_factory.mktemp("operator"))
-    op.start()
-    yield op
-    op.stop()
 
 
 def objects(api: client.ApiClient) -> client.CustomObjectsApi:

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from kubernetes import client
 from typer.testing import CliRunner
 
-from kvscale.api import GROUP, PLURAL, labels
+from kvscale.api import labels
 from kvscale.api.models import ScalingSpec
 from kvscale.cli import app
 from tests.cluster.harness import Cluster
@@ -24,16 +22,6 @@ from tests.cluster.test_operator import SAMPLES, create, wait_phase
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 SECRET = 'secret "hf-token-missing" not found'
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, api: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-    op = Operator(cluster, tmp_path_factory.mktemp("operator"))
-    op.start()
-    yield op
-    op.stop()
 
 
 def test_status_shows_its_own_events_and_container_failures(
