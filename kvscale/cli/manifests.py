@@ -263,7 +263,8 @@ def manifests(
         typer.Option(
             "--diff",
             help="Compare with the live objects in the cluster of the kubeconfig instead of printing them: a unified "
-            "diff of the fields kvscale sets, per object; exits 1 when something differs (as kubectl diff).",
+            "diff of the fields kvscale sets, per object, less spec.replicas (the autoscaler's at runtime); exits 1 "
+            "when something differs (as kubectl diff).",
         ),
     ] = False,
     namespace: NamespaceOpt = None,
@@ -320,9 +321,38 @@ def project(live: Any, rendered: Any) -> Any:
     return live
 
 
+# Fields the operator sets at runtime, not from the spec: the autoscaler scales the Deployment
+# (or the LeaderWorkerSet's groups) between spec.scaling's bounds, so a live count that is not
+# the plan's starting count is the autoscaler at work, not drift.
+RUNTIME_OWNED: dict[str, tuple[str, ...]] = {"Deployment": ("replicas",), "LeaderWorkerSet": ("replicas",)}
+
+
+def without_runtime_owned(kind: str, obj: Any) -> tuple[Any, dict[str, Any]]:
+    """`obj` less the spec fields the operator owns at runtime for `kind` (RUNTIME_OWNED), and
+    those fields' values (to say what was left out)."""
+    owned = RUNTIME_OWNED.get(kind, ())
+    spec = obj.get("spec") if isinstance(obj, dict) else None
+    if not owned or not isinstance(spec, dict):
+        return obj, {}
+    cut = {k: spec[k] for k in owned if k in spec}
+    return {**obj, "spec": {k: v for k, v in spec.items() if k not in owned}}, cut
+
+
+def _ignored_note(kind: str, live: dict[str, Any], rendered: dict[str, Any]) -> str:
+    """What the diff left out of `kind` and why ('' for a kind with no runtime-owned fields)."""
+    fields = RUNTIME_OWNED.get(kind, ())
+    if not fields:
+        return ""
+    said = ", ".join(
+        f"spec.{f} (live {live.get(f, '-')}, a fresh plan starts at {rendered.get(f, '-')})" for f in fields
+    )
+    return f" (not compared: {said}: the operator's autoscaler sets it at runtime)"
+
+
 def diff_live(objects: list[dict[str, Any]], live: Live, namespace: str) -> tuple[str, bool]:
     """A unified diff per object, live (---) against what kvscale would apply (+++), and whether
-    anything differs."""
+    anything differs. Fields the operator owns at runtime (RUNTIME_OWNED: the replica count the
+    autoscaler sets) are left out of both sides and named in the object's line."""
     import difflib
 
     parts: list[str] = []
@@ -337,13 +367,16 @@ def diff_live(objects: list[dict[str, Any]], live: Live, namespace: str) -> tupl
             differs = True
             parts.append(f"# {label}: not in the cluster; would be created\n")
             continue
-        rendered = {**obj, "metadata": {**meta, "namespace": ns}}
-        before = yaml.safe_dump(project(current, rendered), sort_keys=False).splitlines(keepends=True)
+        whole = {**obj, "metadata": {**meta, "namespace": ns}}
+        rendered, rendered_owned = without_runtime_owned(kind, whole)
+        projected, live_owned = without_runtime_owned(kind, project(current, whole))
+        note = _ignored_note(kind, live_owned, rendered_owned)
+        before = yaml.safe_dump(projected, sort_keys=False).splitlines(keepends=True)
         after = yaml.safe_dump(rendered, sort_keys=False).splitlines(keepends=True)
         lines = list(difflib.unified_diff(before, after, f"live {label}", f"kvscale manifests {label}"))
         if lines:
             differs = True
-            parts.append("".join(lines))
+            parts.append((f"# {label}:{note}\n" if note else "") + "".join(lines))
         else:
-            parts.append(f"# {label}: no differences\n")
+            parts.append(f"# {label}: no differences{note}\n")
     return "".join(parts), differs

@@ -110,3 +110,38 @@ def test_status_shows_the_gpu_types_left_out_and_until_when() -> None:
     legacy = status_lines(obj, [])
     assert any(line.startswith("Excluded: A100-80GB, L40S (no expiry recorded") for line in legacy)
     assert not any(line.startswith("Excluded:") for line in status_lines(OBJ, []))
+
+
+class _FakeLive:
+    """The live objects `diff_live` reads, by kind."""
+
+    def __init__(self, objects: dict[str, dict[str, Any]]) -> None:
+        self.objects = objects
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get(kind)
+
+
+def test_diff_leaves_out_the_replicas_the_autoscaler_owns() -> None:
+    # Issue 39: `manifests --diff` reported the Deployment's replicas, which the autoscaler sets
+    # at runtime, as a difference (exit 1 on every scaled service).
+    from kvscale.cli.manifests import diff_live
+
+    def deployment(replicas: int, image: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "chat", "namespace": "prod"},
+            "spec": {"replicas": replicas, "template": {"spec": {"containers": [{"image": image}]}}},
+        }
+
+    live = _FakeLive({"Deployment": {**deployment(5, "vllm:1"), "status": {"replicas": 5}}})
+    text, differs = diff_live([deployment(2, "vllm:1")], live, "prod")  # type: ignore[arg-type]
+    assert not differs, text
+    assert text == (
+        "# Deployment prod/chat: no differences (not compared: spec.replicas (live 5, a fresh plan starts at 2): "
+        "the operator's autoscaler sets it at runtime)\n"
+    )
+    text, differs = diff_live([deployment(2, "vllm:2")], live, "prod")  # type: ignore[arg-type]
+    assert differs and "-      - image: vllm:1" in text and "+      - image: vllm:2" in text
+    assert "replicas:" not in text.split("\n", 1)[1] and "not compared: spec.replicas" in text.splitlines()[0]
