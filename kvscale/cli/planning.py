@@ -551,13 +551,22 @@ def _render_plan(
             f"chunk budget {c.max_num_batched_tokens} tokens{' per rank' if c.data_parallel > 1 else ''}, "
             f"${p.cost_usd_per_hour:.2f}/h"
         )
+        # Two sets of figures, each saying its rate: the requested load spread over the replicas
+        # (what the SLO is met at), and the most one replica carries (what binds, MBU/MFU there).
+        # The analytic figures are at the analytic count's share (a simulated check may size another).
+        modelled = c.check.analytic_replicas if c.check is not None else p.replicas
+        share = f"{people_rate(r.workload.requests_per_s / modelled)} req/s per replica"
         console.print(
-            f"  predicted p{r.slo.percentile:g} TTFT {p.ttft_p_s * 1e3:.0f} ms, TPOT {p.tpot_p_s * 1e3:.1f} ms, "
-            f"p99 ITL {p.itl_p99_s * 1e3:.0f} ms (longest step {p.itl_max_s * 1e3:.0f} ms) at this load; "
-            f"{p.rate_per_replica_max:.2f} req/s per replica max; limited by {p.limited_by}; MBU {p.mbu:.0%}, MFU {p.mfu:.0%}"
+            f"  predicted at this load ({share}"
+            + (f" over the analytic {modelled}" if modelled != p.replicas else "")
+            + "): "
+            f"p{r.slo.percentile:g} TTFT {p.ttft_p_s * 1e3:.0f} ms, TPOT {p.tpot_p_s * 1e3:.1f} ms, "
+            f"p99 ITL {p.itl_p99_s * 1e3:.0f} ms (longest step {p.itl_max_s * 1e3:.0f} ms); "
+            f"at most {p.rate_per_replica_max:.2f} req/s per replica, limited by {p.limited_by} "
+            f"(MBU {p.mbu:.0%}, MFU {p.mfu:.0%} there)"
         )
         if p.limited_why:
-            console.print(f"  binds: {p.limited_why}")
+            console.print(f"  binds at {p.rate_per_replica_max:.2f} req/s per replica (the max): {p.limited_why}")
         console.print(f"  why: {c.reason}")
         if launch is not None:
             console.print(

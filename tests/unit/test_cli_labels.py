@@ -1,0 +1,34 @@
+"""CLI output that says what each figure is (issue 39's MED/LOW list): a figure shown twice at
+two loads names each load, a regime label agrees with the header above it, a field in a file
+is named by its path."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from typer.testing import CliRunner
+
+from kvscale.cli import app
+
+runner = CliRunner()
+
+
+def _flat(text: str) -> str:
+    """The output with rich's wrapping undone (it wraps at spaces, at 160 columns into a pipe)."""
+    return " ".join(text.split())
+
+
+def test_plan_labels_the_figures_at_the_load_and_at_the_replicas_max() -> None:
+    # Issue 39: one plan printed "p95 TPOT" at the planned load and again at the replica's
+    # maximum rate (the binds line) without saying which was which.
+    args = ["plan", "-m", "llama-3.1-8b", "--ttft", "500ms", "--tpot", "50ms", "--rps", "20"]
+    args += ["--input", "1000", "--output", "200", "--disaggregation", "off"]
+    chosen: dict[str, Any] = json.loads(runner.invoke(app, [*args, "--json"]).stdout)["chosen"]
+    human = runner.invoke(app, args)
+    assert human.exit_code == 0, human.output
+    out = _flat(human.stdout)
+    per_replica = 20 / chosen["replicas"]
+    assert f"predicted at this load ({per_replica:g} req/s per replica): p95 TTFT {chosen['ttft_ms']:.0f} ms" in out
+    most = chosen["rate_per_replica_max"]
+    assert f"binds at {most:.2f} req/s per replica (the max): p95 TPOT" in out
