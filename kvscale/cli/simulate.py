@@ -52,6 +52,7 @@ from kvscale.cli.common import (
     slo as make_slo,
 )
 from kvscale.cli.root import app
+from kvscale.cli.simulate_pools import DISAGGREGATION_SIM_HELP
 from kvscale.planner.search import DEFAULT_HEADROOM, PlanRequest, plan
 from kvscale.sizing.checkpoints import default_precision
 from kvscale.sizing.workload import Workload
@@ -146,6 +147,7 @@ def simulate(
     png: Annotated[
         Path | None, typer.Option(help="Draw load, replicas and latency against time here (.png, .svg or .pdf).")
     ] = None,
+    disaggregation: Annotated[str, typer.Option(help=DISAGGREGATION_SIM_HELP)] = "off",
     engine: EngineOpt = None,
     engine_command: EngineCommandOpt = None,
     engine_version: EngineVersionOpt = None,
@@ -156,7 +158,9 @@ def simulate(
 
     With --engine-command the fleet runs that command (one GPU type, --gpu) instead of a plan:
     "what does the command I run today give me"; --replicas sets the static fleet (default 1)."""
+    from kvscale.cli.simulate_pools import PoolsArgs, replay_pools
     from kvscale.sim.compare import OPT_IN_NAMES, POLICY_NAMES
+    from kvscale.sim.disaggregated_session import POOLS_POLICY_NAMES
     from kvscale.sim.fit import fit_trace
     from kvscale.sim.fleet import RoutingError, check_routing
     from kvscale.sim.generators import LoadError
@@ -201,12 +205,16 @@ def simulate(
         )
     arch = resolve_model(cat, model) if model is not None else command_model(cat, command)
     names = POLICY_NAMES if policy == "all" else split(policy)
-    unknown = [n for n in names if n not in (*POLICY_NAMES, *OPT_IN_NAMES)]
+    unknown = [n for n in names if n not in (*POLICY_NAMES, *OPT_IN_NAMES, *POOLS_POLICY_NAMES)]
     if unknown or not names:
         fail(
             f"--policy: unknown {', '.join(unknown) or 'empty'}; choose from "
-            f"{', '.join((*POLICY_NAMES, *OPT_IN_NAMES))} or all"
+            f"{', '.join(dict.fromkeys((*POLICY_NAMES, *OPT_IN_NAMES, *POOLS_POLICY_NAMES)))} or all"
         )
+    if disaggregation not in ("auto", "on", "off"):
+        fail(f"--disaggregation must be auto, on or off, got {disaggregation!r}")
+    if disaggregation == "on" and command is not None:
+        fail("--engine-command runs that command's aggregated replicas: leave out --disaggregation on")
     if replicas is not None:
         positive(replicas, "--replicas", MAX_REPLICAS)
     positive(max_replicas, "--max-replicas", MAX_REPLICAS)
@@ -284,9 +292,22 @@ def simulate(
                 command_setup(cat, command, gpus[0], arch, slo, cold_start_s, replicas), routing=routing, seed=seed
             )
         else:
-            setup = replace(
-                setup_from_plan(cat, plan(cat, request), cold_start_s, replicas), routing=routing, seed=seed
+            aggregated = plan(cat, request) if disaggregation != "on" else None
+            # Two pools when the layout chosen is disaggregated (kvscale.cli.simulate_pools).
+            replayed = replay_pools(
+                cat,
+                request,
+                aggregated,
+                disaggregation,
+                arrivals.trace,
+                policy,
+                names,
+                PoolsArgs(headroom, max_replicas, cold_start_s, seed, percentile, as_json, png, load or str(trace)),
             )
+            if replayed:
+                return
+            assert aggregated is not None
+            setup = replace(setup_from_plan(cat, aggregated, cold_start_s, replicas), routing=routing, seed=seed)
         results, rows = _run_with_progress(setup, arrivals, names, headroom, replicas, max_replicas, workload)
     except SimulationError as exc:
         fail(str(exc), EXIT_INFEASIBLE)

@@ -1,0 +1,411 @@
+"""A disaggregated fleet: a prefill pool and a decode pool, and the KV transfer between them.
+
+A request goes through both pools as vLLM 0.11.0's P/D with its NixlConnector runs it:
+
+1. Prefill. The request reaches the least-loaded prefill replica that could admit it now (the
+   endpoint picker behind a gateway: kvscale.sim.fleet's `gateway` routing, the Gateway API
+   inference extension's least-loaded choice, as llm-d's P/D scheduler picks a prefill pod
+   first). A prefill replica is the aggregated engine (kvscale.sim.engine.Replica) on a copy of
+   the request that emits one token: the proxy sends it with max_tokens 1 and
+   `do_remote_decode`, it finishes FINISHED_LENGTH_CAPPED after its (chunked, batched by
+   max_num_batched_tokens) prefill, and its blocks are kept for the decode side to read
+   (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py, request_finished). The
+   proxy drops that token: the user's first token comes from the decode side (below).
+2. KV transfer. The prompt's uncached tokens' KV (one prefill GPU's shard, every GPU sending
+   at once) over the path between the pools: kvscale.sizing.disaggregation.kv_transfer_s, the
+   planner's figure, per request at its own prompt length. The request then reaches the decode
+   pool. (vLLM's decode side allocates the blocks first and reads the KV while the request
+   waits in WAITING_FOR_REMOTE_KVS: the wait for a slot and the transfer are added either
+   way; here the blocks are not held during the transfer.)
+3. Decode. The least-loaded decode replica with a free batch slot and KV for the prompt admits
+   it (the gateway holds it until one has room). Once the KV has arrived vLLM's scheduler sets
+   `num_computed_tokens` to the prompt less one token (vllm/v1/core/sched/scheduler.py,
+   _update_waiting_for_remote_kv: "if num_computed_tokens == request.num_tokens:
+   num_computed_tokens -= 1"), so the decode replica computes the prompt's last token in its
+   next step, beside its running decodes, and that step emits the first token. A decode
+   replica's steps carry no prompt chunk: its admission counts one token of the step's budget
+   per new request, and KV memory limits admissions (and preempts the newest, which then
+   recomputes its prompt there) as in the aggregated engine.
+
+TTFT = waiting at prefill + prefill + transfer + waiting for a decode slot + the first decode
+step; TPOT from the decode replica's steps. Each pool has its own cold start, replicas and
+GPU-hours; both are scaled each tick by a `PoolsPolicy` (kvscale.sim.pool_policies): kvscale's
+through the one tick (kvscale.autoscaling.tick.tick_all, the two pools as two services), or a
+baseline. Step times are the aggregated engine's (kvscale.sim.engine.StepTimes) for each
+pool's own configuration: no new physics.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvscale.autoscaling.observation import Decision, Observation
+from kvscale.sim.engine import KV_WATERMARK, Replica, SimRequest, StepTimes
+from kvscale.sim.fleet import Fleet
+from kvscale.sim.run import SimResult, SimSetup, Source, TimelinePoint, _observe, _Window
+from kvscale.sizing.disaggregation import KvTransferPath, kv_transfer_s
+
+ROLES = ("prefill", "decode")
+
+
+class DecodeReplica(Replica):
+    """A decode-only replica: a request arrives with its prompt's KV; its first token is the
+    step that computes the prompt's last token beside the running decodes."""
+
+    def _admit(self) -> list[SimRequest]:
+        """As the aggregated engine's (slots, KV with the watermark), but a request whose KV
+        came from the prefill pool takes one token of the step's budget, not its prompt."""
+        admitted: list[SimRequest] = []
+        free = self.kv_capacity * (1 - KV_WATERMARK) - self.kv_used
+        tokens = 0
+        while self.waiting and len(self.running) + len(admitted) < self.max_batch:
+            request = self.waiting[0]
+            need = request.input_tokens + request.generated + 1
+            step_tokens = 1 if request.preemptions == 0 else need
+            if need > free:
+                break
+            if admitted and tokens + step_tokens > self.token_budget:
+                break
+            self.waiting.popleft()
+            admitted.append(request)
+            free -= need
+            tokens += step_tokens
+        return admitted
+
+    def _prefill(self, admitted: list[SimRequest], finished: list[SimRequest]) -> None:
+        recompute = [r for r in admitted if r.preemptions > 0]
+        fresh = [r for r in admitted if r.preemptions == 0]
+        if recompute:  # preempted here: its KV is gone, the decode replica recomputes the prompt itself
+            super()._prefill(recompute, finished)
+        if fresh:
+            self._first_step(fresh, finished)
+
+    def _first_step(self, fresh: list[SimRequest], finished: list[SimRequest]) -> None:
+        n = len(self.running)
+        batch = n + len(fresh)
+        context = (self.kv_used + sum(r.input_tokens for r in fresh)) / batch
+        step_s = self.steps.decode(batch, context)
+        for request in fresh:
+            if math.isnan(request.scheduled_s):
+                request.scheduled_s = self.clock
+        self.iterations[batch] += 1
+        # the engine's per-request intake (HTTP, admission), serial with its steps, as in the aggregated engine
+        self.clock += step_s + self.steps.cfg.engine.request_overhead_s * len(fresh)
+        if n:
+            self._record_gaps(step_s, n)
+            self.step += 1
+        for request in fresh:
+            self._start_decoding(request)
+        self._pop_finished(finished)
+        self._relieve_kv_pressure()
+
+
+class PoolFleet(Fleet):
+    """One pool's replicas: kvscale.sim.fleet.Fleet (cold starts, drains, GPU-hours, the
+    gateway's least-loaded routing) with decode-only replicas for the decode pool."""
+
+    def __init__(self, setup: SimSetup, role: str) -> None:
+        super().__init__(setup.fleet_spec(), StepTimes(setup.cfg))
+        self.role = role
+
+    def _new_replica(self, now_s: float, cold_start_s: float) -> Replica:
+        if self.role != "decode":
+            return super()._new_replica(now_s, cold_start_s)
+        replica = DecodeReplica(
+            len(self.replicas),
+            self.steps,
+            self.spec.max_batch,
+            self.spec.kv_capacity_tokens,
+            self.spec.token_budget,
+            started_s=now_s,
+            ready_s=now_s + cold_start_s,
+        )
+        self.replicas.append(replica)
+        return replica
+
+    def held(self) -> int:
+        """Replicas holding GPUs now (starting, serving or draining)."""
+        return sum(1 for r in self.replicas if r.stopped_s is None)
+
+
+@dataclass(frozen=True)
+class DisaggregatedSetup:
+    """Both pools (each a SimSetup: its configuration, batch limit, cold start, starting
+    workers; the routing is the gateway's) and the path between them."""
+
+    prefill: SimSetup
+    decode: SimSetup
+    path: KvTransferPath
+    prefix_cache_hit_share: float = 0.0
+    # what TTFT leaves each pool (the plan's split): the targets each pool's policy scales for
+    prefill_ttft_target_s: float = math.inf
+    decode_ttft_target_s: float = math.inf
+    gpu_limits: dict[str, int] | None = None  # GPUs per type both pools may hold at once (None: no limit)
+
+    def transfer_s(self, input_tokens: int) -> float:
+        """One request's KV transfer at its own prompt (its uncached tokens)."""
+        cfg = self.prefill.cfg
+        tokens = input_tokens * (1.0 - self.prefix_cache_hit_share)
+        return kv_transfer_s(cfg.model, cfg.kv, cfg.tensor_parallel, tokens, self.path)
+
+
+@dataclass(frozen=True)
+class PoolsView:
+    """What a pools policy sees at a tick: each pool's observation (as the aggregated
+    simulator's, over that pool's own arrivals and latencies) and the totals since the start
+    (requests, prompt and output tokens arrived), from which rates over any interval follow."""
+
+    time_s: float
+    prefill: Observation
+    decode: Observation
+    arrived: int
+    input_tokens: float
+    output_tokens: float
+
+
+class PoolsPolicy(Protocol):
+    name: str
+
+    def decide(self, view: PoolsView) -> tuple[Decision, Decision]: ...
+
+
+@dataclass(frozen=True)
+class PoolPoint:
+    time_s: float
+    prefill_desired: int
+    decode_desired: int
+    prefill_ready: int
+    decode_ready: int
+    gpus_held: dict[str, int] = field(default_factory=dict)  # per GPU type: starting, serving and draining replicas
+
+
+@dataclass
+class PoolStats:
+    role: str
+    gpu: str
+    tensor_parallel: int
+    gpus_per_replica: int
+    gpu_hours: float
+    cost_usd: float
+    replicas_max: int
+    replicas_start: int
+    preemptions: int
+
+
+@dataclass
+class DisaggregatedResult(SimResult):
+    """A run of both pools: SimResult's totals (GPU-hours and cost of both pools, the requests
+    with TTFT measured from arrival to the decode side's first token) and each pool's own."""
+
+    pools: dict[str, PoolStats] = field(default_factory=dict)
+    pool_timeline: list[PoolPoint] = field(default_factory=list)
+    transfer_s: list[float] = field(default_factory=list)  # per request, in request order
+    prefill_done_s: list[float] = field(default_factory=list)  # when each request's prefill ended (nan: never)
+
+
+class _Windows:
+    def __init__(self, window_s: float) -> None:
+        self.arrivals, self.inputs, self.outputs = _Window(window_s), _Window(window_s), _Window(window_s)
+        self.ttfts, self.tpots = _Window(window_s), _Window(window_s)
+
+    def arrive(self, now_s: float, request: SimRequest, output_tokens: int) -> None:
+        self.arrivals.add(now_s, 1.0)
+        self.inputs.add(now_s, request.input_tokens)
+        self.outputs.add(now_s, output_tokens)
+
+    def observe(self, fleet: Fleet, now_s: float, setup: SimSetup) -> Observation:
+        return _observe(fleet, now_s, setup, self.arrivals, self.inputs, self.outputs, self.ttfts, self.tpots)
+
+
+def simulate_disaggregated(
+    setup: DisaggregatedSetup,
+    source: Source,
+    policy: PoolsPolicy,
+    progress: Callable[[float], None] | None = None,
+) -> DisaggregatedResult:
+    """Replays an open-loop source through both pools under `policy` (ticks every
+    setup.prefill.tick_s). Each tick both pools are scaled (at least one replica each);
+    with gpu_limits a scale-up starts only the replicas whose GPUs are free."""
+    if source.closed is not None:
+        raise ValueError("a disaggregated fleet replays open-loop arrivals (a trace or a generated load)")
+    ps, ds = setup.prefill, setup.decode
+    prefill, decode = PoolFleet(ps, "prefill"), PoolFleet(ds, "decode")
+    prefill.start(ps.initial_replicas, 0.0, warm=True)
+    decode.start(ds.initial_replicas, 0.0, warm=True)
+    pw, dw = _Windows(ps.window_s), _Windows(ds.window_s)
+    requests: list[SimRequest] = []
+    proxies: dict[int, SimRequest] = {}  # prefill copy id -> the user's request
+    entered: dict[int, float] = {}  # request id -> when it reached the decode pool
+    transfers: list[float] = []
+    prefill_done: list[float] = []
+    in_transfer: list[tuple[float, int, SimRequest]] = []
+    p_finished: list[SimRequest] = []
+    d_finished: list[SimRequest] = []
+    totals = [0, 0.0, 0.0]
+    timeline: list[TimelinePoint] = []
+    pool_timeline: list[PoolPoint] = []
+    decisions: list[tuple[float, int, str]] = []
+    ttft_all, tpot_all = _Window(ps.window_s), _Window(ps.window_s)
+    done = 0
+    next_tick = ps.tick_s
+
+    def account_lost() -> int:
+        n = 0
+        for proxy in prefill.take_lost():
+            original = proxies[proxy.id]
+            original.lost = proxy.lost
+            n += 1
+        return n + len(decode.take_lost())
+
+    def advance(now_s: float) -> None:
+        nonlocal done
+        # Prefill first: every prefill that ends by now_s is known (an entry at or before now_s
+        # comes from a prefill that ended before it), then the decode pool in order of entries.
+        prefill.advance_to(now_s, p_finished)
+        for proxy in p_finished:
+            original = proxies.pop(proxy.id)
+            pw.ttfts.add(proxy.first_token_s, proxy.ttft_s)
+            prefill_done[original.id] = proxy.finish_s
+            move_s = setup.transfer_s(original.input_tokens)
+            transfers[original.id] = move_s
+            heapq.heappush(in_transfer, (proxy.finish_s + move_s, original.id, original))
+        p_finished.clear()
+        while in_transfer and in_transfer[0][0] <= now_s:
+            at, _, original = heapq.heappop(in_transfer)
+            decode.advance_to(at, d_finished)
+            entered[original.id] = at
+            dw.arrive(at, original, original.output_tokens)
+            decode.route(original, at)
+        decode.advance_to(now_s, d_finished)
+        for r in d_finished:
+            dw.ttfts.add(r.first_token_s, r.first_token_s - entered[r.id])
+            ttft_all.add(r.first_token_s, r.ttft_s)
+            if r.output_tokens > 1:
+                dw.tpots.add(r.finish_s, r.tpot_s)
+                tpot_all.add(r.finish_s, r.tpot_s)
+        done += len(d_finished)
+        d_finished.clear()
+        done += account_lost()
+
+    while True:
+        arrival_at = source.next_time()
+        if math.isinf(arrival_at) and len(requests) - done == 0:
+            break
+        now = min(arrival_at, next_tick)
+        advance(now)
+        if now == arrival_at:
+            r = source.pop()
+            request = SimRequest(len(requests), r.arrival_s, r.input_tokens, r.output_tokens)
+            requests.append(request)
+            transfers.append(math.nan)
+            prefill_done.append(math.nan)
+            proxy = SimRequest(request.id, r.arrival_s, r.input_tokens, 1)
+            proxies[proxy.id] = request
+            totals[0] += 1
+            totals[1] += r.input_tokens
+            totals[2] += r.output_tokens
+            pw.arrive(now, proxy, 1)
+            prefill.route(proxy, now)
+            continue
+        view = PoolsView(
+            now, pw.observe(prefill, now, ps), dw.observe(decode, now, ds), int(totals[0]), totals[1], totals[2]
+        )
+        want_p, want_d = policy.decide(view)
+        for role, want, fleet in (("prefill", want_p, prefill), ("decode", want_d, decode)):
+            if want.replicas != fleet.desired_size():
+                decisions.append((now, want.replicas, f"{role}: {want.reason}"))
+        _scale(setup, prefill, decode, max(want_p.replicas, 1), max(want_d.replicas, 1), now)  # never to zero
+        p_ready, d_ready = len(prefill.serving(now)), len(decode.serving(now))
+        held: dict[str, int] = {}
+        for fleet, pool in ((prefill, ps), (decode, ds)):
+            held[pool.cfg.gpu.name] = held.get(pool.cfg.gpu.name, 0) + fleet.held() * pool.cfg.gpus
+        pool_timeline.append(PoolPoint(now, prefill.desired_size(), decode.desired_size(), p_ready, d_ready, held))
+        timeline.append(
+            TimelinePoint(
+                now,
+                view.prefill.arrival_rate_per_s or 0.0,
+                prefill.desired_size() + decode.desired_size(),
+                p_ready + d_ready,
+                _percentile(ttft_all.values(now), ps.slo.percentile),
+                _percentile(tpot_all.values(now), ps.slo.percentile),
+            )
+        )
+        next_tick += ps.tick_s
+        if progress is not None:
+            progress(now)
+    end = max([r.finish_s for r in requests if r.done] + [0.0])
+    prefill.stop_all(end)
+    decode.stop_all(end)
+    pools = {
+        "prefill": _stats("prefill", prefill, ps, pool_timeline),
+        "decode": _stats("decode", decode, ds, pool_timeline),
+    }
+    spans = [
+        (r.started_s, r.stopped_s if r.stopped_s is not None else end) for f in (prefill, decode) for r in f.replicas
+    ]
+    return DisaggregatedResult(
+        policy=policy.name,
+        requests=requests,
+        gpu_hours=sum(p.gpu_hours for p in pools.values()),
+        cost_usd=sum(p.cost_usd for p in pools.values()),
+        scale_events=prefill.scale_events + decode.scale_events,
+        preemptions=sum(p.preemptions for p in pools.values()),
+        duration_s=end,
+        timeline=timeline,
+        decisions=decisions,
+        routing="gateway",
+        token_gaps=sum((r.token_gaps for r in decode.replicas), Counter()),
+        replica_spans=spans,
+        pools=pools,
+        pool_timeline=pool_timeline,
+        transfer_s=transfers,
+        prefill_done_s=prefill_done,
+    )
+
+
+def _percentile(values: list[float], percentile: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(percentile / 100 * len(ordered)) - 1))]
+
+
+def _scale(setup: DisaggregatedSetup, prefill: PoolFleet, decode: PoolFleet, p: int, d: int, now_s: float) -> None:
+    """Scale-downs first, then scale-ups into the GPUs the limits leave free (a draining
+    replica holds its GPUs until it stops)."""
+    pools = ((prefill, setup.prefill, p), (decode, setup.decode, d))
+    for fleet, _, want in pools:
+        if want < fleet.desired_size():
+            fleet.scale_to(want, now_s)
+    for fleet, pool_setup, want in pools:
+        more = want - fleet.desired_size()
+        if more <= 0:
+            continue
+        if setup.gpu_limits is not None:
+            gpu = pool_setup.cfg.gpu.name
+            held = sum(f.held() * s.cfg.gpus for f, s, _ in pools if s.cfg.gpu.name == gpu)
+            free = setup.gpu_limits.get(gpu, 0) - held
+            more = min(more, max(0, free // pool_setup.cfg.gpus))
+        if more > 0:
+            fleet.scale_to(fleet.desired_size() + more, now_s)
+
+
+def _stats(role: str, fleet: PoolFleet, setup: SimSetup, timeline: list[PoolPoint]) -> PoolStats:
+    hours = fleet.gpu_hours()
+    desired = [t.prefill_desired if role == "prefill" else t.decode_desired for t in timeline]
+    return PoolStats(
+        role=role,
+        gpu=setup.cfg.gpu.name,
+        tensor_parallel=setup.cfg.tensor_parallel,
+        gpus_per_replica=setup.cfg.gpus,
+        gpu_hours=hours,
+        cost_usd=hours * setup.cfg.gpu.price_usd_per_gpu_hour,
+        replicas_max=max([setup.initial_replicas, *desired]),
+        replicas_start=setup.initial_replicas,
+        preemptions=sum(r.preemptions for r in fleet.replicas),
+    )
