@@ -736,6 +736,31 @@ def predict(
         )
 
 
+# The decode step's largest term (StepTime.limited_by) in the roofline table's words.
+REGIME_WORDS = {
+    "bandwidth": "bandwidth-bound",
+    "compute": "compute-bound",
+    "communication": "communication-bound",
+    "overhead": "overhead-bound (the engine's per-step and per-sequence costs)",
+}
+
+
+def regimes(points: list[dict[str, Any]]) -> str:
+    """Which term binds the decode step over the table's batches, each run of batches once
+    ("bandwidth-bound at batch 1-64, compute-bound at 128, ..."): the header says what the rows
+    say, attention, GEMM efficiency and the engine's costs included (B* counts the weights only)."""
+    runs: list[tuple[str, int, int]] = []
+    for p in points:
+        if runs and runs[-1][0] == p["limited_by"]:
+            runs[-1] = (runs[-1][0], runs[-1][1], p["batch"])
+        else:
+            runs.append((p["limited_by"], p["batch"], p["batch"]))
+    return ", ".join(
+        f"{REGIME_WORDS.get(term, term)} at batch {first}" + (f"-{last}" if last != first else "")
+        for term, first, last in runs
+    )
+
+
 @app.command()
 def roofline(
     model: ModelOpt,
@@ -783,7 +808,11 @@ def roofline(
     else:
         console.print(
             f"{cfg.gpu.name} {cfg.precision.name}: ops:byte {data['ops_per_byte']}, B* = {data['ideal_batch']} "
-            "(decode is bandwidth-bound below B*, compute-bound above)"
+            "(the weights' roofline alone: above B* their matmuls outlast reading them)"
+        )
+        console.print(
+            f"decode steps by batch, as 'limited by' below (attention, GEMM efficiency and the engine's costs "
+            f"counted): {regimes(points)}"
         )
         table = Table(title=f"{cfg.model.name} on {tp} x {cfg.gpu.name}, {input_tokens} in / {output_tokens} out")
         for col in ("batch", "TTFT ms", "TPOT ms", "tokens/s", "limited by", "MBU", "MFU"):

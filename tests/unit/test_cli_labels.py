@@ -32,3 +32,20 @@ def test_plan_labels_the_figures_at_the_load_and_at_the_replicas_max() -> None:
     assert f"predicted at this load ({per_replica:g} req/s per replica): p95 TTFT {chosen['ttft_ms']:.0f} ms" in out
     most = chosen["rate_per_replica_max"]
     assert f"binds at {most:.2f} req/s per replica (the max): p95 TPOT" in out
+
+
+def test_roofline_header_says_what_its_rows_say() -> None:
+    # Issue 39: the header said "compute-bound above B*" and the rows above B* read `overhead`
+    # (the engine's per-sequence costs are the decode step's largest term there).
+    args = ["roofline", "-m", "llama-3.1-8b", "--gpu", "H100-SXM"]
+    data = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    human = runner.invoke(app, args)
+    assert human.exit_code == 0, human.output
+    header = _flat(human.stdout.split("┏")[0])
+    assert "compute-bound above" not in header
+    above = [p for p in data["points"] if p["batch"] > data["ideal_batch"]]
+    assert above and {p["limited_by"] for p in above} == {"overhead"}  # the model's own accounting
+    first = min(p["batch"] for p in data["points"] if p["limited_by"] == "overhead")
+    last = data["points"][-1]["batch"]
+    assert f"overhead-bound (the engine's per-step and per-sequence costs) at batch {first}-{last}" in header
+    assert header.index("bandwidth-bound at batch 1-") < header.index("overhead-bound")
