@@ -6,7 +6,7 @@ the total. Helpers of `simulate`, no command of their own."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,11 +33,14 @@ def choose_layout(
     cat: Catalog, request: PlanRequest, aggregated: Plan | None, disaggregation: str
 ) -> tuple[LayoutPlan | None, DisaggregatedPlan | None]:
     """The layout for the replay: (the layouts searched, the disaggregated plan when it is the
-    one chosen). `off` searches nothing."""
+    one chosen). `off` searches nothing. The pools are planned least-loaded, the routing they
+    replay behind (an endpoint picker that knows the roles: llm-d's P/D deployments need one);
+    the aggregated plan beside them is the one made for --routing."""
     if disaggregation == "off":
         return None, None
     mode: Disaggregation = "on" if disaggregation == "on" else "auto"
-    found = plan_layouts(cat, request, mode, aggregated=None if mode == "on" else aggregated)
+    behind_picker = replace(request, least_loaded=True)
+    found = plan_layouts(cat, behind_picker, mode, aggregated=None if mode == "on" else aggregated)
     return found, found.disaggregated if found.mode == "disaggregated" else None
 
 

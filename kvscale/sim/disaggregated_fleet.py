@@ -107,11 +107,56 @@ class DecodeReplica(Replica):
 
 class PoolFleet(Fleet):
     """One pool's replicas: kvscale.sim.fleet.Fleet (cold starts, drains, GPU-hours, the
-    gateway's least-loaded routing) with decode-only replicas for the decode pool."""
+    gateway's least-loaded routing) with decode-only replicas for the decode pool.
+
+    The engine computes a step whole when it starts it, so a replica in the middle of a prefill
+    already counts its prompts as finished (a prefill replica's request leaves with its one
+    token) while its clock is still ahead. The endpoint picker here counts them as the engine's
+    metrics do until that time (vllm:num_requests_running includes a prefilling request, and
+    its KV is held): in flight on that replica, a slot and the prompt's KV taken. Without it,
+    a prefill replica mid-prompt looks idle and the picker stacks prompts on it."""
 
     def __init__(self, setup: SimSetup, role: str) -> None:
         super().__init__(setup.fleet_spec(), StepTimes(setup.cfg))
         self.role = role
+        self._in_flight: dict[int, list[SimRequest]] = {}  # replica id -> requests it finished ahead of now
+
+    def _advance_replicas(self, now_s: float, finished: list[SimRequest], stop_after_finish: bool = False) -> None:
+        before = len(finished)
+        super()._advance_replicas(now_s, finished, stop_after_finish)
+        for request in finished[before:]:
+            if request.finish_s > now_s:
+                self._in_flight.setdefault(request.replica, []).append(request)
+
+    def _ahead(self, replica: Replica, now_s: float) -> list[SimRequest]:
+        kept = [r for r in self._in_flight.get(replica.id, ()) if r.finish_s > now_s]
+        self._in_flight[replica.id] = kept
+        return kept
+
+    def _gateway_send(self, now_s: float) -> None:
+        """kvscale.sim.fleet.Fleet._gateway_send with the requests in flight counted."""
+        serving = self.serving(now_s)
+        by_id = {r.id: r for r in serving}
+        loads, rooms = {}, {}
+        for r in serving:
+            ahead = self._ahead(r, now_s)
+            slots, kv = self._room(r)
+            rooms[r.id] = (slots - len(ahead), kv - sum(q.input_tokens + q.generated for q in ahead))
+            loads[r.id] = r.load + len(ahead)
+        while self.unrouted and rooms:
+            request = self.unrouted[0]
+            need = request.input_tokens + request.generated + 1
+            fits = [i for i, (slots, kv) in rooms.items() if slots > 0 and kv >= need]
+            if not fits:
+                idle = [i for i in rooms if loads[i] == 0]
+                if not idle:
+                    return
+                fits = idle[:1]
+            chosen = min(fits, key=lambda i: (loads[i], -rooms[i][1], i))
+            by_id[chosen].enqueue(self.unrouted.popleft())
+            slots, kv = rooms[chosen]
+            rooms[chosen] = (slots - 1, kv - need)
+            loads[chosen] += 1
 
     def _new_replica(self, now_s: float, cold_start_s: float) -> Replica:
         if self.role != "decode":
