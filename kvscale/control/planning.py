@@ -53,8 +53,8 @@ class Planned:
 
 @dataclass(frozen=True)
 class Unplanned:
-    """No plan: `retry` False when the spec must change (PermanentError), True when the cluster
-    may change (no capacity: TemporaryError)."""
+    """No plan: `retry` False when the spec must change (it waits for the next edit, logged as a
+    warning), True when the cluster may change (no capacity: TemporaryError)."""
 
     reason: str  # CamelCase, for the condition
     message: str  # names the field and the fix

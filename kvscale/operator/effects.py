@@ -74,7 +74,8 @@ def apply(
     kube: Kube, body: Any, patch: kopf.Patch, before: InferenceServiceStatus, result: Result, res: Resource
 ) -> None:
     """Delete, apply (owned by the resource), scale, write the status, post the Events, and
-    raise kopf's error when the result asks for a retry."""
+    raise kopf's TemporaryError when the result asks for a retry after a delay (a spec that
+    cannot be met is logged as a warning: not_planned)."""
     try:
         for kind in result.delete:
             kube.delete_if_present(kind, res.namespace, res.name)
@@ -95,8 +96,20 @@ def apply(
     _post(body, result)
     if result.retry is not None:
         if result.retry.delay_s is None:
-            raise kopf.PermanentError(result.retry.message)
+            not_planned(res, result)
+            return
         raise kopf.TemporaryError(result.retry.message, delay=result.retry.delay_s)
+
+
+def not_planned(res: Resource, result: Result) -> None:
+    """A spec that cannot be met as written (an SLO no GPU type meets, a context above the
+    model's, ...) is the user's to change, not the operator's failure: logged once at WARNING with
+    its reason, beside the status condition and the Warning Event `result` carries. kopf's
+    PermanentError logged it at ERROR ("Handler 'on_spec' failed permanently") and posted a second,
+    Error-typed Event; a handler that returns waits for the next spec edit all the same."""
+    reason = next((e.reason for e in result.events if e.type == "Warning"), "NotPlanned")
+    message = result.retry.message if result.retry is not None else ""
+    log.warning("[%s/%s] Not planned (%s): %s", res.namespace, res.name, reason, message)
 
 
 def timer_failed(

@@ -83,6 +83,7 @@ from kvscale.operator.diffbase import DigestDiffBaseStorage
 from kvscale.operator.drain import mark_scale_down, shorten_preempted
 from kvscale.operator.informers import Inventory
 from kvscale.operator.k8s import Kube
+from kvscale.operator.served import wait_until_served
 from kvscale.sizing.catalog import Catalog
 
 INVENTORY_SYNC_S = 300.0
@@ -108,6 +109,7 @@ class Runtime:
         default_factory=lambda: ThreadPoolExecutor(RESUME_WORKERS, thread_name_prefix="kube-resume")
     )
     inventory: Inventory | None = None  # made with the runtime (run.runtime), started at startup
+    namespaces: tuple[str, ...] = ()  # the watched namespaces (none: all)
     prometheus: AsyncPrometheusClient | None = None
     # The workload's queries (a day of rates in a subquery) get a longer deadline of their own.
     workload_prometheus: AsyncPrometheusClient | None = None
@@ -274,6 +276,8 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
             unsynced = await asyncio.to_thread(rt.inventory.start, INVENTORY_SYNC_S)
             if unsynced:
                 raise kopf.PermanentError(f"watches not synced after {INVENTORY_SYNC_S:.0f}s: {', '.join(unsynced)}")
+        # kopf's watches start after this: not while a CRD's storage initializes (kvscale.operator.served)
+        await asyncio.to_thread(wait_until_served, rt.kube.api, rt.namespaces)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:

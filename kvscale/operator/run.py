@@ -34,6 +34,7 @@ def runtime(settings: Settings, namespaces: tuple[str, ...] = ()) -> Runtime:
         kube=Kube(new_api_client(KUBE_WORKERS + RESUME_WORKERS), settings.retry_backoff_s),
         # Its own connections: each informer holds one for its watch.
         inventory=inventory(new_api_client(len(INFORMERS) * max(1, len(namespaces))), catalog, namespaces),
+        namespaces=namespaces,
     )
 
 
