@@ -117,6 +117,20 @@ def load(paths: list[Path] | None) -> Catalog:
         )
 
 
+def yaml_error(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line with where it is: `line 5, column 12: expected ',' or ']', but got
+    '<stream end>' (while parsing a flow sequence that started at line 5, column 12)`."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return " ".join(str(exc).split())
+    mark = exc.problem_mark
+    said = f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem or 'malformed'}"
+    if exc.context:
+        began = exc.context_mark
+        at = f" that started at line {began.line + 1}, column {began.column + 1}" if began is not None else ""
+        said += f" ({exc.context}{at})"
+    return said
+
+
 def _one_line(exc: BaseException) -> str:
     """An exception as one line; pydantic's errors as `field: message` pairs (no URLs, no
     input dumps), also when wrapped in another error."""
@@ -131,67 +145,69 @@ _ARCH_INTS = ("layers", "hidden_size", "heads", "kv_heads", "head_dim", "interme
 _ARCH_OPTIONAL_INTS = ("experts", "active_experts", "max_context_tokens")
 
 
-def _check_architecture(name: str, fields: dict[str, Any]) -> None:
+def _check_architecture(name: str, fields: dict[str, Any], option: str = "--model") -> None:
     for key in _ARCH_INTS + _ARCH_OPTIONAL_INTS:
         if key not in fields:
             continue
         value = fields[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            fail(f"--model {name}: invalid architecture: {key} must be a whole number >= 1, got {value!r}")
+            fail(f"{option} {name}: invalid architecture: {key} must be a whole number >= 1, got {value!r}")
     params = fields.get("params")
     if params is not None and (
         isinstance(params, bool) or not isinstance(params, int | float) or not math.isfinite(params) or params <= 0
     ):
-        fail(f"--model {name}: invalid architecture: params must be a positive number (e.g. 8.03e9), got {params!r}")
+        fail(f"{option} {name}: invalid architecture: params must be a positive number (e.g. 8.03e9), got {params!r}")
 
 
-def _hf_model(name: str, path: Path) -> ModelArch:
+def _hf_model(name: str, path: Path, option: str = "--model") -> ModelArch:
     """A Hugging Face config.json (a file, or a checkpoint directory holding one)."""
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
-        fail(f"--model: file {file} does not exist")
+        fail(f"{option}: file {file} does not exist")
     try:
         raw = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        fail(f"--model {name}: not a readable config.json: {_one_line(exc)}")
+        fail(f"{option} {name}: not a readable config.json: {_one_line(exc)}")
     if not isinstance(raw, dict):
-        fail(f"--model {name}: a config.json is a JSON object with model_type, num_hidden_layers, ...")
+        fail(f"{option} {name}: a config.json is a JSON object with model_type, num_hidden_layers, ...")
     label = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
     from kvscale.sizing.hf_config import arch_from_hf_config, assumed_defaults
 
     try:
         arch = arch_from_hf_config(raw, str(raw.get("_name_or_path") or label), f"config.json: {file}")
     except ValueError as exc:
-        fail(f"--model {name}: {_one_line(exc)}")
+        fail(f"{option} {name}: {_one_line(exc)}")
     for line in assumed_defaults(raw):  # on stderr: --json output stays one document
-        err.print(f"Warning: --model {name}: {line}", highlight=False, soft_wrap=True)
+        err.print(f"Warning: {option} {name}: {line}", highlight=False, soft_wrap=True)
     return arch
 
 
-def model(cat: Catalog, name: str) -> ModelArch:
+def model(cat: Catalog, name: str, option: str = "--model") -> ModelArch:
+    """The model `name` names (a catalog name or alias, a config.json, an architecture file);
+    exit 2 naming `option` (the option, or a field of a file: `--fleet F: services.0.model`)."""
     path = Path(name)
     if name.endswith(".json") or (path.is_dir() and (path / "config.json").is_file()):
-        return _hf_model(name, path)
+        return _hf_model(name, path, option)
     if name.endswith((".yaml", ".yml")):
         if not path.is_file():
-            fail(f"--model: file {name} does not exist")
+            fail(f"{option}: file {name} does not exist")
         try:
             fields: Any = load_yaml(path.read_text())
             if not isinstance(fields, dict):
-                fail(f"--model {name}: expected a mapping of architecture fields (layers, hidden_size, heads, ...)")
+                fail(f"{option} {name}: expected a mapping of architecture fields (layers, hidden_size, heads, ...)")
             from kvscale.sizing.hf_config import arch_from_hf_config, is_hf_config
 
             if is_hf_config(fields):
                 return arch_from_hf_config(fields, str(fields.get("name", path.stem)), f"config fields: {path}")
             model_name = str(fields.pop("name", path.stem))
-            _check_architecture(name, fields)
+            _check_architecture(name, fields, option)
             return ModelArch.from_architecture(model_name, **fields)
         except (yaml.YAMLError, ValidationError, ValueError, TypeError, OSError, UnicodeDecodeError) as exc:
-            fail(f"--model {name}: invalid architecture: {_one_line(exc)}")
+            fail(f"{option} {name}: invalid architecture: {_one_line(exc)}")
     try:
         return cat.model(name)
     except CatalogError as exc:
-        fail(f"--model: {exc}")
+        fail(f"{option}: {exc}")
 
 
 MAX_GPUS_PER_TYPE = 1_000_000

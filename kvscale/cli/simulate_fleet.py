@@ -31,7 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.table import Table
 
-from kvscale.cli.common import EXIT_INFEASIBLE, console, fail, print_json
+from kvscale.cli.common import EXIT_INFEASIBLE, console, fail, print_json, yaml_error
 from kvscale.sizing.catalog import Catalog, CatalogError
 
 MAX_SERVICES = 50
@@ -75,7 +75,7 @@ def _read(path: Path) -> _FleetIn:
     except OSError as exc:
         fail(f"--fleet {path}: cannot read it ({exc.strerror or exc})")
     except yaml.YAMLError as exc:
-        fail(f"--fleet {path}: not YAML ({str(exc).splitlines()[0]})")
+        fail(f"--fleet {path}: not YAML: {yaml_error(exc)}")
     if not isinstance(raw, dict):
         fail(f"--fleet {path}: expected a mapping with budget: and services:, got {type(raw).__name__}")
     try:
@@ -119,8 +119,9 @@ def fleet_services(path: Path, cat: Catalog) -> tuple[Any, list[Any], str]:
             fail(f"--fleet {path}: budget: {exc}")
     budget = Budget(path.stem, limits)
     services: list[FleetService] = []
-    for s in spec.services:
-        arch = model(cat, s.model)
+    # Every service's model first: a typo in the last one is said before any planning.
+    archs = [model(cat, s.model, f"--fleet {path}: services.{i}.model") for i, s in enumerate(spec.services)]
+    for s, arch in zip(spec.services, archs, strict=True):
         slo = _slo(s, duration)
         trace = _arrivals(path, s, spec.seed)
         gpus = tuple(s.gpus) or tuple(limits)

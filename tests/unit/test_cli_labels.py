@@ -5,6 +5,7 @@ is named by its path."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from typer.testing import CliRunner
@@ -49,3 +50,26 @@ def test_roofline_header_says_what_its_rows_say() -> None:
     last = data["points"][-1]["batch"]
     assert f"overhead-bound (the engine's per-step and per-sequence costs) at batch {first}-{last}" in header
     assert header.index("bandwidth-bound at batch 1-") < header.index("overhead-bound")
+
+
+def test_a_fleet_file_names_the_services_model_field_and_the_yaml_line(tmp_path: Path) -> None:
+    # Issue 39: a model typo inside a fleet file was reported as `--model: unknown model`, and
+    # malformed YAML had no line number.
+    fleet = tmp_path / "fleet.yaml"
+    service = (
+        "  - {{name: {name}, model: {model}, slo: {{ttft: 1s, tpot: 60ms}}, load: 'poisson:rate=1,duration=1m'}}\n"
+    )
+    fleet.write_text(
+        "budget: {H100-SXM: 4}\nservices:\n"
+        + service.format(name="chat", model="llama-3.1-8b")
+        + service.format(name="rag", model="llama-3.1-8bb")
+    )
+    typo = runner.invoke(app, ["simulate", "--fleet", str(fleet)])
+    assert typo.exit_code == 2 and "Traceback" not in typo.output
+    said = _flat(typo.stderr)
+    assert f"--fleet {fleet}: services.1.model: unknown model 'llama-3.1-8bb'. Did you mean llama-3.1-8b" in said
+    fleet.write_text("budget: {H100-SXM: 4}\nservices:\n  - name: chat\n    model: [llama\n")
+    malformed = runner.invoke(app, ["simulate", "--fleet", str(fleet)])
+    assert malformed.exit_code == 2 and "Traceback" not in malformed.output
+    assert f"--fleet {fleet}: not YAML: line 5, column 1: expected ',' or ']'" in _flat(malformed.stderr)
+    assert "that started at line 4, column 12" in _flat(malformed.stderr)
