@@ -297,9 +297,11 @@ def plan_cmd(
         if found.mode == "disaggregated":
             for line in layout_lines(found):
                 console.print(line, highlight=False, soft_wrap=True)
-        _render_plan(result, [*command, *args] if args else None, show, launch, fp8, gateway, checked)
-        if (needs_source or not_deployed) and result.chosen is not None:
-            console.print(f"  engine: {not_deployed or NEEDS_SOURCE}", highlight=False, soft_wrap=True)
+        # Why there is no engine command: said under the request's line (not after the tables).
+        no_engine = not_deployed or (
+            f"{NEEDS_SOURCE} (sized with the {profile.profile} profile)" if needs_source else None
+        )
+        _render_plan(result, [*command, *args] if args else None, show, launch, fp8, gateway, checked, no_engine)
         if found.mode != "disaggregated":
             for line in layout_lines(found):
                 console.print(line, highlight=False, soft_wrap=True)
@@ -523,8 +525,10 @@ def _render_plan(
     fp8: dict[str, Any] | None = None,
     gateway: GatewayAdvice | None = None,
     checked: list[str] | None = None,
+    no_engine: str | None = None,
 ) -> None:
-    """The plan as a table; `checked`: the simulated check's lines (printed under the plan)."""
+    """The plan as a table; `checked`: the simulated check's lines (printed under the plan);
+    `no_engine`: why there is no engine command (said under the request's line)."""
     checked = checked or []
     r = result.request
     console.print(
@@ -537,6 +541,8 @@ def _render_plan(
         # a profile other than the default one is named: the figures are that engine's
         + (f"; engine profile {result.chosen.config.engine.profile}" if r.engine != "vllm" and result.chosen else "")
     )
+    if no_engine is not None and result.chosen is not None:  # up front: not a surprise after the tables
+        console.print(f"engine: {no_engine}", highlight=False, soft_wrap=True)
     c = result.chosen
     if c is not None:
         p = c.prediction

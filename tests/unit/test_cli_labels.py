@@ -73,3 +73,21 @@ def test_a_fleet_file_names_the_services_model_field_and_the_yaml_line(tmp_path:
     assert malformed.exit_code == 2 and "Traceback" not in malformed.output
     assert f"--fleet {fleet}: not YAML: line 5, column 1: expected ',' or ']'" in _flat(malformed.stderr)
     assert "that started at line 4, column 12" in _flat(malformed.stderr)
+
+
+def test_a_config_json_plan_says_up_front_why_it_has_no_engine_line(tmp_path: Path) -> None:
+    # Issue 39: a config.json model planned with no engine line and said why only at the end,
+    # after the alternatives' and rejections' tables.
+    config = tmp_path / "in-house-8b" / "config.json"
+    config.parent.mkdir()
+    fields = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32}
+    fields |= {"num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+    config.write_text(json.dumps({**fields, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}))
+    args = ["plan", "-m", str(config), "--ttft", "500ms", "--tpot", "50ms", "--rps", "5", "--input", "512"]
+    human = runner.invoke(app, [*args, "--output", "256"])
+    assert human.exit_code == 0, human.output
+    lines = human.stdout.splitlines()
+    assert lines[1].startswith("engine: no engine command: a custom architecture or config.json file names no")
+    profile = json.loads(runner.invoke(app, [*args, "--output", "256", "--json"]).stdout)["engine_profile"]
+    assert f"(sized with the {profile} profile)" in _flat("\n".join(lines[1:3]))
+    assert sum("no engine command" in line for line in lines) == 1  # said once, not again at the end
