@@ -91,3 +91,22 @@ def test_a_config_json_plan_says_up_front_why_it_has_no_engine_line(tmp_path: Pa
     profile = json.loads(runner.invoke(app, [*args, "--output", "256", "--json"]).stdout)["engine_profile"]
     assert f"(sized with the {profile} profile)" in _flat("\n".join(lines[1:3]))
     assert sum("no engine command" in line for line in lines) == 1  # said once, not again at the end
+
+
+def test_help_texts_wrap_to_the_terminal() -> None:
+    # Issue 39: hard line breaks in `--help`: typer's rich help printed a docstring's second
+    # paragraph with the source's own line breaks, mid-sentence on a wide terminal.
+    wide = runner.invoke(app, ["simulate", "--help"], env={"COLUMNS": "220", "TERMINAL_WIDTH": "220"})
+    assert wide.exit_code == 0, wide.output
+    assert any(
+        'instead of a plan: "what does the command I run today give me"' in line for line in wide.stdout.splitlines()
+    )
+    import typer
+
+    def commands(group: Any) -> list[Any]:
+        subs = getattr(group, "commands", {})
+        return [group, *(c for sub in subs.values() for c in commands(sub))]
+
+    for command in commands(typer.main.get_command(app)):
+        for paragraph in (command.help or "").partition("\f")[0].split("\n\n"):
+            assert "\n" not in paragraph.strip(), (command.name, paragraph)
