@@ -8,7 +8,6 @@ import json
 import time
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 import httpx
 import typer
@@ -24,6 +23,7 @@ from kvscale.cli.common import (
     duration,
     fail,
     fmt,
+    http_url,
     load,
     number,
     print_json,
@@ -40,15 +40,9 @@ MAX_REQUESTS = 1_000_000
 
 
 def _endpoint(url: str) -> str:
-    """The base URL, checked: http(s) with a host; exit 2 naming --endpoint otherwise."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        fail(f"--endpoint {url!r}: give an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000")
-    try:
-        parts.port  # noqa: B018  (raises on a port out of range or not a number)
-    except ValueError as exc:
-        fail(f"--endpoint {url!r}: {exc}")
-    return url.rstrip("/").removesuffix("/v1")
+    """The base URL, checked by the parser calibrate's --prometheus shares (common.http_url:
+    http(s) with a host and a valid port, exit 2 naming --endpoint), less a trailing /v1."""
+    return http_url(url, "--endpoint", "http://127.0.0.1:8000").rstrip("/").removesuffix("/v1")
 
 
 def _has_text(data: str) -> bool:

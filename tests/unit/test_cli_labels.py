@@ -110,3 +110,27 @@ def test_help_texts_wrap_to_the_terminal() -> None:
     for command in commands(typer.main.get_command(app)):
         for paragraph in (command.help or "").partition("\f")[0].split("\n\n"):
             assert "\n" not in paragraph.strip(), (command.name, paragraph)
+
+
+def test_bench_and_calibrate_read_a_url_with_one_parser(monkeypatch: Any) -> None:
+    # Issue 39: calibrate exited 1 on a URL without a scheme where bench exited 2; each had its
+    # own check. Both now call common.http_url at the edge, and say the same thing.
+    import kvscale.cli.bench as bench
+    import kvscale.cli.calibrate  # noqa: F401  (registers the command)
+
+    for url in ("localhost:9090", "http://127.0.0.1:99999", "ftp://host"):
+        said = []
+        for option, args in (("--endpoint", ["bench", "--model", "m"]), ("--prometheus", ["calibrate"])):
+            out = runner.invoke(app, [*args, option, url, "--gpu", "H100-SXM"])
+            assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+            said.append(_flat(out.stderr).replace(option, "OPTION").split(", e.g.")[0])
+        assert said[0] == said[1], said
+    seen: list[str] = []
+
+    def spy(url: str, option: str, example: str) -> str:
+        seen.append(option)
+        return url
+
+    monkeypatch.setattr(bench, "http_url", spy)
+    runner.invoke(app, ["bench", "--model", "m", "--endpoint", "nowhere", "--rps", "0"])
+    assert seen == ["--endpoint"]
