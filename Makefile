@@ -26,9 +26,12 @@ cluster-bins:
 	bash hack/fetch-lws-crd.sh
 	bash hack/fetch-prometheus-operator-crds.sh
 
-## test: every test, the real-cluster ones included
+## test: every test, the real-cluster ones included: TEST_WORKERS processes (pytest-xdist), each
+## running whole files and starting its own cluster for the first cluster file it gets (the
+## cluster tests mostly wait: 4 on 2 cores, about 4 GiB in all)
+TEST_WORKERS ?= 4
 test: venv cluster-bins
-	KVSCALE_CLUSTER_BINS="$$(bash hack/build-cluster-bins.sh 2>/dev/null | tail -n 1)" $(BIN)/pytest
+	KVSCALE_CLUSTER_BINS="$$(bash hack/build-cluster-bins.sh 2>/dev/null | tail -n 1)" $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 ## test-unit: the tests that need no cluster
 test-unit: venv
