@@ -8,7 +8,7 @@
   worker's requests/s with TPOT met and no wait for a slot at the observed lengths (running
   sequences and output tokens/s). Each pool's TTFT target is the plan's split of TTFT.
 - `static`: the plan's workers in each pool, fixed.
-- `ratematch`: NVIDIA Dynamo's planner as ../shared/reference/disaggregation.md describes it:
+- `ratematch`: NVIDIA Dynamo's planner (ai-dynamo/dynamo, components/src/dynamo/planner/core/):
   every adjustment interval, the average request rate and mean prompt/output lengths of the
   interval just over, and
       N_P = max(ceil(rate x ISL / prefill tokens/s per worker), ceil(TTFT_pred / TTFT_slo), 1)
@@ -39,7 +39,7 @@ from kvscale.sizing.disaggregation import UNBOUNDED_TPOT_S, DecodeWorker, Prefil
 from kvscale.sizing.workload import Slo, Workload
 
 # Dynamo's SLA planner's default adjustment interval (its `--adjustment-interval`, 180 s, as we
-# know its defaults; ../shared/reference/disaggregation.md does not give it: unverified here).
+# know its defaults; the published summary we work from does not give it: unverified here).
 RATEMATCH_INTERVAL_S = 180.0
 _LENGTH_BUCKET_TOKENS = 16
 
