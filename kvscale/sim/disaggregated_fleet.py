@@ -47,7 +47,7 @@ from typing import Protocol
 from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.sim.engine import KV_WATERMARK, Replica, SimRequest, StepTimes
 from kvscale.sim.fleet import Fleet
-from kvscale.sim.run import SimResult, SimSetup, Source, TimelinePoint, _observe, _Window
+from kvscale.sim.run import SimResult, SimSetup, Source, TimelinePoint, _observe, _percentile, _Window
 from kvscale.sizing.disaggregation import KvTransferPath, kv_transfer_s
 
 ROLES = ("prefill", "decode")
@@ -291,7 +291,7 @@ def simulate_disaggregated(
     in_transfer: list[tuple[float, int, SimRequest]] = []
     p_finished: list[SimRequest] = []
     d_finished: list[SimRequest] = []
-    totals = [0, 0.0, 0.0]
+    arrived, input_total, output_total = 0, 0.0, 0.0
     timeline: list[TimelinePoint] = []
     pool_timeline: list[PoolPoint] = []
     decisions: list[tuple[float, int, str]] = []
@@ -351,14 +351,14 @@ def simulate_disaggregated(
             prefill_done.append(math.nan)
             proxy = SimRequest(request.id, r.arrival_s, r.input_tokens, 1)
             proxies[proxy.id] = request
-            totals[0] += 1
-            totals[1] += r.input_tokens
-            totals[2] += r.output_tokens
+            arrived += 1
+            input_total += r.input_tokens
+            output_total += r.output_tokens
             pw.arrive(now, proxy, 1)
             prefill.route(proxy, now)
             continue
         view = PoolsView(
-            now, pw.observe(prefill, now, ps), dw.observe(decode, now, ds), int(totals[0]), totals[1], totals[2]
+            now, pw.observe(prefill, now, ps), dw.observe(decode, now, ds), arrived, input_total, output_total
         )
         want_p, want_d = policy.decide(view)
         for role, want, fleet in (("prefill", want_p, prefill), ("decode", want_d, decode)):
@@ -411,13 +411,6 @@ def simulate_disaggregated(
         transfer_s=transfers,
         prefill_done_s=prefill_done,
     )
-
-
-def _percentile(values: list[float], percentile: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(percentile / 100 * len(ordered)) - 1))]
 
 
 def _scale(setup: DisaggregatedSetup, prefill: PoolFleet, decode: PoolFleet, p: int, d: int, now_s: float) -> None:
