@@ -29,7 +29,8 @@ DISAGGREGATION_HELP = (
     "decode pools with vLLM's KV connector) or off (only aggregated replicas)."
 )
 CHECKED_NOTE = (
-    "the aggregated plan was sized by the simulated check and the simulator does not run two pools yet: "
+    "the aggregated plan was sized by the simulated check, which does not replay two pools yet (kvscale simulate "
+    "--disaggregation on replays them): "
     "kept aggregated (--disaggregation on plans the pools by the analytic model)"
 )
 
@@ -146,8 +147,8 @@ def layout_lines(found: LayoutPlan) -> list[str]:
             f"  KV transfer {format_duration(d.kv_transfer_s)} per request over {d.path.name} ({KV_CONNECTOR}); "
             f"TTFT {format_duration(d.ttft_p_s)}, TPOT {format_duration(d.tpot_p_s)}; {d.gpus_total} GPUs, "
             f"${d.cost_usd_per_hour:.2f}/h, {d.tokens_per_s_per_gpu:.0f} output tokens/s per GPU",
-            "  (analytic: the simulator does not run two pools yet, and the operator deploys aggregated "
-            "replicas only; --disaggregation off plans those alone)",
+            "  (analytic: plan --trace does not replay the pools yet, kvscale simulate --disaggregation on does; "
+            "the operator deploys aggregated replicas only; --disaggregation off plans those alone)",
             "The aggregated plan beside it:",
         ]
     return lines

@@ -253,7 +253,7 @@ def test_plan_json_carries_the_layout() -> None:
     assert layout_lines(found)[0].startswith("Layout: disaggregated (auto): disaggregated: ")
     # a plan sized by the simulated check keeps its layout under auto, and says why
     kept = layouts(CAT, result, "auto", checked=True)
-    assert kept.mode == "aggregated" and "simulator does not run two pools" in kept.reason
+    assert kept.mode == "aggregated" and "does not replay two pools" in kept.reason
 
     # aggregated wins: `chosen` as it was, with its mode and the pools beside it
     request = _request("llama-3.1-8b", 200, 200, 20.0, 0.2, 0.05)
