@@ -126,20 +126,6 @@ VLLM_ITERATION_TOKENS_BUCKETS: tuple[float, ...] = (1, 8, 16, 32, 64, 128, 256, 
 VLLM_LABELS = ("model_name", "engine")
 
 
-def vllm_token_buckets(max_model_len: int) -> tuple[float, ...]:
-    """vLLM's request token histograms: 1, 2, 5, 10, 20, 50, ... up to max_model_len
-    (loggers.py build_1_2_5_buckets)."""
-    out: list[float] = []
-    exponent = 0
-    while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10**exponent
-            if value > max_model_len:
-                return tuple(out)
-            out.append(float(value))
-        exponent += 1
-
-
 @dataclass(frozen=True)
 class EngineMetrics:
     """Each entry lists metric names to try in order (newest first); empty: the engine has none."""

@@ -7,7 +7,8 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from kvscale.metrics.engines import ENGINES, vllm_token_buckets
+from kvscale.engines.buckets import vllm_token_buckets
+from kvscale.metrics.engines import ENGINES
 from kvscale.sim.engine import Replica, SimRequest, StepTimes
 from kvscale.sim.fleet import Fleet, FleetSpec
 from kvscale.sim.load_profile import Arrivals

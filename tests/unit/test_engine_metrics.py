@@ -16,13 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvscale.api.models import ObservedStatus
 from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.control.status import observed_status
+from kvscale.engines.buckets import vllm_token_buckets
 from kvscale.metrics.client import AsyncPrometheusClient
 from kvscale.metrics.engines import (
     ENGINES,
     VLLM_REQUEST_LATENCY_BUCKETS_S,
     VLLM_TPOT_BUCKETS_S,
     VLLM_TTFT_BUCKETS_S,
-    vllm_token_buckets,
 )
 from kvscale.metrics.observe import observe_async
 from kvscale.metrics.promql import queries
