@@ -205,12 +205,15 @@ CASES = (
         warmup_s=1200.0,
         aim_vs_peak=1.0,
     ),
+    # p99 TTFT 4 s: at 3 s no fleet meets p99 (the simulator's p99 TTFT is 3.17 s at 32 warm
+    # replicas behind a gateway: its p99 prompt, ~9.2k tokens, takes 3.1 s to prefill on an idle
+    # L4), which the planner has said since prompt bins keep their spans.
     Case(
         "drift-l4",
         "mistral-7b",
         "L4",
         1,
-        3.0,
+        4.0,
         0.08,
         "drift:rate=2,swing=3,input=2500,output=80,duration=40m",
         warmup_s=600.0,
