@@ -726,6 +726,14 @@ class CapacityStatus(_Status):
     source: Literal["analytic", "simulated"] = Field(
         description="simulated: confirmed by the simulated sizing search on the observed traffic; analytic: the model's."
     )
+    simulated: float | None = Field(
+        default=None,
+        description=(
+            "Requests/s per replica the last search confirmed (None: none yet). Acted on where above the "
+            "model's figure; below it the model's stands and the policy's SLO feedback lowers it while the "
+            "observed SLO is missed."
+        ),
+    )
     measured_at: str | None = Field(default=None, description="When the simulated search last ran (RFC 3339).")
     requests: int = Field(default=0, description="Observed requests the last search replayed (0: none yet).")
     replicas: int | None = Field(

@@ -189,9 +189,14 @@ def status_lines(
             if capacity.source == "simulated"
             else "the model's"
         )
+        beside = f"the model's {_num(capacity.analytic)}"
+        if capacity.simulated is not None and capacity.source != "simulated":
+            beside += (
+                f", simulated {_num(capacity.simulated)} on {capacity.requests} requests at {capacity.measured_at}"
+            )
         lines.append(
-            f"Capacity: {_num(capacity.requests_per_second_per_replica)} req/s per replica ({where}; the model's "
-            f"{_num(capacity.analytic)})" + (f": {capacity.message}" if capacity.message else "")
+            f"Capacity: {_num(capacity.requests_per_second_per_replica)} req/s per replica ({where}; {beside})"
+            + (f": {capacity.message}" if capacity.message else "")
         )
     lines.append(
         f"Decision: replicas {_num(status.replicas)} (ready {_num(status.ready_replicas)}), desired "

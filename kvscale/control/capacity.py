@@ -9,12 +9,20 @@ search on the current plan (kvscale.sim.online). The rule that combines the two 
   in the window, or no fleet meeting the SLO on the replay), the sizing model's figure stands
   (source `analytic`); a figure confirmed earlier for the same configuration stays (a quiet
   window says nothing new of what a replica carries);
-- once a search replayed enough requests and met the SLO, its figure replaces the model's
-  (source `simulated`), in both directions: the replay is of the traffic itself, at its mean
-  rate, not the busiest stretch `simulate` replays. The policy acts on it through
-  kvscale.autoscaling.capacity.ConfirmedCapacity (the model's shape, scaled to the confirmed
-  level), and so does the GPU budget's want (the policy's count). The policy's SLO feedback
-  still lowers it while the observed SLO is missed.
+- once a search replayed enough requests and met the SLO, its figure (status.capacity.simulated)
+  is acted on where it is above the model's figure for the same traffic, its burstiness
+  included (source `simulated`); below it the model's stands (source `analytic`) and the
+  policy's SLO feedback lowers it while the observed SLO is missed. The policy acts on it
+  through kvscale.autoscaling.capacity.ConfirmedCapacity (the model's shape, scaled to the
+  confirmed level), and so does the GPU budget's want (the policy's count).
+
+Why only upward: replayed through the simulator on the autoscaling corpus (benchmarks/
+autoscaling.py; kvscale.sim.online_refresh runs this same search causally inside the replay),
+acting on the window's figure in both directions cost 30-135% more GPU-hours on bursty and
+heavy-tailed traffic for at most a few tenths of a point of attainment (a window's search
+sizes for the bursts inside it, which the policy's burst holding already provisions), and
+acting on it only upward cost nothing and lost nothing: benchmarks/RESULTS.md, issue 35.
+The same rule offline: kvscale.sim.session.policy_capacity.
 
 Pure: the worker times the call and applies the status."""
 
@@ -48,6 +56,9 @@ class Confirmed:
     fleet_rate_per_s: float
     requests: int
     measured_at: str
+    # the model's figure for that traffic itself (its burstiness too): what the confirmed rate is
+    # set against (ConfirmedCapacity); None: the model's at the lengths and rate
+    analytic_rate_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,15 +81,31 @@ def analytic_status(model: SizingCapacity, plan: PlanStatus, message: str) -> Ca
     return CapacityStatus(requests_per_second_per_replica=figure, analytic=figure, source="analytic", message=message)
 
 
-def _kept(previous: Confirmed, analytic: float, why: str) -> CapacityStatus:
+def raises(confirmed: Confirmed) -> bool:
+    """Whether the policy acts on a confirmed figure: above the model's for the traffic it was
+    confirmed on (the module's rule). A figure kept from before the reference was stored acts."""
+    return confirmed.analytic_rate_per_s is None or confirmed.rate_per_s > confirmed.analytic_rate_per_s
+
+
+def _status(confirmed: Confirmed, analytic: float, message: str, replicas: int | None = None) -> CapacityStatus:
+    """status.capacity around a confirmed figure: acted on (source simulated) or not (the model's
+    figure stands, the confirmed one beside it)."""
+    acts = raises(confirmed)
+    below = "" if acts else f"; below the model's {analytic:.4g} req/s for that traffic: the model's figure stands"
     return CapacityStatus(
-        requests_per_second_per_replica=_round(previous.rate_per_s),
+        requests_per_second_per_replica=_round(confirmed.rate_per_s if acts else analytic),
         analytic=_round(analytic),
-        source="simulated",
-        measured_at=previous.measured_at,
-        requests=previous.requests,
-        message=f"{why}; the figure confirmed at {previous.measured_at} stays",
+        source="simulated" if acts else "analytic",
+        simulated=_round(confirmed.rate_per_s),
+        measured_at=confirmed.measured_at,
+        requests=confirmed.requests,
+        replicas=replicas,
+        message=message + below,
     )
+
+
+def _kept(previous: Confirmed, analytic: float, why: str) -> CapacityStatus:
+    return _status(previous, analytic, f"{why}; the figure confirmed at {previous.measured_at} stays")
 
 
 def measure(
@@ -141,28 +168,26 @@ def measure(
         found.replay_rate_per_s,
         found.requests,
         when,
+        found.analytic_rate_per_s,
     )
-    status = CapacityStatus(
-        requests_per_second_per_replica=_round(confirmed.rate_per_s),
-        analytic=_round(found.analytic_rate_per_s),
-        source="simulated",
-        measured_at=when,
-        requests=found.requests,
-        replicas=found.replicas,
-        message=found.reason,
-    )
-    return Measured(status, confirmed, found)
+    return Measured(_status(confirmed, found.analytic_rate_per_s, found.reason, found.replicas), confirmed, found)
 
 
 def acted_on(
     model: SizingCapacity, confirmed: Confirmed | None, intent: Intent, plan: PlanStatus
 ) -> SizingCapacity | ConfirmedCapacity:
     """The capacity the tick's policy acts on: the confirmed one for this configuration, the
-    model's shape around it; the model's before (or when the plan or the SLO changed since)."""
-    if confirmed is None or confirmed.key != configuration_key(intent, plan):
+    model's shape around it, where it raises the model's (`raises`); the model's otherwise,
+    before, or when the plan or the SLO changed since."""
+    if confirmed is None or confirmed.key != configuration_key(intent, plan) or not raises(confirmed):
         return model
     return ConfirmedCapacity(
-        model, confirmed.rate_per_s, confirmed.input_tokens, confirmed.output_tokens, confirmed.fleet_rate_per_s
+        model,
+        confirmed.rate_per_s,
+        confirmed.input_tokens,
+        confirmed.output_tokens,
+        confirmed.fleet_rate_per_s,
+        confirmed.analytic_rate_per_s,
     )
 
 

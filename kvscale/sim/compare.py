@@ -25,6 +25,7 @@ from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.policy import Capacity
 from kvscale.autoscaling.tuning import policy_config
 from kvscale.sim.autotune import TunedKvscalePolicy
+from kvscale.sim.online_refresh import OnlineRefresh
 from kvscale.sim.policies import (
     HpaRunningPolicy,
     KedaWaitingPolicy,
@@ -108,9 +109,12 @@ def make_policies(
     replicas: int | None,
     max_replicas: int,
     confirmed: Capacity | None = None,
+    online: bool = True,
 ) -> list[SimPolicy]:
     """`confirmed`: the capacity kvscale's policy acts on when it is not the model's (the
-    one the simulated sizing search confirmed on the traffic: kvscale.sim.session)."""
+    one the simulated sizing search confirmed on the traffic: kvscale.sim.session), until
+    the operator's online search (`online`, with a trace: kvscale.sim.online_refresh) first
+    confirms one on the window just past."""
     inp, out = _lengths(trace) if trace else (512.0, 256.0)
     per_replica = capacity.rate_per_replica(inp, out)
     static_n = replicas or (busiest_minute_replicas(trace, capacity, headroom) if trace else setup.initial_replicas)
@@ -131,7 +135,11 @@ def make_policies(
         least_loaded_routing=setup.routing == "gateway",
     )
     built: dict[str, Callable[[], SimPolicy]] = {
-        "kvscale": lambda: KvscalePolicy(confirmed if confirmed is not None else capacity, config),
+        "kvscale": lambda: KvscalePolicy(
+            confirmed if confirmed is not None else capacity,
+            config,
+            refresh=OnlineRefresh(setup, capacity, trace) if online and trace else None,
+        ),
         "kvscale-tuned": lambda: TunedKvscalePolicy(
             confirmed if confirmed is not None else capacity, config, setup=setup, trace=list(trace or [])
         ),

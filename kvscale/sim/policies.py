@@ -24,6 +24,14 @@ class SimPolicy(Protocol):
     def decide(self, obs: Observation) -> Decision: ...
 
 
+class CapacityRefresh(Protocol):
+    """The operator's capacity worker in a replay (kvscale.sim.online_refresh.OnlineRefresh)."""
+
+    def due(self, now_s: float) -> bool: ...
+
+    def search(self, now_s: float) -> Capacity | None: ...
+
+
 @dataclass
 class StaticPolicy:
     replicas: int
@@ -46,6 +54,8 @@ class KvscalePolicy:
     name: str = "kvscale"
     state: PolicyState = field(default_factory=_new_state)
     kinds: dict[str, int] = field(default_factory=dict)  # decisions by kind, as the operator counts them
+    # The operator's capacity search on the replay's past window (None: the capacity stays as given)
+    refresh: CapacityRefresh | None = None
 
     def decide(self, obs: Observation) -> Decision:
         """The deployed tick alone (no idle rule, no budget): the single-service simulator's."""
@@ -54,8 +64,14 @@ class KvscalePolicy:
         return self.ticked(tick(self.tick_input(obs))).decision
 
     def tick_input(self, obs: Observation, idle: Idle | None = None, seat: Seat | None = None) -> TickInput:
-        """The tick's inputs for this observation (the deployed tick: kvscale.autoscaling.tick)."""
+        """The tick's inputs for this observation (the deployed tick: kvscale.autoscaling.tick),
+        with the capacity the operator's capacity worker confirmed by then (`refresh`)."""
         from kvscale.autoscaling.tick import TickInput
+
+        if self.refresh is not None and self.refresh.due(obs.time_s):
+            confirmed = self.refresh.search(obs.time_s)
+            if confirmed is not None:
+                self.capacity = confirmed
 
         return TickInput(obs, self.capacity, self.config, self.state, idle, seat)
 
