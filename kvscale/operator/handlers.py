@@ -581,10 +581,12 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
             effects.timer_failed("workload", call.body, call.patch, call.before, call.res, exc)
         return
     if result is not None:
+        await call.apply_async(rt, replace(result, status=mark_synced("workload", result.status, call.res.generation)))
+        # Marked once written: a write refused (a conflict on the Deployment, retried) left the
+        # mark on a re-plan the status never got, and every later tick waited for it.
         if any(e.reason == "Replanned" for e in result.events) and result.status.plan is not None:
             replanned = (call.res.generation, result.status.plan.workload)
             update(call.memo, lambda m: replace(m, replanned=replanned))
-        await call.apply_async(rt, replace(result, status=mark_synced("workload", result.status, call.res.generation)))
 
 
 def _move(
