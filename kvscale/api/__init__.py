@@ -21,6 +21,8 @@ LABEL_VARIANT = "kvscale.io/variant"  # on engine pods: GPU type, tensor paralle
 LLMD_INFERENCE_SERVING = "llm-d.ai/inference-serving"
 LLMD_MODEL = "llm-d.ai/model"
 LLMD_VARIANT = "llm-d.ai/variant"
+# A disaggregated service's engine pods: prefill or decode (llm-d's P/D scheduler picks each by it).
+LLMD_ROLE = "llm-d.ai/role"
 
 
 def labels(name: str) -> dict[str, str]:

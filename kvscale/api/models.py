@@ -471,6 +471,19 @@ class RoutingSpec(_Wire):
     )
 
 
+class ServingSpec(_Wire):
+    """How the model is served: aggregated replicas, or separate prefill and decode pools."""
+
+    disaggregation: Literal["auto", "on", "off"] = Field(
+        default="off",
+        description="Prefill/decode disaggregation: off (default: aggregated replicas, each prefilling and "
+        "decoding), on (a prefill pool and a decode pool, vLLM's NixlConnector moving the KV between them, "
+        "pods labelled llm-d.ai/role prefill or decode) or auto (the pools where the planner finds them "
+        "cheaper than aggregated replicas for the SLO). vLLM only. The pools run at the plan's counts within "
+        "spec.scaling: the autoscaler does not scale them yet.",
+    )
+
+
 class InferenceServiceSpec(_Wire):
     model: ModelSpec = Field(description="The model to serve.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="The serving engine.")
@@ -482,6 +495,9 @@ class InferenceServiceSpec(_Wire):
     scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="Replica bounds and scaling mode.")
     routing: RoutingSpec = Field(
         default_factory=RoutingSpec, description="Gateway routing: an InferencePool for the engine pods."
+    )
+    serving: ServingSpec = Field(
+        default_factory=ServingSpec, description="Aggregated replicas or prefill/decode pools."
     )
 
 
@@ -559,6 +575,24 @@ class PlannedWorkloadStatus(_Status):
     )
 
 
+class PoolPlanStatus(_Status):
+    """One pool of a disaggregated plan (kvscale plan --disaggregation's `prefill` / `decode`)."""
+
+    gpu_type: str = Field(description="The pool's GPU type.")
+    gpu_product: str = Field(description="Node label value (nvidia.com/gpu.product) the pool's pods are pinned to.")
+    tensor_parallel: int = Field(description="Tensor-parallel degree of one worker.")
+    precision: str = Field(description="Weight precision.")
+    workers: int = Field(description="Workers the plan needs at the spec's request rate.")
+    replicas: int = Field(description="Workers deployed (the plan's, within spec.scaling).")
+    gpus: int = Field(description="GPUs of the planned workers.")
+    max_batch: int = Field(description="Engine batch limit (--max-num-seqs).")
+    max_num_batched_tokens: int = Field(description="Chunked-prefill token budget per step (--max-num-batched-tokens).")
+    rate_per_worker: float = Field(description="Requests/s one worker carries within its share of the SLO.")
+    cost_per_hour: float = Field(description="USD per hour for the planned workers.")
+    deployment: str = Field(description="The pool's Deployment.")
+    engine_args: list[str] = Field(default_factory=list, description="The engine's arguments (the KV connector's too).")
+
+
 class PlanStatus(_Status):
     gpu_type: str = Field(description="Chosen GPU type.")
     gpu_product: str = Field(description="Node label value (nvidia.com/gpu.product) the pods are pinned to.")
@@ -624,6 +658,17 @@ class PlanStatus(_Status):
         default_factory=list,
         description="The closest few candidates that cannot meet the SLO or fit, with reasons (`kvscale plan` lists all).",
     )
+    mode: Literal["aggregated", "disaggregated"] | None = Field(
+        default=None,
+        description="disaggregated: a prefill pool and a decode pool (prefill, decode; the fields above are the "
+        "decode pool's, the costs and predictions the whole service's); unset: aggregated replicas.",
+    )
+    prefill: PoolPlanStatus | None = Field(default=None, description="The prefill pool of a disaggregated plan.")
+    decode: PoolPlanStatus | None = Field(default=None, description="The decode pool of a disaggregated plan.")
+    kv_transfer_ms: float | None = Field(
+        default=None, description="A disaggregated plan's KV transfer per request at the mean prompt, in ms."
+    )
+    gpus_total: int | None = Field(default=None, description="A disaggregated plan's GPUs, both pools.")
 
 
 class ObservedStatus(_Status):

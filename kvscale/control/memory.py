@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvscale.api import LLMD_ROLE
 from kvscale.api.models import PlannedWorkloadStatus
 from kvscale.control import children as owned
 from kvscale.control import inference_pool
@@ -56,7 +57,7 @@ class ServiceMemory:
     def applied_children(self) -> tuple[Mapping[str, Any], ...]:
         """The children kvscale last applied; the Deployment as `applied`, which the scale tick
         keeps at the replicas it set."""
-        bodies = [b for (kind, _), b in self.children.items() if kind != DEPLOYMENT]
+        bodies = [b for (kind, _), b in self.children.items() if kind != DEPLOYMENT or _pool_deployment(b)]
         return (*bodies, *((self.applied,) if self.applied is not None else ()))
 
     def remembered(self, result: Result) -> ServiceMemory:
@@ -64,7 +65,7 @@ class ServiceMemory:
         known = dict(self.children)
         applied = self.applied
         for kind, name in list(known):
-            deleted = kind in result.delete
+            deleted = kind in result.delete or (kind, name) in result.delete_named
             pruned = result.prune_pools and kind == inference_pool.KIND and name != result.keep_pool
             if deleted or pruned:
                 del known[kind, name]
@@ -98,3 +99,10 @@ class ServiceMemory:
         after = {**before, "spec": {**(before.get("spec") or {}), "replicas": replicas}}
         known = {k: (after if body is before else body) for k, body in self.children.items()}
         return replace(self, applied=after, children=known)
+
+
+def _pool_deployment(body: Mapping[str, Any]) -> bool:
+    """A disaggregated plan's pool Deployment (its selector names a role): restored as applied,
+    since the scale tick does not scale it (kvscale.control.disaggregated)."""
+    selected = ((body.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    return LLMD_ROLE in selected

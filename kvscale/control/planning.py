@@ -18,12 +18,14 @@ from kvscale.api.intent import (
 from kvscale.control.inventory import GpuPool
 from kvscale.engines.args import requested_source, unsupported_by_engine
 from kvscale.engines.knobs import RESOURCE_KNOBS
+from kvscale.planner.disaggregated import DisaggregatedPlan, LayoutPlan, Role, plan_disaggregated, plan_layouts
 from kvscale.planner.routing_advice import GatewayAdvice, gateway_advice
 from kvscale.planner.search import Feasible, Plan, Prediction, Rejected, plan
 from kvscale.sizing.catalog import Catalog, ModelArch
 from kvscale.sizing.checkpoints import CheckpointError, resolve_checkpoint, substitution
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError, check_requested_context
+from kvscale.sizing.units import format_duration
 
 
 @dataclass(frozen=True)
@@ -292,3 +294,83 @@ def _substitution(intent: Intent, catalog: Catalog, model: ModelArch, precision:
     except CheckpointError:
         return None
     return substitution(checkpoint)
+
+
+@dataclass(frozen=True)
+class PoolsPlanned:
+    """A disaggregated plan (a prefill pool and a decode pool) that fits the cluster's free
+    GPUs, chosen under spec.serving.disaggregation; `aggregated`: the aggregated plan beside it
+    where one fits (auto)."""
+
+    plan: DisaggregatedPlan
+    model: ModelArch
+    pools: Mapping[Role, GpuPool]  # by role: the GPU pool each pool's pods go to
+    catalog: Catalog
+    aggregated: Planned | None = None
+
+    @property
+    def reason(self) -> str:
+        return self.plan.reason
+
+
+def plan_layout(
+    intent: Intent,
+    catalog: Catalog,
+    pools: Mapping[str, GpuPool],
+    excluded: tuple[str, ...],
+    aggregated: Planned | Unplanned,
+) -> Planned | PoolsPlanned | Unplanned:
+    """spec.serving.disaggregation on the cluster's free GPUs: `off` keeps `aggregated` (the
+    plan_service outcome) as it is; `auto` the disaggregated pools where the planner finds them
+    strictly better by the objective (kvscale.planner.disaggregated.plan_layouts), else
+    `aggregated`; `on` the pools, or why there are none."""
+    mode = intent.spec.serving.disaggregation
+    if mode == "off":
+        return aggregated
+    usable = _usable(intent, catalog)
+    if isinstance(usable, Unplanned):
+        return usable
+    model, allowed = usable
+    present = tuple(name for name in pools if name not in excluded and (not allowed or name in allowed))
+    found: LayoutPlan | None = None
+    if present:
+        request = plan_request(intent, model, present, {name: pools[name].free for name in present})
+        beside = aggregated.plan if isinstance(aggregated, Planned) and mode == "auto" else None
+        found = plan_layouts(_as_sized_in_cluster(catalog, pools), request, mode, aggregated=beside)
+        if found.mode == "disaggregated" and found.disaggregated is not None:
+            d = found.disaggregated
+            if mode == "on":
+                d = replace(d, reason=f"spec.serving.disaggregation is on: {_pools_said(d)}")
+            by_role: dict[Role, GpuPool] = {
+                "prefill": pools[d.prefill.cfg.gpu.name],
+                "decode": pools[d.decode.cfg.gpu.name],
+            }
+            kept = aggregated if isinstance(aggregated, Planned) else None
+            return PoolsPlanned(d, model, by_role, _as_sized_in_cluster(catalog, pools), kept)
+    if mode == "auto":
+        return aggregated
+    anywhere = plan_disaggregated(catalog, plan_request(intent, model, allowed, None))
+    if isinstance(anywhere, str):
+        why = found.disaggregated_why_none if found is not None else anywhere
+        return Unplanned(
+            "DisaggregationInfeasible",
+            f"spec.serving.disaggregation is on but no prefill and decode pools serve this spec: {why or anywhere}; "
+            "set spec.serving.disaggregation to auto or off for aggregated replicas",
+            retry=False,
+        )
+    have = ", ".join(f"{p.free} free {n}" for n, p in sorted(pools.items()) if n not in excluded) or "no GPU nodes"
+    return Unplanned(
+        "InsufficientGPUs",
+        f"spec.serving.disaggregation is on and no prefill and decode pools fit the cluster's free GPUs ({have}); "
+        f"they would fit on {anywhere.prefill.shape} (prefill) + {anywhere.decode.shape} (decode): add such nodes "
+        "or widen spec.hardware.gpuTypes",
+        retry=True,
+    )
+
+
+def _pools_said(d: DisaggregatedPlan) -> str:
+    return (
+        f"{d.prefill.shape} prefill + {d.decode.shape} decode ({d.gpus_total} GPUs, ${d.cost_usd_per_hour:.2f}/h), "
+        f"TTFT {format_duration(d.ttft_p_s)} and TPOT {format_duration(d.tpot_p_s)} predicted at "
+        f"p{d.request.slo.percentile:g}, KV transfer {format_duration(d.kv_transfer_s)} per request over {d.path.name}"
+    )

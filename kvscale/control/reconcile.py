@@ -18,13 +18,14 @@ from kvscale.api import LABEL_GPU_TYPE, selector
 from kvscale.api.intent import Intent, SpecError
 from kvscale.api.models import Condition, InferenceServiceStatus, status_patch
 from kvscale.control import children as owned
+from kvscale.control import disaggregated as pd
 from kvscale.control import exclusions
 from kvscale.control import leader_worker_set as lws
 from kvscale.control.inference_pool import CONDITION as POOL_CONDITION
 from kvscale.control.inference_pool import PoolPlan, plan_pool
 from kvscale.control.inventory import EnginePod, GpuPool
 from kvscale.control.nearest import REASONS, nearest
-from kvscale.control.planning import Planned, Unplanned, plan_service, precheck
+from kvscale.control.planning import Planned, PoolsPlanned, Unplanned, plan_layout, plan_service, precheck
 from kvscale.control.replan import (
     CONDITION,
     Before,
@@ -62,6 +63,7 @@ from kvscale.engines.args import PlannedLaunch
 from kvscale.planner.search import DEFAULT_HEADROOM
 from kvscale.sizing.catalog import Catalog
 from kvscale.sizing.checkpoints import CheckpointError
+from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.context_limit import ContextLimitError
 from kvscale.sizing.workload import Workload
 
@@ -175,6 +177,8 @@ class Observed:
     children: tuple[owned.ChildView, ...] = ()
     applied_children: tuple[Mapping[str, Any], ...] = ()
     leader_worker_set: DeploymentView | None = None
+    # A disaggregated plan's pool Deployments by role (kvscale.control.disaggregated), as watched.
+    pool_workloads: Mapping[str, DeploymentView] = field(default_factory=dict)
 
     def workload(self, multi_node: bool) -> DeploymentView | None:
         """The engine workload of the planned kind: a LeaderWorkerSet for a plan across nodes."""
@@ -210,6 +214,7 @@ class Result:
     status: InferenceServiceStatus
     apply: tuple[dict[str, Any], ...] = ()  # server-side applied in order
     delete: tuple[str, ...] = ()  # child kinds to delete
+    delete_named: tuple[tuple[str, str], ...] = ()  # (kind, name) of children to delete: a disaggregated plan's pools
     scale_to: int | None = None  # the workload's replicas (groups of a LeaderWorkerSet), through its scale subresource
     scale_kind: str = DEPLOYMENT  # Deployment or LeaderWorkerSet
     events: tuple[Event, ...] = ()
@@ -500,7 +505,15 @@ def _plan_and_build(
     excluded = steer.excluded
     if excluded is None:  # those left out earlier, while their time lasts
         excluded = exclusions.active(status, settings.gpu_exclusion_ttl_s, now or dt.datetime.now(dt.UTC))
-    outcome = plan_service(intent, catalog, observed.pools, excluded, steer.prefer_gpu)
+    outcome = plan_layout(
+        intent,
+        catalog,
+        observed.pools,
+        excluded,
+        plan_service(intent, catalog, observed.pools, excluded, steer.prefer_gpu),
+    )
+    if isinstance(outcome, PoolsPlanned):
+        return _deploy_pools(intent, res, status, observed, outcome, planned_for, excluded, settings, now)
     if isinstance(outcome, Unplanned):
         delay = settings.retry_backoff_s if outcome.retry else None
         message = _with_nearest(outcome, intent, catalog, observed.pools, excluded)
@@ -527,6 +540,7 @@ def _plan_and_build(
     )
     if not excluded:
         base = without_condition(base, exclusions.CONDITION)
+    base = without_condition(base, pd.SCALING_CONDITION)
     base, advised = _with_gateway_advice(base, status, outcome, res, now)
     planned = condition(status, "Planned", True, "Planned", outcome.chosen.reason, res.generation, now)
     if intent.scaling.mode == "recommend":
@@ -541,6 +555,7 @@ def _plan_and_build(
         return Result(
             without_condition(new, NAME_CONFLICT),
             delete=mine,
+            delete_named=_stale_pools(observed, res),
             events=(event, *advised),
             prune_pools=_had_pool(status),
         )
@@ -550,7 +565,7 @@ def _plan_and_build(
         return _failed(status, res, "InvalidName", too_long, now=now)
     existing = observed.workload(multi)
     replicas = _replicas(intent, outcome, status, existing)
-    routing = _routing(intent, res, observed.pool, outcome, settings)
+    routing = _routing(intent, res, observed.pool, outcome.config, settings)
     try:
         workload = _workload(intent, res, outcome, launch, replicas, routing, settings)
     except EngineImageError as exc:
@@ -578,6 +593,7 @@ def _plan_and_build(
         new,
         apply=children,
         delete=stale,
+        delete_named=_stale_pools(observed, res),  # back from a disaggregated plan: its pools go
         events=(Event("Normal", "Planned", message[:1000]), *advised),
         applied_deployment=workload,
     )
@@ -729,7 +745,7 @@ def _had_pool(status: InferenceServiceStatus) -> bool:
 
 
 def _routing(
-    intent: Intent, res: Resource, seen: PoolView | None, planned: Planned, settings: Settings
+    intent: Intent, res: Resource, seen: PoolView | None, cfg: ServingConfig, settings: Settings
 ) -> PoolPlan | None:
     """What to do about spec.routing.inferencePool; None when not asked for. A missing API or
     missing RBAC becomes a condition; the engines deploy anyway."""
@@ -738,11 +754,12 @@ def _routing(
         return None
     if seen is not None and seen.forbidden:
         return PoolPlan("none", False, "Forbidden", POOL_FORBIDDEN)
-    engine_labels = pod_labels(res.name, res.uid, planned.config)
+    engine_labels = pod_labels(res.name, res.uid, cfg)
     installed = seen is not None and seen.api_installed
     existing = seen.existing if seen is not None else None
-    # Across nodes only the leaders serve: the pool selects them, as the Service does.
-    selects = lws.leader_labels(res.name) if planned.config.nodes > 1 else labels(res.name)
+    # Across nodes only the leaders serve: the pool selects them, as the Service does. A
+    # disaggregated plan's pool selects both roles (kvscale.control.disaggregated).
+    selects = lws.leader_labels(res.name) if cfg.nodes > 1 else labels(res.name)
     return plan_pool(res.name, res.uid, wanted, selects, engine_labels, settings.engine_port, installed, existing)
 
 
@@ -879,6 +896,8 @@ def refresh(
     found = owned.check(observed.applied_children, observed.children, res.uid)
     if found.reapply or found.foreign or get_condition(status, NAME_CONFLICT) is not None:
         return _restore(status, res, observed, found, now)
+    if disaggregated(status):
+        return _pools_readiness(status, res, observed, now, settings.unschedulable_timeout_s)
     seen = observed.workload(multi_node(status))
     if seen is None:
         return None
@@ -1078,3 +1097,156 @@ def _readiness(
         events=(*events, Event("Normal", "DriftReverted", message)),
         applied_deployment=restored,
     )
+
+
+def disaggregated(status: InferenceServiceStatus) -> bool:
+    """Whether the recorded plan is a prefill pool and a decode pool (kvscale.control.disaggregated)."""
+    return status.plan is not None and status.plan.mode == "disaggregated"
+
+
+def _stale_pools(observed: Observed, res: Resource) -> tuple[tuple[str, str], ...]:
+    """The pool Deployments of an earlier disaggregated plan that are this service's."""
+    out = []
+    for role in pd.ROLES:
+        name = pd.pool_name(res.name, role)
+        view = owned.find(observed.children, DEPLOYMENT, name)
+        if view is not None and not view.owned_by(res.uid):
+            continue  # another's object of that name: left alone
+        if view is not None or role in observed.pool_workloads:
+            out.append((DEPLOYMENT, name))
+    return tuple(out)
+
+
+def _deploy_pools(
+    intent: Intent,
+    res: Resource,
+    status: InferenceServiceStatus,
+    observed: Observed,
+    planned: PoolsPlanned,
+    planned_for: Any,
+    excluded: tuple[str, ...],
+    settings: Settings,
+    now: dt.datetime | None,
+) -> Result:
+    """A disaggregated plan's children: the Service (decode pods), the PodDisruptionBudget (every
+    engine pod) and the two pool Deployments at the plan's counts within spec.scaling, which the
+    PoolsAutoscaled condition says the autoscaler leaves there; the aggregated workload of an
+    earlier plan goes. Recommend mode records the plan only."""
+    spec = intent.spec
+    problem = pd.engine_args_problem(spec)
+    if problem is not None:
+        return _failed(status, res, "InvalidArgs", problem, now=now)
+    plan = planned.plan
+    try:
+        launched = pd.launches(spec, plan, settings.engine_port)
+    except (CheckpointError, ContextLimitError) as exc:
+        return _failed(status, res, "Undeployable", str(exc), now=now)
+    pinned = intent.scaling.pinned_replicas
+    replicas = pd.pool_replicas(plan, intent.scaling.bounded, pinned)
+    base = status.model_copy(
+        update={
+            "plan": pd.plan_status(res.name, plan, planned.pools, launched, replicas, excluded, planned_for),
+            "observed_generation": res.generation,
+            "selector": selector(res.name),
+        }
+    )
+    base = without_condition(base, GATEWAY_CONDITION)
+    if not excluded:
+        base = without_condition(base, exclusions.CONDITION)
+    planned_condition = condition(status, "Planned", True, "Planned", plan.reason, res.generation, now)
+    summary = pd.summary(plan, replicas)
+    if intent.scaling.mode == "recommend":
+        not_ready = condition(
+            status, "Ready", False, "RecommendOnly", "mode is recommend: nothing deployed", res.generation, now
+        )
+        quiet = without_condition(without_condition(base, POOL_CONDITION), pd.SCALING_CONDITION)
+        new = with_conditions(quiet, planned_condition, not_ready, phase="Recommended")
+        candidates = CHILD_KINDS + ((lws.KIND,) if _had_set(status, observed) else ())
+        return Result(
+            without_condition(new, NAME_CONFLICT),
+            delete=tuple(k for k in candidates if _owns(observed, res, k)),
+            delete_named=_stale_pools(observed, res),
+            events=(Event("Normal", "Recommended", f"Recommend {summary}"[:1000]),),
+            prune_pools=_had_pool(status),
+        )
+    routing = _routing(intent, res, observed.pool, plan.decode.cfg, settings)
+    joined = routing.join_labels if routing is not None and routing.action == "join" else None
+    try:
+        workloads = tuple(
+            pd.pool_deployment(
+                res.name,
+                res.uid,
+                spec,
+                plan,
+                role,
+                launched[role],
+                planned.pools[role],
+                replicas[role],
+                settings.engine_port,
+                settings.extra_tolerations,
+                pool_labels=joined,
+                policy=settings.pod_policy,
+            )
+            for role in pd.ROLES
+        )
+    except EngineImageError as exc:
+        return _failed(status, res, "NoEngineImage", str(exc), now=now)
+    except NotAllowed as exc:
+        return _failed(status, res, exc.reason, str(exc), now=now)
+    serving = service(res.name, settings.engine_port, pd.role_labels(res.name, pd.SERVING_ROLE))
+    children = (serving, pod_disruption_budget(res.name), *workloads)
+    earlier = ((DEPLOYMENT,) if observed.deployment is not None else ()) + (
+        (lws.KIND,) if _had_set(status, observed) else ()
+    )
+    stale = tuple(k for k in earlier if not _foreign(observed, res, k))
+    held = pd.scaling_message(plan, replicas, pinned)
+    scaling = condition(status, pd.SCALING_CONDITION, False, pd.SCALING_REASON, held, res.generation, now)
+    new = with_conditions(
+        base,
+        planned_condition,
+        scaling,
+        phase="Deploying",
+        replicas=replicas[pd.SERVING_ROLE],
+        desired_replicas=replicas[pd.SERVING_ROLE],
+    )
+    message = f"Deployed {summary}: {plan.reason}"
+    result = Result(new, apply=children, delete=stale, events=(Event("Normal", "Planned", message[:1000]),))
+    taken = owned.foreign(children, observed.children, res.uid)
+    if taken:
+        return name_conflict(status, res, taken, now)
+    return _with_routing(replace(result, status=without_condition(new, NAME_CONFLICT)), status, res, routing, now)
+
+
+def _pools_readiness(
+    status: InferenceServiceStatus, res: Resource, observed: Observed, now: dt.datetime, timeout_s: float | None
+) -> Result | None:
+    """Ready when every worker of both pools is; status.replicas and readyReplicas are the
+    decode pool's (the pods the Service serves from); None before either Deployment is seen."""
+    views = observed.pool_workloads
+    if not views:
+        return None
+    parts = []
+    for role in pd.ROLES:
+        view = views.get(role)
+        parts.append(f"{role} {view.ready_replicas}/{view.replicas} ready" if view else f"{role}: no Deployment yet")
+    counts = [views[r].replicas if r in views else 0 for r in pd.ROLES]
+    is_ready = all(r in views and views[r].ready_replicas >= views[r].replicas > 0 for r in pd.ROLES)
+    readiness = ", ".join(parts)
+    phase, reason = ("Ready", "ReplicasReady") if is_ready else ("Deploying", "ReplicasNotReady")
+    if len(views) == len(pd.ROLES) and not any(counts):
+        phase, reason = "Planned", PINNED_TO_ZERO
+        readiness = (
+            "spec.scaling.replicas pins 0 workers: the plan is kept and nothing runs; raise or remove it to serve"
+        )
+    decode = views.get(pd.SERVING_ROLE)
+    fields: dict[str, Any] = {
+        "replicas": decode.replicas if decode else 0,
+        "ready_replicas": decode.ready_replicas if decode else 0,
+    }
+    scheduled, events = _scheduled(status, res, observed, now, timeout_s)
+    if phase != status.phase:
+        fields["phase"] = phase
+        notice = {"Ready": "Ready", "Deploying": "NotReady"}.get(phase, PINNED_TO_ZERO)
+        events = (*events, Event("Normal", notice, readiness))
+    ready = condition(status, "Ready", is_ready, reason, readiness, res.generation, now)
+    return Result(with_conditions(status, ready, scheduled, **fields), events=events)

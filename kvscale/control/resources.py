@@ -323,7 +323,7 @@ def deployment(
     spec: InferenceServiceSpec,
     model: ModelArch,
     cfg: ServingConfig,
-    chosen: Feasible,
+    chosen: Feasible | None,
     pool: GpuPool,
     replicas: int,
     port: int,
@@ -334,9 +334,14 @@ def deployment(
 ) -> dict[str, Any]:
     """`pool_labels`: a foreign InferencePool's selector labels, so the pods join it. `policy`: the
     node paths and images the operator allows (NotAllowed, naming the fields, when the spec asks
-    for others). `launch`: the planned launch where the caller made it already (one per plan)."""
+    for others). `launch`: the planned launch where the caller made it already (one per plan; a
+    disaggregated plan's pools have no `chosen` candidate, only their launch)."""
     check_policy(spec, cfg, policy)
-    planned = launch or planned_launch(spec, cfg, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, port)
+    if launch is None:
+        if chosen is None:
+            raise ValueError("deployment() needs the planned candidate or its launch")
+        launch = planned_launch(spec, cfg, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, port)
+    planned = launch
     command, engine_args = planned.command
     gpus = cfg.gpus  # tensor x pipeline parallel, all on one node
     container = engine_container(

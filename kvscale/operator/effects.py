@@ -26,7 +26,9 @@ def write_status(patch: kopf.Patch, before: InferenceServiceStatus, after: Infer
 
 def writes(result: Result) -> bool:
     """Whether applying `result` calls the API server (beyond kopf's own status patch)."""
-    return bool(result.apply or result.delete or result.scale_to is not None or result.prune_pools)
+    return bool(
+        result.apply or result.delete or result.delete_named or result.scale_to is not None or result.prune_pools
+    )
 
 
 def _post(body: Any, result: Result) -> None:
@@ -79,6 +81,8 @@ def apply(
     try:
         for kind in result.delete:
             kube.delete_if_present(kind, res.namespace, res.name)
+        for kind, name in result.delete_named:  # a disaggregated plan's pools, by their own names
+            kube.delete_if_present(kind, res.namespace, name)
         children = [dict(c) for c in result.apply]
         kopf.adopt(children, owner=body)
         for child in children:

@@ -41,6 +41,7 @@ from kvscale.control import children as owned
 from kvscale.control.autoscale import Autoscaled, Governor, Readings, autoscale
 from kvscale.control.autoscale import moved as moved_tick
 from kvscale.control.budget import BudgetBook, cap_deploy, govern_pin, moved
+from kvscale.control.disaggregated import ROLES, pool_name
 from kvscale.control.drain import preemption_grace_s
 from kvscale.control.inventory import pools
 from kvscale.control.memory import MEMO_KEY, ServiceMemory
@@ -51,6 +52,7 @@ from kvscale.control.reconcile import (
     Resource,
     Result,
     conflicted,
+    disaggregated,
     multi_node,
     pool_api_missing,
     reconcile,
@@ -155,6 +157,7 @@ def observed(res: Resource, memo: Any, inventory: Inventory | None, pool: PoolVi
     key = (res.namespace, res.name)
     deployments = inventory.deployments.get(key)
     sets = inventory.leader_worker_sets.get(key)
+    by_role = {role: inventory.deployments.get((res.namespace, pool_name(res.name, role))) for role in ROLES}
     return Observed(
         pools=pools(inventory.nodes.values(), inventory.gpu_pods.values(), exclude_owner_uid=res.uid),
         deployment=deployments[0] if deployments else None,
@@ -164,6 +167,7 @@ def observed(res: Resource, memo: Any, inventory: Inventory | None, pool: PoolVi
         leader_worker_set=sets[0] if sets else None,
         children=tuple(inventory.children_of(*key)),
         applied_children=mine.applied_children(),
+        pool_workloads={role: views[0] for role, views in by_role.items() if views},
     )
 
 
@@ -398,8 +402,8 @@ def spec_changed(rt: Runtime, call: Call, resumed: bool = False) -> None:
 
 def under_budget(rt: Runtime, call: Call, result: Result, seen: Observed) -> Result:
     """A reconcile's workload within what the governing GPUBudget has free now (kvscale.control.budget)."""
-    if not result.apply or result.status.plan is None:
-        return result
+    if not result.apply or result.status.plan is None or disaggregated(result.status):
+        return result  # a GPUBudget does not govern disaggregated pools yet (the PoolsAutoscaled condition)
     intent = call.intent
     if isinstance(intent, SpecError):
         return result
@@ -456,8 +460,8 @@ def _pin_under_budget(rt: Runtime, call: Call, intent: Intent, pinned: Result, s
 async def scale_tick(rt: Runtime, call: Call) -> None:
     """Observe (async, within the deadline), ask the policy, scale (mode auto) or only
     recommend. The tick's wall time is measured (kvscale_tick_duration_seconds)."""
-    if not planned(call.before):
-        return
+    if not planned(call.before) or disaggregated(call.before):
+        return  # the pools stay at the plan's counts (kvscale.control.disaggregated: PoolsAutoscaled)
     started = time.monotonic()
     try:
         intent = call.valid()

@@ -1,0 +1,250 @@
+"""The children and the status of a disaggregated plan (spec.serving.disaggregation): a prefill
+pool and a decode pool, each a Deployment of its own, built with the aggregated Deployment's
+builders (kvscale.control.resources). Pure.
+
+- Names: `<service>-prefill` and `<service>-decode`. Both carry the service's labels (instance,
+  managed-by: the informers, the PodDisruptionBudget and an owned InferencePool select them) and
+  their pods `llm-d.ai/role: prefill|decode` (DESIGN.md; llm-d's P/D scheduler picks each role by
+  it); each Deployment selects its own role only, so the two never count each other's pods.
+- Engine arguments: the pool's planned launch (its GPU type, TP, batch limit, chunk budget) and
+  vLLM 0.11.0's KV connector, `--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":
+  "kv_both"}'` on both sides (kvscale.planner.disaggregated.kv_transfer_config: the flag is
+  vllm/engine/arg_utils.py's, the fields vllm/config/kv_transfer.py's KVTransferConfig, where
+  kv_role must be set once kv_connector is; NixlConnector reads no kv_role: each request's
+  kv_transfer_params say which side it is, do_remote_decode on prefill and do_remote_prefill on
+  decode, vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).
+- NixlConnector's handshake side channel listens on VLLM_NIXL_SIDE_CHANNEL_HOST (vllm/envs.py,
+  default "localhost") at VLLM_NIXL_SIDE_CHANNEL_PORT (5557) + the TP rank, and a finished prefill
+  hands the decode side that host as `remote_host` (NixlConnectorScheduler.request_finished):
+  at "localhost" no other pod can reach it, so each pool pod sets it to its own IP (the downward
+  API's status.podIP), unless spec.engine.env sets it.
+- Routing: the plain Service selects the decode pods. A decode pod with kv_both serves a request
+  that comes without kv_transfer_params on its own (it prefills locally), so the Service works
+  without a P/D-aware router; the prefill pool takes work only behind one (llm-d's endpoint
+  picker with its P/D profile and routing sidecar, which kvscale does not deploy), which is why an
+  owned InferencePool selects both roles, as llm-d's P/D guides do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvscale.api import LLMD_ROLE, labels
+from kvscale.api.models import InferenceServiceSpec, PlannedWorkloadStatus, PlanStatus, PoolPlanStatus
+from kvscale.control.inventory import GpuPool
+from kvscale.control.pod_policy import DEFAULT_POLICY, PodPolicy
+from kvscale.control.resources import deployment
+from kvscale.engines.args import PlannedLaunch, requested_source
+from kvscale.planner.disaggregated import DisaggregatedPlan, Pool, Role, kv_transfer_config, pool_launch
+from kvscale.sizing.units import format_duration
+
+ROLES: tuple[Role, ...] = ("prefill", "decode")
+SERVING_ROLE: Role = "decode"  # the pods the plain Service sends requests to
+SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
+KV_TRANSFER_FLAG = "--kv-transfer-config"
+MAX_REASON = 500
+
+
+def pool_name(name: str, role: Role) -> str:
+    """The Deployment of the service's `role` pool."""
+    return f"{name}-{role}"
+
+
+def role_labels(name: str, role: Role) -> dict[str, str]:
+    """The selector of one pool's pods: the service's labels and the role."""
+    return {**labels(name), LLMD_ROLE: role}
+
+
+def pools_of(plan: DisaggregatedPlan) -> dict[Role, Pool]:
+    return {"prefill": plan.prefill, "decode": plan.decode}
+
+
+def launches(spec: InferenceServiceSpec, plan: DisaggregatedPlan, port: int) -> dict[Role, PlannedLaunch]:
+    """Each pool's engine launch, as the aggregated one is made (kvscale.control.resources.
+    planned_launch): CheckpointError or ContextLimitError on a spec that cannot be deployed."""
+    w = spec.workload
+    return {
+        role: pool_launch(
+            pool,
+            requested_source(spec.model.name, spec.model.source, pool.cfg.precision.name),
+            w.max_context_tokens,
+            w.input_tokens + w.output_tokens,
+            port,
+            cached=spec.model.cache is not None,
+        )
+        for role, pool in pools_of(plan).items()
+    }
+
+
+def engine_args_problem(spec: InferenceServiceSpec) -> str | None:
+    """spec.engine.args may not set the KV connector of a disaggregated service: vLLM takes the
+    last one given, which would override the pools' connector."""
+    for i, arg in enumerate(spec.engine.args):
+        if arg.split("=", 1)[0] == KV_TRANSFER_FLAG:
+            return (
+                f"spec.engine.args[{i}]: {KV_TRANSFER_FLAG} sets the KV connector, which kvscale sets for the prefill "
+                "and decode pools of a disaggregated service (NixlConnector): remove it, or set "
+                "spec.serving.disaggregation to off"
+            )
+    return None
+
+
+def pool_args(spec: InferenceServiceSpec, launch: PlannedLaunch, role: Role) -> list[str]:
+    """The pool's container args: the planned launch's, the KV connector, then spec.engine.args."""
+    _, args = launch.command
+    return [*args, KV_TRANSFER_FLAG, kv_transfer_config(role), *spec.engine.args]
+
+
+def _side_channel_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    if any(e.name == SIDE_CHANNEL_HOST for e in spec.engine.env):
+        return []
+    return [{"name": SIDE_CHANNEL_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+
+
+def pool_deployment(
+    name: str,
+    owner_uid: str,
+    spec: InferenceServiceSpec,
+    plan: DisaggregatedPlan,
+    role: Role,
+    launch: PlannedLaunch,
+    gpu_pool: GpuPool,
+    replicas: int,
+    port: int,
+    extra_tolerations: tuple[dict[str, str], ...] = (),
+    pool_labels: Mapping[str, str] | None = None,
+    policy: PodPolicy = DEFAULT_POLICY,
+) -> dict[str, Any]:
+    """One pool's Deployment: the aggregated Deployment's body (kvscale.control.resources.
+    deployment: image, probes, volumes, security, node affinity to the pool's GPU product) under
+    the pool's name, selecting and labelling its role, with the KV connector's args and env
+    (EngineImageError, NotAllowed as the aggregated one)."""
+    pool = pools_of(plan)[role]
+    body = deployment(
+        name,
+        owner_uid,
+        spec,
+        pool.cfg.model,
+        pool.cfg,
+        None,
+        gpu_pool,
+        replicas,
+        port,
+        extra_tolerations,
+        pool_labels=pool_labels,
+        policy=policy,
+        launch=launch,
+    )
+    selected = role_labels(name, role)
+    template = body["spec"]["template"]
+    template["metadata"]["labels"] = {**template["metadata"]["labels"], LLMD_ROLE: role}
+    container = template["spec"]["containers"][0]
+    container["args"] = pool_args(spec, launch, role)
+    container["env"] = [*container["env"], *_side_channel_env(spec)]
+    body["metadata"] = {**body["metadata"], "name": pool_name(name, role)}
+    body["spec"] = {**body["spec"], "selector": {"matchLabels": selected}}
+    return body
+
+
+def pool_replicas(plan: DisaggregatedPlan, bounded: Any, pinned: int | None) -> dict[Role, int]:
+    """Each pool's workers: spec.scaling.replicas when pinned (each pool runs that many), else the
+    plan's within spec.scaling's bounds (`bounded`: ScalingIntent.bounded)."""
+    return {role: pinned if pinned is not None else int(bounded(pool.workers)) for role, pool in pools_of(plan).items()}
+
+
+def _pool_status(
+    name: str, role: Role, pool: Pool, gpu_pool: GpuPool, replicas: int, launch: PlannedLaunch
+) -> PoolPlanStatus:
+    _, args = launch.command
+    return PoolPlanStatus(
+        gpu_type=pool.cfg.gpu.name,
+        gpu_product=gpu_pool.product_label,
+        tensor_parallel=pool.cfg.tensor_parallel,
+        precision=pool.cfg.precision.name,
+        workers=pool.workers,
+        replicas=replicas,
+        gpus=pool.gpus,
+        max_batch=pool.max_batch,
+        max_num_batched_tokens=pool.max_num_batched_tokens,
+        rate_per_worker=round(pool.rate_per_worker_max, 4),
+        cost_per_hour=round(pool.cost_usd_per_hour, 4),
+        deployment=pool_name(name, role),
+        engine_args=[*args[1:], KV_TRANSFER_FLAG, kv_transfer_config(role)],  # after `vllm serve MODEL`
+    )
+
+
+def plan_status(
+    name: str,
+    plan: DisaggregatedPlan,
+    gpu_pools: Mapping[Role, GpuPool],
+    launched: Mapping[Role, PlannedLaunch],
+    replicas: Mapping[Role, int],
+    excluded: tuple[str, ...],
+    workload: PlannedWorkloadStatus | None,
+) -> PlanStatus:
+    """status.plan of a disaggregated plan: `prefill` and `decode`, each pool's; the top-level
+    configuration fields are the decode pool's (the pods the Service serves from), the
+    predictions, the cost and the reason the whole service's."""
+    d = plan.decode
+    w = plan.request.workload
+    return PlanStatus(
+        mode="disaggregated",
+        gpu_type=d.cfg.gpu.name,
+        gpu_product=gpu_pools["decode"].product_label,
+        tensor_parallel=d.cfg.tensor_parallel,
+        precision=d.cfg.precision.name,
+        max_batch=d.max_batch,
+        max_context_tokens=launched["decode"].context.max_model_len_tokens,
+        max_num_batched_tokens=d.max_num_batched_tokens,
+        replicas=d.workers,
+        predicted_ttft=format_duration(plan.ttft_p_s),
+        predicted_tpot=format_duration(plan.tpot_p_s),
+        predicted_ttft_seconds=plan.ttft_p_s,
+        predicted_tpot_seconds=plan.tpot_p_s,
+        throughput_tokens_per_second=round(d.rate_per_worker_max * w.outputs.mean, 1),
+        rate_per_replica=round(d.rate_per_worker_max, 4),
+        limited_by="tpot-tail",
+        mbu=0.0,
+        mfu=0.0,
+        cost_per_hour=round(plan.cost_usd_per_hour, 4),
+        reason=plan.reason[:MAX_REASON],
+        excluded_gpu_types=list(excluded),
+        workload=workload,
+        prefill=_pool_status(
+            name, "prefill", plan.prefill, gpu_pools["prefill"], replicas["prefill"], launched["prefill"]
+        ),
+        decode=_pool_status(name, "decode", d, gpu_pools["decode"], replicas["decode"], launched["decode"]),
+        kv_transfer_ms=round(plan.kv_transfer_s * 1e3, 3),
+        gpus_total=plan.gpus_total,
+    )
+
+
+def summary(plan: DisaggregatedPlan, replicas: Mapping[Role, int]) -> str:
+    """The pools as deployed, for the Planned Event."""
+    p, d = plan.prefill, plan.decode
+    return (
+        f"{replicas['prefill']} prefill x {p.cfg.gpus} {p.cfg.gpu.name} (TP{p.cfg.tensor_parallel}, chunk budget "
+        f"{p.max_num_batched_tokens}) + {replicas['decode']} decode x {d.cfg.gpus} {d.cfg.gpu.name} "
+        f"(TP{d.cfg.tensor_parallel}, max batch {d.max_batch}), {p.cfg.precision.name}, "
+        f"${plan.cost_usd_per_hour:.2f}/h at the plan's counts"
+    )
+
+
+SCALING_CONDITION = "PoolsAutoscaled"
+SCALING_REASON = "FixedAtPlan"
+
+
+def scaling_message(plan: DisaggregatedPlan, replicas: Mapping[Role, int], pinned: int | None) -> str:
+    """What the pools run at, and that the autoscaler leaves them there (the Autoscaled condition)."""
+    held = (
+        f"spec.scaling.replicas pins {pinned} workers in each pool"
+        if pinned is not None
+        else f"the plan's {plan.prefill.workers} prefill and {plan.decode.workers} decode workers within "
+        "spec.scaling's minReplicas..maxReplicas"
+    )
+    return (
+        f"prefill {replicas['prefill']}, decode {replicas['decode']} workers: {held}. The autoscaler does not scale "
+        "disaggregated pools yet (each pool on its own signal is not built): they stay at these counts until the "
+        "spec changes or the service is re-planned, and a GPUBudget does not govern them"
+    )

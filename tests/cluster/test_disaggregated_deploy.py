@@ -1,0 +1,78 @@
+"""A disaggregated InferenceService on the real API server: spec.serving.disaggregation on
+deploys a prefill and a decode Deployment (no aggregated one), each pod labelled with its
+llm-d.ai/role and running vLLM's NixlConnector, the Service selecting the decode pods; set back
+to off, the pools go and the aggregated Deployment comes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+
+from kvscale.api import GROUP, VERSION
+from tests.cluster.harness import wait_until
+from tests.cluster.processes import Operator
+from tests.cluster.test_multinode_operator import deployment, patch_spec
+from tests.cluster.test_operator import create, engine_pods, get, wait_phase
+
+NAME = "pd-chat"
+BODY: dict[str, Any] = {
+    "apiVersion": f"{GROUP}/{VERSION}",
+    "kind": "InferenceService",
+    "metadata": {"name": NAME},
+    "spec": {
+        "model": {"name": "llama-3.1-8b"},
+        "workload": {"inputTokens": 4000, "outputTokens": 300, "requestsPerSecond": 8},
+        "slo": {"timeToFirstToken": "1500ms", "timePerOutputToken": "12ms"},
+        "hardware": {"gpuTypes": ["H100-SXM"]},
+        "serving": {"disaggregation": "on"},
+    },
+}
+
+
+def test_disaggregated_service_deploys_two_pools_with_their_roles(
+    operator: Operator, api: client.ApiClient, namespace: str
+) -> None:
+    create(api, namespace, BODY)
+    obj = wait_phase(api, namespace, NAME, "Ready", operator, timeout=90)
+    plan = obj["status"]["plan"]
+    assert plan["mode"] == "disaggregated"
+    assert deployment(api, namespace, NAME) is None  # no aggregated Deployment
+    for role in ("prefill", "decode"):
+        pool = plan[role]
+        dep = deployment(api, namespace, f"{NAME}-{role}")
+        assert dep is not None, f"no {role} Deployment"
+        assert pool["deployment"] == f"{NAME}-{role}"
+        assert dep.spec.replicas == pool["replicas"] >= 1
+        assert dep.spec.selector.match_labels["llm-d.ai/role"] == role
+        assert dep.metadata.owner_references[0].name == NAME
+        container = dep.spec.template.spec.containers[0]
+        args = container.args
+        assert args[args.index("--tensor-parallel-size") + 1] == str(pool["tensorParallel"])
+        connector = json.loads(args[args.index("--kv-transfer-config") + 1])
+        assert connector == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+        assert container.resources.limits["nvidia.com/gpu"] == str(pool["tensorParallel"])
+        side = next(e for e in container.env if e.name == "VLLM_NIXL_SIDE_CHANNEL_HOST")
+        assert side.value_from.field_ref.field_path == "status.podIP"
+    pods = engine_pods(api, namespace, NAME)
+    roles = [p.metadata.labels.get("llm-d.ai/role") for p in pods]
+    assert sorted(roles) == sorted(["prefill"] * plan["prefill"]["replicas"] + ["decode"] * plan["decode"]["replicas"])
+    for pod in pods:
+        assert pod.spec.node_name, f"{pod.metadata.name} not scheduled"
+        role = pod.metadata.labels["llm-d.ai/role"]
+        assert pod.metadata.labels["kvscale.io/variant"] == f"h100-sxm-tp{plan[role]['tensorParallel']}-bf16"
+    svc = client.CoreV1Api(api).read_namespaced_service(NAME, namespace)
+    assert svc.spec.selector["llm-d.ai/role"] == "decode"
+    held = next(c for c in obj["status"]["conditions"] if c["type"] == "PoolsAutoscaled")
+    assert held["status"] == "False" and "does not scale disaggregated pools" in held["message"]
+    assert obj["status"]["readyReplicas"] == plan["decode"]["replicas"]
+
+    # Back to aggregated: the pools go, the aggregated Deployment comes.
+    patch_spec(api, namespace, NAME, {"serving": {"disaggregation": "off"}})
+    wait_until(lambda: deployment(api, namespace, NAME) is not None, 60, "the aggregated Deployment")
+    pools_gone = lambda: all(deployment(api, namespace, f"{NAME}-{r}") is None for r in ("prefill", "decode"))  # noqa: E731
+    wait_until(pools_gone, 60, "the pools deleted")
+    obj = wait_phase(api, namespace, NAME, "Ready", operator, timeout=90)
+    assert "mode" not in obj["status"]["plan"] and "prefill" not in obj["status"]["plan"]
+    assert not any(c["type"] == "PoolsAutoscaled" for c in get(api, namespace, NAME)["status"]["conditions"])

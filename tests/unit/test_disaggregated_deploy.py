@@ -1,0 +1,219 @@
+"""spec.serving.disaggregation in the operator's pure core: the plan recorded as status.plan.prefill
+and .decode, the two pool Deployments (names, role labels and selectors, vLLM's KV connector and
+its side channel), the Service on the decode pods, readiness from both pools, the layout switched
+back and forth, and the aggregated path unchanged when off."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvscale.api import LLMD_ROLE
+from kvscale.api.crd import crd
+from kvscale.api.intent import read_spec
+from kvscale.api.models import InferenceServiceStatus, parse_status, status_dict
+from kvscale.control.children import ChildView
+from kvscale.control.inventory import gpu_inventory
+from kvscale.control.memory import ServiceMemory
+from kvscale.control.reconcile import DeploymentView, Observed, Resource, Result, reconcile, refresh
+from kvscale.control.settings import Settings
+from kvscale.control.status import get_condition
+from kvscale.sizing.catalog import default_catalog
+from tests.cluster.harness import node_objects
+
+ROOT = Path(__file__).resolve().parents[2]
+CAT = default_catalog()
+POOLS = gpu_inventory(CAT, list(node_objects(ROOT / "tests" / "cluster" / "nodepool.yaml")), [])
+SETTINGS = Settings()
+NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
+RES = Resource("ns", "chat", "uid-1", 1)
+# docs/disaggregation.md's steady case: long prompts, a tight TPOT (auto chooses the pools).
+SPEC: dict[str, Any] = {
+    "model": {"name": "llama-3.1-8b"},
+    "workload": {"inputTokens": 4000, "outputTokens": 300, "requestsPerSecond": 8},
+    "slo": {"timeToFirstToken": "1500ms", "timePerOutputToken": "12ms"},
+    "hardware": {"gpuTypes": ["H100-SXM"]},
+}
+CONNECTOR = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+
+
+def spec(mode: str | None = None, **patch: Any) -> dict[str, Any]:
+    out = copy.deepcopy(SPEC)
+    if mode is not None:
+        out["serving"] = {"disaggregation": mode}
+    for key, value in patch.items():
+        out[key] = {**out.get(key, {}), **value}
+    return out
+
+
+def deployed(
+    body: dict[str, Any], status: InferenceServiceStatus | None = None, seen: Observed | None = None
+) -> Result:
+    return reconcile(
+        read_spec(body), RES, status or InferenceServiceStatus(), seen or Observed(POOLS), CAT, SETTINGS, now=NOW
+    )
+
+
+def by_name(result: Result) -> dict[str, dict[str, Any]]:
+    return {f"{c['kind']}/{c['metadata']['name']}": c for c in result.apply}
+
+
+def test_on_deploys_a_prefill_and_a_decode_deployment_with_their_roles_and_connector() -> None:
+    result = deployed(spec("on"))
+    assert result.retry is None
+    children = by_name(result)
+    assert sorted(children) == [
+        "Deployment/chat-decode",
+        "Deployment/chat-prefill",
+        "PodDisruptionBudget/chat",
+        "Service/chat",
+    ]
+    plan = result.status.plan
+    assert plan is not None and plan.mode == "disaggregated" and plan.prefill and plan.decode
+    for role, pool in (("prefill", plan.prefill), ("decode", plan.decode)):
+        body = children[f"Deployment/chat-{role}"]
+        assert body["metadata"]["labels"]["app.kubernetes.io/instance"] == "chat"  # the service's, for the informers
+        assert body["spec"]["selector"]["matchLabels"][LLMD_ROLE] == role
+        assert body["spec"]["replicas"] == pool.replicas == pool.workers
+        template = body["spec"]["template"]
+        assert template["metadata"]["labels"][LLMD_ROLE] == role
+        assert template["metadata"]["labels"]["llm-d.ai/inference-serving"] == "true"
+        container = template["spec"]["containers"][0]
+        args = container["args"]
+        assert args[args.index("--tensor-parallel-size") + 1] == str(pool.tensor_parallel)
+        assert args[args.index("--max-num-seqs") + 1] == str(pool.max_batch)
+        assert json.loads(args[args.index("--kv-transfer-config") + 1]) == CONNECTOR
+        assert args[1:] == pool.engine_args  # status shows what runs, after `vllm serve MODEL`
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == str(pool.tensor_parallel)
+        side = next(e for e in container["env"] if e["name"] == "VLLM_NIXL_SIDE_CHANNEL_HOST")
+        assert side["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert pool.deployment == f"chat-{role}"
+    assert children["Service/chat"]["spec"]["selector"][LLMD_ROLE] == "decode"
+    assert LLMD_ROLE not in children["PodDisruptionBudget/chat"]["spec"]["selector"]["matchLabels"]
+    assert plan.gpus_total == plan.prefill.gpus + plan.decode.gpus
+    assert plan.replicas == plan.decode.workers and plan.tensor_parallel == plan.decode.tensor_parallel
+    assert result.status.replicas == plan.decode.replicas
+    assert plan.reason.startswith("spec.serving.disaggregation is on: ")
+    held = get_condition(result.status, "PoolsAutoscaled")
+    assert held is not None and held.status == "False" and "does not scale disaggregated pools" in held.message
+    assert result.applied_deployment is None  # the scale tick's drift check is the aggregated workload's
+
+
+def test_status_round_trips_with_both_pools() -> None:
+    st = deployed(spec("on")).status
+    assert parse_status(status_dict(st)) == st
+    wire = status_dict(st)["plan"]
+    assert wire["mode"] == "disaggregated" and {"prefill", "decode", "kvTransferMs", "gpusTotal"} <= set(wire)
+    assert {"gpuType", "tensorParallel", "workers", "replicas", "gpus", "engineArgs"} <= set(wire["prefill"])
+
+
+def test_off_and_unset_build_the_aggregated_children_unchanged() -> None:
+    unset, off = deployed(spec()), deployed(spec("off"))
+    assert unset.apply == off.apply and unset.status == off.status
+    assert [c["kind"] for c in unset.apply] == ["Service", "PodDisruptionBudget", "Deployment"]
+    assert unset.apply[-1]["metadata"]["name"] == "chat"
+    assert LLMD_ROLE not in json.dumps(unset.apply)
+    assert "--kv-transfer-config" not in json.dumps(unset.apply)
+    assert unset.status.plan is not None and unset.status.plan.mode is None
+    assert get_condition(unset.status, "PoolsAutoscaled") is None
+    assert "mode" not in status_dict(unset.status)["plan"]
+
+
+def test_auto_keeps_aggregated_replicas_where_they_are_cheaper() -> None:
+    short = spec(
+        "auto",
+        workload={"inputTokens": 200, "outputTokens": 200, "requestsPerSecond": 4},
+        slo={"timeToFirstToken": "200ms", "timePerOutputToken": "50ms"},
+    )
+    result = deployed(short)
+    assert result.status.plan is not None and result.status.plan.mode is None
+    assert [c["metadata"]["name"] for c in result.apply if c["kind"] == "Deployment"] == ["chat"]
+
+
+def test_auto_chooses_the_pools_where_they_are_cheaper() -> None:
+    result = deployed(spec("auto"))
+    plan = result.status.plan
+    assert plan is not None and plan.mode == "disaggregated"
+    assert plan.reason.startswith("disaggregated: ")  # the planner's reason: why the pools won
+
+
+def test_on_refuses_an_engine_without_a_kv_connector() -> None:
+    result = deployed(spec("on", engine={"type": "sglang"}))
+    planned = get_condition(result.status, "Planned")
+    assert planned is not None and planned.reason == "DisaggregationInfeasible"
+    assert "vLLM" in planned.message and result.apply == ()
+
+
+def test_on_refuses_a_kv_connector_in_the_engine_args() -> None:
+    result = deployed(spec("on", engine={"args": ["--kv-transfer-config", "{}"]}))
+    planned = get_condition(result.status, "Planned")
+    assert planned is not None and planned.reason == "InvalidArgs" and result.apply == ()
+
+
+def test_recommend_records_the_pools_and_deploys_nothing() -> None:
+    result = deployed(spec("on", scaling={"mode": "recommend"}))
+    assert result.apply == () and result.status.phase == "Recommended"
+    assert result.status.plan is not None and result.status.plan.decode is not None
+
+
+def _views(result: Result) -> dict[str, DeploymentView]:
+    return {
+        role: DeploymentView.of({**body, "status": {"readyReplicas": body["spec"]["replicas"]}})
+        for role in ("prefill", "decode")
+        for body in [by_name(result)[f"Deployment/chat-{role}"]]
+    }
+
+
+def test_ready_when_both_pools_are() -> None:
+    first = deployed(spec("on"))
+    views = _views(first)
+    half = {**views, "prefill": DeploymentView(views["prefill"].replicas, 0, "H100-SXM")}
+    waiting = refresh(
+        read_spec(spec("on")), RES, first.status, Observed(POOLS, pool_workloads=half), CAT, SETTINGS, NOW
+    )
+    assert waiting is not None and waiting.status.phase == "Deploying"
+    ready_msg = get_condition(waiting.status, "Ready")
+    assert ready_msg is not None and "prefill 0/" in ready_msg.message
+    ready = refresh(read_spec(spec("on")), RES, first.status, Observed(POOLS, pool_workloads=views), CAT, SETTINGS, NOW)
+    assert ready is not None and ready.status.phase == "Ready"
+    assert ready.status.ready_replicas == views["decode"].replicas
+
+
+def _owned(result: Result) -> tuple[ChildView, ...]:
+    return tuple(ChildView(c["kind"], "ns", c["metadata"]["name"], ("uid-1",)) for c in result.apply)
+
+
+def test_switching_layouts_deletes_the_other_layouts_workloads() -> None:
+    aggregated = deployed(spec("off"))
+    agg_seen = Observed(
+        POOLS, DeploymentView(1, 1, "H100-SXM"), applied=aggregated.applied_deployment, children=_owned(aggregated)
+    )
+    pools = deployed(spec("on"), aggregated.status, agg_seen)
+    assert pools.delete == ("Deployment",)  # the aggregated <name> Deployment
+    pool_seen = Observed(POOLS, children=_owned(pools), pool_workloads=_views(pools))
+    back = deployed(spec("off"), pools.status, pool_seen)
+    assert set(back.delete_named) == {("Deployment", "chat-prefill"), ("Deployment", "chat-decode")}
+    assert back.status.plan is not None and back.status.plan.mode is None and back.status.plan.prefill is None
+    assert get_condition(back.status, "PoolsAutoscaled") is None
+
+
+def test_a_deleted_pool_is_restored_from_memory() -> None:
+    result = deployed(spec("on"))
+    memory = ServiceMemory().remembered(result)
+    kept = {(c["kind"], c["metadata"]["name"]) for c in memory.applied_children()}
+    assert {("Deployment", "chat-prefill"), ("Deployment", "chat-decode")} <= kept
+
+
+def test_the_crd_offers_the_layouts() -> None:
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    field = schema["properties"]["spec"]["properties"]["serving"]["properties"]["disaggregation"]
+    assert field["enum"] == ["auto", "on", "off"] and field["default"] == "off"
+    shipped = yaml.safe_load((ROOT / "crds" / "inferenceservices.kvscale.io.yaml").read_text())
+    assert shipped == crd()
+    plan = shipped["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["plan"]
+    assert {"mode", "prefill", "decode"} <= set(plan["properties"])
