@@ -140,11 +140,17 @@ class Replica:
         self.preemptions = 0
         self.peak_kv_tokens = 0
         self.token_gaps: Counter[float] = Counter()  # per-token gap (s, 0.1 ms bins) -> tokens
+        # As vLLM counts them per engine step (vllm:inter_token_latency_seconds' sum and
+        # vllm:generation_tokens_total): the gaps' exact sum, and the tokens output so far
+        # (each running decode's per step, and a new request's first at its prefill's end).
+        self.gap_seconds = 0.0
+        self.generated_tokens = 0
         self.iterations: Counter[int] = Counter()  # tokens an engine step carried -> steps
 
     def _record_gaps(self, gap_s: float, tokens: int) -> None:
         if tokens > 0:
             self.token_gaps[_gap_bin(gap_s)] += tokens
+            self.gap_seconds += gap_s * tokens
 
     # -- state -------------------------------------------------------------------------
 
@@ -299,9 +305,11 @@ class Replica:
         intake_s = self.steps.cfg.engine.request_overhead_s * len(admitted)
         self.clock += full * full_s + rest_s + intake_s
         chunks = full + (1 if rest else 0)
+        self.generated_tokens += sum(1 for r in admitted if math.isnan(r.first_token_s))
         if n:
             self._record_gaps(full_s, n * full)
             self._record_gaps(rest_s, n if rest else 0)
+            self.generated_tokens += n * chunks
             self.step += chunks
         elif self.running:
             # The waiting decodes' next token comes one whole prefill later: counted as one gap of
@@ -336,6 +344,8 @@ class Replica:
         self.clock += k * dt
         gap_bin = _GAP_BINS.get(dt)
         self.token_gaps[_gap_bin(dt) if gap_bin is None else gap_bin] += k * n  # _record_gaps: k, n >= 1
+        self.gap_seconds += k * n * dt
+        self.generated_tokens += k * n
         self.step += k
         self.iterations[n] += k
         used += n * k

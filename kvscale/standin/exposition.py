@@ -130,14 +130,15 @@ class EngineCollector(Collector):
         families["kv"].add_metric(values, r.kv_usage)
         families["success"].add_metric(values, s.success)
         families["prompt_total"].add_metric(values, s.prompt_tokens)
-        families["generation_total"].add_metric(values, s.generation_tokens)
+        # vLLM counts generated tokens per engine step (IterationStats), in-flight requests' too.
+        families["generation_total"].add_metric(values, r.generated_tokens)
         families["preemptions"].add_metric(values, r.preemptions)
         # The simulator has no prefix cache: every prompt token is looked up, none is found.
         families["cache_queries"].add_metric(values, s.prompt_tokens)
         families["cache_hits"].add_metric(values, 0.0)
         hists = {
             "ttft": s.ttft,
-            "itl": s.itl,
+            "itl": self.fleet.inter_token_latency(s),
             "tpot": s.tpot,
             "e2e": s.e2e,
             "prompt": s.prompt,

@@ -53,7 +53,6 @@ class PodStats:
     pod: str
     replica: Replica
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
-    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
     prefill_time: Histogram = field(default_factory=lambda: Histogram(PHASE_BUCKETS))
@@ -62,14 +61,12 @@ class PodStats:
     generation: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))
     success: float = 0.0
     prompt_tokens: float = 0.0
-    generation_tokens: float = 0.0
 
     def record(self, r: SimRequest) -> None:
         self.ttft.observe(r.ttft_s)
         if r.output_tokens > 1:
-            # Per token gap (the simulator knows each request's mean gap) and once per request,
-            # as vLLM's output processor does (vllm/v1/metrics/loggers.py).
-            self.itl.observe(r.tpot_s, r.output_tokens - 1)
+            # Once per finished request, as vLLM's output processor does (vllm/v1/metrics/
+            # loggers.py); the per-token gaps are counted per step (PodFleet.inter_token_latency).
             self.tpot.observe(r.tpot_s)
         self.e2e.observe(r.finish_s - r.arrival_s)
         # vLLM's request phases (vllm/v1/metrics/stats.py update_from_finished_request).
@@ -79,7 +76,6 @@ class PodStats:
         self.generation.observe(r.output_tokens)
         self.success += 1
         self.prompt_tokens += r.input_tokens
-        self.generation_tokens += r.output_tokens
 
 
 class PodFleet:
@@ -137,6 +133,17 @@ class PodFleet:
         for tokens, count in stats.replica.iterations.items():
             steps.observe(tokens, count)
         return steps
+
+    def inter_token_latency(self, stats: PodStats) -> Histogram:
+        """vllm:inter_token_latency_seconds of the pod's engine: every gap between two tokens of
+        a request, observed at the step that ends it (vLLM's IterationStats, vllm/v1/metrics/
+        stats.py), not when the request finishes: a window's gaps are the steps it ran, the
+        steps its batch (generated tokens over steps) counts (call under `lock`)."""
+        gaps = Histogram(ITL_BUCKETS)
+        for gap_s, tokens in stats.replica.token_gaps.items():
+            gaps.observe(gap_s, tokens)
+        gaps.total = stats.replica.gap_seconds  # the exact sum (the bins are 0.1 ms wide)
+        return gaps
 
     def serving(self) -> list[PodStats]:
         """Pods whose engine answers (past its cold start); call under `lock`."""

@@ -243,5 +243,10 @@ def test_standin_serves_the_work_counters_the_queries_read() -> None:
         line = next(line for line in text.splitlines() if line.startswith(name + "{"))
         assert any(name in q for q in queries(vllm, "ns", "chat", 0.95, "1m").values()), name
         value = float(line.rsplit(" ", 1)[1])
-        expected = {"vllm:generation_tokens_total": 20 * done, "vllm:prefix_cache_hits_total": 0.0}
+        if name == vllm.generation_tokens_counter[0]:
+            # counted per engine step, as vLLM does: the in-flight requests' tokens too
+            in_flight = len(fleet.pods["chat-5d9c-x1"].replica.running)
+            assert 20 * done <= value <= 20 * (done + in_flight), (name, value)
+            continue
+        expected = {"vllm:prefix_cache_hits_total": 0.0}
         assert value == expected.get(name, 1000 * done), (name, value)
