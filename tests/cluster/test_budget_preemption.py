@@ -6,6 +6,8 @@ the operator from a real Prometheus."""
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from tests.cluster.test_operator import condition, create, engine_pods, get
 
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET = "preempting"
+WINDOW_S = 15  # the operator's KVSCALE_METRICS_WINDOW: the SLO is read over this window
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def loop(
         {
             "KVSCALE_PROMETHEUS_URL": prom.url,
             "KVSCALE_SCALE_INTERVAL": "2s",
-            "KVSCALE_METRICS_WINDOW": "15s",
+            "KVSCALE_METRICS_WINDOW": f"{WINDOW_S}s",
             "KVSCALE_METRICS_STALE_AFTER": "10s",
         },
     )
@@ -139,6 +142,18 @@ def loop(
 def fleet(api: client.ApiClient, namespace: str, names: Iterable[str]) -> dict[str, int | None]:
     """Each service's Deployment replicas (None: not deployed)."""
     return {n: deployment_replicas(api, namespace, n) for n in names}
+
+
+def met_for_a_window(api: client.ApiClient, namespace: str, name: str) -> bool:
+    """SLOMet has said True for a whole metrics window. A first True can come while the backlog
+    of the floor's minutes still drains (read as the new pods' series begin); the drain's waits
+    then finish (TTFT 7.10 s, TPOT 142 ms on the settled three replicas under the parallel suite)
+    and the next window misses again."""
+    met = condition(get(api, namespace, name), "SLOMet")
+    if met.get("status") != "True":
+        return False
+    since = dt.datetime.fromisoformat(str(met["lastTransitionTime"]).replace("Z", "+00:00"))
+    return (dt.datetime.now(dt.UTC) - since).total_seconds() >= WINDOW_S
 
 
 def failure(
@@ -194,7 +209,7 @@ def test_the_top_priority_keeps_its_replicas_and_slo_while_the_saturated_lowest_
     try:
         wait_until(settled, 90, "chat at 3, batch preempted to its floor")
         # The top priority meets its SLO in the stand-in's metrics, read through Prometheus.
-        wait_until(lambda: condition(get(api, ns, "chat"), "SLOMet").get("status") == "True", 60, "chat's SLO met")
+        wait_until(lambda: met_for_a_window(api, ns, "chat"), 90, "chat's SLO met for a window")
     except TimeoutError as exc:
         raise fail(exc) from exc
     assert peak[0] <= LIMIT, f"the Deployments asked for {peak[0]} A100s on a budget of {LIMIT}: {seen}\n{op.tail(200)}"
@@ -252,11 +267,8 @@ def test_the_services_the_budget_holds_get_their_want_and_slo_from_the_saturated
     try:
         wait_until(settled, 150, f"{scenario.settled}, batch preempted to its floor")
         for name in served:
-
-            def met(name: str = name) -> bool:
-                return bool(condition(get(api, ns, name), "SLOMet").get("status") == "True")
-
-            wait_until(met, 60, f"{name}'s SLO met")
+            met = functools.partial(met_for_a_window, api, ns, name)
+            wait_until(met, 90, f"{name}'s SLO met for a window")
     except TimeoutError as exc:
         raise fail(exc) from exc
     assert peak[0] <= scenario.limit, f"the Deployments asked for {peak[0]} A100s on a budget of {scenario.limit}"
