@@ -307,8 +307,9 @@ class Replica:
         chunks = full + (1 if rest else 0)
         self.generated_tokens += sum(1 for r in admitted if math.isnan(r.first_token_s))
         if n:
-            self._record_gaps(full_s, n * full)
-            self._record_gaps(rest_s, n if rest else 0)
+            # The running decodes wait out the intake too: their gaps in these steps carry it.
+            self._record_gaps(full_s + intake_s / chunks, n * full)
+            self._record_gaps(rest_s + intake_s / chunks, n if rest else 0)
             self.generated_tokens += n * chunks
             self.step += chunks
         elif self.running:
@@ -316,7 +317,7 @@ class Replica:
             # the prefill per running request (their next decode step counts its own gap, so the
             # histogram holds one token more per stall than were generated: a stall's share of
             # the gaps is slightly overstated, never hidden).
-            self._record_gaps(full * full_s + rest_s, len(self.running))
+            self._record_gaps(full * full_s + rest_s + intake_s, len(self.running))
         for request in admitted:
             self._start_decoding(request)
         self._pop_finished(finished)
