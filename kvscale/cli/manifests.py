@@ -18,6 +18,8 @@ from kvscale.cli.root import app
 from kvscale.sizing.catalog import Catalog, load_yaml_all
 
 if TYPE_CHECKING:
+    from kvscale.api.intent import Intent
+    from kvscale.control.planning import PoolsPlanned
     from kvscale.control.pod_policy import PodPolicy
 
 
@@ -129,7 +131,7 @@ def objects_for(
     from kvscale.api.intent import SpecError, parse_intent
     from kvscale.control import leader_worker_set as lws
     from kvscale.control.inference_pool import inference_pool
-    from kvscale.control.planning import Unplanned, plan_service, precheck
+    from kvscale.control.planning import PoolsPlanned, Unplanned, plan_layout, plan_service, precheck
     from kvscale.control.pod_policy import DEFAULT_POLICY
     from kvscale.control.resources import (
         EngineImageError,
@@ -153,9 +155,11 @@ def objects_for(
         fail(f"{name}: {refused.message}")
     spec = intent.spec
     pools = gpu_pools(catalog, gpus, spec.scaling.max_replicas)
-    result = plan_service(intent, catalog, pools)
+    result = plan_layout(intent, catalog, pools, (), plan_service(intent, catalog, pools))
     if isinstance(result, Unplanned):
         fail(f"{name}: {result.message}", EXIT_INFEASIBLE if result.retry else EXIT_BAD_INPUT)
+    if isinstance(result, PoolsPlanned):  # spec.serving.disaggregation: a prefill and a decode pool
+        return _pool_objects(name, meta.get("namespace"), intent, result, port, tolerations, policy)
     chosen = result.chosen
     cfg = chosen.config
     launch = planned_launch(spec, cfg, chosen.prediction.max_batch, chosen.prediction.kv_cache_tokens, port)
@@ -210,6 +214,64 @@ def objects_for(
     if routing is not None:
         children.append(inference_pool(name, routing, serving, port))
     namespace = meta.get("namespace")
+    for child in children:
+        if namespace:
+            child["metadata"]["namespace"] = namespace
+    return children, summary
+
+
+def _pool_objects(
+    name: str,
+    namespace: str | None,
+    intent: Intent,
+    planned: PoolsPlanned,
+    port: int,
+    tolerations: tuple[dict[str, str], ...],
+    policy: PodPolicy | None,
+) -> tuple[list[dict[str, Any]], str]:
+    """A disaggregated plan's children, as the operator builds them (kvscale.control.disaggregated)."""
+    from kvscale.control import disaggregated as pd
+    from kvscale.control.inference_pool import inference_pool
+    from kvscale.control.pod_policy import DEFAULT_POLICY
+    from kvscale.control.resources import EngineImageError, NotAllowed, labels, pod_disruption_budget, service
+    from kvscale.sizing.checkpoints import CheckpointError
+    from kvscale.sizing.context_limit import ContextLimitError
+
+    spec, plan = intent.spec, planned.plan
+    problem = pd.engine_args_problem(spec)
+    if problem is not None:
+        fail(f"{name}: {problem}")
+    try:
+        launched = pd.launches(spec, plan, port)
+    except (CheckpointError, ContextLimitError) as exc:
+        fail(f"{name}: {exc}")
+    replicas = pd.pool_replicas(plan, intent.scaling.bounded, intent.scaling.pinned_replicas)
+    summary = f"{name}: disaggregated, {pd.summary(plan, replicas)}"
+    if spec.scaling.mode == "recommend":
+        return [], summary + " (mode recommend: the operator creates nothing)"
+    try:
+        children = [
+            pd.pool_deployment(
+                name,
+                "",
+                spec,
+                plan,
+                role,
+                launched[role],
+                planned.pools[role],
+                replicas[role],
+                port,
+                tolerations,
+                policy=policy or DEFAULT_POLICY,
+            )
+            for role in pd.ROLES
+        ]
+    except (EngineImageError, NotAllowed) as exc:
+        fail(f"{name}: {exc}")
+    children += [service(name, port, pd.role_labels(name, pd.SERVING_ROLE)), pod_disruption_budget(name)]
+    routing = spec.routing.inference_pool if spec.routing else None
+    if routing is not None:
+        children.append(inference_pool(name, routing, labels(name), port))  # both roles, as llm-d's P/D
     for child in children:
         if namespace:
             child["metadata"]["namespace"] = namespace

@@ -16,7 +16,7 @@ from kvscale.cli.live import KubeconfigOpt, Live, NamespaceOpt
 from kvscale.cli.root import app
 
 if TYPE_CHECKING:
-    from kvscale.api.models import InferenceServiceStatus
+    from kvscale.api.models import InferenceServiceStatus, PlanStatus
 
 
 def _pct(value: float | None) -> str:
@@ -108,6 +108,21 @@ def pod_state(pod: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _pool_lines(plan: PlanStatus) -> list[str]:
+    """A disaggregated plan (status.plan.prefill / decode): each pool, then the service's predictions."""
+    p, d = plan.prefill, plan.decode
+    assert p is not None and d is not None  # the caller looked
+    return [
+        f"Plan:     disaggregated, {plan.gpus_total or p.gpus + d.gpus} GPUs, ${plan.cost_per_hour:.2f}/h; KV transfer "
+        f"{_num(plan.kv_transfer_ms, 1)} ms per request",
+        f"          prefill {p.replicas} x {p.tensor_parallel} {p.gpu_type} ({p.precision}), chunk budget "
+        f"{p.max_num_batched_tokens} tokens, {_num(p.rate_per_worker)} req/s per worker ({p.deployment})",
+        f"          decode  {d.replicas} x {d.tensor_parallel} {d.gpu_type} ({d.precision}), max batch {d.max_batch}, "
+        f"{_num(d.rate_per_worker)} req/s per worker ({d.deployment})",
+        f"          predicted TTFT {plan.predicted_ttft}, TPOT {plan.predicted_tpot} at the planned load",
+    ]
+
+
 def status_lines(
     obj: dict[str, Any],
     events: list[dict[str, Any]],
@@ -141,6 +156,8 @@ def status_lines(
     plan = status.plan
     if plan is None:
         lines.append("Plan:     none yet (see the Planned condition)")
+    elif plan.mode == "disaggregated" and plan.prefill is not None and plan.decode is not None:
+        lines += _pool_lines(plan)
     else:
         shape = (
             f"{plan.replicas} x {plan.tensor_parallel * plan.pipeline_parallel * plan.data_parallel} {plan.gpu_type}"

@@ -217,3 +217,41 @@ def test_the_crd_offers_the_layouts() -> None:
     assert shipped == crd()
     plan = shipped["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["plan"]
     assert {"mode", "prefill", "decode"} <= set(plan["properties"])
+
+
+def test_kvscale_status_shows_each_pool() -> None:
+    from kvscale.cli.status import status_lines
+
+    st = deployed(spec("on")).status
+    obj = {
+        "metadata": {"name": "chat", "namespace": "ns", "generation": 1},
+        "spec": spec("on"),
+        "status": status_dict(st),
+    }
+    text = "\n".join(status_lines(obj, []))
+    assert "Plan:     disaggregated, 6 GPUs" in text
+    assert "prefill 2 x 1 H100-SXM (bf16), chunk budget 16384 tokens" in text and "(chat-prefill)" in text
+    assert "decode  2 x 2 H100-SXM (bf16), max batch" in text and "(chat-decode)" in text
+
+
+def test_manifests_print_the_pools_the_operator_would_apply(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kvscale.cli import app
+
+    doc = {"apiVersion": "kvscale.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "chat"}}
+    path = tmp_path / "pd.yaml"
+    path.write_text(yaml.safe_dump({**doc, "spec": spec("on")}))
+    out = CliRunner().invoke(app, ["manifests", "-f", str(path), "--gpus", "H100-SXM=16"])
+    assert out.exit_code == 0, out.output
+    docs = [d for d in yaml.safe_load_all(out.output) if d]
+    operator = {k: v for k, v in by_name(deployed(spec("on"))).items()}
+    printed = {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
+    assert sorted(printed) == sorted(operator)
+    for role in ("prefill", "decode"):
+        mine, theirs = printed[f"Deployment/chat-{role}"], operator[f"Deployment/chat-{role}"]
+        assert (
+            mine["spec"]["template"]["spec"]["containers"][0]["args"]
+            == (theirs["spec"]["template"]["spec"]["containers"][0]["args"])
+        )
+        assert mine["spec"]["selector"] == theirs["spec"]["selector"]
