@@ -183,6 +183,8 @@ async def calibrate_tick(rt: Runtime, call: Call) -> None:
     plan = call.before.plan
     if plan is None or not planned(call.before) or call.before.phase == "Recommended" or rt.prometheus is None:
         return
+    if plan.mode == "disaggregated":
+        return  # the engines' metrics mix both pools' steps: one configuration's profile is not fitted from them
     try:
         intent = call.valid()
         names = ENGINES.get(intent.engine)

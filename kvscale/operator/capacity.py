@@ -51,6 +51,8 @@ async def capacity_tick(rt: Runtime, call: Call) -> None:
     plan = call.before.plan
     if plan is None or not planned(call.before) or call.before.phase == "Recommended" or rt.workload_reader is None:
         return
+    if plan.mode == "disaggregated":
+        return  # a replica's capacity is an aggregated one's; the pools are not autoscaled yet
     try:
         intent = call.valid()
         s = rt.settings

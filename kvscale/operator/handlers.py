@@ -569,6 +569,8 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
     planner and the API reads in the workers)."""
     if not planned(call.before) or call.before.phase == "Recommended" or rt.workload_reader is None:
         return  # nothing runs in recommend mode: no engine to read
+    if disaggregated(call.before):
+        return  # behind a P/D router both pools count each request (prefill with one output token): not read yet
     if predates(memory(call.memo).replanned, call.before, call.res.generation):
         return  # the status handed in is older than this operator's own re-plan: wait for the watch
     try:
