@@ -16,9 +16,15 @@ differ most between engines and versions and that the engines' own metrics can t
 Each window is one engine over a stretch of time (kvscale.metrics.calibration reads them): the
 mean running batch and context, the mean inter-token gap and prefill time, and the number of
 engine steps. The model is the planner's own step time (kvscale.sizing.roofline.step), so a
-calibrated profile predicts what was measured with the same code that plans. Least squares on
-relative errors (Levenberg-Marquardt, numeric Jacobian: three parameters, tens of windows);
-each field's uncertainty is its standard error from the fit's covariance, s^2 (J^T J)^-1.
+calibrated profile predicts what was measured with the same code that plans. Maximum a
+posteriori (Levenberg-Marquardt, numeric Jacobian: three parameters, tens of windows): the
+windows' relative errors in units of their own scatter, and a prior on each field (the
+catalog's value, a factor of 3 either way in log space). Each field's uncertainty is its
+standard error from the posterior covariance (J^T J)^-1, with what a bias of the model common
+to every window (MODEL_BIAS) would move it by. Per-sequence and per-step costs both lengthen
+the gap as the batch grows; windows over too narrow a range of batches do not tell them apart,
+and a field they leave nearly as uncertain as the prior stays near it, flagged
+(FittedField.at_prior_with names the field it moves with), its stated error the prior's.
 """
 
 from __future__ import annotations
@@ -47,6 +53,24 @@ MIN_DECODE_WINDOWS = 5
 MIN_PREFILL_WINDOWS = 3
 MIN_BATCH_SPREAD = 1.5  # largest over smallest mean batch: the per-sequence cost needs a slope
 ROBUST_SCALE = 0.05  # relative errors beyond 5% count linearly, not squared
+# The prior: each field is the catalog's value within a factor of PRIOR_SPREAD's exponent (one
+# standard deviation, log space: a factor of 3 either way). The catalog's CPU costs come from a
+# grid fit on other engines' bursts and its GEMM share from another GPU's; an engine a factor
+# of 3 off is one standard deviation out, where the windows, when they can, decide.
+PRIOR_SPREAD = math.log(3.0)
+# Each field in log(value + floor): a zero cost is a value the fit can reach.
+_PRIOR_FLOOR = {"matmul_efficiency_factor": 0.01, "sequence_overhead_s": 1.0e-6, "step_overhead_s": 1.0e-5}
+# Least relative scatter a window's mean is held to: the model's own error against an engine
+# (kvscale's step times against the simulator's, whose engine rounds contexts and chunks to 64
+# tokens), so hundreds of windows cannot make a stated error smaller than the model can be.
+MODEL_ERROR = 0.02
+# The same model's error common to all windows (a bias that more windows do not average out):
+# its share of each field's stated error is what a bias this large in every gap (and another
+# in every prefill) would move the field by.
+MODEL_BIAS = 0.015
+# A field whose posterior spread (log space) is above this share of the prior's is one the
+# windows do not determine: it stays at the prior, flagged.
+AT_PRIOR = 0.5
 
 
 class NotEnoughData(ValueError):
@@ -108,6 +132,9 @@ class FittedField:
     windows: int
     data: str  # which metric carries it
     at_bound: bool = False  # the fit ended on the field's limit (its error is then a lower bound)
+    # Left at the catalog's value: the windows do not tell it apart from this field (its
+    # stated error is then the prior's spread); "" when fitted.
+    at_prior_with: str = ""
 
     @property
     def relative_stderr(self) -> float:
@@ -127,12 +154,21 @@ class Calibration:
     def updates(self) -> dict[str, float]:
         return {f.name: f.value for f in self.fields}
 
+    @property
+    def unidentified(self) -> tuple[str, ...]:
+        """Fields left at the catalog's value: the windows do not determine them."""
+        return tuple(f.name for f in self.fields if f.at_prior_with)
+
     def field(self, name: str) -> FittedField:
         return next(f for f in self.fields if f.name == name)
 
     def overlay(self) -> dict[str, object]:
         """A catalog overlay (`kvscale plan --catalog`): the engine profile's fitted fields."""
-        said = ", ".join(f"{f.name} {f.value:.4g} ± {f.stderr:.2g} ({f.samples} samples)" for f in self.fields)
+        said = ", ".join(
+            f"{f.name} {f.value:.4g} ± {f.stderr:.2g} ({f.samples} samples"
+            + (f"; at the prior, not told apart from {f.at_prior_with})" if f.at_prior_with else ")")
+            for f in self.fields
+        )
         note = (
             f"kvscale calibrate on {self.key}: {said}; {self.decode_windows} decode and "
             f"{self.prefill_windows} prefill windows, rms error {self.rms_error:.1%} (catalog {self.prior_rms_error:.1%})"
@@ -158,27 +194,58 @@ def with_fields(cfg: ServingConfig, values: dict[str, float]) -> ServingConfig:
 # -- the model of each window's measurements --------------------------------------------------
 
 
-def prompts_per_step(w: Window) -> float:
-    """Prompts a prefill step carries: the request's own and those that arrived during the step
-    before it (the scheduler admits every waiting prompt the budget holds at once). With
-    Poisson arrivals at rate r and steps of length t, 1 + r t; r t is the share of steps that
-    see a new request, prefills over steps (a ratio of counts: no clock in it)."""
+def _chunks_of(cfg: ServingConfig, w: Window, prompts: float) -> int:
+    """Steps `prompts` prompts admitted together take: the token budget less the running decodes per step."""
+    room = max(1.0, cfg.max_num_batched_tokens - w.batch)
+    return max(1, math.ceil(prompts * w.prompt_tokens / room))
+
+
+def _prefill_step_of(cfg: ServingConfig, w: Window, prompts: float) -> float:
+    chunk = prompts * w.prompt_tokens / _chunks_of(cfg, w, prompts)
+    return step(cfg, w.batch, w.context_tokens, chunk, w.prompt_tokens / 2.0, prompts).seconds
+
+
+def prompts_per_step(cfg: ServingConfig, w: Window) -> float:
+    """Prompts admitted with a request, its own included: the scheduler admits every prompt
+    waiting (as many as the token budget holds) at once, so a request shares its prefill with
+    those that arrived during the step (or the admission) it arrived in. A request lands in a
+    long step more often than in a short one (length-biased): with Poisson arrivals at rate r,
+    1 + r E[T^2] / E[T] over the window's decode steps and admissions (chunks and intake), not
+    1 + r E[T]: a prefill of a long prompt takes ten decode steps and more, and the prompts
+    that arrive during it are admitted together. r E[T] is prefills over steps (a ratio of
+    counts: no clock in it); the step times are the profile's, so the count is found with them
+    (a fixed point, a few rounds)."""
     if not w.steps or w.prefills <= 0:
         return 1.0
-    return 1.0 + min(w.prefills / w.steps, 4.0)
+    cap = max(1.0, cfg.max_num_batched_tokens / max(w.prompt_tokens, 1.0))
+    prompts = min(1.0 + min(w.prefills / w.steps, 4.0), cap)
+    decode = step(cfg, max(w.batch, 1.0), w.context_tokens).seconds
+    for _ in range(3):
+        chunks = _chunks_of(cfg, w, prompts)
+        admission = chunks * _prefill_step_of(cfg, w, prompts) + cfg.engine.request_overhead_s * prompts
+        admissions = w.prefills / _per_admission(prompts)
+        decodes = max(w.steps - admissions * chunks, 0.0)
+        total = decodes * decode + admissions * admission
+        square = decodes * decode * decode + admissions * admission * admission
+        prompts = min(1.0 + min(w.prefills * square / (total * total), 4.0), cap)
+    return prompts
+
+
+def _per_admission(prompts: float) -> float:
+    """Prompts per admission from the prompts a request is admitted with (request-weighted):
+    those that arrive during a step of length T number K ~ Poisson(r T), a request sees r T
+    others, an admission (K >= 1) about half as many."""
+    return 1.0 + (prompts - 1.0) / 2.0
 
 
 def _chunks(cfg: ServingConfig, w: Window) -> int:
     """Steps a prefill step's prompts take: the token budget less the running decodes per step."""
-    room = max(1.0, cfg.max_num_batched_tokens - w.batch)
-    return max(1, math.ceil(prompts_per_step(w) * w.prompt_tokens / room))
+    return _chunks_of(cfg, w, prompts_per_step(cfg, w))
 
 
 def prefill_step_s(cfg: ServingConfig, w: Window) -> float:
     """One step that carries a chunk of the prompts admitted together, beside the running decodes."""
-    prompts = prompts_per_step(w)
-    chunk = prompts * w.prompt_tokens / _chunks(cfg, w)
-    return step(cfg, w.batch, w.context_tokens, chunk, w.prompt_tokens / 2.0, prompts).seconds
+    return _prefill_step_of(cfg, w, prompts_per_step(cfg, w))
 
 
 def intake_s(cfg: ServingConfig, w: Window) -> float:
@@ -186,21 +253,23 @@ def intake_s(cfg: ServingConfig, w: Window) -> float:
     together: kvscale's model charges it in series with the steps that admit them (as the
     simulator's engine and the load model do), so the fit must too, or it reads the intake as
     a slower GEMM."""
-    return cfg.engine.request_overhead_s * prompts_per_step(w)
+    return cfg.engine.request_overhead_s * prompts_per_step(cfg, w)
 
 
 def predicted_prefill_s(cfg: ServingConfig, w: Window) -> float:
     """vLLM's prefill time is first token less scheduled (vllm/v1/metrics/stats.py
     update_from_finished_request): the steps that carry the chunks of the prompts admitted with
     it, and their intake."""
-    return _chunks(cfg, w) * prefill_step_s(cfg, w) + intake_s(cfg, w)
+    prompts = prompts_per_step(cfg, w)
+    return _chunks_of(cfg, w, prompts) * _prefill_step_of(cfg, w, prompts) + cfg.engine.request_overhead_s * prompts
 
 
 def mixed_share(cfg: ServingConfig, w: Window) -> float:
     """Share of the window's steps that also carried prompt chunks (their gaps are longer)."""
     if not w.steps or w.prefills <= 0:
         return 0.0
-    return min(1.0, w.prefills / prompts_per_step(w) * _chunks(cfg, w) / w.steps)
+    prompts = prompts_per_step(cfg, w)
+    return min(1.0, w.prefills / _per_admission(prompts) * _chunks_of(cfg, w, prompts) / w.steps)
 
 
 def predicted_gap_s(cfg: ServingConfig, w: Window) -> float:
@@ -209,11 +278,13 @@ def predicted_gap_s(cfg: ServingConfig, w: Window) -> float:
     sees is E[n^2]/E[n] = mean + variance/mean, one more than the mean where the running count
     is Poisson (requests that arrive at random and stay a while: an M/G/infinity occupancy)."""
     decode = step(cfg, w.batch + 1.0, w.context_tokens).seconds
-    share = mixed_share(cfg, w)
-    if share == 0.0:
+    if not w.steps or w.prefills <= 0:
         return decode
+    prompts = prompts_per_step(cfg, w)
+    chunks = _chunks_of(cfg, w, prompts)
+    share = min(1.0, w.prefills / _per_admission(prompts) * chunks / w.steps)
     # the admission's intake lengthens the steps that carry its chunks (spread over them)
-    mixed = prefill_step_s(cfg, w) + intake_s(cfg, w) / _chunks(cfg, w)
+    mixed = _prefill_step_of(cfg, w, prompts) + cfg.engine.request_overhead_s * prompts / chunks
     return (1.0 - share) * decode + share * mixed
 
 
@@ -286,10 +357,10 @@ def _clip(name: str, value: float) -> float:
 Residuals = Callable[[list[float]], list[float]]
 
 
-def _jacobian(residuals: Residuals, x: list[float], r0: list[float]) -> list[list[float]]:
+def _jacobian(residuals: Residuals, x: list[float], r0: list[float], names: Sequence[str]) -> list[list[float]]:
     """d residual / d x by central differences (forward at a bound)."""
     columns: list[list[float]] = []
-    for i, name in enumerate(FIELDS):
+    for i, name in enumerate(names):
         h = 1e-3 * max(1.0, abs(x[i]))
         low, high = (b / _SCALE[name] for b in _BOUNDS[name])
         up, down = min(x[i] + h, high), max(x[i] - h, low)
@@ -298,16 +369,23 @@ def _jacobian(residuals: Residuals, x: list[float], r0: list[float]) -> list[lis
         ru = residuals(xu)
         rd = residuals(xd) if down < x[i] else r0
         columns.append([(u - d) / (up - (down if down < x[i] else x[i])) for u, d in zip(ru, rd, strict=True)])
-    return [[columns[j][k] for j in range(len(FIELDS))] for k in range(len(r0))]
+    return [[columns[j][k] for j in range(len(names))] for k in range(len(r0))]
 
 
-def _least_squares(residuals: Residuals, x0: list[float], iterations: int = 60) -> tuple[list[float], list[float]]:
+def _normal(jac: list[list[float]]) -> list[list[float]]:
+    n = len(jac[0]) if jac else 0
+    return [[sum(row[i] * row[j] for row in jac) for j in range(n)] for i in range(n)]
+
+
+def _least_squares(
+    residuals: Residuals, x0: list[float], names: Sequence[str], iterations: int = 60
+) -> tuple[list[float], list[float]]:
     """Levenberg-Marquardt from x0 (scaled units); the minimum and its residuals."""
     x, r = list(x0), residuals(x0)
     cost, damping = sum(v * v for v in r), 1e-3
     for _ in range(iterations):
-        jac = _jacobian(residuals, x, r)
-        jtj = [[sum(row[i] * row[j] for row in jac) for j in range(len(x))] for i in range(len(x))]
+        jac = _jacobian(residuals, x, r, names)
+        jtj = _normal(jac)
         jtr = [sum(row[i] * v for row, v in zip(jac, r, strict=True)) for i in range(len(x))]
         improved = False
         while damping < 1e10:
@@ -320,7 +398,7 @@ def _least_squares(residuals: Residuals, x0: list[float], iterations: int = 60) 
             except ValueError:
                 damping *= 10
                 continue
-            trial = [_clip(n, (xi + d) * _SCALE[n]) / _SCALE[n] for n, xi, d in zip(FIELDS, x, delta, strict=True)]
+            trial = [_clip(n, (xi + d) * _SCALE[n]) / _SCALE[n] for n, xi, d in zip(names, x, delta, strict=True)]
             r_trial = residuals(trial)
             trial_cost = sum(v * v for v in r_trial)
             if trial_cost < cost:
@@ -335,6 +413,13 @@ def _least_squares(residuals: Residuals, x0: list[float], iterations: int = 60) 
     return x, r
 
 
+def _prior_residual(name: str, value: float, prior: float) -> float:
+    """The prior's residual: how far the field is from the catalog's value, in log space, in
+    prior standard deviations."""
+    floor = _PRIOR_FLOOR[name]
+    return math.log((value + floor) / (prior + floor)) / PRIOR_SPREAD
+
+
 def fit(
     cfg: ServingConfig,
     windows: Sequence[Window],
@@ -344,7 +429,16 @@ def fit(
     """The step-time fields that make `cfg`'s step times match the windows; NotEnoughData when
     the windows cannot carry a fit. `metrics` names the metrics read, for the messages;
     `start`: where the search starts (the stored profile: a refit of the same engines then
-    converges in a few steps), the catalog's values staying the prior it reports against."""
+    converges in a few steps), the catalog's values staying the prior it reports against.
+
+    Maximum a posteriori: each window's relative errors in units of the windows' own scatter
+    (at least MODEL_ERROR), and each field's distance from the catalog's value in log space,
+    in units of PRIOR_SPREAD. A field the windows leave almost as uncertain as the prior
+    (posterior spread above AT_PRIOR of the prior's: a direction, such as a per-sequence
+    against a per-step cost over too narrow a range of batches, along which the windows
+    cannot tell the fields apart) stays near the catalog's value, where the prior holds it,
+    flagged with the field it moves with; its stated error is then about the prior's, and the
+    other fields' errors carry what it leaves open."""
     names = {
         "gap": "vllm:inter_token_latency_seconds",
         "prefill": "vllm:request_prefill_time_seconds",
@@ -357,28 +451,65 @@ def fit(
     usable = [w for w in windows if w.decode_usable or w.prefill_usable]
     prior = {n: float(getattr(cfg.engine, n)) for n in FIELDS}
 
-    def residuals(x: list[float]) -> list[float]:
-        trial = with_fields(cfg, {n: xi * _SCALE[n] for n, xi in zip(FIELDS, x, strict=True)})
-        gaps, prefills = relative_errors(trial, usable)
-        return [_robust(e) for e in (*gaps, *prefills)]
-
     # Start between the bounds: a field at zero in the catalog (no per-sequence cost) is still fitted.
-    x0 = [max(prior[n], _SCALE[n] * 0.1) / _SCALE[n] for n in FIELDS]
-    x0[0] = min(x0[0], 0.9)
-    for i, n in enumerate(FIELDS):
+    begin = {n: max(prior[n], _SCALE[n] * 0.1) for n in FIELDS}
+    begin["matmul_efficiency_factor"] = min(begin["matmul_efficiency_factor"], 0.9)
+    for n in FIELDS:
         if start is not None and n in start and math.isfinite(start[n]):
-            x0[i] = _clip(n, max(start[n], _SCALE[n] * 0.01)) / _SCALE[n]
-    x, r = _least_squares(residuals, x0)
-    jac = _jacobian(residuals, x, r)
-    dof = max(len(r) - len(FIELDS), 1)
-    s2 = sum(v * v for v in r) / dof
-    try:
-        cov = _inverse([[sum(row[i] * row[j] for row in jac) for j in range(len(x))] for i in range(len(x))])
-    except ValueError:
-        raise NotEnoughData(
-            "too little data to calibrate: the step times measured do not tell "
-            f"{', '.join(FIELDS)} apart (traffic at different rates and prompt lengths helps)"
-        ) from None
+            begin[n] = _clip(n, max(start[n], _SCALE[n] * 0.01))
+
+    n_fields = len(FIELDS)
+
+    def solve(sigma: float) -> tuple[dict[str, float], list[float], list[list[float]]]:
+        """The MAP with the windows' scatter `sigma`, the windows' relative errors there, and
+        the fields' covariance (scaled units): the windows' scatter's, and what a bias of
+        MODEL_BIAS common to every window's gap (and another to every prefill) would add."""
+
+        def values(x: list[float]) -> dict[str, float]:
+            return {n: xi * _SCALE[n] for n, xi in zip(FIELDS, x, strict=True)}
+
+        def residuals(x: list[float]) -> list[float]:
+            v = values(x)
+            gaps, prefills = relative_errors(with_fields(cfg, v), usable)
+            data = [_robust(e) / sigma for e in (*gaps, *prefills)]
+            return [*data, *(_prior_residual(n, v[n], prior[n]) for n in FIELDS)]
+
+        x, r = _least_squares(residuals, [begin[n] / _SCALE[n] for n in FIELDS], FIELDS)
+        jac = _jacobian(residuals, x, r, FIELDS)
+        try:
+            cov = _inverse(_normal(jac))
+        except ValueError:
+            raise NotEnoughData(
+                "too little data to calibrate: the step times measured do not tell "
+                f"{', '.join(FIELDS)} apart (traffic at different rates and prompt lengths helps)"
+            ) from None
+        for rows in (range(len(decode)), range(len(decode), len(r) - n_fields)):
+            # the fields' shift a bias of MODEL_BIAS in these rows makes: cov J^T u
+            pull = [sum(jac[k][j] for k in rows) * MODEL_BIAS / sigma for j in range(n_fields)]
+            shift = [sum(cov[i][j] * pull[j] for j in range(n_fields)) for i in range(n_fields)]
+            cov = [[cov[i][j] + shift[i] * shift[j] for j in range(n_fields)] for i in range(n_fields)]
+        return values(x), [v * sigma for v in r[: len(r) - n_fields]], cov
+
+    # The windows' scatter about the fit (at least MODEL_ERROR), estimated at the fit's own
+    # solution: a few rounds.
+    sigma = MODEL_ERROR
+    for _ in range(4):
+        found, errors, cov = solve(sigma)
+        begin.update(found)
+        scatter = max(MODEL_ERROR, math.sqrt(sum(e * e for e in errors) / max(len(errors) - n_fields, 1)))
+        if abs(scatter / sigma - 1.0) < 0.05:
+            break
+        sigma = scatter
+    # Fields the windows leave almost as uncertain as the prior, each with the field it moves
+    # with most (what the windows cannot tell it apart from). They stay at the posterior's
+    # value, which the prior holds near the catalog's, and their errors, the prior's spread
+    # carried over, say so; the other fields' errors include what the flagged ones leave open.
+    at_prior: dict[str, str] = {}
+    for i, n in enumerate(FIELDS):
+        spread = math.sqrt(max(cov[i][i], 0.0)) * _SCALE[n] / (found[n] + _PRIOR_FLOOR[n])
+        if spread > AT_PRIOR * PRIOR_SPREAD:
+            correlation = [abs(cov[i][j]) / math.sqrt(cov[i][i] * cov[j][j] or 1.0) for j in range(len(FIELDS))]
+            at_prior[n] = max((m for j, m in enumerate(FIELDS) if j != i), key=lambda m: correlation[FIELDS.index(m)])
     gap_samples = int(sum(w.gaps for w in decode))
     prefill_samples = int(sum(w.prefills for w in prefill))
     data = {
@@ -387,19 +518,22 @@ def fit(
         "step_overhead_s": (gap_samples, len(decode), names["gap"]),
     }
     fields = []
-    for i, n in enumerate(FIELDS):
-        value = x[i] * _SCALE[n]
+    for n in FIELDS:
+        value = found[n]
         samples, count, metric = data[n]
+        i = FIELDS.index(n)
+        stderr = math.sqrt(max(cov[i][i], 0.0)) * _SCALE[n]
         fields.append(
             FittedField(
                 name=n,
                 value=value,
-                stderr=math.sqrt(max(s2 * cov[i][i], 0.0)) * _SCALE[n],
+                stderr=stderr,
                 prior=prior[n],
                 samples=samples,
                 windows=count,
                 data=metric,
                 at_bound=value in _BOUNDS[n],
+                at_prior_with=at_prior.get(n, ""),
             )
         )
     before = [e for errors in relative_errors(cfg, usable) for e in errors]

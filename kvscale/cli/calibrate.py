@@ -105,6 +105,8 @@ def calibrate(
     )
     for f in result.fields:
         bound = " (at its limit)" if f.at_bound else ""
+        if f.at_prior_with:
+            bound = f" (near the catalog's: the windows do not tell it apart from {f.at_prior_with})"
         typer.echo(
             f"  {f.name:<26} {f.value:.4g} ± {f.stderr:.2g}{bound}  (catalog {f.prior:.4g}; "
             f"{f.samples} samples in {f.windows} windows of {f.data})"
