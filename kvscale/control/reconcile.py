@@ -520,6 +520,8 @@ def _plan_and_build(
         running = running_workload(intent, status, observed)
         if running is not None:
             return _kept(intent, status, res, observed, running, outcome.reason, message, delay, now)
+        if intent.scaling.mode == "auto" and disaggregated(status) and observed.pool_workloads:
+            return _kept_pools(status, res, observed, outcome.reason, message, delay, now)
         return _failed(status, res, outcome.reason, message, delay, now)
     try:
         launch = planned_launch(
@@ -1249,4 +1251,44 @@ def _pools_readiness(
         notice = {"Ready": "Ready", "Deploying": "NotReady"}.get(phase, PINNED_TO_ZERO)
         events = (*events, Event("Normal", notice, readiness))
     ready = condition(status, "Ready", is_ready, reason, readiness, res.generation, now)
-    return Result(with_conditions(status, ready, scheduled, **fields), events=events)
+    new = with_conditions(status, ready, scheduled, **fields)
+    # Edits outside kvscale (replicas, image, args) are reverted: nothing scales the pools.
+    applied = {str(b["metadata"]["name"]): b for b in observed.applied_children if b.get("kind") == DEPLOYMENT}
+    reverted, changes = [], []
+    for kind in pd.ROLES:
+        body, seen = applied.get(pd.pool_name(res.name, kind)), views.get(kind)
+        changed = drift(body, seen)
+        if body is not None and changed:
+            reverted.append(dict(body))
+            changes.append(f"{kind}: {', '.join(changed)}")
+    if not reverted:
+        return Result(new, events=events)
+    message = f"Reverted changes made outside kvscale: {'; '.join(changes)}"
+    return Result(new, apply=tuple(reverted), events=(*events, Event("Normal", "DriftReverted", message[:1000])))
+
+
+def _kept_pools(
+    status: InferenceServiceStatus,
+    res: Resource,
+    observed: Observed,
+    reason: str,
+    message: str,
+    retry_s: float | None,
+    now: dt.datetime | None,
+) -> Result:
+    """A spec that cannot be planned while a disaggregated plan runs: its pools keep serving at
+    their counts (as `_kept` keeps an aggregated plan), Planned=False says why; one Warning when
+    the reason is new."""
+    kept = f"{message}. The running prefill and decode pools keep serving at their counts"
+    before = get_condition(status, "Planned")
+    planned = condition(status, "Planned", False, reason, kept, res.generation, now)
+    new = with_conditions(status, planned, observed_generation=res.generation)
+    if new.phase in ("Failed", "Pending"):
+        new = new.model_copy(update={"phase": None})
+    ready = _pools_readiness(new, res, observed, now or dt.datetime.now(dt.UTC), None)
+    result = ready if ready is not None else Result(new)
+    news = before is None or (before.status, before.reason) != ("False", reason)
+    events = (Event("Warning", reason, kept[:1000]),) if news else ()
+    return replace(
+        result, events=(*events, *result.events), retry=Retry(kept, retry_s) if retry_s is not None else None
+    )

@@ -1,7 +1,8 @@
 """A disaggregated InferenceService on the real API server: spec.serving.disaggregation on
 deploys a prefill and a decode Deployment (no aggregated one), each pod labelled with its
-llm-d.ai/role and running vLLM's NixlConnector, the Service selecting the decode pods; set back
-to off, the pools go and the aggregated Deployment comes."""
+llm-d.ai/role and running vLLM's NixlConnector, the Service selecting the decode pods; a pool
+scaled by hand goes back to its count; set back to off, the pools go and the aggregated
+Deployment comes."""
 
 from __future__ import annotations
 
@@ -67,6 +68,14 @@ def test_disaggregated_service_deploys_two_pools_with_their_roles(
     held = next(c for c in obj["status"]["conditions"] if c["type"] == "PoolsAutoscaled")
     assert held["status"] == "False" and "does not scale disaggregated pools" in held["message"]
     assert obj["status"]["readyReplicas"] == plan["decode"]["replicas"]
+
+    # Nothing scales the pools: a pool scaled by hand goes back to its count.
+    decode = plan["decode"]["replicas"]
+    client.AppsV1Api(api).patch_namespaced_deployment_scale(
+        f"{NAME}-decode", namespace, {"spec": {"replicas": decode + 2}}
+    )
+    reverted = lambda: deployment(api, namespace, f"{NAME}-decode").spec.replicas == decode  # noqa: E731
+    wait_until(reverted, 60, "the decode pool back at its count")
 
     # Back to aggregated: the pools go, the aggregated Deployment comes.
     patch_spec(api, namespace, NAME, {"serving": {"disaggregation": "off"}})

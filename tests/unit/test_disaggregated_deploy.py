@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +256,28 @@ def test_manifests_print_the_pools_the_operator_would_apply(tmp_path: Path) -> N
             == (theirs["spec"]["template"]["spec"]["containers"][0]["args"])
         )
         assert mine["spec"]["selector"] == theirs["spec"]["selector"]
+
+
+def test_a_pool_scaled_outside_kvscale_is_reverted() -> None:
+    first = deployed(spec("on"))
+    views = _views(first)
+    views["decode"] = replace(views["decode"], replicas=views["decode"].replicas + 3)
+    memory = ServiceMemory().remembered(first)
+    seen = Observed(POOLS, children=_owned(first), pool_workloads=views, applied_children=memory.applied_children())
+    result = refresh(read_spec(spec("on")), RES, first.status, seen, CAT, SETTINGS, NOW)
+    assert result is not None
+    [body] = result.apply
+    assert body["metadata"]["name"] == "chat-decode" and body["spec"]["replicas"] == views["decode"].replicas - 3
+    assert any(e.reason == "DriftReverted" and "decode: replicas" in e.message for e in result.events)
+
+
+def test_an_edit_that_cannot_be_planned_keeps_the_pools_serving() -> None:
+    first = deployed(spec("on"))
+    ready = first.status.model_copy(update={"phase": "Ready"})
+    impossible = spec("on", slo={"timeToFirstToken": "1ms", "timePerOutputToken": "1ms"})
+    seen = Observed(POOLS, children=_owned(first), pool_workloads=_views(first))
+    result = deployed(impossible, ready, seen)
+    planned = get_condition(result.status, "Planned")
+    assert planned is not None and planned.status == "False" and "pools keep serving" in planned.message
+    assert result.status.phase == "Ready" and result.apply == () and result.delete_named == ()
+    assert result.status.plan == first.status.plan
