@@ -10,7 +10,8 @@ avg_over_time() evaluated as Prometheus does on the scraped samples, then turned
 (kvscale.calibration.fit) runs on the catalog's profile and is compared with the truth: each
 field's fitted value and stated standard error, and the plan the fitted overlay makes.
 
-Run: .venv/bin/python -m benchmarks.calibration_recovery [--seconds 150] [--window 10]
+Run: .venv/bin/python -m benchmarks.calibration_recovery [--seconds 150] [--window 10] [--scrape 1] [--seed 7]
+(as a module: this directory holds a prometheus_client.py that a script run would import instead)
 """
 
 from __future__ import annotations
@@ -205,10 +206,12 @@ class Outcome:
         return self.calibration is not None and all(self.within(n) for n in FIELDS)
 
 
-def run_case(standin: StandIn, load: str, seconds: float, window_s: float, seed: int = 7) -> Outcome:
+def run_case(
+    standin: StandIn, load: str, seconds: float, window_s: float, seed: int = 7, scrape_s: float = 1.0
+) -> Outcome:
     base = base_config()
     true = standin.config(base)
-    found = scraped_windows(true, load, seconds, window_s, seed=seed)
+    found = scraped_windows(true, load, seconds, window_s, seed=seed, scrape_s=scrape_s)
     truth = {n: float(getattr(true.engine, n)) for n in FIELDS}
     try:
         return Outcome(standin.name, load, truth, fit(base, found))
@@ -237,11 +240,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=150.0, help="simulated seconds of traffic")
     parser.add_argument("--window", type=float, default=10.0, help="window length (s)")
+    parser.add_argument("--scrape", type=float, default=1.0, help="scrape interval (s)")
+    parser.add_argument("--seed", type=int, default=7, help="seed of the arrivals")
     parser.add_argument("--no-plan", action="store_true", help="skip the plans")
     args = parser.parse_args()
     loads = {"steady": STEADY, "changing": CHANGING}
     print(
-        f"{args.seconds:g} s of traffic on two stand-ins ({MODEL}, {GPU}), scraped every 1 s, windows of "
+        f"{args.seconds:g} s of traffic on two stand-ins ({MODEL}, {GPU}), scraped every {args.scrape:g} s, windows of "
         f"{args.window:g} s; 'yes': within {K:g} stated standard errors of the truth\n"
     )
     print("| stand-in | load | GEMM share true / fitted | per-sequence | per-step | plan before -> after |")
@@ -251,7 +256,7 @@ def main() -> None:
     for standin in STANDINS:
         for label, load in loads.items():
             started = time.perf_counter()
-            outcome = run_case(standin, load, args.seconds, args.window)
+            outcome = run_case(standin, load, args.seconds, args.window, args.seed, args.scrape)
             outcome = Outcome(outcome.standin, label, outcome.truth, outcome.calibration, outcome.error)
             after = "-" if args.no_plan or outcome.calibration is None else replicas(base, outcome.calibration)
             took = time.perf_counter() - started
