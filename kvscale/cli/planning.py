@@ -448,19 +448,22 @@ def served_id(model: str) -> str | None:
 def _fp8_beside(
     cat: Catalog, request: PlanRequest, result: Plan, served: str | None, source: str | None
 ) -> dict[str, Any] | None:
-    """What fp8 would cost on the chosen GPU type when only 16-bit was asked for and the GPU has
-    fp8 tensor cores (H100-class): shown, never chosen."""
+    """What fp8 would cost when only 16-bit was asked for: the cheapest fp8 plan over every GPU
+    type the plan may use (as --precision bf16,fp8 would let it compete), not only the chosen
+    type (fp8 on another type can be the cheaper one); shown, never chosen. Only when one of
+    those types has fp8 tensor cores (H100-class, Ada)."""
     chosen = result.chosen
     if chosen is None or chosen.precision not in ("bf16", "fp16") or len(request.precisions) != 1:
         return None
-    gpu = cat.gpu(chosen.gpu)
-    if gpu.flops_fp8_per_s is None or source is not None:
+    allowed = request.gpus or tuple(cat.gpus)
+    if source is not None or all(cat.gpu(g).flops_fp8_per_s is None for g in allowed):
         return None
     try:
         checkpoint = resolve_checkpoint(request.model, cat.precision("fp8"), requested_source(served, None, "fp8"))
     except CheckpointError:
         return None
-    fp8 = replace(request, gpus=(gpu.name,), precisions=("fp8",))
+    fp8 = replace(request, precisions=("fp8",))
+    planned = chosen.prediction.cost_usd_per_hour
     if request.objective == "cost":  # only its chosen plan is shown: the rest is not ranked
         sized = cheapest(cat, fp8)
         if sized is None:
@@ -476,8 +479,19 @@ def _fp8_beside(
         "tensor_parallel": config.tensor_parallel,
         "replicas": replicas,
         "cost_usd_per_hour": round(cost, 4),
+        "saving": round(1 - cost / planned, 3) if planned > 0 else 0.0,
         "checkpoint": checkpoint.source + (" quantized online" if checkpoint.online_fp8 else ""),
     }
+
+
+def _fp8_versus(fp8: dict[str, Any], chosen: Feasible) -> str:
+    """The fp8 plan against the chosen one: how much cheaper, and the chosen plan's GPU type
+    when the fp8 plan's is another (the cheapest fp8 plan is over every allowed type)."""
+    saving = fp8["saving"]
+    said = f"{saving:.0%} cheaper" if saving >= 0.005 else (f"{-saving:.0%} dearer" if saving <= -0.005 else "")
+    if fp8["gpu"] == chosen.gpu:
+        return f", {said}" if said else ""
+    return f", {said or 'the same cost'} than the {chosen.precision} plan on {chosen.gpu}"
 
 
 def _with_checkpoints(
@@ -590,8 +604,8 @@ def _render_plan(
         if fp8 is not None:
             console.print(
                 f"  fp8 beside it: {fp8['replicas']} x {fp8['tensor_parallel']} {fp8['gpu']} at "
-                f"${fp8['cost_usd_per_hour']:.2f}/h ({fp8['checkpoint']}); not chosen: fp8 weights change the "
-                "model's numerics; plan with --precision bf16,fp8 to let it compete",
+                f"${fp8['cost_usd_per_hour']:.2f}/h{_fp8_versus(fp8, c)} ({fp8['checkpoint']}); not chosen: "
+                "fp8 weights change the model's numerics; plan with --precision bf16,fp8 to let it compete",
                 highlight=False,
                 soft_wrap=True,
             )
