@@ -480,7 +480,8 @@ class ServingSpec(_Wire):
         "decoding), on (a prefill pool and a decode pool, vLLM's NixlConnector moving the KV between them, "
         "pods labelled llm-d.ai/role prefill or decode) or auto (the pools where the planner finds them "
         "cheaper than aggregated replicas for the SLO). vLLM only. The pools run at the plan's counts within "
-        "spec.scaling: the autoscaler does not scale them yet.",
+        "spec.scaling: the autoscaler does not scale them yet, and on GPU types a GPUBudget governs they are not "
+        "deployed yet.",
     )
 
 

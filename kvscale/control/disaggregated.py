@@ -246,5 +246,5 @@ def scaling_message(plan: DisaggregatedPlan, replicas: Mapping[Role, int], pinne
     return (
         f"prefill {replicas['prefill']}, decode {replicas['decode']} workers: {held}. The autoscaler does not scale "
         "disaggregated pools yet (each pool on its own signal is not built): they stay at these counts until the "
-        "spec changes or the service is re-planned, and a GPUBudget does not govern them"
+        "spec changes or the service is re-planned"
     )

@@ -1292,3 +1292,25 @@ def _kept_pools(
     return replace(
         result, events=(*events, *result.events), retry=Retry(kept, retry_s) if retry_s is not None else None
     )
+
+
+POOLS_UNDER_BUDGET = "PoolsUnderBudget"
+
+
+def pools_under_budget(
+    status: InferenceServiceStatus,
+    res: Resource,
+    governed: Mapping[str, str],
+    retry_s: float,
+    now: dt.datetime | None = None,
+) -> Result:
+    """A disaggregated plan on GPU types a GPUBudget governs (`governed`: GPU type -> budget):
+    nothing is deployed, since the budget book does not count pools yet; retried, so that the
+    pools deploy once no budget governs their types."""
+    names = ", ".join(f"{gpu} by GPUBudget {budget}" for gpu, budget in sorted(governed.items()))
+    message = (
+        f"the disaggregated plan's GPU types are governed ({names}), and GPUBudgets do not budget prefill and "
+        "decode pools yet: nothing is deployed; set spec.serving.disaggregation to off to deploy aggregated "
+        "replicas under the budget"
+    )
+    return _failed(status, res, POOLS_UNDER_BUDGET, message, retry_s, now)

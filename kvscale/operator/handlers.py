@@ -55,6 +55,7 @@ from kvscale.control.reconcile import (
     disaggregated,
     multi_node,
     pool_api_missing,
+    pools_under_budget,
     reconcile,
     refresh,
     replan,
@@ -402,14 +403,30 @@ def spec_changed(rt: Runtime, call: Call, resumed: bool = False) -> None:
 
 def under_budget(rt: Runtime, call: Call, result: Result, seen: Observed) -> Result:
     """A reconcile's workload within what the governing GPUBudget has free now (kvscale.control.budget)."""
-    if not result.apply or result.status.plan is None or disaggregated(result.status):
-        return result  # a GPUBudget does not govern disaggregated pools yet (the PoolsAutoscaled condition)
+    if disaggregated(result.status):
+        return _pools_under_budget(rt, call, result, seen)
+    if not result.apply or result.status.plan is None:
+        return result
     intent = call.intent
     if isinstance(intent, SpecError):
         return result
     labels = (call.body.get("metadata") or {}).get("labels") or {}
     existing = seen.workload(multi_node(result.status))
     return cap_deploy(rt.budgets, call.res, labels, intent, result, existing, dt.datetime.now(dt.UTC))
+
+
+def _pools_under_budget(rt: Runtime, call: Call, result: Result, seen: Observed) -> Result:
+    """GPUBudgets do not budget disaggregated pools yet: new pools on a GPU type a budget
+    governs are not deployed (kvscale.control.reconcile.pools_under_budget), so that a service
+    cannot run beyond its budget by asking for pools; pools already running are left as they are."""
+    plan = result.status.plan
+    if not result.apply or seen.pool_workloads or plan is None or plan.prefill is None or plan.decode is None:
+        return result
+    labels = (call.body.get("metadata") or {}).get("labels") or {}
+    governed = rt.budgets.view().governors(call.res.namespace, labels, (plan.prefill.gpu_type, plan.decode.gpu_type))
+    if not governed:
+        return result
+    return pools_under_budget(call.before, call.res, governed, rt.settings.retry_backoff_s)
 
 
 async def status_tick(rt: Runtime, call: Call) -> None:

@@ -82,6 +82,35 @@ def test_disaggregated_service_deploys_two_pools_with_their_roles(
     wait_until(lambda: deployment(api, namespace, NAME) is not None, 60, "the aggregated Deployment")
     pools_gone = lambda: all(deployment(api, namespace, f"{NAME}-{r}") is None for r in ("prefill", "decode"))  # noqa: E731
     wait_until(pools_gone, 60, "the pools deleted")
+    aggregated = lambda: "mode" not in get(api, namespace, NAME)["status"]["plan"]  # noqa: E731
+    wait_until(aggregated, 60, "status.plan aggregated")
     obj = wait_phase(api, namespace, NAME, "Ready", operator, timeout=90)
-    assert "mode" not in obj["status"]["plan"] and "prefill" not in obj["status"]["plan"]
+    assert "prefill" not in obj["status"]["plan"] and "decode" not in obj["status"]["plan"]
     assert not any(c["type"] == "PoolsAutoscaled" for c in get(api, namespace, NAME)["status"]["conditions"])
+
+
+def test_pools_are_not_deployed_on_gpu_types_a_budget_governs(
+    operator: Operator, api: client.ApiClient, namespace: str
+) -> None:
+    objects = client.CustomObjectsApi(api)
+    budget = f"pools-{namespace}"
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GPUBudget",
+        "metadata": {"name": budget},
+        "spec": {"limits": {"H100-SXM": 16}, "selector": {"namespaces": [namespace]}},
+    }
+    objects.create_cluster_custom_object(GROUP, VERSION, "gpubudgets", body)
+    try:
+
+        def status() -> dict[str, Any]:
+            return dict(dict(objects.get_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget)).get("status", {}))
+
+        wait_until(lambda: "allocated" in status(), 30, "the budget's first status")
+        create(api, namespace, BODY)
+        obj = wait_phase(api, namespace, NAME, "Pending", operator)
+        planned = next(c for c in obj["status"]["conditions"] if c["type"] == "Planned")
+        assert planned["reason"] == "PoolsUnderBudget" and f"H100-SXM by GPUBudget {budget}" in planned["message"]
+        assert all(deployment(api, namespace, f"{NAME}-{r}") is None for r in ("prefill", "decode"))
+    finally:
+        objects.delete_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget)

@@ -281,3 +281,24 @@ def test_an_edit_that_cannot_be_planned_keeps_the_pools_serving() -> None:
     assert planned is not None and planned.status == "False" and "pools keep serving" in planned.message
     assert result.status.phase == "Ready" and result.apply == () and result.delete_named == ()
     assert result.status.plan == first.status.plan
+
+
+def test_new_pools_are_not_deployed_where_a_budget_governs_their_gpu_type() -> None:
+    from types import SimpleNamespace
+
+    from kvscale.api.budget import parse_budget_spec
+    from kvscale.control.budget import BudgetBook
+    from kvscale.operator.handlers import _pools_under_budget
+
+    book = BudgetBook()
+    rt: Any = SimpleNamespace(budgets=book, settings=SETTINGS)
+    call: Any = SimpleNamespace(body={"metadata": {}}, res=RES, before=InferenceServiceStatus())
+    result = deployed(spec("on"))
+    assert _pools_under_budget(rt, call, result, Observed(POOLS)) is result  # no budget
+    book.set_budget("team", parse_budget_spec({"limits": {"H100-SXM": 16}}))
+    refused = _pools_under_budget(rt, call, result, Observed(POOLS))
+    planned = get_condition(refused.status, "Planned")
+    assert planned is not None and planned.reason == "PoolsUnderBudget" and "GPUBudget team" in planned.message
+    assert refused.apply == () and refused.retry is not None and refused.retry.delay_s == SETTINGS.retry_backoff_s
+    running = Observed(POOLS, pool_workloads=_views(result))
+    assert _pools_under_budget(rt, call, result, running) is result  # pools already running: left as they are
