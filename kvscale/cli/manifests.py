@@ -250,22 +250,20 @@ def _pool_objects(
     if spec.scaling.mode == "recommend":
         return [], summary + " (mode recommend: the operator creates nothing)"
     try:
-        children = [
-            pd.pool_deployment(
+        children = list(
+            pd.pool_deployments(
                 name,
                 "",
                 spec,
                 plan,
-                role,
-                launched[role],
-                planned.pools[role],
-                replicas[role],
+                planned.pools,
+                launched,
+                replicas,
                 port,
                 tolerations,
                 policy=policy or DEFAULT_POLICY,
             )
-            for role in pd.ROLES
-        ]
+        )
     except (EngineImageError, NotAllowed) as exc:
         fail(f"{name}: {exc}")
     children += [service(name, port, pd.role_labels(name, pd.SERVING_ROLE)), pod_disruption_budget(name)]

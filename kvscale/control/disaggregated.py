@@ -147,6 +147,39 @@ def pool_deployment(
     return body
 
 
+def pool_deployments(
+    name: str,
+    owner_uid: str,
+    spec: InferenceServiceSpec,
+    plan: DisaggregatedPlan,
+    gpu_pools: Mapping[Role, GpuPool],
+    launched: Mapping[Role, PlannedLaunch],
+    replicas: Mapping[Role, int],
+    port: int,
+    extra_tolerations: tuple[dict[str, str], ...] = (),
+    pool_labels: Mapping[str, str] | None = None,
+    policy: PodPolicy = DEFAULT_POLICY,
+) -> tuple[dict[str, Any], ...]:
+    """Both pools' Deployments, prefill first (the operator's and `kvscale manifests`')."""
+    return tuple(
+        pool_deployment(
+            name,
+            owner_uid,
+            spec,
+            plan,
+            role,
+            launched[role],
+            gpu_pools[role],
+            replicas[role],
+            port,
+            extra_tolerations,
+            pool_labels,
+            policy,
+        )
+        for role in ROLES
+    )
+
+
 def pool_replicas(plan: DisaggregatedPlan, bounded: Any, pinned: int | None) -> dict[Role, int]:
     """Each pool's workers: spec.scaling.replicas when pinned (each pool runs that many), else the
     plan's within spec.scaling's bounds (`bounded`: ScalingIntent.bounded)."""

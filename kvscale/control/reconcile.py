@@ -1174,22 +1174,18 @@ def _deploy_pools(
     routing = _routing(intent, res, observed.pool, plan.decode.cfg, settings)
     joined = routing.join_labels if routing is not None and routing.action == "join" else None
     try:
-        workloads = tuple(
-            pd.pool_deployment(
-                res.name,
-                res.uid,
-                spec,
-                plan,
-                role,
-                launched[role],
-                planned.pools[role],
-                replicas[role],
-                settings.engine_port,
-                settings.extra_tolerations,
-                pool_labels=joined,
-                policy=settings.pod_policy,
-            )
-            for role in pd.ROLES
+        workloads = pd.pool_deployments(
+            res.name,
+            res.uid,
+            spec,
+            plan,
+            planned.pools,
+            launched,
+            replicas,
+            settings.engine_port,
+            settings.extra_tolerations,
+            pool_labels=joined,
+            policy=settings.pod_policy,
         )
     except EngineImageError as exc:
         return _failed(status, res, "NoEngineImage", str(exc), now=now)
