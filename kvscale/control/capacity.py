@@ -20,8 +20,9 @@ Why only upward: replayed through the simulator on the autoscaling corpus (bench
 autoscaling.py; kvscale.sim.online_refresh runs this same search causally inside the replay),
 acting on the window's figure in both directions cost 30-135% more GPU-hours on bursty and
 heavy-tailed traffic for at most a few tenths of a point of attainment (a window's search
-sizes for the bursts inside it, which the policy's burst holding already provisions), and
-acting on it only upward cost nothing and lost nothing: benchmarks/RESULTS.md, issue 35.
+sizes for the bursts inside it, which the policy's burst holding already provisions); acting
+on it only upward moved GPU-hours by -16% to +6% per case against the model's figure alone,
+and attainment by at most 0.7 point but for one flash crowd (1.6): benchmarks/RESULTS.md.
 The same rule offline: kvscale.sim.session.policy_capacity.
 
 Pure: the worker times the call and applies the status."""
