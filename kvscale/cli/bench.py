@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,6 +33,7 @@ from kvscale.cli.common import (
 )
 from kvscale.cli.common import model as resolve_model
 from kvscale.cli.common import slo as make_slo
+from kvscale.cli.progress import StderrProgress
 from kvscale.cli.root import app
 from kvscale.sim.bench import Arrival, Measured, poisson_arrivals, summarize, trace_arrivals
 
@@ -99,10 +101,25 @@ async def _one(
     return out
 
 
-async def _run(url: str, model: str, arrivals: list[Arrival], ignore_eos: bool, timeout_s: float) -> list[Measured]:
+async def _run(
+    url: str,
+    model: str,
+    arrivals: list[Arrival],
+    ignore_eos: bool,
+    timeout_s: float,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Measured]:
     """Each request at its arrival time whatever the others are doing (open loop), each
-    bounded by `timeout_s`: the run ends by the last arrival plus the timeout."""
+    bounded by `timeout_s`: the run ends by the last arrival plus the timeout. `progress`
+    is told (requests sent, requests ended) at each send and each end."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    counts = [0, 0]  # sent, ended
+
+    def ended(_: object) -> None:
+        counts[1] += 1
+        if progress is not None:
+            progress(counts[0], counts[1])
+
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, trust_env=False) as client:
         start = time.perf_counter()
         tasks = []
@@ -110,8 +127,25 @@ async def _run(url: str, model: str, arrivals: list[Arrival], ignore_eos: bool, 
             delay = a.at_s - (time.perf_counter() - start)
             if delay > 0:
                 await asyncio.sleep(delay)  # the schedule's pacing, not a wait on a condition
-            tasks.append(asyncio.create_task(_one(client, url, model, a, ignore_eos, timeout_s)))
+            task = asyncio.create_task(_one(client, url, model, a, ignore_eos, timeout_s))
+            task.add_done_callback(ended)
+            tasks.append(task)
+            counts[0] += 1
+            if progress is not None:
+                progress(counts[0], counts[1])
         return list(await asyncio.gather(*tasks))
+
+
+def _sent(url: str, model: str, arrivals: list[Arrival], ignore_eos: bool, timeout_s: float) -> list[Measured]:
+    """The run with progress on stderr (kvscale.cli.progress: a bar on a terminal, a line every
+    10 s otherwise, whatever --json says): requests sent and ended of the schedule's."""
+    n = len(arrivals)
+    with StderrProgress() as shown:
+
+        def said(sent: int, done: int) -> None:
+            shown.update("bench: requests ended", done, n, f"bench: {sent} of {n} requests sent, {done} ended")
+
+        return asyncio.run(_run(url, model, arrivals, ignore_eos, timeout_s, said))
 
 
 @app.command()
@@ -171,7 +205,7 @@ def bench(
     slo_s = make_slo(ttft, tpot, percentile) if ttft is not None and tpot is not None else None
     max_itl_s = duration(itl, "--itl") if itl is not None else None
     predicted = _predicted(load(catalog), model, workload, slo_s, max_itl_s, gpu) if slo_s is not None else None
-    results = asyncio.run(_run(base + "/v1/completions", model, arrivals, ignore_eos, timeout_s))
+    results = _sent(base + "/v1/completions", model, arrivals, ignore_eos, timeout_s)
     if results and all(r.error is not None and not r.error.startswith(("HTTP", "timed")) for r in results):
         fail(f"--endpoint {endpoint}: cannot reach the server ({results[0].error})", EXIT_INFEASIBLE)
     out = summarize(

@@ -234,3 +234,20 @@ def test_a_model_name_the_server_does_not_serve_is_a_404_as_vllm_answers_it(endp
     (first,) = data["first_errors"]
     assert first.startswith("HTTP 404:") and "The model `llama-3.1-70b` does not exist." in first
     assert '"type": "NotFoundError"' in first and '"code": 404' in first
+
+
+def test_bench_says_how_far_it_is_on_stderr(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Progress on stderr as simulate prints it (issue 39): a line every EVERY_S when stderr is
+    not a terminal, whatever --json says; stdout stays one JSON document."""
+    import kvscale.cli.progress as progress
+
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)
+    result = runner.invoke(app, ["bench", "--endpoint", endpoint, "--model", "llama-3.1-8b", *LOAD, "--json"])
+    assert result.exit_code == 0, result.output
+    n = json.loads(result.stdout)["requests"]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("bench: ")]
+    assert lines and all(re.fullmatch(rf"bench: \d+ of {n} requests sent, \d+ ended after \d+s", x) for x in lines)
+    assert f"bench: {n} of {n} requests sent, {n} ended" in lines[-1]
+    monkeypatch.setattr(progress, "EVERY_S", 3600.0)  # a short run: no line before EVERY_S
+    result = runner.invoke(app, ["bench", "--endpoint", endpoint, "--model", "llama-3.1-8b", *LOAD, "--json"])
+    assert result.exit_code == 0 and "bench: " not in result.stderr
