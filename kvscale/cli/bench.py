@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,9 +29,11 @@ from kvscale.cli.common import (
     http_url,
     load,
     number,
+    positive,
     print_json,
     split,
     tokens,
+    tp_values,
 )
 from kvscale.cli.common import model as resolve_model
 from kvscale.cli.common import slo as make_slo
@@ -170,12 +174,31 @@ def bench(
     tpot: Annotated[str | None, typer.Option(help="TPOT target at the percentile, e.g. 50ms (with --ttft).")] = None,
     percentile: Annotated[float, typer.Option(help="SLO percentile, in [50, 100).")] = 95.0,
     itl: Annotated[str | None, typer.Option(help=ITL_HELP)] = None,
-    gpu: Annotated[str | None, typer.Option(help="GPU types the plan may use, comma-separated (default: all).")] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            help="GPU types the plan may use, comma-separated (default: all); with --tp, the endpoint's one GPU type."
+        ),
+    ] = None,
+    tp: Annotated[
+        int | None,
+        typer.Option(
+            help="The endpoint's tensor-parallel degree (with --gpu TYPE): predict for its configuration "
+            "(--gpu, --tp, --precision, --replicas) instead of a fresh plan's."
+        ),
+    ] = None,
+    replicas: Annotated[int | None, typer.Option(help="Replicas behind the endpoint, with --tp (default 1).")] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(help="Weight precision the endpoint serves (default: the checkpoint's own, else bf16)."),
+    ] = None,
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Confirm a plan on the live endpoint: open-loop requests, measured TTFT/TPOT/ITL
-    percentiles, and with --ttft/--tpot the plan's predictions beside them."""
+    percentiles, and with --ttft/--tpot the predictions beside them: for the endpoint's own
+    configuration when --gpu TYPE --tp N (--replicas, --precision) describe it, else for a fresh
+    plan's (which may be another GPU count than the endpoint's; the output says which)."""
     base = _endpoint(endpoint)
     run_s = duration(run_for, "--duration")
     timeout_s = duration(request_timeout, "--timeout")
@@ -185,6 +208,9 @@ def bench(
         fail("--trace sets the times and lengths: leave out --rps/--input/--output (or drop --trace)")
     if (ttft is None) != (tpot is None):
         fail("give --ttft and --tpot together (the SLO the plan is checked against), or neither")
+    endpoint_config = _endpoint_config(tp, replicas, gpu, ttft is not None)
+    if precision is not None and ttft is None:
+        fail("--precision describes the configuration predicted for: give --ttft and --tpot with it")
     if trace is not None:
         from kvscale.cli.planning import _fit
 
@@ -204,7 +230,11 @@ def bench(
         fail(f"--duration {run_for}: {len(arrivals):,} requests; at most {MAX_REQUESTS:,} in one run")
     slo_s = make_slo(ttft, tpot, percentile) if ttft is not None and tpot is not None else None
     max_itl_s = duration(itl, "--itl") if itl is not None else None
-    predicted = _predicted(load(catalog), model, workload, slo_s, max_itl_s, gpu) if slo_s is not None else None
+    predicted = (
+        _predicted(load(catalog), model, workload, slo_s, max_itl_s, gpu, precision, endpoint_config)
+        if slo_s is not None
+        else None
+    )
     results = _sent(base + "/v1/completions", model, arrivals, ignore_eos, timeout_s)
     if results and all(r.error is not None and not r.error.startswith(("HTTP", "timed")) for r in results):
         fail(f"--endpoint {endpoint}: cannot reach the server ({results[0].error})", EXIT_INFEASIBLE)
@@ -229,32 +259,95 @@ def bench(
         _render(out, endpoint, len(arrivals))
 
 
+MAX_ENDPOINT_REPLICAS = 10_000
+
+
+def _endpoint_config(tp: int | None, replicas: int | None, gpu: str | None, with_slo: bool) -> tuple[int, int] | None:
+    """--tp and --replicas, checked: the endpoint's (tensor-parallel degree, replicas), or None
+    when the endpoint is not described (the predictions are then a fresh plan's)."""
+    if tp is None:
+        if replicas is not None:
+            fail("--replicas describes the endpoint: give its --gpu TYPE and --tp N with it")
+        return None
+    (degree,) = tp_values(tp)
+    if replicas is not None:
+        positive(replicas, "--replicas", MAX_ENDPOINT_REPLICAS)
+    if not with_slo:
+        fail(f"--tp {tp}: the endpoint's configuration is what the predictions are for; give --ttft and --tpot too")
+    if gpu is None or len(split(gpu)) != 1:
+        fail(f"--tp {tp}: name the endpoint's one GPU type with --gpu TYPE (e.g. --gpu L4 --tp {tp})")
+    return degree, replicas or 1
+
+
 def _predicted(
-    cat: Any, model: str, workload: Any, slo: Any, max_itl_s: float | None, gpu: str | None
+    cat: Any,
+    model: str,
+    workload: Any,
+    slo: Any,
+    max_itl_s: float | None,
+    gpu: str | None,
+    precision: str | None = None,
+    endpoint: tuple[int, int] | None = None,
 ) -> dict[str, Any] | None:
-    """The plan `kvscale plan` makes for this model, workload and SLO, and its predictions;
-    None when no candidate meets the SLO."""
+    """The predictions beside the measurement. `endpoint` (tensor-parallel degree, replicas):
+    for that configuration on the one --gpu type, at the load spread over those replicas (the
+    batch limit and chunk budget the planner picks for it); None: the plan `kvscale plan` makes
+    for this model, workload and SLO. None when no candidate meets the SLO."""
     from kvscale.cli.planning import _with_checkpoints, served_id
-    from kvscale.planner.search import PlanRequest, plan
+    from kvscale.planner.search import TENSOR_PARALLEL_DEGREES, PlanRequest, plan
     from kvscale.sizing.checkpoints import default_precision
 
     arch = resolve_model(cat, model)
-    precisions = _with_checkpoints(cat, arch, split(default_precision(None, arch)), served_id(model), None)
+    precisions = split(default_precision(precision, arch))
+    if endpoint is not None and len(precisions) != 1:
+        fail(f"--precision {precision}: the endpoint serves one precision; give one (e.g. --precision {precisions[0]})")
+    precisions = _with_checkpoints(cat, arch, precisions, served_id(model), None)
     gpus = check_names(cat, split(gpu), precisions, "auto")
-    result = plan(cat, PlanRequest(arch, workload, slo, gpus=gpus, precisions=precisions, max_itl_s=max_itl_s))
+    degrees = (endpoint[0],) if endpoint is not None else TENSOR_PARALLEL_DEGREES
+    request = PlanRequest(arch, workload, slo, gpus=gpus, precisions=precisions, max_itl_s=max_itl_s)
+    result = plan(cat, replace(request, tensor_parallel=degrees))
     c = result.chosen
     if c is None:
+        if endpoint is not None:
+            why = result.rejected[0].reason if result.rejected else "no candidate"
+            fail(
+                f"--gpu {gpus[0]} --tp {endpoint[0]} ({precisions[0]}): no prediction for this configuration at "
+                f"this SLO: {why}",
+                EXIT_INFEASIBLE,
+            )
         return None
     p = c.prediction
-    return {
+    out = {
+        "for": "fresh plan" if endpoint is None else "endpoint",
         "gpu": c.gpu,
         "tensor_parallel": c.tensor_parallel,
         "precision": c.precision,
         "replicas": p.replicas,
+        "max_batch": p.max_batch,
+        "max_rps_per_replica": round(p.rate_per_replica_max, 3),
+        "requests_per_s": round(workload.requests_per_s, 4),
         "ttft_ms": round(p.ttft_p_s * 1e3, 3),
         "tpot_ms": round(p.tpot_p_s * 1e3, 3),
         "itl_p99_ms": round(p.itl_p99_s * 1e3, 3),
     }
+    if endpoint is None:
+        return out
+    # The endpoint's replicas, not the plan's count: the load spread over them.
+    from kvscale.sizing.load import ReplicaModel
+
+    replicas = endpoint[1]
+    replica = ReplicaModel(c.config, workload)
+    point = replica.at_rate(workload.requests_per_s / replicas, p.max_batch, slo.percentile)
+    figures = (point.ttft_p_s, point.tpot_p_s, replica.itl_percentile_s(point))
+    out.update(replicas=replicas, planned_replicas=p.replicas)
+    for key, value in zip(("ttft_ms", "tpot_ms", "itl_p99_ms"), figures, strict=True):
+        out[key] = round(value * 1e3, 3) if math.isfinite(value) else None
+    return out
+
+
+def _described(plan: dict[str, Any]) -> str:
+    """Which configuration the predictions are for, e.g. `endpoint: 1 x TP1 L4 bf16`."""
+    return f"{plan['for']}: {plan['replicas']} x TP{plan['tensor_parallel']} {plan['gpu']} {plan['precision']}"
 
 
 def _render(out: dict[str, Any], endpoint: str, sent: int) -> None:
@@ -262,13 +355,11 @@ def _render(out: dict[str, Any], endpoint: str, sent: int) -> None:
     plan = out.get("plan")
     slo = out.get("slo")
     pct = f"p{slo['percentile']:g}" if slo else None
-    table = Table(title="Measured" + (" against the plan's prediction" if plan else ""))
+    table = Table(title="Measured" + (" against the prediction" if plan else ""))
     table.add_column("quantity")
     table.add_column("measured ms")
     if slo:
-        table.add_column(
-            f"predicted ms ({plan['replicas']} x {plan['tensor_parallel']} {plan['gpu']})" if plan else "predicted"
-        )
+        table.add_column(f"predicted ms ({_described(plan)})" if plan else "predicted")
         table.add_column("target ms")
     rows: list[tuple[str, Any, Any, Any]] = [
         ("TTFT p50", out["ttft_p50_ms"], None, None),
@@ -283,12 +374,28 @@ def _render(out: dict[str, Any], endpoint: str, sent: int) -> None:
         rows.insert(5, tpot_row)
         ttft_row = (f"TTFT {pct} (SLO)", out["ttft_at_slo_percentile_ms"], plan and plan["ttft_ms"], slo["ttft_ms"])
         rows.insert(3, ttft_row)
+    predicted_rows = {"ITL p99", f"TTFT {pct} (SLO)", f"TPOT {pct} (SLO)"}
     for name, measured, pred, target in rows:
-        table.add_row(name, fmt(measured), *((fmt(pred), fmt(target)) if slo else ()))
+        # a predicted figure that is None: the load is beyond the replicas (the queue grows)
+        said = "unbounded" if plan and pred is None and name in predicted_rows else fmt(pred)
+        table.add_row(name, fmt(measured), *((said, fmt(target)) if slo else ()))
     console.print(table)
     if out["slo_attainment"] is not None:
         console.print(f"SLO attainment: {out['slo_attainment']:.1%} of {sent} requests met both targets")
     if slo and plan is None:
         console.print("No plan meets this SLO for this model and load: nothing to compare against.")
+    if plan and plan["for"] == "fresh plan":
+        console.print(
+            f"The predictions are a fresh plan's ({plan['replicas']} x TP{plan['tensor_parallel']} {plan['gpu']} "
+            f"{plan['precision']}), not necessarily the endpoint's configuration: give its --gpu TYPE --tp N "
+            "(--replicas N, --precision P) to predict for it.",
+            highlight=False,
+        )
+    elif plan and plan["replicas"] * plan["max_rps_per_replica"] < plan["requests_per_s"] * 0.999:
+        console.print(
+            f"The load is beyond what {plan['replicas']} replica(s) carry within the SLO (at most "
+            f"{plan['max_rps_per_replica']:g} req/s each; the plan for it has {plan['planned_replicas']}).",
+            highlight=False,
+        )
     for e in out["first_errors"]:
         console.print(f"  error: {e}", highlight=False)

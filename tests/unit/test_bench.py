@@ -108,10 +108,14 @@ def test_bench_with_slo_options_puts_the_plans_predictions_beside(endpoint: str)
     assert chosen is not None
     p = chosen.prediction
     assert data["plan"] == {
+        "for": "fresh plan",
         "gpu": "L4",
         "tensor_parallel": chosen.tensor_parallel,
         "precision": chosen.precision,
         "replicas": p.replicas,
+        "max_batch": p.max_batch,
+        "max_rps_per_replica": round(p.rate_per_replica_max, 3),
+        "requests_per_s": 4.0,
         "ttft_ms": round(p.ttft_p_s * 1e3, 3),
         "tpot_ms": round(p.tpot_p_s * 1e3, 3),
         "itl_p99_ms": round(p.itl_p99_s * 1e3, 3),
@@ -251,3 +255,91 @@ def test_bench_says_how_far_it_is_on_stderr(endpoint: str, monkeypatch: pytest.M
     monkeypatch.setattr(progress, "EVERY_S", 3600.0)  # a short run: no line before EVERY_S
     result = runner.invoke(app, ["bench", "--endpoint", endpoint, "--model", "llama-3.1-8b", *LOAD, "--json"])
     assert result.exit_code == 0 and "bench: " not in result.stderr
+
+
+def test_bench_predicts_for_the_endpoints_configuration_when_given(endpoint: str) -> None:
+    """Issue 39: bench put a fresh plan's predictions (a TP4 plan) beside a TP1 endpoint, a 2x
+    "model error" that was not one. --gpu TYPE --tp N (--replicas, --precision) describe the
+    endpoint: the predictions are that configuration's at the load spread over its replicas."""
+    from kvscale.sizing.load import ReplicaModel
+
+    slo = ["--ttft", "1s", "--tpot", "100ms"]
+    pinned = plan(
+        CAT,
+        PlanRequest(
+            CAT.model("llama-3.1-8b"), Workload(256, 8, 4.0), Slo(1.0, 0.1, 95.0), gpus=("L4",), tensor_parallel=(2,)
+        ),
+    ).chosen
+    assert pinned is not None and pinned.tensor_parallel == 2
+    planned = pinned.prediction.replicas
+    # at the pinned plan's own count: the pinned plan's predictions
+    data = bench_json(endpoint, *LOAD, *slo, "--gpu", "L4", "--tp", "2", "--replicas", str(planned))["plan"]
+    assert (data["for"], data["gpu"], data["tensor_parallel"], data["replicas"]) == ("endpoint", "L4", 2, planned)
+    assert data["ttft_ms"] == round(pinned.prediction.ttft_p_s * 1e3, 3)
+    assert data["tpot_ms"] == round(pinned.prediction.tpot_p_s * 1e3, 3)
+    # one replica (the default): the whole load on it, not the plan's count
+    one = bench_json(endpoint, *LOAD, *slo, "--gpu", "L4", "--tp", "2")["plan"]
+    assert (one["replicas"], one["planned_replicas"]) == (1, planned)
+    point = ReplicaModel(pinned.config, Workload(256, 8, 4.0)).at_rate(4.0, pinned.prediction.max_batch, 95.0)
+    assert one["ttft_ms"] == round(point.ttft_p_s * 1e3, 3) and one["tpot_ms"] == round(point.tpot_p_s * 1e3, 3)
+    # the fresh plan is another configuration here: the table's column says which one it shows
+    fresh = bench_json(endpoint, *LOAD, *slo)["plan"]
+    assert fresh["for"] == "fresh plan" and (fresh["gpu"], fresh["tensor_parallel"]) != ("L4", 2)
+
+
+def test_bench_says_which_configuration_it_predicts_for(endpoint: str) -> None:
+    args = ["bench", "--endpoint", endpoint, "--model", "llama-3.1-8b", *LOAD, "--ttft", "1s", "--tpot", "100ms"]
+    fresh = runner.invoke(app, [*args, "--gpu", "L4"], terminal_width=200)
+    assert fresh.exit_code == 0, fresh.output
+    assert "predicted ms (fresh plan: " in fresh.stdout
+    assert "not necessarily the endpoint's configuration: give its --gpu TYPE --tp N" in fresh.stdout
+    given = runner.invoke(app, [*args, "--gpu", "L4", "--tp", "1"], terminal_width=200)
+    assert given.exit_code == 0, given.output
+    assert "predicted ms (endpoint: 1 x TP1 L4 bf16)" in given.stdout and "fresh plan" not in given.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--ttft", "1s", "--tpot", "100ms", "--tp", "1"], "--tp 1: name the endpoint's one GPU type with --gpu TYPE"),
+        (["--ttft", "1s", "--tpot", "100ms", "--tp", "1", "--gpu", "L4,L40S"], "--gpu TYPE"),
+        (["--ttft", "1s", "--tpot", "100ms", "--tp", "3", "--gpu", "L4"], "--tp must be one of 1, 2, 4, 8"),
+        (["--replicas", "2"], "--replicas describes the endpoint: give its --gpu TYPE and --tp N"),
+        (["--tp", "1", "--gpu", "L4"], "give --ttft and --tpot too"),
+        (["--ttft", "1s", "--tpot", "100ms", "--tp", "1", "--gpu", "L4", "--replicas", "0"], "--replicas must be"),
+        (["--ttft", "1s", "--tpot", "100ms", "--tp", "1", "--gpu", "L4", "--precision", "bf16,fp8"], "one precision"),
+    ],
+)
+def test_the_endpoints_configuration_is_checked_before_any_request(extra: list[str], said: str) -> None:
+    # nothing listens on port 9: a request sent would fail differently (exit 1)
+    result = runner.invoke(app, ["bench", "--endpoint", "http://127.0.0.1:9", "--model", "llama-3.1-8b", *LOAD, *extra])
+    assert result.exit_code == 2 and said in result.stderr, result.output
+
+
+def test_a_load_beyond_the_endpoints_replicas_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvscale.cli import bench as bench_cmd
+
+    measured = summarize([Measured([0.1, 0.2, 0.3])], 1.0, 0.1, 95.0)
+    measured["first_errors"] = []
+    measured["slo"] = {"percentile": 95.0, "ttft_ms": 1000.0, "tpot_ms": 100.0, "itl_ms": None}
+    measured["plan"] = {
+        "for": "endpoint",
+        "gpu": "L4",
+        "tensor_parallel": 1,
+        "precision": "bf16",
+        "replicas": 1,
+        "planned_replicas": 41,
+        "max_batch": 57,
+        "max_rps_per_replica": 1.087,
+        "requests_per_s": 40.0,
+        "ttft_ms": None,
+        "tpot_ms": None,
+        "itl_p99_ms": 748.8,
+    }
+    bench_cmd._render(measured, "http://x:8000", 1)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "unbounded" in out
+    assert (
+        "The load is beyond what 1 replica(s) carry within the SLO (at most 1.087 req/s each; the plan for it has 41)"
+        in out
+    )
