@@ -302,3 +302,16 @@ def test_new_pools_are_not_deployed_where_a_budget_governs_their_gpu_type() -> N
     assert refused.apply == () and refused.retry is not None and refused.retry.delay_s == SETTINGS.retry_backoff_s
     running = Observed(POOLS, pool_workloads=_views(result))
     assert _pools_under_budget(rt, call, result, running) is result  # pools already running: left as they are
+
+
+def test_an_owned_inference_pool_selects_both_roles() -> None:
+    from kvscale.control.reconcile import PoolView
+
+    body = spec("on", routing={"inferencePool": {}})
+    result = deployed(body, seen=Observed(POOLS, pool=PoolView(api_installed=True)))
+    [pool] = [c for c in result.apply if c["kind"] == "InferencePool"]
+    selected = pool["spec"]["selector"]["matchLabels"]
+    assert selected["app.kubernetes.io/instance"] == "chat" and LLMD_ROLE not in selected
+    for role in ("prefill", "decode"):
+        labels = by_name(result)[f"Deployment/chat-{role}"]["spec"]["template"]["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in selected.items())
