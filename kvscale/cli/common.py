@@ -8,7 +8,7 @@ import math
 import os
 import re
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -211,26 +211,89 @@ def model(cat: Catalog, name: str, option: str = "--model") -> ModelArch:
 
 
 MAX_GPUS_PER_TYPE = 1_000_000
+MAX_GPUS_PER_NODE = 64
+GPUS_SYNTAX = (
+    "TYPE=COUNT (COUNT GPUs on nodes of the catalog's size) or TYPE=NODESxGPUS (NODES nodes of GPUS GPUs each; "
+    "shapes of one type joined by +), e.g. --gpus H100-SXM=16,L4=8x1 or --gpus L4=2x4+8x1"
+)
+_SHAPE = re.compile(r"^(\d+)\s*[xX]\s*(\d+)$")
 
 
-def gpu_counts(cat: Catalog, text: str) -> dict[str, int]:
-    """--gpus TYPE=COUNT,...: the cluster's free GPUs per catalog type (plan and manifests)."""
-    counts: dict[str, int] = {}
+@dataclass(frozen=True)
+class GpuNodes:
+    """One GPU type of --gpus: its free GPUs on each node, largest first; `shaped`: the nodes
+    were described (NODESxGPUS), not assumed to be the catalog's size."""
+
+    by_node: tuple[int, ...]
+    shaped: bool
+
+    @property
+    def count(self) -> int:
+        return sum(self.by_node)
+
+    @property
+    def max_per_node(self) -> int:
+        return max(self.by_node)
+
+
+def _nodes(cat: Catalog, name: str, item: str, value: str) -> GpuNodes:
+    """One TYPE='s value: COUNT, or NODESxGPUS[+NODESxGPUS...]; exit 2 naming --gpus and the syntax."""
+    value = value.strip()
+    if value.isdigit():
+        count = int(value)
+        if not 0 < count <= MAX_GPUS_PER_TYPE:
+            fail(f"--gpus {item!r}: the count must be in [1, {MAX_GPUS_PER_TYPE:,}]; write {GPUS_SYNTAX}")
+        # COUNT GPUs as full nodes of the catalog's size (and one partial node)
+        per_node = min(count, cat.gpu(name).max_gpus_per_node)
+        whole, rest = divmod(count, per_node)
+        return GpuNodes((per_node,) * whole + ((rest,) if rest else ()), shaped=False)
+    by_node: list[int] = []
+    for shape in value.split("+"):
+        m = _SHAPE.match(shape.strip())
+        if m is None:
+            fail(f"--gpus {item!r}: {shape.strip()!r} is not a count or a node shape; write {GPUS_SYNTAX}")
+        nodes, per_node = int(m.group(1)), int(m.group(2))
+        if not 0 < nodes <= MAX_GPUS_PER_TYPE or not 0 < per_node <= MAX_GPUS_PER_NODE:
+            fail(
+                f"--gpus {item!r}: {shape.strip()}: NODES must be in [1, {MAX_GPUS_PER_TYPE:,}] and GPUS per node "
+                f"in [1, {MAX_GPUS_PER_NODE}]; write {GPUS_SYNTAX}"
+            )
+        if sum(by_node) + nodes * per_node > MAX_GPUS_PER_TYPE:
+            fail(f"--gpus {item!r}: more than {MAX_GPUS_PER_TYPE:,} GPUs of one type; write {GPUS_SYNTAX}")
+        by_node += [per_node] * nodes
+    return GpuNodes(tuple(sorted(by_node, reverse=True)), shaped=True)
+
+
+def gpu_nodes(cat: Catalog, text: str) -> dict[str, GpuNodes]:
+    """--gpus TYPE=COUNT or TYPE=NODESxGPUS,...: the cluster's free GPUs per catalog type and
+    node (plan and manifests): a replica's tensor-parallel group never spans more GPUs than
+    a node of its type holds."""
+    out: dict[str, GpuNodes] = {}
     for item in split(text):
-        kind, sep, count = item.partition("=")
-        if not sep or not count.strip().isdigit() or not 0 < int(count) <= MAX_GPUS_PER_TYPE:
-            fail(f"--gpus {item!r}: write TYPE=COUNT with a positive count, e.g. --gpus H100-SXM=16,L4=4")
+        kind, sep, value = item.partition("=")
+        if not sep or not kind.strip() or not value.strip():
+            fail(f"--gpus {item!r}: write {GPUS_SYNTAX}")
         try:
             name = cat.gpu(kind.strip()).name
         except CatalogError as exc:
             fail(f"--gpus: {exc}")
         say_alias(cat, kind, name, "--gpus")
-        if name in counts:
-            fail(f"--gpus names {name} twice")
-        counts[name] = int(count)
-    if not counts:
-        fail("--gpus: give at least one TYPE=COUNT, e.g. --gpus H100-SXM=16")
-    return counts
+        if name in out:
+            fail(f"--gpus names {name} twice; join its node shapes with + (e.g. {name}=2x4+8x1)")
+        out[name] = _nodes(cat, name, item, value)
+    if not out:
+        fail("--gpus: give at least one TYPE=COUNT or TYPE=NODESxGPUS, e.g. --gpus H100-SXM=16,L4=8x1")
+    return out
+
+
+def sized_to_nodes(cat: Catalog, nodes: dict[str, GpuNodes]) -> Catalog:
+    """The catalog with each described type's node size the largest --gpus node's (as the
+    operator sizes it to the cluster's nodes): no tensor-parallel degree beyond it."""
+    gpus = dict(cat.gpus)
+    for name, n in nodes.items():
+        if n.shaped:
+            gpus[name] = gpus[name].model_copy(update={"gpus_per_node": (n.max_per_node,)})
+    return cat.model_copy(update={"gpus": gpus})
 
 
 def split(value: str | None) -> tuple[str, ...]:

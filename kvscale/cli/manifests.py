@@ -12,7 +12,7 @@ import typer
 import yaml
 
 from kvscale.api.crd import DNS_LABEL_1035, MAX_NAME_LENGTH
-from kvscale.cli.common import EXIT_BAD_INPUT, EXIT_INFEASIBLE, CatalogOpt, fail, gpu_counts, load
+from kvscale.cli.common import EXIT_BAD_INPUT, EXIT_INFEASIBLE, CatalogOpt, GpuNodes, fail, gpu_nodes, load
 from kvscale.cli.live import KubeconfigOpt, Live, NamespaceOpt
 from kvscale.cli.root import app
 from kvscale.sizing.catalog import Catalog, load_yaml_all
@@ -24,29 +24,30 @@ if TYPE_CHECKING:
 
 
 def gpu_pools(catalog: Catalog, text: str | None, max_replicas: int) -> dict[str, Any]:
-    """--gpus TYPE=COUNT,... as the operator's inventory; without it, every catalog type with room
-    for maxReplicas full nodes."""
+    """--gpus TYPE=COUNT or TYPE=NODESxGPUS,... as the operator's inventory (each node's free
+    GPUs: the planner sizes a type's node to the largest, so a replica's tensor-parallel group
+    never spans nodes); without it, every catalog type with room for maxReplicas full nodes."""
     from kvscale.control.inventory import GpuPool
 
-    def pool(name: str, count: int) -> GpuPool:
+    def pool(name: str, nodes: GpuNodes) -> GpuPool:
         gpu = catalog.gpu(name)
-        per_node = min(count, gpu.max_gpus_per_node)
-        whole, rest = divmod(count, per_node)
         return GpuPool(
             gpu_type=gpu.name,
             product_label=gpu.node_labels[0],
             label_key=gpu.label_key,
             resource_name=gpu.resource_name,
-            allocatable=count,
+            allocatable=nodes.count,
             requested=0,
-            max_per_node=per_node,
-            # COUNT GPUs as full nodes of the catalog's size (and one partial node).
-            free_by_node=(per_node,) * whole + ((rest,) if rest else ()),
+            max_per_node=nodes.max_per_node,
+            free_by_node=nodes.by_node,
         )
 
     if text is None:
-        return {g.name: pool(g.name, g.max_gpus_per_node * max_replicas) for g in catalog.gpus.values()}
-    return {name: pool(name, count) for name, count in gpu_counts(catalog, text).items()}
+        return {
+            g.name: pool(g.name, GpuNodes((g.max_gpus_per_node,) * max_replicas, shaped=False))
+            for g in catalog.gpus.values()
+        }
+    return {name: pool(name, nodes) for name, nodes in gpu_nodes(catalog, text).items()}
 
 
 def assumed_inventory(gpus: str | None) -> str:
@@ -54,7 +55,8 @@ def assumed_inventory(gpus: str | None) -> str:
     if gpus is None:
         return (
             "inventory assumed: any catalog GPU type, as many as maxReplicas needs (no --gpus); the operator "
-            "plans on the cluster's nodes, so give --gpus TYPE=COUNT (e.g. --gpus H100-SXM=16) to match it"
+            "plans on the cluster's nodes, so give --gpus TYPE=COUNT or TYPE=NODESxGPUS (e.g. --gpus H100-SXM=16 "
+            "or --gpus L4=8x1 for eight one-GPU nodes) to match it"
         )
     return f"inventory assumed: {gpus.replace(' ', '')} free (--gpus)"
 
@@ -282,7 +284,9 @@ def manifests(
     gpus: Annotated[
         str | None,
         typer.Option(
-            help="The cluster's free GPUs, TYPE=COUNT,... (e.g. H100-SXM=16,L4=4); default: any catalog type."
+            help="The cluster's free GPUs, TYPE=COUNT (on nodes of the catalog's size) or TYPE=NODESxGPUS (NODES "
+            "nodes of GPUS each, shapes joined by +), comma-separated (e.g. H100-SXM=16,L4=8x1): a replica's "
+            "tensor-parallel group fits in one node; default: any catalog type."
         ),
     ] = None,
     port: Annotated[int, typer.Option(help="Engine port (the operator's KVSCALE_ENGINE_PORT).")] = 8000,

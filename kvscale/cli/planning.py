@@ -28,13 +28,14 @@ from kvscale.cli.common import (
     engine_selection,
     fail,
     fmt,
-    gpu_counts,
+    gpu_nodes,
     image_path,
     load,
     number,
     parse_command,
     positive,
     print_json,
+    sized_to_nodes,
     split,
     tokens,
     tp_values,
@@ -104,8 +105,9 @@ def plan_cmd(
         str | None,
         typer.Option(
             "--gpus",
-            help="The cluster's free GPUs, TYPE=COUNT,... (e.g. H100-SXM=16,L4=4), as `kvscale manifests --gpus`: "
-            "plan only on those types, within those counts.",
+            help="The cluster's free GPUs, TYPE=COUNT or TYPE=NODESxGPUS,... (e.g. H100-SXM=16,L4=8x1: eight "
+            "one-GPU L4 nodes), as `kvscale manifests --gpus`: plan only on those types, within those counts, no "
+            "tensor-parallel group beyond a node.",
         ),
     ] = None,
     tp: Annotated[int | None, typer.Option(help="Pin the tensor-parallel degree (1, 2, 4, 8).")] = None,
@@ -174,7 +176,10 @@ def plan_cmd(
     precisions = split(default_precision(precision, arch))
     if not precisions:
         fail("--precision: give at least one of bf16, fp16, fp8, int8, int4, mxfp4, nvfp4")
-    limits = gpu_counts(cat, free_gpus) if free_gpus is not None else None
+    nodes = gpu_nodes(cat, free_gpus) if free_gpus is not None else None
+    limits = {name: n.count for name, n in nodes.items()} if nodes is not None else None
+    if nodes is not None:  # TYPE=NODESxGPUS: no tensor-parallel group beyond the largest node
+        cat = sized_to_nodes(cat, nodes)
     if limits is not None and gpu:
         fail("--gpu and --gpus both name GPU types: use --gpus TYPE=COUNT alone (it also limits the types)")
     gpus = check_names(cat, tuple(limits) if limits else split(gpu), precisions, kv_cache_precision)
