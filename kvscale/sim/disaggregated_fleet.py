@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvscale.autoscaling.observation import Decision, Observation
-from kvscale.sim.engine import KV_WATERMARK, Replica, SimRequest, StepTimes
+from kvscale.sim.engine import Replica, SimRequest, StepTimes
 from kvscale.sim.fleet import Fleet
 from kvscale.sim.run import SimResult, SimSetup, Source, TimelinePoint, _observe, _percentile, _Window
 from kvscale.sizing.disaggregation import KvTransferPath, kv_transfer_s
@@ -57,25 +57,10 @@ class DecodeReplica(Replica):
     """A decode-only replica: a request arrives with its prompt's KV; its first token is the
     step that computes the prompt's last token beside the running decodes."""
 
-    def _admit(self) -> list[SimRequest]:
-        """As the aggregated engine's (slots, KV with the watermark), but a request whose KV
-        came from the prefill pool takes one token of the step's budget, not its prompt."""
-        admitted: list[SimRequest] = []
-        free = self.kv_capacity * (1 - KV_WATERMARK) - self.kv_used
-        tokens = 0
-        while self.waiting and len(self.running) + len(admitted) < self.max_batch:
-            request = self.waiting[0]
-            need = request.input_tokens + request.generated + 1
-            step_tokens = 1 if request.preemptions == 0 else need
-            if need > free:
-                break
-            if admitted and tokens + step_tokens > self.token_budget:
-                break
-            self.waiting.popleft()
-            admitted.append(request)
-            free -= need
-            tokens += step_tokens
-        return admitted
+    def _step_tokens(self, request: SimRequest, need: int) -> int:
+        """A request whose KV came from the prefill pool takes one token of the step's budget,
+        not its prompt; one preempted here recomputes it all (its KV is gone)."""
+        return 1 if request.preemptions == 0 else need
 
     def _prefill(self, admitted: list[SimRequest], finished: list[SimRequest]) -> None:
         recompute = [r for r in admitted if r.preemptions > 0]
@@ -119,6 +104,8 @@ class PoolFleet(Fleet):
     def __init__(self, setup: SimSetup, role: str) -> None:
         super().__init__(setup.fleet_spec(), StepTimes(setup.cfg))
         self.role = role
+        if role == "decode":
+            self.replica_type = DecodeReplica
         self._in_flight: dict[int, list[SimRequest]] = {}  # replica id -> requests it finished ahead of now
 
     def _advance_replicas(self, now_s: float, finished: list[SimRequest], stop_after_finish: bool = False) -> None:
@@ -157,21 +144,6 @@ class PoolFleet(Fleet):
             slots, kv = rooms[chosen]
             rooms[chosen] = (slots - 1, kv - need)
             loads[chosen] += 1
-
-    def _new_replica(self, now_s: float, cold_start_s: float) -> Replica:
-        if self.role != "decode":
-            return super()._new_replica(now_s, cold_start_s)
-        replica = DecodeReplica(
-            len(self.replicas),
-            self.steps,
-            self.spec.max_batch,
-            self.spec.kv_capacity_tokens,
-            self.spec.token_budget,
-            started_s=now_s,
-            ready_s=now_s + cold_start_s,
-        )
-        self.replicas.append(replica)
-        return replica
 
     def held(self) -> int:
         """Replicas holding GPUs now (starting, serving or draining)."""

@@ -226,15 +226,21 @@ class Replica:
         while self.waiting and len(self.running) + len(admitted) < self.max_batch:
             request = self.waiting[0]
             need = request.input_tokens + request.generated + 1
+            step_tokens = self._step_tokens(request, need)
             if need > free:
                 break
-            if admitted and tokens + need > self.token_budget:
+            if admitted and tokens + step_tokens > self.token_budget:
                 break
             self.waiting.popleft()
             admitted.append(request)
             free -= need
-            tokens += need
+            tokens += step_tokens
         return admitted
+
+    def _step_tokens(self, request: SimRequest, need: int) -> int:
+        """Tokens of the step's budget an admitted request takes: its whole prompt (and what it
+        generated, recomputed after a preemption) here; a decode-only replica differs."""
+        return need
 
     def release(self) -> list[SimRequest]:
         """Takes every request off the replica (running and waiting), as a pod killed at the end

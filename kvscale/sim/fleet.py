@@ -104,8 +104,10 @@ class Fleet:
 
     # -- changes -----------------------------------------------------------------------
 
+    replica_type: type[Replica] = Replica  # a pool of decode-only workers starts another kind
+
     def _new_replica(self, now_s: float, cold_start_s: float) -> Replica:
-        replica = Replica(
+        replica = self.replica_type(
             len(self.replicas),
             self.steps,
             self.spec.max_batch,
