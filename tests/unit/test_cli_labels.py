@@ -96,7 +96,10 @@ def test_a_config_json_plan_says_up_front_why_it_has_no_engine_line(tmp_path: Pa
 def test_help_texts_wrap_to_the_terminal() -> None:
     # Issue 39: hard line breaks in `--help`: typer's rich help printed a docstring's second
     # paragraph with the source's own line breaks, mid-sentence on a wide terminal.
-    wide = runner.invoke(app, ["simulate", "--help"], env={"COLUMNS": "220", "TERMINAL_WIDTH": "220"})
+    # COLUMNS only: typer reads TERMINAL_WIDTH once, when its rich help is first imported, and
+    # a width fixed that way stayed for every later test in the process (test_static_fleet's
+    # help at COLUMNS=400 then wrapped inside its panel and failed in the parallel suite)
+    wide = runner.invoke(app, ["simulate", "--help"], env={"COLUMNS": "220"})
     assert wide.exit_code == 0, wide.output
     assert any(
         'instead of a plan: "what does the command I run today give me"' in line for line in wide.stdout.splitlines()
