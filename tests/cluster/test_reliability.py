@@ -170,12 +170,15 @@ class FakePrometheus:
     def __init__(self, delay_s: float, answer: bytes, status: int = 200) -> None:
         self.delay_s, self.answer, self.status = delay_s, answer, status
         self.requests = 0
+        self.closed = threading.Event()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 fake.requests += 1
-                time.sleep(fake.delay_s)  # the slow Prometheus under test
+                # the slow Prometheus under test: the answer is the fault, held `delay_s` (cut
+                # short when the test closes the server, so no handler outlives it)
+                fake.closed.wait(fake.delay_s)
                 try:
                     self.send_response(fake.status)
                     self.send_header("Content-Type", "application/json")
@@ -200,6 +203,7 @@ class FakePrometheus:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.closed.set()
         self.server.shutdown()
         self.server.server_close()
 
