@@ -91,6 +91,23 @@ def _seen(monkeypatch: pytest.MonkeyPatch, deployment: DeploymentView | None) ->
     monkeypatch.setattr(handlers, "observed", view)
 
 
+def _drifted_reads(monkeypatch: pytest.MonkeyPatch, rt: handlers.Runtime) -> None:
+    """The workload reader answers a 4,096-token mean prompt, far from the planned one: a drift to re-plan for."""
+    drifted = ObservedWorkload(
+        time_s=dt.datetime.now(dt.UTC).timestamp(),
+        window_s=600.0,
+        requests_per_s=4.0,
+        input_tokens_mean=4096.0,
+        output_tokens_mean=128.0,
+    )
+
+    async def read(*_: Any, **__: Any) -> tuple[ObservedWorkload, None]:
+        return drifted, None
+
+    monkeypatch.setattr(handlers, "observe_workload_batched", read)
+    rt.workload_reader = object()  # type: ignore[assignment]
+
+
 def _once(parses: list[int], run: Callable[[], Any]) -> None:
     parses[0] = 0
     run()
@@ -116,19 +133,7 @@ def test_every_handler_call_parses_the_spec_once(
     assert applied[-1].status.desired_replicas is not None  # the policy was asked
 
     # A drift re-plan: the path that parsed four times (handler, workload_tick, reconcile, budget).
-    drifted = ObservedWorkload(
-        time_s=dt.datetime.now(dt.UTC).timestamp(),
-        window_s=600.0,
-        requests_per_s=4.0,
-        input_tokens_mean=4096.0,
-        output_tokens_mean=128.0,
-    )
-
-    async def read(*_: Any, **__: Any) -> tuple[ObservedWorkload, None]:
-        return drifted, None
-
-    monkeypatch.setattr(handlers, "observe_workload_batched", read)
-    rt.workload_reader = object()  # type: ignore[assignment]
+    _drifted_reads(monkeypatch, rt)
     _once(parses, lambda: asyncio.run(handlers.observe_workload(rt, _call(rt, ready, memo))))
     seen = applied[-1].status.observed_workload
     assert seen is not None and seen.drifting_since is not None

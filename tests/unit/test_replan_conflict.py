@@ -14,11 +14,10 @@ import kopf
 import pytest
 
 from kvscale.api.models import InferenceServiceStatus
-from kvscale.autoscaling.observation import ObservedWorkload
 from kvscale.control.reconcile import DeploymentView, Result
 from kvscale.control.settings import Settings
 from kvscale.operator import handlers
-from tests.unit.test_parse_once import _call, _runtime, _seen
+from tests.unit.test_parse_once import _call, _drifted_reads, _runtime, _seen
 
 
 def test_a_refused_replan_is_made_again_on_the_next_tick(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -42,19 +41,7 @@ def test_a_refused_replan_is_made_again_on_the_next_tick(monkeypatch: pytest.Mon
     _seen(monkeypatch, DeploymentView(replicas, replicas, planned.plan.gpu_type))
     asyncio.run(handlers.status_tick(rt, _call(rt, planned, memo)))
     ready = applied[-1].status
-    drifted = ObservedWorkload(
-        time_s=dt.datetime.now(dt.UTC).timestamp(),
-        window_s=600.0,
-        requests_per_s=4.0,
-        input_tokens_mean=4096.0,
-        output_tokens_mean=128.0,
-    )
-
-    async def read(*_: Any, **__: Any) -> tuple[ObservedWorkload, None]:
-        return drifted, None
-
-    monkeypatch.setattr(handlers, "observe_workload_batched", read)
-    rt.workload_reader = object()  # type: ignore[assignment]
+    _drifted_reads(monkeypatch, rt)
     asyncio.run(handlers.observe_workload(rt, _call(rt, ready, memo)))  # the drift starts
     seen = applied[-1].status.observed_workload
     assert seen is not None and seen.drifting_since is not None
