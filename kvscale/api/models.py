@@ -592,6 +592,11 @@ class PoolPlanStatus(_Status):
     cost_per_hour: float = Field(description="USD per hour for the planned workers.")
     deployment: str = Field(description="The pool's Deployment.")
     engine_args: list[str] = Field(default_factory=list, description="The engine's arguments (the KV connector's too).")
+    ttft_target_seconds: float | None = Field(
+        default=None,
+        description="The share of the TTFT target the autoscaler scales this pool for (the plan's split: prefill "
+        "wait + prefill; decode slot wait + first step).",
+    )
 
 
 class PlanStatus(_Status):

@@ -187,9 +187,11 @@ def pool_replicas(plan: DisaggregatedPlan, bounded: Any, pinned: int | None) -> 
 
 
 def _pool_status(
-    name: str, role: Role, pool: Pool, gpu_pool: GpuPool, replicas: int, launch: PlannedLaunch
+    name: str, role: Role, plan: DisaggregatedPlan, gpu_pool: GpuPool, replicas: int, launch: PlannedLaunch
 ) -> PoolPlanStatus:
     _, args = launch.command
+    pool = pools_of(plan)[role]
+    target = plan.prefill_ttft_target_s if role == "prefill" else plan.decode_ttft_target_s
     return PoolPlanStatus(
         gpu_type=pool.cfg.gpu.name,
         gpu_product=gpu_pool.product_label,
@@ -204,6 +206,7 @@ def _pool_status(
         cost_per_hour=round(pool.cost_usd_per_hour, 4),
         deployment=pool_name(name, role),
         engine_args=[*args[1:], KV_TRANSFER_FLAG, kv_transfer_config(role)],  # after `vllm serve MODEL`
+        ttft_target_seconds=round(target, 6),
     )
 
 
@@ -244,10 +247,8 @@ def plan_status(
         reason=plan.reason[:MAX_REASON],
         excluded_gpu_types=list(excluded),
         workload=workload,
-        prefill=_pool_status(
-            name, "prefill", plan.prefill, gpu_pools["prefill"], replicas["prefill"], launched["prefill"]
-        ),
-        decode=_pool_status(name, "decode", d, gpu_pools["decode"], replicas["decode"], launched["decode"]),
+        prefill=_pool_status(name, "prefill", plan, gpu_pools["prefill"], replicas["prefill"], launched["prefill"]),
+        decode=_pool_status(name, "decode", plan, gpu_pools["decode"], replicas["decode"], launched["decode"]),
         kv_transfer_ms=round(plan.kv_transfer_s * 1e3, 3),
         gpus_total=plan.gpus_total,
     )
@@ -265,19 +266,21 @@ def summary(plan: DisaggregatedPlan, replicas: Mapping[Role, int]) -> str:
 
 
 SCALING_CONDITION = "PoolsAutoscaled"
-SCALING_REASON = "FixedAtPlan"
+SCALING_REASON = "FixedAtPlan"  # pinned by spec.scaling.replicas
+AUTOSCALED_REASON = "EachOnItsSignal"  # kvscale.control.pool_scaling ticks them
 
 
 def scaling_message(plan: DisaggregatedPlan, replicas: Mapping[Role, int], pinned: int | None) -> str:
-    """What the pools run at, and that the autoscaler leaves them there (the Autoscaled condition)."""
-    held = (
-        f"spec.scaling.replicas pins {pinned} workers in each pool"
-        if pinned is not None
-        else f"the plan's {plan.prefill.workers} prefill and {plan.decode.workers} decode workers within "
-        "spec.scaling's minReplicas..maxReplicas"
-    )
+    """What the pools run at, and who moves them (the PoolsAutoscaled condition)."""
+    if pinned is not None:
+        return (
+            f"prefill {replicas['prefill']}, decode {replicas['decode']} workers: spec.scaling.replicas pins {pinned} "
+            "workers in each pool; remove it to scale each pool on its own signal"
+        )
     return (
-        f"prefill {replicas['prefill']}, decode {replicas['decode']} workers: {held}. The autoscaler does not scale "
-        "disaggregated pools yet (each pool on its own signal is not built): they stay at these counts until the "
-        "spec changes or the service is re-planned"
+        f"prefill {replicas['prefill']}, decode {replicas['decode']} workers to start (the plan's "
+        f"{plan.prefill.workers} and {plan.decode.workers} within minReplicas..maxReplicas, or the running counts); "
+        "each pool then scales on its own signal through the scale tick: prefill on its queue, prompt tokens/s and "
+        "the TTFT its pods report against its share of the target, decode on running sequences, KV use, "
+        "inter-token latency and TPOT"
     )

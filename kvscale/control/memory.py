@@ -17,6 +17,7 @@ from kvscale.api.models import PlannedWorkloadStatus
 from kvscale.control import children as owned
 from kvscale.control import inference_pool
 from kvscale.control.capacity import Confirmed
+from kvscale.control.pool_scaling import PoolsMemory
 from kvscale.control.reconcile import DEPLOYMENT, Result
 from kvscale.control.scaling import ScalerMemory
 
@@ -42,6 +43,7 @@ class ServiceMemory:
     - `deleted`: the object is being deleted: a tick in flight exports no gauges after this.
     - `capacity`: the capacity the simulated search last confirmed (kvscale.control.capacity),
       which the policy acts on for that configuration.
+    - `pools`: a disaggregated plan's pools' models and policy states (kvscale.control.pool_scaling).
     """
 
     children: Mapping[ChildKey, Mapping[str, Any]] = field(default_factory=dict)
@@ -53,6 +55,7 @@ class ServiceMemory:
     last_active_s: float | None = None
     deleted: bool = False
     capacity: Confirmed | None = None
+    pools: PoolsMemory = field(default_factory=PoolsMemory)
 
     def applied_children(self) -> tuple[Mapping[str, Any], ...]:
         """The children kvscale last applied; the Deployment as `applied`, which the scale tick
@@ -100,9 +103,18 @@ class ServiceMemory:
         known = {k: (after if body is before else body) for k, body in self.children.items()}
         return replace(self, applied=after, children=known)
 
+    def pools_ticked(self, pools: PoolsMemory, scaled: Mapping[str, int]) -> ServiceMemory:
+        """This memory (as it is now) with the pools' tick: its models and states, and each pool
+        Deployment it scaled kept at its new replicas (drift is measured against it)."""
+        known = dict(self.children)
+        for (kind, name), body in self.children.items():
+            if kind == DEPLOYMENT and name in scaled:
+                known[kind, name] = {**body, "spec": {**(body.get("spec") or {}), "replicas": scaled[name]}}
+        return replace(self, pools=pools, children=known)
+
 
 def _pool_deployment(body: Mapping[str, Any]) -> bool:
     """A disaggregated plan's pool Deployment (its selector names a role): restored as applied,
-    since the scale tick does not scale it (kvscale.control.disaggregated)."""
+    at the replicas the pools' scale tick last set (ServiceMemory.pools_ticked)."""
     selected = ((body.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
     return LLMD_ROLE in selected

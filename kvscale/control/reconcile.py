@@ -217,6 +217,8 @@ class Result:
     delete_named: tuple[tuple[str, str], ...] = ()  # (kind, name) of children to delete: a disaggregated plan's pools
     scale_to: int | None = None  # the workload's replicas (groups of a LeaderWorkerSet), through its scale subresource
     scale_kind: str = DEPLOYMENT  # Deployment or LeaderWorkerSet
+    # (kind, name, replicas) of children scaled by their own names: a disaggregated plan's pools
+    scale_named: tuple[tuple[str, str, int], ...] = ()
     events: tuple[Event, ...] = ()
     retry: Retry | None = None
     applied_deployment: dict[str, Any] | None = field(default=None)  # for drift detection
@@ -1145,6 +1147,13 @@ def _deploy_pools(
         return _failed(status, res, "Undeployable", str(exc), now=now)
     pinned = intent.scaling.pinned_replicas
     replicas = pd.pool_replicas(plan, intent.scaling.bounded, pinned)
+    if intent.scaling.mode == "auto" and pinned is None:
+        # Pools the scale tick moved keep their counts through a re-apply (a restart, a re-plan):
+        # the tick follows the load from there, as an aggregated re-plan rolls at the running count.
+        running = observed.pool_workloads
+        replicas = {
+            r: int(intent.scaling.bounded(running[r].replicas)) if r in running else n for r, n in replicas.items()
+        }
     base = status.model_copy(
         update={
             "plan": pd.plan_status(res.name, plan, planned.pools, launched, replicas, excluded, planned_for),
@@ -1198,7 +1207,8 @@ def _deploy_pools(
     )
     stale = tuple(k for k in earlier if not _foreign(observed, res, k))
     held = pd.scaling_message(plan, replicas, pinned)
-    scaling = condition(status, pd.SCALING_CONDITION, False, pd.SCALING_REASON, held, res.generation, now)
+    reason = pd.SCALING_REASON if pinned is not None else pd.AUTOSCALED_REASON
+    scaling = condition(status, pd.SCALING_CONDITION, pinned is None, reason, held, res.generation, now)
     new = with_conditions(
         base,
         planned_condition,

@@ -27,7 +27,12 @@ def write_status(patch: kopf.Patch, before: InferenceServiceStatus, after: Infer
 def writes(result: Result) -> bool:
     """Whether applying `result` calls the API server (beyond kopf's own status patch)."""
     return bool(
-        result.apply or result.delete or result.delete_named or result.scale_to is not None or result.prune_pools
+        result.apply
+        or result.delete
+        or result.delete_named
+        or result.scale_to is not None
+        or result.scale_named
+        or result.prune_pools
     )
 
 
@@ -89,6 +94,8 @@ def apply(
             kube.apply(child)
         if result.scale_to is not None:
             kube.scale(res.namespace, res.name, result.scale_to, result.scale_kind)
+        for kind, name, replicas in result.scale_named:  # a disaggregated plan's pools
+            kube.scale(res.namespace, name, replicas, kind)
         if result.prune_pools:
             kube.prune_pools(res.namespace, selector(res.name), res.uid, result.keep_pool)
     except Refused as exc:

@@ -38,6 +38,7 @@ from kvscale.api.models import InferenceServiceStatus, PlanStatus, parse_status
 from kvscale.autoscaling.budget import Grant
 from kvscale.autoscaling.observation import Observation, ObservedWorkload
 from kvscale.control import children as owned
+from kvscale.control import pool_scaling
 from kvscale.control.autoscale import Autoscaled, Governor, Readings, autoscale
 from kvscale.control.autoscale import moved as moved_tick
 from kvscale.control.budget import BudgetBook, cap_deploy, govern_pin, moved
@@ -477,8 +478,11 @@ def _pin_under_budget(rt: Runtime, call: Call, intent: Intent, pinned: Result, s
 async def scale_tick(rt: Runtime, call: Call) -> None:
     """Observe (async, within the deadline), ask the policy, scale (mode auto) or only
     recommend. The tick's wall time is measured (kvscale_tick_duration_seconds)."""
-    if not planned(call.before) or disaggregated(call.before):
-        return  # the pools stay at the plan's counts (kvscale.control.disaggregated: PoolsAutoscaled)
+    if not planned(call.before):
+        return
+    if disaggregated(call.before):
+        await _scale_pools(rt, call)
+        return
     started = time.monotonic()
     try:
         intent = call.valid()
@@ -503,6 +507,41 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
         telemetry.export(call.res.namespace, call.res.name, done.gauges)
     synced = replace(done.result, status=mark_synced("autoscale", done.result.status, call.res.generation))
     await _drain_and_apply(rt, call, intent, workload, seen.pods, synced)
+    telemetry.TICK_SECONDS.observe(time.monotonic() - started)
+
+
+async def _scale_pools(rt: Runtime, call: Call) -> None:
+    """A disaggregated plan's pools, each on its own metrics (kvscale.control.pool_scaling):
+    both Deployments seen, mode auto and no pinned count; otherwise they stay where reconcile
+    put them."""
+    started = time.monotonic()
+    try:
+        intent = call.valid()
+        if not pool_scaling.autoscaled(intent):
+            return
+        views, plan = call.observed().pool_workloads, call.before.plan
+        if set(views) != set(ROLES) or plan is None:
+            return  # a pool's Deployment not seen yet: reconcile and the status tick come first
+        readings: dict[str, pool_scaling.PoolReading] = {}
+        for role in ROLES:
+            view = views[role]
+            start = Fleet(view.replicas, view.ready_replicas, plan)
+            name = pool_name(call.res.name, role)
+            res = replace(call.res, name=name)
+            obs, missing = await _observe(rt, res, intent.engine, intent.slo.percentile, start, view.replicas == 0)
+            readings[role] = pool_scaling.PoolReading(obs, missing, view)
+        catalog = planning_catalog_of(rt, call, cached=True)
+        now = dt.datetime.now(dt.UTC)
+        done = pool_scaling.tick_pools(
+            intent, call.res, call.before, readings, memory(call.memo).pools, catalog, rt.settings, now
+        )
+    except Exception as exc:  # counted and shown in status; the timer runs again
+        if not rt.stopping:
+            effects.timer_failed("autoscale", call.body, call.patch, call.before, call.res, exc)
+        return
+    update(call.memo, lambda now: now.pools_ticked(done.memory, done.scaled))
+    synced = replace(done.result, status=mark_synced("autoscale", done.result.status, call.res.generation))
+    await call.apply_async(rt, synced)
     telemetry.TICK_SECONDS.observe(time.monotonic() - started)
 
 

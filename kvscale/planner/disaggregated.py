@@ -112,6 +112,19 @@ class DisaggregatedPlan:
     def latency_s(self) -> float:
         return self.ttft_p_s + self.request.workload.output_tokens * self.tpot_p_s
 
+    @property
+    def prefill_ttft_target_s(self) -> float:
+        """What TTFT leaves the prefill pool (wait + prefill): the target less the transfer and
+        the decode pool's share (its slot wait and first step at the plan's load)."""
+        decode_share = self.ttft_p_s - self.prefill_ttft_s - self.kv_transfer_p_s
+        return max(self.request.slo.ttft_s - self.kv_transfer_p_s - decode_share, 1e-3)
+
+    @property
+    def decode_ttft_target_s(self) -> float:
+        """What TTFT leaves the decode pool (slot wait + first step): the target less the
+        prefill pool's share at the plan's load and the transfer."""
+        return max(self.request.slo.ttft_s - self.prefill_ttft_s - self.kv_transfer_p_s, 1e-3)
+
 
 @dataclass(frozen=True)
 class LayoutPlan:

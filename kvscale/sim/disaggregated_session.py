@@ -45,14 +45,13 @@ def setup_from_disaggregated(
             seed=seed,
         )
 
-    decode_share = plan.ttft_p_s - plan.prefill_ttft_s - plan.kv_transfer_p_s  # slot wait + first step
     return DisaggregatedSetup(
         prefill=pool(plan.prefill.cfg, plan.prefill.max_batch, plan.prefill.workers),
         decode=replace(pool(plan.decode.cfg, plan.decode.max_batch, plan.decode.workers), seed=seed + 7),
         path=path if path is not None else plan.path,
         prefix_cache_hit_share=plan.request.workload.prefix_cache_hit_share,
-        prefill_ttft_target_s=max(slo.ttft_s - plan.kv_transfer_p_s - decode_share, 1e-3),
-        decode_ttft_target_s=max(slo.ttft_s - plan.prefill_ttft_s - plan.kv_transfer_p_s, 1e-3),
+        prefill_ttft_target_s=plan.prefill_ttft_target_s,
+        decode_ttft_target_s=plan.decode_ttft_target_s,
         gpu_limits=gpu_limits,
     )
 

@@ -100,8 +100,13 @@ def test_on_deploys_a_prefill_and_a_decode_deployment_with_their_roles_and_conne
     assert plan.replicas == plan.decode.workers and plan.tensor_parallel == plan.decode.tensor_parallel
     assert result.status.replicas == plan.decode.replicas
     assert plan.reason.startswith("spec.serving.disaggregation is on: ")
-    held = get_condition(result.status, "PoolsAutoscaled")
-    assert held is not None and held.status == "False" and "does not scale disaggregated pools" in held.message
+    scaled = get_condition(result.status, "PoolsAutoscaled")
+    assert scaled is not None and (scaled.status, scaled.reason) == ("True", "EachOnItsSignal")
+    assert "each pool then scales on its own signal" in scaled.message
+    pinned = get_condition(deployed(spec("on", scaling={"replicas": 2})).status, "PoolsAutoscaled")
+    assert pinned is not None and (pinned.status, pinned.reason) == ("False", "FixedAtPlan")
+    for pool in (plan.prefill, plan.decode):  # each pool's share of TTFT, what its autoscaler scales it for
+        assert pool.ttft_target_seconds is not None and 0 < pool.ttft_target_seconds <= 1.5
     assert result.applied_deployment is None  # the scale tick's drift check is the aggregated workload's
 
 
