@@ -25,7 +25,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvscale.metrics.engines import ENGINES, EngineMetrics
-from kvscale.standin.fleet import PodFleet, PodStats
+from kvscale.standin.fleet import EngineFleet, PodStats
 
 KV_BLOCK_TOKENS = 16  # vLLM's default block size (the catalog's kv_block_tokens)
 ENGINE_INDEX = "0"  # vLLM's `engine` label: the engine core's index within the server
@@ -40,7 +40,7 @@ class EngineCollector(Collector):
     engine's own labels, as the engine itself serves them."""
 
     def __init__(
-        self, fleet: PodFleet, namespace: str, model_name: str, engine: str = "vllm", pod: str | None = None
+        self, fleet: EngineFleet, namespace: str, model_name: str, engine: str = "vllm", pod: str | None = None
     ) -> None:
         self.fleet, self.namespace, self.model_name, self.engine, self.pod = fleet, namespace, model_name, engine, pod
         self.names: EngineMetrics = ENGINES[engine]

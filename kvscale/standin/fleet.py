@@ -78,21 +78,54 @@ class PodStats:
         self.prompt_tokens += r.input_tokens
 
 
-class PodFleet:
+class EngineFleet:
+    """Pods and their engines as the metrics collector reads them (kvscale.standin.exposition):
+    each pod's PodStats, the engines' clock, and the lock `sync_pods` and `tick` hold. PodFleet
+    runs one pool of replicas; kvscale.standin.pools.PoolsPodFleet a prefill and a decode pool."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.start = clock()
+        self.pods: dict[str, PodStats] = {}
+        self.lock = threading.Lock()
+
+    def now(self) -> float:
+        return float(self.clock() - self.start)
+
+    def iterations(self, stats: PodStats) -> Histogram:
+        """vllm:iteration_tokens_total of the pod's engine: one observation per step of the
+        tokens it carried (call under `lock`)."""
+        steps = Histogram(ITERATION_BUCKETS)
+        for tokens, count in stats.replica.iterations.items():
+            steps.observe(tokens, count)
+        return steps
+
+    def inter_token_latency(self, stats: PodStats) -> Histogram:
+        """vllm:inter_token_latency_seconds of the pod's engine: every gap between two tokens of
+        a request, observed at the step that ends it (vLLM's IterationStats, vllm/v1/metrics/
+        stats.py), not when the request finishes: a window's gaps are the steps it ran, the
+        steps its batch (generated tokens over steps) counts (call under `lock`)."""
+        gaps = Histogram(ITL_BUCKETS)
+        for gap_s, tokens in stats.replica.token_gaps.items():
+            gaps.observe(gap_s, tokens)
+        gaps.total = stats.replica.gap_seconds  # the exact sum (the bins are 0.1 ms wide)
+        return gaps
+
+    def serving(self) -> list[PodStats]:
+        """Pods whose engine answers (past its cold start); call under `lock`."""
+        now = self.now()
+        return [s for s in self.pods.values() if s.replica.is_ready(now)]
+
+
+class PodFleet(EngineFleet):
     """The simulator's fleet, driven by the cluster's pods: `sync_pods` and `tick` are called
     by the serve loop, `serving` by the metrics collector (all under one lock)."""
 
     def __init__(self, spec: FleetSpec, steps: StepTimes, arrivals: Arrivals, clock: Callable[[], float]) -> None:
         self.fleet = Fleet(spec, steps)
         self.arrivals = arrivals
-        self.clock = clock
-        self.start = clock()
-        self.pods: dict[str, PodStats] = {}
-        self.lock = threading.Lock()
+        super().__init__(clock)
         self._ids = 0
-
-    def now(self) -> float:
-        return float(self.clock() - self.start)
 
     def sync_pods(self, running_pods: Iterable[str]) -> None:
         """Running pods get a replica (serving after the cold start); gone pods lose theirs,
@@ -125,27 +158,3 @@ class PodFleet:
                 stats = by_replica.get(request.replica)
                 if stats is not None:
                     stats.record(request)
-
-    def iterations(self, stats: PodStats) -> Histogram:
-        """vllm:iteration_tokens_total of the pod's engine: one observation per step of the
-        tokens it carried (call under `lock`)."""
-        steps = Histogram(ITERATION_BUCKETS)
-        for tokens, count in stats.replica.iterations.items():
-            steps.observe(tokens, count)
-        return steps
-
-    def inter_token_latency(self, stats: PodStats) -> Histogram:
-        """vllm:inter_token_latency_seconds of the pod's engine: every gap between two tokens of
-        a request, observed at the step that ends it (vLLM's IterationStats, vllm/v1/metrics/
-        stats.py), not when the request finishes: a window's gaps are the steps it ran, the
-        steps its batch (generated tokens over steps) counts (call under `lock`)."""
-        gaps = Histogram(ITL_BUCKETS)
-        for gap_s, tokens in stats.replica.token_gaps.items():
-            gaps.observe(gap_s, tokens)
-        gaps.total = stats.replica.gap_seconds  # the exact sum (the bins are 0.1 ms wide)
-        return gaps
-
-    def serving(self) -> list[PodStats]:
-        """Pods whose engine answers (past its cold start); call under `lock`."""
-        now = self.now()
-        return [s for s in self.pods.values() if s.replica.is_ready(now)]

@@ -10,7 +10,7 @@ from typing import Any
 from kubernetes import client, config
 from prometheus_client.registry import CollectorRegistry
 
-from kvscale.api import GROUP, PLURAL, VERSION, selector
+from kvscale.api import GROUP, LLMD_ROLE, PLURAL, VERSION, selector
 from kvscale.api.intent import parse_intent, resolve_model, serving_config
 from kvscale.api.models import PlanStatus
 from kvscale.sim.engine import StepTimes
@@ -19,6 +19,7 @@ from kvscale.sim.load_profile import load_arrivals
 from kvscale.sizing.catalog import Catalog
 from kvscale.standin.exposition import EngineCollector, serve_metrics
 from kvscale.standin.fleet import PodFleet
+from kvscale.standin.pools import PoolsPodFleet, pools_setup
 
 POD_SYNC_S = 1.0
 TICK_S = 0.1
@@ -45,16 +46,20 @@ def wait_for_plan(api: client.ApiClient, namespace: str, name: str, timeout_s: f
 
 def pod_fleet(
     catalog: Catalog, obj: dict[str, Any], load: str, cold_start_s: float, seed: int, speed: float = 1.0
-) -> tuple[PodFleet, str]:
+) -> tuple[PodFleet | PoolsPodFleet, str]:
     """The fleet the planned configuration describes, and the model name its metrics carry. Its
     engines' clock runs `speed` simulated seconds per wall-clock second (the load's times, the
-    cold start and the step times are simulated seconds)."""
+    cold start and the step times are simulated seconds). A disaggregated plan's is its prefill
+    and decode pools (kvscale.standin.pools), each pod in its role's."""
     intent = parse_intent(obj["spec"])
     plan = PlanStatus.model_validate(obj["status"]["plan"])
-    cfg = serving_config(intent, plan, catalog)
-    spec = FleetSpec(plan.max_batch, cfg.memory.kv_capacity_tokens, cfg.max_num_batched_tokens, cfg.gpus, cold_start_s)
     arrivals = load_arrivals(load, intent.workload.input_tokens, intent.workload.output_tokens, seed)
     model_name = intent.spec.model.name or resolve_model(intent, catalog).name
+    if plan.mode == "disaggregated":
+        setup = pools_setup(catalog, intent, plan, cold_start_s, seed)
+        return PoolsPodFleet(setup, arrivals, lambda: speed * time.monotonic()), model_name
+    cfg = serving_config(intent, plan, catalog)
+    spec = FleetSpec(plan.max_batch, cfg.memory.kv_capacity_tokens, cfg.max_num_batched_tokens, cfg.gpus, cold_start_s)
     return PodFleet(spec, StepTimes(cfg), arrivals, lambda: speed * time.monotonic()), model_name
 
 
@@ -90,8 +95,13 @@ def serve(
     while duration_s is None or time.monotonic() - started < duration_s:
         if time.monotonic() - last_sync >= POD_SYNC_S:
             pods = core.list_namespaced_pod(namespace, label_selector=selector(name)).items
+            # Each Running pod with its llm-d.ai/role (PodFleet reads the names alone).
             fleet.sync_pods(
-                p.metadata.name for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+                {
+                    p.metadata.name: (p.metadata.labels or {}).get(LLMD_ROLE)
+                    for p in pods
+                    if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+                }
             )
             last_sync = time.monotonic()
         fleet.tick()
