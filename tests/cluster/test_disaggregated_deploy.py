@@ -65,11 +65,11 @@ def test_disaggregated_service_deploys_two_pools_with_their_roles(
         assert pod.metadata.labels["kvscale.io/variant"] == f"h100-sxm-tp{plan[role]['tensorParallel']}-bf16"
     svc = client.CoreV1Api(api).read_namespaced_service(NAME, namespace)
     assert svc.spec.selector["llm-d.ai/role"] == "decode"
-    held = next(c for c in obj["status"]["conditions"] if c["type"] == "PoolsAutoscaled")
-    assert held["status"] == "False" and "does not scale disaggregated pools" in held["message"]
+    scaled = next(c for c in obj["status"]["conditions"] if c["type"] == "PoolsAutoscaled")
+    assert (scaled["status"], scaled["reason"]) == ("True", "EachOnItsSignal")
     assert obj["status"]["readyReplicas"] == plan["decode"]["replicas"]
 
-    # Nothing scales the pools: a pool scaled by hand goes back to its count.
+    # A pool scaled by hand goes back to the count kvscale set (no Prometheus here: the tick holds).
     decode = plan["decode"]["replicas"]
     client.AppsV1Api(api).patch_namespaced_deployment_scale(
         f"{NAME}-decode", namespace, {"spec": {"replicas": decode + 2}}
