@@ -257,7 +257,7 @@ def plan_cmd(
         launch = replace(launch, context=replace(launch.context, reason=context_said))
     check = result.chosen.check if result.chosen is not None else None
     # The layout beside the aggregated plan (prefill/decode pools: kvscale.planner.disaggregated)
-    found = layouts(cat, result, disaggregation, checked=check is not None)
+    found = layouts(cat, result, disaggregation, checked=check is not None, replay=replay, routing=routing)
     command, args = engine_command(launch.launch) if launch else ([], None)
     if as_json:
         out = plan_to_dict(result, args)
