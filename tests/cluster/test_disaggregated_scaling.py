@@ -1,0 +1,145 @@
+"""A disaggregated InferenceService's two pools scale, each on its own signal (issue 36, part 5),
+end to end: the operator deploys the prefill and decode pools; the stand-in's pools
+(kvscale.standin.pools, the simulator's P/D run) serve each real pod's vLLM metrics by its
+llm-d.ai/role; a real Prometheus scrapes them; the operator's scale tick reads each pool's own
+pods and scales each pool's Deployment.
+
+- Phase A, long prompts and short outputs at ~4 prefill workers' worth of requests: the prefill
+  pool grows past the plan's count; the decode pool, carrying short decodes, does not.
+- Phase B, short prompts and long outputs: the decode pool grows past the plan's count.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from kvscale.api import GROUP, LLMD_ROLE, PLURAL, VERSION, selector
+from kvscale.api.intent import Intent, read_spec
+from kvscale.api.models import parse_status
+from kvscale.sim.load_profile import Arrivals
+from kvscale.sizing.catalog import default_catalog
+from kvscale.standin.exposition import EngineCollector, serve_metrics
+from kvscale.standin.pools import PoolsPodFleet, pools_setup
+from tests.cluster.harness import Cluster, free_port, wait_until
+from tests.cluster.processes import Operator
+from tests.cluster.prometheus import Prometheus
+from tests.cluster.test_multinode_operator import deployment
+from tests.cluster.test_operator import ROOT, create, get
+
+NAME = "pd-scale"
+BODY: dict[str, Any] = {
+    "apiVersion": f"{GROUP}/{VERSION}",
+    "kind": "InferenceService",
+    "metadata": {"name": NAME},
+    "spec": {
+        "model": {"name": "llama-3.1-8b"},
+        "workload": {"inputTokens": 4000, "outputTokens": 300, "requestsPerSecond": 8},
+        "slo": {"timeToFirstToken": "1500ms", "timePerOutputToken": "12ms"},
+        "hardware": {"gpuTypes": ["H100-SXM"]},
+        "serving": {"disaggregation": "on"},
+        "scaling": {"maxReplicas": 6},
+    },
+}
+
+
+def _pods(api: client.ApiClient, namespace: str) -> dict[str, str | None]:
+    """The service's Running engine pods and their roles, as the stand-in's serve loop reads them."""
+    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector(NAME)).items
+    return {
+        p.metadata.name: (p.metadata.labels or {}).get(LLMD_ROLE)
+        for p in pods
+        if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+    }
+
+
+def _replicas(api: client.ApiClient, namespace: str, role: str) -> int:
+    dep = deployment(api, namespace, f"{NAME}-{role}")
+    return int(dep.spec.replicas) if dep is not None else 0
+
+
+def test_each_pool_scales_on_its_own_signal(
+    cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+    port = free_port()
+    registry = CollectorRegistry()
+    running = threading.Event()
+    running.set()
+    op = Operator(cluster, tmp_path)
+    server = None
+    try:
+        with Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{port}"]) as prom:
+            op.env.update(
+                {
+                    "KVSCALE_PROMETHEUS_URL": prom.url,
+                    "KVSCALE_SCALE_INTERVAL": "2s",
+                    "KVSCALE_METRICS_WINDOW": "20s",
+                    "KVSCALE_CALIBRATION_INTERVAL": "off",
+                }
+            )
+            op.start()
+            create(api, namespace, BODY)
+            wait_until(lambda: get(api, namespace, NAME).get("status", {}).get("plan", {}).get("decode"), 60, "pools")
+            status = parse_status(get(api, namespace, NAME)["status"])
+            intent = read_spec(BODY["spec"])
+            assert status.plan is not None and status.plan.prefill and status.plan.decode
+            assert isinstance(intent, Intent)
+            planned = {"prefill": status.plan.prefill.replicas, "decode": status.plan.decode.replicas}
+            prefill_rate = status.plan.prefill.rate_per_worker
+
+            # Phase A: ~4 prefill workers' worth of 4000-token prompts with 16-token answers.
+            phase = {"rate": 4 * prefill_rate}
+            arrivals = Arrivals(lambda _t: phase["rate"], 8 * prefill_rate, 4000, 16, seed=3)
+            start = time.monotonic()
+            standin = PoolsPodFleet(
+                pools_setup(default_catalog(), intent, status.plan, 0.0, seed=3),
+                arrivals,
+                clock=lambda: time.monotonic() - start,
+            )
+            registry.register(EngineCollector(standin, namespace, "meta-llama/Llama-3.1-8B-Instruct"))
+            server = serve_metrics(registry, port)
+
+            def advance() -> None:
+                synced = 0.0
+                while running.is_set():
+                    if time.monotonic() - synced > 1.0:
+                        standin.sync_pods(_pods(api, namespace))
+                        synced = time.monotonic()
+                    standin.tick()
+                    time.sleep(0.02)
+
+            threading.Thread(target=advance, daemon=True).start()
+            wait_until(lambda: _replicas(api, namespace, "prefill") > planned["prefill"], 150, "the prefill pool grown")
+            assert _replicas(api, namespace, "decode") <= planned["decode"]
+            obj = get(api, namespace, NAME)
+            cond = next(c for c in obj["status"]["conditions"] if c["type"] == "PoolsAutoscaled")
+            assert (cond["status"], cond["reason"]) == ("True", "EachOnItsSignal"), cond
+            assert obj["status"]["plan"]["prefill"]["replicas"] >= _replicas(api, namespace, "prefill") - 1
+            events = client.CoreV1Api(api).list_namespaced_event(namespace).items
+            assert any(e.reason == "Scaled" and "prefill pool" in (e.message or "") for e in events)
+
+            # Phase B: short prompts, long answers at ~3 decode workers' worth.
+            with standin.lock:
+                arrivals.lengths = ((standin.now(), 256, 1200),)
+                phase["rate"] = 3 * status.plan.decode.rate_per_worker * 300 / 1200
+            wait_until(lambda: _replicas(api, namespace, "decode") > planned["decode"], 180, "the decode pool grown")
+            cond = next(c for c in get(api, namespace, NAME)["status"]["conditions"] if c["type"] == "PoolsAutoscaled")
+            assert "decode" in cond["message"], cond
+            print(
+                f"pools: {_replicas(api, namespace, 'prefill')} prefill, {_replicas(api, namespace, 'decode')} decode; {cond['message']}"
+            )
+    except BaseException:
+        print(op.tail())
+        raise
+    finally:
+        running.clear()
+        if server is not None:
+            server.shutdown()
+        op.stop()
