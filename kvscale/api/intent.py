@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from kvscale.api.crd import DNS_LABEL_1035, ENV_VAR_NAME, MAX_NAME_LENGTH
-from kvscale.api.models import InferenceServiceSpec, PlanStatus, parse_spec
+from kvscale.api.models import InferenceServiceSpec, PlanStatus, PoolPlanStatus, parse_spec
 from kvscale.autoscaling import tuning
 from kvscale.autoscaling.policy import PolicyConfig
 from kvscale.engines.knobs import RESOURCE_KNOBS
@@ -270,6 +270,24 @@ def serving_config(intent: Intent, plan: PlanStatus, catalog: Catalog) -> Servin
         expert_parallel=plan.expert_parallel,
         data_parallel=plan.data_parallel,
     )
+
+
+def pool_serving_config(intent: Intent, plan: PlanStatus, pool: PoolPlanStatus, catalog: Catalog) -> ServingConfig:
+    """The configuration of one pool of a disaggregated plan in status (status.plan.prefill or
+    .decode): the service's model, KV precision and engine profile, the pool's GPU type, tensor
+    parallelism, precision and chunk budget."""
+    as_plan = plan.model_copy(
+        update={
+            "gpu_type": pool.gpu_type,
+            "tensor_parallel": pool.tensor_parallel,
+            "pipeline_parallel": 1,
+            "data_parallel": 1,
+            "precision": pool.precision,
+            "max_batch": pool.max_batch,
+            "max_num_batched_tokens": pool.max_num_batched_tokens,
+        }
+    )
+    return serving_config(intent, as_plan, catalog)
 
 
 def allowed_gpus(intent: Intent, catalog: Catalog) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvscale.api.intent import Intent, serving_config
+from kvscale.api.intent import Intent, pool_serving_config
 from kvscale.api.models import InferenceServiceStatus, PlanStatus, PoolPlanStatus
 from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.autoscaling.policy import Capacity, PolicyConfig, PolicyState
@@ -78,21 +78,6 @@ def autoscaled(intent: Intent) -> bool:
     return intent.scaling.mode == "auto" and intent.scaling.pinned_replicas is None
 
 
-def pool_plan(plan: PlanStatus, pool: PoolPlanStatus) -> PlanStatus:
-    """The plan as one pool's configuration (what kvscale.api.intent.serving_config reads)."""
-    return plan.model_copy(
-        update={
-            "gpu_type": pool.gpu_type,
-            "tensor_parallel": pool.tensor_parallel,
-            "pipeline_parallel": 1,
-            "data_parallel": 1,
-            "precision": pool.precision,
-            "max_batch": pool.max_batch,
-            "max_num_batched_tokens": pool.max_num_batched_tokens,
-        }
-    )
-
-
 def _pools(plan: PlanStatus) -> dict[str, PoolPlanStatus]:
     assert plan.prefill is not None and plan.decode is not None  # a disaggregated plan's status
     return {"prefill": plan.prefill, "decode": plan.decode}
@@ -138,7 +123,7 @@ def models(intent: Intent, plan: PlanStatus, memory: PoolsMemory, catalog: Catal
     shape = planned_workload(plan.workload, intent.workload.max_context_tokens) if plan.workload else None
     built: dict[str, PoolModel] = {}
     for role, pool in pools.items():
-        cfg = serving_config(intent, pool_plan(plan, pool), catalog)
+        cfg = pool_serving_config(intent, plan, pool, catalog)
         capacity: Capacity
         if role == "prefill":
             capacity = PrefillCapacity(cfg, intent.slo, targets[role], pool.max_batch, shape)

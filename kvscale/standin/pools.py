@@ -6,7 +6,7 @@ A pod's role is its `llm-d.ai/role` label (kvscale.control.disaggregated.role_la
 pod gets a replica of the prefill pool (PoolFleet("prefill"), the prefill pool's serving
 configuration), a decode pod one of the decode pool (DecodeReplica, the decode pool's); a pod
 with neither role gets none. Each pool's configuration is status.plan.prefill / .decode read as
-the aggregated stand-in reads status.plan (kvscale.api.intent.serving_config: GPU type, TP,
+the aggregated stand-in reads status.plan (kvscale.api.intent.pool_serving_config: GPU type, TP,
 precision, chunk budget; the batch limit), and the KV path between them is the one the operator
 planned over (kvscale.sizing.disaggregation.kv_transfer_path, between nodes).
 
@@ -39,7 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from kvscale.api.intent import Intent, serving_config
+from kvscale.api.intent import Intent, pool_serving_config
 from kvscale.api.models import PlanStatus, PoolPlanStatus
 from kvscale.sim.disaggregated_fleet import DecodeReplica, DisaggregatedSetup, PoolFleet
 from kvscale.sim.engine import SimRequest
@@ -72,17 +72,8 @@ def pool_setup(
     chunk budget read as serving_config reads the aggregated plan's (the service's model, KV
     precision and engine profile), its batch limit, behind the gateway, no replica to start with
     (the pods bring them)."""
-    as_plan = plan.model_copy(
-        update={
-            "gpu_type": pool.gpu_type,
-            "tensor_parallel": pool.tensor_parallel,
-            "precision": pool.precision,
-            "max_batch": pool.max_batch,
-            "max_num_batched_tokens": pool.max_num_batched_tokens,
-        }
-    )
     return SimSetup(
-        cfg=serving_config(intent, as_plan, catalog),
+        cfg=pool_serving_config(intent, plan, pool, catalog),
         slo=intent.slo,
         max_batch=pool.max_batch,
         cold_start_s=cold_start_s,
