@@ -178,8 +178,8 @@ def disaggregated_dict(
     """A disaggregated plan with the keys DESIGN.md names; checked (`plan --trace`), the pools'
     workers are the check's and `check` its figures (`ttft_ms` and `tpot_ms` stay the model's
     prediction at the analytic workers)."""
-    p_workers = check.analytic.prefill if check is not None else None
-    d_workers = check.analytic.decode if check is not None else None
+    p_workers = check.analytic_prefill if check is not None else None
+    d_workers = check.analytic_decode if check is not None else None
     out = {
         "mode": "disaggregated",
         "prefill": _pool_dict(plan.prefill, plan, served, source, p_workers),

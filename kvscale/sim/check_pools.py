@@ -9,7 +9,11 @@ or in prefill: the prefill pool) and that pool is searched first, as kvscale.sim
 an aggregated fleet (search_replicas: down when it meets, up to MAX_UP x its planned workers,
 or a limit, when it misses), then the other pool with the first one's count, and once more
 while the counts change. Where the planned pools meet it, the pool whose workers cost more is
-searched down first. Each replay is a fraction of a second on a CI machine."""
+searched down first. Each replay is a fraction of a second on a CI machine for a few workers;
+its cost grows with the workers, so a pool planned at more than twice FAR times the fewest
+workers the sample's rate needs (their no-queueing capacity: the planner's pools behind a plain
+Service can be hundreds of prefill workers) starts at FAR times that fewest instead, as the
+aggregated check does, and the planned pools are replayed only if the search reaches them."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from typing import Literal
 
 from kvscale.autoscaling.observation import Decision, DecisionKind
 from kvscale.planner.disaggregated import DisaggregatedPlan
-from kvscale.sim.check import MAX_UP, Routing, search_replicas
+from kvscale.sim.check import FAR, MAX_UP, Routing, search_replicas
 from kvscale.sim.disaggregated_fleet import (
     DisaggregatedResult,
     DisaggregatedSetup,
@@ -30,9 +34,11 @@ from kvscale.sim.report import attainment
 from kvscale.sim.run import SimSetup, Source
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.config import ServingConfig
+from kvscale.sizing.disaggregation import DecodeWorker, PrefillWorker
 from kvscale.sizing.workload import Slo
 
 Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, Role] = ("prefill", "decode")
 ROUNDS = 2  # both pools searched in turn, at most this many times (the counts settle in one or two)
 
 
@@ -55,7 +61,9 @@ class PoolsCheck:
     """The pools' replay at the planned workers and at the counts the search settled on
     (`prefill`, `decode`: the fewest it found meeting the percentile, or the closest pools)."""
 
-    analytic: PoolsReplay  # at the plan's workers
+    analytic_prefill: int  # the plan's workers
+    analytic_decode: int
+    analytic: PoolsReplay | None  # at the plan's workers; None: not replayed (far above the fewest)
     checked: PoolsReplay  # at the counts reported
     target: float  # the SLO percentile as a share
     met: bool
@@ -182,6 +190,16 @@ def _bound(plan: DisaggregatedPlan, role: Role, other_workers: int) -> int:
     return max(1, most)
 
 
+def _fewest(plan: DisaggregatedPlan, role: Role, rate_per_s: float, routing: Routing) -> int:
+    """The fewest workers of `role` that carry `rate_per_s` at their no-queueing capacity."""
+    request = plan.request
+    if role == "prefill":
+        capacity = PrefillWorker(plan.prefill.cfg, request.workload, routing == "gateway").capacity_rate_per_s()
+    else:
+        capacity = DecodeWorker(plan.decode.cfg, request.workload, request.step_target_s).capacity_rate_per_s()
+    return max(1, math.ceil(rate_per_s / capacity)) if capacity > 0 else 1
+
+
 def check_pools(
     plan: DisaggregatedPlan, replay: list[TraceRequest], routing: Routing = "service", seed: int = 0
 ) -> PoolsCheck:
@@ -202,7 +220,14 @@ def check_pools(
 
     noise = math.sqrt(target * (1.0 - target) / max(1, len(replay))) if replay else 0.0
     planned = (plan.prefill.workers, plan.decode.workers)
-    first = run(*planned)
+    span = replay[-1].arrival_s - replay[0].arrival_s if replay else 0.0
+    start = list(planned)
+    if span > 0:
+        for i, role in enumerate(ROLES):
+            far = FAR * _fewest(plan, role, len(replay) / span, routing)
+            if planned[i] > 2 * far:  # within 2x of it, the planned count is the better first guess
+                start[i] = far
+    first = run(start[0], start[1])
     if first.attainment < target:
         roles: list[Role] = (
             ["prefill", "decode"] if first.prefill_misses >= first.decode_misses else ["decode", "prefill"]
@@ -210,7 +235,7 @@ def check_pools(
     else:  # met: the pool whose workers cost more is searched down first
         pricier = plan.prefill.cost_usd_per_hour >= plan.decode.cost_usd_per_hour
         roles = ["prefill", "decode"] if pricier else ["decode", "prefill"]
-    counts = {"prefill": planned[0], "decode": planned[1]}
+    counts = {"prefill": start[0], "decode": start[1]}
     for _round in range(ROUNDS):
         changed = False
         for role in roles:
@@ -235,12 +260,14 @@ def check_pools(
             break
     final = run(counts["prefill"], counts["decode"])
     check = PoolsCheck(
-        analytic=first,
+        analytic_prefill=planned[0],
+        analytic_decode=planned[1],
+        analytic=runs.get(planned),
         checked=final,
         target=target,
         met=final.attainment >= target,
         requests=len(replay),
-        span_s=replay[-1].arrival_s - replay[0].arrival_s if replay else 0.0,
+        span_s=span,
         routing=routing,
         tried=tuple((p, d, runs[p, d].attainment) for p, d in order),
     )
@@ -263,24 +290,28 @@ def why(check: PoolsCheck, plan: DisaggregatedPlan) -> str:
     whether fewer do), need more, or no pools tried meet it."""
     a, c = check.analytic, check.checked
     pct = _pct(check.target)
-    planned = f"{a.prefill} prefill + {a.decode} decode"
+    planned = f"{check.analytic_prefill} prefill + {check.analytic_decode} decode"
     counts = f"{c.prefill} prefill + {c.decode} decode"
+    p0, d0, reached = check.tried[0]
+    if a is not None:
+        from_planned = f"the planned {planned} reach {a.attainment:.2%} (target {pct}; {_misses(a)})"
+    else:
+        from_planned = (
+            f"the planned {planned} were not replayed (over {FAR}x the fewest the load needs): from {p0} + {d0} "
+            f"({reached:.2%}, target {pct})"
+        )
     if not check.met:
         best_p, best_d, best = max(check.tried, key=lambda t: (t[2], -t[0] - t[1]))
         return (
             f"no pools up to {max(t[0] for t in check.tried)} prefill and {max(t[1] for t in check.tried)} decode "
-            f"workers meet the target in the simulator: the planned {planned} reach {a.attainment:.2%} of {pct} "
-            f"({_misses(a)}); the best, {best_p} + {best_d}, reaches {best:.2%}, the closest pools {counts} "
-            f"{c.attainment:.2%}"
+            f"workers meet the target in the simulator: {from_planned}; the best, {best_p} + {best_d}, reaches "
+            f"{best:.2%}, the closest pools {counts} {c.attainment:.2%}"
         )
-    if (c.prefill, c.decode) == (a.prefill, a.decode):
+    if a is not None and (c.prefill, c.decode) == (a.prefill, a.decode):
         return f"the simulator confirms the planned {planned}: {a.attainment:.2%} meet the target {pct}"
-    more = c.prefill > a.prefill or c.decode > a.decode
+    more = c.prefill > check.analytic_prefill or c.decode > check.analytic_decode
     head = "the simulator needs more" if more else "the simulator confirms fewer"
-    return (
-        f"{head}: the planned {planned} reach {a.attainment:.2%} (target {pct}; {_misses(a)}); {counts} reach "
-        f"{c.attainment:.2%}"
-    )
+    return f"{head}: {from_planned}; {counts} reach {c.attainment:.2%}"
 
 
 def _ms(s: float) -> float | None:
@@ -297,18 +328,19 @@ def check_pools_to_dict(check: PoolsCheck) -> dict[str, object]:
         "rate_per_s": round(check.rate_per_s, 4),
         "routing": check.routing,
         "target": check.target,
-        "analytic_workers": {"prefill": a.prefill, "decode": a.decode},
-        "analytic_attainment": round(a.attainment, 5),
+        "analytic_workers": {"prefill": check.analytic_prefill, "decode": check.analytic_decode},
+        # null: not replayed (over FAR x the fewest the load needs, the search started below)
+        "analytic_attainment": round(a.attainment, 5) if a is not None else None,
         "workers": {"prefill": c.prefill, "decode": c.decode},
         "attainment": round(c.attainment, 5),
         "met": check.met,
         "ttft_p_ms": _ms(c.ttft_p_s),
         "tpot_p_ms": _ms(c.tpot_p_s),
         "gpu_hours": round(c.gpu_hours, 4),
-        "analytic_ttft_p_ms": _ms(a.ttft_p_s),
-        "analytic_tpot_p_ms": _ms(a.tpot_p_s),
+        "analytic_ttft_p_ms": _ms(a.ttft_p_s) if a is not None else None,
+        "analytic_tpot_p_ms": _ms(a.tpot_p_s) if a is not None else None,
         "misses": {"prefill": c.prefill_misses, "decode": c.decode_misses},
-        "analytic_misses": {"prefill": a.prefill_misses, "decode": a.decode_misses},
+        "analytic_misses": {"prefill": a.prefill_misses, "decode": a.decode_misses} if a is not None else None,
         "tried": [{"prefill": p, "decode": d, "attainment": round(x, 5)} for p, d, x in check.tried],
         "why": check.why,
     }
