@@ -173,11 +173,13 @@ class BudgetBook:
             self._posted[key] = message
 
     def forget(self, namespace: str, name: str) -> None:
-        key = service_key(namespace, name)
+        """The service's want, grant and Event memory; its disaggregated pools' wants too
+        (kvscale.control.pool_budget: `<name>-prefill`, `<name>-decode`)."""
         with self._lock:
-            self._entries.pop(key, None)
-            self._posted.pop(key, None)
-            self._previous.pop(key, None)
+            for key in (service_key(namespace, n) for n in (name, f"{name}-prefill", f"{name}-decode")):
+                self._entries.pop(key, None)
+                self._posted.pop(key, None)
+                self._previous.pop(key, None)
 
     def governing(self, namespace: str, labels: Mapping[str, str], gpu_type: str | None = None) -> str | None:
         return governing(self.view().specs, namespace, labels, gpu_type)

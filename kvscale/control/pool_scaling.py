@@ -20,7 +20,7 @@ them (the PoolsAutoscaled condition says so).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvscale.api.intent import Intent, pool_serving_config
@@ -28,8 +28,10 @@ from kvscale.api.models import InferenceServiceStatus, PlanStatus, PoolPlanStatu
 from kvscale.autoscaling.observation import Decision, Observation
 from kvscale.autoscaling.policy import Capacity, PolicyConfig, PolicyState
 from kvscale.autoscaling.pool_capacity import DecodeCapacity, PrefillCapacity, pool_policy_config
-from kvscale.autoscaling.tick import TickDecision, TickInput, tick_all
+from kvscale.autoscaling.tick import BudgetAnswer, TickDecision, TickInput, Want, tick_all
 from kvscale.control import disaggregated as pd
+from kvscale.control.budget import BudgetBook
+from kvscale.control.pool_budget import PoolsGoverned, govern_pools
 from kvscale.control.reconcile import DEPLOYMENT, DeploymentView, Event, Resource, Result
 from kvscale.control.scaling import default_cold_start_s
 from kvscale.control.settings import Settings
@@ -66,6 +68,54 @@ class PoolsMemory:
 
 
 @dataclass(frozen=True)
+class PoolsGovernor:
+    """The GPUBudgets as the pools' tick sees them (kvscale.control.pool_budget)."""
+
+    book: BudgetBook
+    labels: Mapping[str, str]  # the service's labels (a budget's selector reads them)
+    ttl_s: float  # how long a want counts without a tick
+    before: InferenceServiceStatus  # the status the tick started from (the last HeldByBudget said)
+
+
+class _PoolsBook:
+    """The tick's budget stage for the two pools: both wants answered at once by the budget
+    book (kvscale.control.pool_budget.govern_pools); its result kept for the rendering."""
+
+    def __init__(
+        self,
+        governor: PoolsGovernor,
+        intent: Intent,
+        res: Resource,
+        status: InferenceServiceStatus,
+        pools: Mapping[Role, PoolPlanStatus],
+        current: Mapping[Role, int],
+        roles: Sequence[Role],
+        now: dt.datetime,
+    ) -> None:
+        self.governor, self.intent, self.res, self.status = governor, intent, res, status
+        self.pools, self.current, self.roles, self.now = pools, current, roles, now
+        self.done: PoolsGoverned | None = None
+
+    def answer(self, wants: Sequence[Want]) -> list[BudgetAnswer]:
+        asked = {role: want.decision.replicas for role, want in zip(self.roles, wants, strict=True)}
+        g = self.governor
+        self.done = govern_pools(
+            g.book,
+            self.res,
+            g.labels,
+            self.intent,
+            g.before,
+            self.status,
+            self.pools,
+            self.current,
+            asked,
+            self.now,
+            g.ttl_s,
+        )
+        return [BudgetAnswer(self.done.counts[role]) for role in self.roles]
+
+
+@dataclass(frozen=True)
 class PoolsTick:
     result: Result
     memory: PoolsMemory
@@ -78,7 +128,7 @@ def autoscaled(intent: Intent) -> bool:
     return intent.scaling.mode == "auto" and intent.scaling.pinned_replicas is None
 
 
-def _pools(plan: PlanStatus) -> dict[str, PoolPlanStatus]:
+def _pools(plan: PlanStatus) -> dict[Role, PoolPlanStatus]:
     assert plan.prefill is not None and plan.decode is not None  # a disaggregated plan's status
     return {"prefill": plan.prefill, "decode": plan.decode}
 
@@ -157,13 +207,19 @@ def tick_pools(
     catalog: Catalog,
     settings: Settings,
     now: dt.datetime,
+    governor: PoolsGovernor | None = None,
 ) -> PoolsTick:
-    """Both pools through the one tick; the result scales each pool whose count changed and
-    says why in status (PoolsAutoscaled, each pool's replicas) and in a Scaled Event."""
+    """Both pools through the one tick (its budget stage: the GPUBudgets that govern the pools'
+    GPU types, through `governor`); the result scales each pool whose count changed and says
+    why in status (PoolsAutoscaled, HeldByBudget, each pool's replicas) and in a Scaled Event."""
     plan = status.plan
     assert plan is not None and plan.prefill is not None and plan.decode is not None
     memory = models(intent, plan, memory, catalog, settings)
     roles: list[Role] = [r for r in pd.ROLES if r in readings]
+    book = None
+    if governor is not None and len(roles) == len(pd.ROLES):
+        current = {r: readings[r].view.replicas for r in roles}
+        book = _PoolsBook(governor, intent, res, status, _pools(plan), current, roles, now)
     inputs = [
         TickInput(
             readings[r].obs,
@@ -173,7 +229,10 @@ def tick_pools(
         )
         for r in roles
     ]
-    done: dict[str, TickDecision] = dict(zip(roles, tick_all(inputs), strict=True))
+    done: dict[str, TickDecision] = dict(zip(roles, tick_all(inputs, book), strict=True))
+    budget_events: tuple[Event, ...] = ()
+    if book is not None and book.done is not None:
+        status, budget_events = book.done.status, book.done.events
     decisions: dict[str, Decision] = {r: d.decision for r, d in done.items()}
     states = {**memory.states, **{r: d.state for r, d in done.items()}}
     memory = PoolsMemory(memory.key, memory.models, states)
@@ -183,17 +242,19 @@ def tick_pools(
     parts: list[str] = []
     pools = _pools(plan)
     for role in roles:
-        current, target = readings[role].view.replicas, done[role].replicas
+        running, target = readings[role].view.replicas, done[role].replicas
         why = decisions[role].reason
         missing = readings[role].missing
         if missing is not None:
             why = f"{why} (metrics not read: {missing})"
-        if target != current:
+        if target < decisions[role].replicas:
+            why = f"{why}; the budget holds it to {target} (HeldByBudget)"
+        if target != running:
             scaled[pd.pool_name(res.name, role)] = target
-            events.append(Event("Normal", "Scaled", f"Scaled {role} pool {current} -> {target}: {why}"[:1000]))
-            parts.append(f"{role} {current} -> {target}: {why}")
+            events.append(Event("Normal", "Scaled", f"Scaled {role} pool {running} -> {target}: {why}"[:1000]))
+            parts.append(f"{role} {running} -> {target}: {why}")
         else:
-            parts.append(f"{role} {current}: {why}")
+            parts.append(f"{role} {running}: {why}")
         pools[role] = pools[role].model_copy(update={"replicas": target})
     message = "; ".join(parts)
     new_plan = plan.model_copy(update={"prefill": pools["prefill"], "decode": pools["decode"]})
@@ -208,6 +269,6 @@ def tick_pools(
     result = Result(
         new,
         scale_named=tuple((DEPLOYMENT, name, n) for name, n in scaled.items()),
-        events=tuple(events),
+        events=(*events, *budget_events),
     )
     return PoolsTick(result, memory, decisions, scaled)

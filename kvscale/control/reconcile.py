@@ -1310,13 +1310,13 @@ def pools_under_budget(
     retry_s: float,
     now: dt.datetime | None = None,
 ) -> Result:
-    """A disaggregated plan on GPU types a GPUBudget governs (`governed`: GPU type -> budget):
-    nothing is deployed, since the budget book does not count pools yet; retried, so that the
-    pools deploy once no budget governs their types."""
+    """A disaggregated plan on GPU types a GPUBudget governs (`governed`: GPU type -> budget)
+    whose free GPUs hold not one worker of each pool: nothing is deployed; retried, so that the
+    pools deploy once the budget has room."""
     names = ", ".join(f"{gpu} by GPUBudget {budget}" for gpu, budget in sorted(governed.items()))
     message = (
-        f"the disaggregated plan's GPU types are governed ({names}), and GPUBudgets do not budget prefill and "
-        "decode pools yet: nothing is deployed; set spec.serving.disaggregation to off to deploy aggregated "
-        "replicas under the budget"
+        f"the disaggregated plan's GPU types are governed ({names}), and the budget has no room now for one prefill "
+        "and one decode worker: nothing is deployed until it has; raise the limit, or set "
+        "spec.serving.disaggregation to off to deploy aggregated replicas under the budget"
     )
     return _failed(status, res, POOLS_UNDER_BUDGET, message, retry_s, now)

@@ -34,7 +34,7 @@ import kopf
 
 from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.api.intent import Intent, SpecError, read_spec
-from kvscale.api.models import InferenceServiceStatus, PlanStatus, parse_status
+from kvscale.api.models import InferenceServiceStatus, PlanStatus, PoolPlanStatus, parse_status
 from kvscale.autoscaling.budget import Grant
 from kvscale.autoscaling.observation import Observation, ObservedWorkload
 from kvscale.control import children as owned
@@ -46,6 +46,7 @@ from kvscale.control.disaggregated import ROLES, pool_name
 from kvscale.control.drain import preemption_grace_s
 from kvscale.control.inventory import pools
 from kvscale.control.memory import MEMO_KEY, ServiceMemory
+from kvscale.control.pool_budget import cap_pools, capped_pools
 from kvscale.control.reconcile import (
     DeploymentView,
     Observed,
@@ -88,6 +89,7 @@ from kvscale.operator.drain import mark_scale_down, shorten_preempted
 from kvscale.operator.informers import Inventory
 from kvscale.operator.k8s import Kube
 from kvscale.operator.served import wait_until_served
+from kvscale.planner.disaggregated import Role
 from kvscale.sizing.catalog import Catalog
 
 INVENTORY_SYNC_S = 300.0
@@ -417,17 +419,25 @@ def under_budget(rt: Runtime, call: Call, result: Result, seen: Observed) -> Res
 
 
 def _pools_under_budget(rt: Runtime, call: Call, result: Result, seen: Observed) -> Result:
-    """GPUBudgets do not budget disaggregated pools yet: new pools on a GPU type a budget
-    governs are not deployed (kvscale.control.reconcile.pools_under_budget), so that a service
-    cannot run beyond its budget by asking for pools; pools already running are left as they are."""
+    """New pools on GPU types a GPUBudget governs start within the GPUs it has free now
+    (kvscale.control.pool_budget.cap_pools: the plan's counts where they fit, else the split that
+    serves the most); with no room for one worker of each nothing is deployed and the service
+    waits (kvscale.control.reconcile.pools_under_budget). Running pools: their tick's budget stage."""
     plan = result.status.plan
     if not result.apply or seen.pool_workloads or plan is None or plan.prefill is None or plan.decode is None:
         return result
     labels = (call.body.get("metadata") or {}).get("labels") or {}
-    governed = rt.budgets.view().governors(call.res.namespace, labels, (plan.prefill.gpu_type, plan.decode.gpu_type))
-    if not governed:
-        return result
-    return pools_under_budget(call.before, call.res, governed, rt.settings.retry_backoff_s)
+    pools: dict[Role, PoolPlanStatus] = {"prefill": plan.prefill, "decode": plan.decode}
+    planned = {role: pool.replicas for role, pool in pools.items()}
+    intent = call.intent
+    priority = 0 if isinstance(intent, SpecError) else intent.scaling.priority
+    counts = cap_pools(rt.budgets, call.res, labels, priority, pools, planned)
+    if counts is None:
+        governed = rt.budgets.view().governors(
+            call.res.namespace, labels, (plan.prefill.gpu_type, plan.decode.gpu_type)
+        )
+        return pools_under_budget(call.before, call.res, governed, rt.settings.retry_backoff_s)
+    return capped_pools(result, call.res.name, counts)
 
 
 async def status_tick(rt: Runtime, call: Call) -> None:
@@ -532,8 +542,10 @@ async def _scale_pools(rt: Runtime, call: Call) -> None:
             readings[role] = pool_scaling.PoolReading(obs, missing, view)
         catalog = planning_catalog_of(rt, call, cached=True)
         now = dt.datetime.now(dt.UTC)
+        labels = (call.body.get("metadata") or {}).get("labels") or {}
+        governor = pool_scaling.PoolsGovernor(rt.budgets, labels, budget_ttl_s(rt), call.before)
         done = pool_scaling.tick_pools(
-            intent, call.res, call.before, readings, memory(call.memo).pools, catalog, rt.settings, now
+            intent, call.res, call.before, readings, memory(call.memo).pools, catalog, rt.settings, now, governor
         )
     except Exception as exc:  # counted and shown in status; the timer runs again
         if not rt.stopping:

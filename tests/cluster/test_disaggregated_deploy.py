@@ -89,7 +89,7 @@ def test_disaggregated_service_deploys_two_pools_with_their_roles(
     assert not any(c["type"] == "PoolsAutoscaled" for c in get(api, namespace, NAME)["status"]["conditions"])
 
 
-def test_pools_are_not_deployed_on_gpu_types_a_budget_governs(
+def test_pools_are_not_deployed_where_their_budget_has_no_room_for_one_of_each(
     operator: Operator, api: client.ApiClient, namespace: str
 ) -> None:
     objects = client.CustomObjectsApi(api)
@@ -98,7 +98,8 @@ def test_pools_are_not_deployed_on_gpu_types_a_budget_governs(
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "GPUBudget",
         "metadata": {"name": budget},
-        "spec": {"limits": {"H100-SXM": 16}, "selector": {"namespaces": [namespace]}},
+        # one prefill worker (TP1) and one decode worker (TP2) need 3
+        "spec": {"limits": {"H100-SXM": 2}, "selector": {"namespaces": [namespace]}},
     }
     objects.create_cluster_custom_object(GROUP, VERSION, "gpubudgets", body)
     try:
@@ -111,6 +112,7 @@ def test_pools_are_not_deployed_on_gpu_types_a_budget_governs(
         obj = wait_phase(api, namespace, NAME, "Pending", operator)
         planned = next(c for c in obj["status"]["conditions"] if c["type"] == "Planned")
         assert planned["reason"] == "PoolsUnderBudget" and f"H100-SXM by GPUBudget {budget}" in planned["message"]
+        assert "no room now for one prefill and one decode worker" in planned["message"]
         assert all(deployment(api, namespace, f"{NAME}-{r}") is None for r in ("prefill", "decode"))
     finally:
         objects.delete_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget)

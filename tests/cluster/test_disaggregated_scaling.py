@@ -7,10 +7,13 @@ pods and scales each pool's Deployment.
 - Phase A, long prompts and short outputs at ~4 prefill workers' worth of requests: the prefill
   pool grows past the plan's count; the decode pool, carrying short decodes, does not.
 - Phase B, short prompts and long outputs: the decode pool grows past the plan's count.
+- Phase C, a GPUBudget smaller than both pools: they come down within it, split by what they
+  serve together, and the budget's status lists each pool.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -33,6 +36,7 @@ from tests.cluster.test_multinode_operator import deployment
 from tests.cluster.test_operator import ROOT, create, get
 
 NAME = "pd-scale"
+LIMIT = 6  # H100s the phase-C budget allows both pools
 BODY: dict[str, Any] = {
     "apiVersion": f"{GROUP}/{VERSION}",
     "kind": "InferenceService",
@@ -69,6 +73,8 @@ def test_each_pool_scales_on_its_own_signal(
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
     port = free_port()
+    objects = client.CustomObjectsApi(api)
+    budget = f"pools-{namespace}"
     registry = CollectorRegistry()
     running = threading.Event()
     running.set()
@@ -132,13 +138,41 @@ def test_each_pool_scales_on_its_own_signal(
             wait_until(lambda: _replicas(api, namespace, "decode") > planned["decode"], 180, "the decode pool grown")
             cond = next(c for c in get(api, namespace, NAME)["status"]["conditions"] if c["type"] == "PoolsAutoscaled")
             assert "decode" in cond["message"], cond
+
+            # Phase C: a GPUBudget of LIMIT H100s over both pools: they come down within it, split
+            # by what they serve together (not in proportion), and the budget lists both.
+            budget_body = {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "GPUBudget",
+                "metadata": {"name": budget},
+                "spec": {"limits": {"H100-SXM": LIMIT}, "selector": {"namespaces": [namespace]}},
+            }
+            objects.create_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget_body)
+            gpus = {"prefill": status.plan.prefill.tensor_parallel, "decode": status.plan.decode.tensor_parallel}
+
+            def within() -> bool:
+                used = sum(_replicas(api, namespace, r) * gpus[r] for r in ("prefill", "decode"))
+                return used <= LIMIT and all(_replicas(api, namespace, r) >= 1 for r in ("prefill", "decode"))
+
+            wait_until(within, 120, f"both pools within {LIMIT} H100s")
+            held = next(c for c in get(api, namespace, NAME)["status"]["conditions"] if c["type"] == "HeldByBudget")
+            assert held["status"] == "True" and "not in proportion" in held["message"], held
+
+            def listed() -> bool:
+                got = objects.get_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget).get("status", {})
+                names = {(s.get("namespace"), s.get("name")) for s in got.get("services", [])}
+                return {(namespace, f"{NAME}-prefill"), (namespace, f"{NAME}-decode")} <= names
+
+            wait_until(listed, 30, "the budget's status listing both pools")
             print(
-                f"pools: {_replicas(api, namespace, 'prefill')} prefill, {_replicas(api, namespace, 'decode')} decode; {cond['message']}"
+                f"pools: {_replicas(api, namespace, 'prefill')} prefill, {_replicas(api, namespace, 'decode')} decode"
             )
     except BaseException:
         print(op.tail())
         raise
     finally:
+        with contextlib.suppress(client.ApiException):  # not created: an earlier phase failed
+            objects.delete_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget)
         running.clear()
         if server is not None:
             server.shutdown()

@@ -288,7 +288,7 @@ def test_an_edit_that_cannot_be_planned_keeps_the_pools_serving() -> None:
     assert result.status.plan == first.status.plan
 
 
-def test_new_pools_are_not_deployed_where_a_budget_governs_their_gpu_type() -> None:
+def test_new_pools_start_within_the_gpus_their_budget_has_free() -> None:
     from types import SimpleNamespace
 
     from kvscale.api.budget import parse_budget_spec
@@ -297,16 +297,37 @@ def test_new_pools_are_not_deployed_where_a_budget_governs_their_gpu_type() -> N
 
     book = BudgetBook()
     rt: Any = SimpleNamespace(budgets=book, settings=SETTINGS)
-    call: Any = SimpleNamespace(body={"metadata": {}}, res=RES, before=InferenceServiceStatus())
+    call: Any = SimpleNamespace(
+        body={"metadata": {}}, res=RES, before=InferenceServiceStatus(), intent=read_spec(spec("on"))
+    )
     result = deployed(spec("on"))
     assert _pools_under_budget(rt, call, result, Observed(POOLS)) is result  # no budget
-    book.set_budget("team", parse_budget_spec({"limits": {"H100-SXM": 16}}))
-    refused = _pools_under_budget(rt, call, result, Observed(POOLS))
+    plan = result.status.plan
+    assert plan is not None and plan.prefill is not None and plan.decode is not None
+    need = plan.prefill.replicas * plan.prefill.tensor_parallel + plan.decode.replicas * plan.decode.tensor_parallel
+    book.set_budget("team", parse_budget_spec({"limits": {"H100-SXM": need}}))
+    fits = _pools_under_budget(rt, call, result, Observed(POOLS))
+    assert fits is result  # the plan's counts fit: deployed as planned, and counted at once
+    assert book.entries["ns/chat-prefill"].held_gpus + book.entries["ns/chat-decode"].held_gpus == need
+    book.forget("ns", "chat")
+    assert "ns/chat-prefill" not in book.entries  # the service's pools go with it
+    book.set_budget("team", parse_budget_spec({"limits": {"H100-SXM": need - 1}}))
+    cut = _pools_under_budget(rt, call, result, Observed(POOLS))
+    replicas = {c["metadata"]["name"]: c["spec"]["replicas"] for c in cut.apply if c["kind"] == "Deployment"}
+    gpus = (
+        replicas["chat-prefill"] * plan.prefill.tensor_parallel + replicas["chat-decode"] * plan.decode.tensor_parallel
+    )
+    assert 0 < gpus <= need - 1 and min(replicas.values()) >= 1
+    assert cut.status.plan is not None and cut.status.plan.prefill is not None
+    assert cut.status.plan.prefill.replicas == replicas["chat-prefill"]
+    book.forget("ns", "chat")
+    book.set_budget("team", parse_budget_spec({"limits": {"H100-SXM": plan.decode.tensor_parallel}}))
+    refused = _pools_under_budget(rt, call, result, Observed(POOLS))  # no room for one of each
     planned = get_condition(refused.status, "Planned")
     assert planned is not None and planned.reason == "PoolsUnderBudget" and "GPUBudget team" in planned.message
     assert refused.apply == () and refused.retry is not None and refused.retry.delay_s == SETTINGS.retry_backoff_s
     running = Observed(POOLS, pool_workloads=_views(result))
-    assert _pools_under_budget(rt, call, result, running) is result  # pools already running: left as they are
+    assert _pools_under_budget(rt, call, result, running) is result  # pools already running: their tick's budget
 
 
 def test_an_owned_inference_pool_selects_both_roles() -> None:
