@@ -133,3 +133,23 @@ def pool_policy_config(
         least_loaded_routing=True,
         scale_down_stabilization_s=scale_down_stabilization_s,
     )
+
+
+def split_pools(
+    total_gpus: float, wants: tuple[int, int], rates: tuple[float, float], gpus: tuple[int, int]
+) -> tuple[int, int]:
+    """(prefill, decode) workers within `total_gpus` that carry the most requests/s together,
+    min(P x prefill rate, D x decode rate), each pool at least one worker and at most its want
+    (ties: the fewer GPUs, then the more prefill). When not even one worker of each fits, one of
+    each (the caller refuses). `wants`, `rates`, `gpus`: (prefill, decode) each."""
+    best: tuple[float, int, int, int] | None = None  # (-served, GPUs, -prefill, decode)
+    for p in range(1, max(wants[0], 1) + 1):
+        left = total_gpus - p * gpus[0]
+        if left < gpus[1]:
+            break
+        d = min(max(wants[1], 1), math.floor(left / gpus[1]))
+        served = min(p * rates[0], d * rates[1])
+        key = (-served, p * gpus[0] + d * gpus[1], -p, d)
+        if best is None or key < best:
+            best = key
+    return (1, 1) if best is None else (-best[2], best[3])

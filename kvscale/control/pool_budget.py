@@ -7,7 +7,7 @@ the pools against the budget's other services as it weighs any service. What the
 together is then split between them by what the split serves, not in proportion to their wants
 (NVIDIA Dynamo's planner scales both pools down proportionally under a GPU budget): a request
 needs both pools, so the service carries min(P x prefill rate, D x decode rate) requests/s, and
-the split is the one that carries the most within the pools' GPUs (`split_gpus`), each pool
+the split is the one that carries the most within the pools' GPUs (kvscale.autoscaling.pool_capacity.split_pools, the simulator's too), each pool
 within its want. That re-split applies where both pools are on one GPU type under one budget;
 pools on two types keep each type's grant.
 
@@ -22,38 +22,24 @@ import datetime as dt
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from kvscale.api.budget import service_key
 from kvscale.api.intent import Intent
 from kvscale.api.models import InferenceServiceStatus, PoolPlanStatus
 from kvscale.autoscaling.budget import Demand, Option
+from kvscale.autoscaling.pool_capacity import split_pools
 from kvscale.control.budget import CONDITION, WITHIN, BudgetBook, Entry, free_gpus, service_allocation
 from kvscale.control.reconcile import DEPLOYMENT, Event, Resource, Result
 from kvscale.control.status import condition, with_conditions, without_condition
 from kvscale.planner.disaggregated import Role
 
 ROLES: tuple[Role, ...] = ("prefill", "decode")
+_N = TypeVar("_N", int, float)
 
 
-def split_gpus(
-    total_gpus: float, wants: Mapping[Role, int], rates: Mapping[Role, float], gpus: Mapping[Role, int]
-) -> dict[Role, int]:
-    """The pools' workers within `total_gpus` that carry the most requests/s, min(P x r_p,
-    D x r_d), each pool at least one worker and at most its want (ties: the fewer GPUs, then the
-    more prefill). When not even one worker of each fits, one of each (the caller refuses)."""
-    best: tuple[float, int, int, int] | None = None  # (-served, gpus, -prefill, decode)
-    for p in range(1, max(wants["prefill"], 1) + 1):
-        left = total_gpus - p * gpus["prefill"]
-        if left < gpus["decode"]:
-            break
-        d = min(max(wants["decode"], 1), math.floor(left / gpus["decode"]))
-        served = min(p * rates["prefill"], d * rates["decode"])
-        key = (-served, p * gpus["prefill"] + d * gpus["decode"], -p, d)
-        if best is None or key < best:
-            best = key
-    if best is None:
-        return {"prefill": 1, "decode": 1}
-    return {"prefill": -best[2], "decode": best[3]}
+def _pair(by_role: Mapping[Role, _N]) -> tuple[_N, _N]:
+    return by_role["prefill"], by_role["decode"]
 
 
 def pool_key(res: Resource, role: Role) -> str:
@@ -124,7 +110,10 @@ def govern_pools(
     if one_budget:
         total = sum(counts[r] * gpus[r] for r in ROLES)
         rates = {role: pools[role].rate_per_worker for role in ROLES}
-        counts = split_gpus(total, {r: max(wants[r], floor) for r in ROLES}, rates, gpus)
+        p, d = split_pools(
+            total, (max(wants["prefill"], floor), max(wants["decode"], floor)), _pair(rates), _pair(gpus)
+        )
+        counts = {"prefill": p, "decode": d}
         split = (
             f"; the {total} GPUs split to serve the most requests/s (prefill {counts['prefill']} x "
             f"{rates['prefill']:.2f}, decode {counts['decode']} x {rates['decode']:.2f} req/s), not in proportion"
@@ -184,7 +173,11 @@ def cap_pools(
             return None
         need = sum(planned[r] * gpus[r] for r in ROLES)
         rates = {role: pools[role].rate_per_worker for role in ROLES}
-        counts = dict(planned) if need <= free else split_gpus(free, planned, rates, gpus)
+        if need <= free:
+            counts = dict(planned)
+        else:
+            p, d = split_pools(free, _pair(planned), _pair(rates), _pair(gpus))
+            counts = {"prefill": p, "decode": d}
     else:
         counts = {}
         for role in ROLES:

@@ -2,7 +2,8 @@
 
 - `kvscale`: the deployed policy on each pool, both through the one tick
   (kvscale.autoscaling.tick.tick_all) as two services; under GPU limits they share one budget
-  (the tick's Pooled view: kvscale.autoscaling.budget's allocator). Each pool acts on its own
+  (SplitPooled: kvscale.autoscaling.budget's allocator, then on one GPU type the split that
+  serves the most, as the operator's kvscale.control.pool_budget). Each pool acts on its own
   capacity from the sizing model: a prefill worker's requests/s within the prefill pool's
   share of TTFT at the observed prompt lengths (prompt tokens/s over the prompt), and a decode
   worker's requests/s with TPOT met and no wait for a slot at the observed lengths (running
@@ -24,12 +25,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from kvscale.autoscaling.budget import Budget, Grant
 from kvscale.autoscaling.observation import Decision, DecisionKind
-from kvscale.autoscaling.pool_capacity import DecodeCapacity, PrefillCapacity, pool_policy_config
-from kvscale.autoscaling.tick import Pooled, Seat, SeatOption, tick_all
+from kvscale.autoscaling.pool_capacity import DecodeCapacity, PrefillCapacity, pool_policy_config, split_pools
+from kvscale.autoscaling.tick import BudgetAnswer, Pooled, Seat, SeatOption, Want, tick_all
 from kvscale.sim.disaggregated_fleet import DisaggregatedSetup, PoolsView
 from kvscale.sim.engine import StepTimes
 from kvscale.sim.policies import KvscalePolicy
@@ -62,6 +64,27 @@ def _pool_policy(
     return KvscalePolicy(capacity, config, name=f"kvscale-{role}")
 
 
+class SplitPooled(Pooled):
+    """The pools' budget stage in a replay, as the operator's (kvscale.control.pool_budget): the
+    allocator's grants over both pools' seats, and on one GPU type what they get together split
+    by what the two serve together (kvscale.autoscaling.pool_capacity.split_pools), not in
+    proportion."""
+
+    def answer(self, wants: Sequence[Want]) -> list[BudgetAnswer]:
+        answers = super().answer(wants)
+        seats = [w.seat for w in wants]
+        if len(answers) != 2 or any(s is None for s in seats):
+            return answers
+        options = [s.options[s.active] for s in seats if s is not None]
+        if options[0].gpu_type != options[1].gpu_type:
+            return answers
+        gpus = (options[0].gpus_per_replica, options[1].gpus_per_replica)
+        total = sum(a.replicas * g for a, g in zip(answers, gpus, strict=True))
+        want = (max(wants[0].decision.replicas, 1), max(wants[1].decision.replicas, 1))
+        p, d = split_pools(total, want, (options[0].rate_per_replica, options[1].rate_per_replica), gpus)
+        return [replace(answers[0], replicas=p), replace(answers[1], replicas=d)]
+
+
 @dataclass
 class KvscalePools:
     """kvscale's policy on both pools, one tick for the two (and one budget when limited)."""
@@ -79,7 +102,7 @@ class KvscalePools:
             self.prefill.tick_input(view.prefill, seat=seats[0]),
             self.decode.tick_input(view.decode, seat=seats[1]),
         ]
-        pooled = Pooled(self.budget, self.previous) if self.budget is not None and self.seats is not None else None
+        pooled = SplitPooled(self.budget, self.previous) if self.budget is not None and self.seats is not None else None
         done_p, done_d = tick_all(inputs, pooled)
         self.prefill.ticked(done_p)
         self.decode.ticked(done_d)

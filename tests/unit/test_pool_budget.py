@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from kvscale.api.budget import parse_budget_spec
 from kvscale.api.models import InferenceServiceStatus
 from kvscale.autoscaling.budget import Demand, Option
+from kvscale.autoscaling.pool_capacity import split_pools as split_gpus
 from kvscale.control.budget import BudgetBook, Entry
-from kvscale.control.pool_budget import govern_pools, split_gpus
+from kvscale.control.pool_budget import govern_pools
 from kvscale.control.pool_scaling import PoolReading, PoolsGovernor, PoolsMemory, tick_pools
 from kvscale.control.status import get_condition
 from kvscale.planner.disaggregated import Role
@@ -40,10 +41,9 @@ def served(counts: dict[Role, int], rates: dict[Role, float]) -> float:
 def test_the_split_serves_at_least_what_any_other_split_within_the_gpus_does(
     total: int, want_p: int, want_d: int, rate_p: float, rate_d: float, gpus_p: int, gpus_d: int
 ) -> None:
-    wants: dict[Role, int] = {"prefill": want_p, "decode": want_d}
     rates: dict[Role, float] = {"prefill": rate_p, "decode": rate_d}
-    gpus: dict[Role, int] = {"prefill": gpus_p, "decode": gpus_d}
-    got = split_gpus(total, wants, rates, gpus)
+    p_got, d_got = split_gpus(total, (want_p, want_d), (rate_p, rate_d), (gpus_p, gpus_d))
+    got: dict[Role, int] = {"prefill": p_got, "decode": d_got}
     if total < gpus_p + gpus_d:
         assert got == {"prefill": 1, "decode": 1}  # nothing fits: the caller refuses
         return
@@ -60,12 +60,11 @@ def test_a_proportional_clamp_serves_less_than_the_split() -> None:
     dear (TP2) at these rates, it leaves prefill workers idle that decode needs."""
     wants: dict[Role, int] = {"prefill": 4, "decode": 8}
     rates: dict[Role, float] = {"prefill": 10.0, "decode": 4.0}
-    gpus: dict[Role, int] = {"prefill": 1, "decode": 2}
     total = 12  # the wants need 20
     share = total / 20
     proportional: dict[Role, int] = {r: max(1, math.floor(wants[r] * share)) for r in ROLES}
-    got = split_gpus(total, wants, rates, gpus)
-    assert served(got, rates) > served(proportional, rates)
+    p, d = split_gpus(total, (wants["prefill"], wants["decode"]), (10.0, 4.0), (1, 2))
+    assert served({"prefill": p, "decode": d}, rates) > served(proportional, rates)
 
 
 def _deployed_status() -> tuple[InferenceServiceStatus, dict[Role, int]]:
@@ -87,7 +86,8 @@ def test_the_pools_are_held_to_their_budget_and_split_by_what_they_serve() -> No
     gpus = {r: pools[r].tensor_parallel for r in ROLES}
     assert sum(got.counts[r] * gpus[r] for r in ROLES) <= 8
     rates = {r: pools[r].rate_per_worker for r in ROLES}
-    best = split_gpus(8, wants, rates, gpus)
+    best_p, best_d = split_gpus(8, (6, 4), (rates["prefill"], rates["decode"]), (gpus["prefill"], gpus["decode"]))
+    best = {"prefill": best_p, "decode": best_d}
     # scale-ups only into GPUs free now: from the current counts, within what is free
     assert all(got.counts[r] <= max(best[r], current[r]) for r in ROLES)
     held = get_condition(got.status, "HeldByBudget")
