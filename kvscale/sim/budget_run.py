@@ -21,6 +21,13 @@ release never waits for a queue that the remaining load keeps filling.
 The run ends at the loads' end plus `drain_limit_s`: what a replica still holds then is cut and
 what waits at the gateway is rejected (HTTP 429), each counted per service.
 
+The operator's online capacity search (kvscale.sim.online_refresh, as `kvscale simulate` runs
+it): each service's policy, every capacity interval, replays the window just past of its own
+arrivals on the GPU type it runs on, and acts on the confirmed capacity where it is above the
+model's (kvscale.control.capacity.raises). A move to another GPU type drops what was confirmed
+on the old one (the operator keys it by configuration): the new type's model stands until a
+search on it confirms more.
+
 Scale to zero: a service with min_replicas 0 releases its last replica after `idle_window_s`
 without arrivals; requests that arrive while it has none wait at the gateway (held) until a
 replica is ready, and the policy sees them queued and scales back.
@@ -40,6 +47,7 @@ from kvscale.autoscaling.tick import Idle, Pooled, Seat, SeatOption, TickDecisio
 from kvscale.autoscaling.tuning import policy_config
 from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.fleet import Fleet
+from kvscale.sim.online_refresh import OnlineRefresh
 from kvscale.sim.policies import KvscalePolicy
 from kvscale.sim.run import TICK_S, WINDOW_S, SimSetup, Source, _observe, _Window
 from kvscale.sim.trace import TraceRequest
@@ -126,7 +134,7 @@ class FleetResult:
 
 
 class _ServiceRun:
-    def __init__(self, svc: FleetService, tick_s: float, window_s: float) -> None:
+    def __init__(self, svc: FleetService, tick_s: float, window_s: float, online: bool = True) -> None:
         self.svc = svc
         self.tick_s = tick_s
         self.window_s = window_s
@@ -154,7 +162,12 @@ class _ServiceRun:
             )
             for o in svc.options
         ]
-        self.policy = KvscalePolicy(self.capacities[0], self.configs[0])
+        # The operator's capacity worker over this service's own arrivals (kvscale.sim.compare's
+        # make_policies builds the single service's alike); it follows the GPU type (act_on).
+        self.refresh = (
+            OnlineRefresh(svc.options[0].setup, self.capacities[0], svc.trace) if online and svc.trace else None
+        )
+        self.policy = KvscalePolicy(self.capacities[0], self.configs[0], refresh=self.refresh)
         self.windows = {k: _Window(window_s) for k in ("arrivals", "inputs", "outputs", "ttfts", "tpots")}
         self.finished: list[SimRequest] = []
         self.last_arrival_s = -math.inf
@@ -265,6 +278,15 @@ class _ServiceRun:
         self.policy.ticked(done)
         self.wanted = min(self.svc.max_replicas, done.decision.replicas)
 
+    def act_on(self, index: int) -> None:
+        """The policy acts on option `index` from now: its model and tuning, and the capacity
+        searches replay on it (what was confirmed on another GPU type is dropped)."""
+        self.active = index
+        self.policy.capacity = self.capacities[index]
+        self.policy.config = self.configs[index]
+        if self.refresh is not None:
+            self.refresh.on(self.svc.options[index].setup, self.capacities[index])
+
     def index_of(self, gpu_type: str) -> int:
         return next(i for i, o in enumerate(self.svc.options) if o.gpu_type == gpu_type)
 
@@ -275,10 +297,8 @@ class _ServiceRun:
         `grace_s`; one the policy asked for drains within the fleet's own bound."""
         index = self.index_of(grant.gpu_type)
         if index != self.active:
-            self.active = index
+            self.act_on(index)
             self.result.moves += 1
-            self.policy.capacity = self.capacities[index]
-            self.policy.config = self.configs[index]
             self.policy.state = replace(self.policy.state, calibration=1.0, slo_factor=1.0, targets=())
         fleet = self.lane(index)
         if fleet.desired_size() > grant.replicas:
@@ -348,11 +368,14 @@ def simulate_fleet(
     progress: Callable[[float], None] | None = None,
     drain_limit_s: float = DRAIN_LIMIT_S,
     preemption_grace_s: float = DEFAULT_PREEMPTION_GRACE_S,
+    online: bool = True,
 ) -> FleetResult:
     """Runs until every request ended, or `drain_limit_s` after the last arrival: then what
     replicas hold is cut and what waits at the gateway rejected (each counted, and missed).
-    `preemption_grace_s`: how long a replica the budget takes from a service drains."""
-    runs = [_ServiceRun(s, tick_s, window_s) for s in services]
+    `preemption_grace_s`: how long a replica the budget takes from a service drains. `online`:
+    each service's policy runs the operator's capacity search on its own past window (as
+    `kvscale simulate` does: kvscale.sim.compare.make_policies); off, it acts on the model's."""
+    runs = [_ServiceRun(s, tick_s, window_s, online) for s in services]
     last_arrival_s = max((r.arrival_s for s in services for r in s.trace), default=0.0)
     # The start: each service's planned replicas, as the budget allows, warm.
     first = grants(
@@ -372,8 +395,7 @@ def simulate_fleet(
     )
     for run in runs:
         grant = first.grant(run.svc.name)
-        run.active = run.index_of(grant.gpu_type)
-        run.policy.capacity, run.policy.config = run.capacities[run.active], run.configs[run.active]
+        run.act_on(run.index_of(grant.gpu_type))
         run.lane(run.active).start(grant.replicas, 0.0, warm=True)
     usage: list[tuple[float, dict[str, int]]] = [(0.0, _held(runs))]
     previous: dict[str, Grant] = first.by_name

@@ -133,3 +133,11 @@ class OnlineRefresh:
             found.replay_rate_per_s,
             found.analytic_rate_per_s,
         )
+
+    def on(self, setup: SimSetup, model: SizingCapacity) -> None:
+        """The service runs on another configuration from now (a fleet replay's move to another
+        GPU type: kvscale.sim.budget_run): later searches replay on it, against its model, as
+        the operator's search runs on the current plan. The interval's schedule and the
+        searches made stand."""
+        self.setup = setup
+        self.model = model
