@@ -36,7 +36,7 @@ SLO = Slo(4.0, 0.04, 99.0)
 def test_plan_json_carries_the_confirmed_rate_with_the_models_beside_it(tmp_path: Path) -> None:
     trace = write_trace(tmp_path / "t.jsonl", rate=20.0, span_s=300.0)
     args = ["plan", "-m", "llama-3.1-8b", "--gpu", "L4", "--ttft", "1s", "--tpot", "60ms", "--percentile", "99"]
-    result = runner.invoke(app, [*args, "--trace", str(trace), "--json"])
+    result = runner.invoke(app, [*args, "--trace", str(trace), "--disaggregation", "off", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     chosen, check = out["chosen"], out["check"]

@@ -140,7 +140,7 @@ def test_behind_a_gateway_long_prompts_need_fewer_replicas_and_the_check_replays
     trace = tmp_path / "long.jsonl"
     trace.write_text("\n".join(lines) + "\n")
     args = ["plan", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "1", "--ttft", "2s", "--tpot", "60ms"]
-    common = [*args, "--percentile", "99", "--trace", str(trace), "--json"]
+    common = [*args, "--percentile", "99", "--trace", str(trace), "--disaggregation", "off", "--json"]
     service = json.loads(runner.invoke(app, common).stdout)
     gateway = json.loads(runner.invoke(app, [*common, "--routing", "gateway"]).stdout)
     assert gateway["chosen"]["replicas"] < service["chosen"]["replicas"]

@@ -137,7 +137,7 @@ def test_a_check_no_fleet_passes_is_infeasible_with_the_closest_fleet() -> None:
     # the load (96.0% on the analytic 12, 98.7% on 48): exit 1, the closest fleet, and what
     # would meet it.
     args = ["plan", "--model", "llama-3.1-70b", "--gpu", "H100-SXM", "--tp", "4", "--ttft", "10s", "--tpot", "80ms"]
-    args += ["--percentile", "99", "--trace", str(MOONCAKE), "--rps", "0.5"]
+    args += ["--percentile", "99", "--trace", str(MOONCAKE), "--rps", "0.5", "--disaggregation", "off"]
     # sized on the 2023 vLLM profile (tests/unit/profiles.py), as the scenario was measured
     args += ["--catalog", str(VLLM_0_2_AS_VLLM)]
     result = runner.invoke(app, [*args, "--json"])
