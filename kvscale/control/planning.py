@@ -322,8 +322,9 @@ def plan_layout(
 ) -> Planned | PoolsPlanned | Unplanned:
     """spec.serving.disaggregation on the cluster's free GPUs: `off` keeps `aggregated` (the
     plan_service outcome) as it is; `auto` the disaggregated pools where the planner finds them
-    strictly better by the objective (kvscale.planner.disaggregated.plan_layouts), else
-    `aggregated`; `on` the pools, or why there are none."""
+    strictly better by the objective (kvscale.planner.disaggregated.plan_layouts) and a P/D
+    router can reach them (spec.routing.inferencePool), else `aggregated`; `on` the pools, or
+    why there are none."""
     mode = intent.spec.serving.disaggregation
     if mode == "off":
         return aggregated
@@ -339,6 +340,12 @@ def plan_layout(
         found = plan_layouts(_as_sized_in_cluster(catalog, pools), request, mode, aggregated=beside)
         if found.mode == "disaggregated" and found.disaggregated is not None:
             d = found.disaggregated
+            if mode == "auto" and not intent.routing.inference_pool and isinstance(aggregated, Planned):
+                # Behind a plain Service the decode pods answer alone, prefilling locally: the
+                # prefill pool serves only behind a P/D-aware router (llm-d's endpoint picker with
+                # its P/D profile, through spec.routing.inferencePool), so `auto` does not pick
+                # pools that nothing would route to.
+                return aggregated
             if mode == "on":
                 d = replace(d, reason=f"spec.serving.disaggregation is on: {_pools_said(d)}")
             by_role: dict[Role, GpuPool] = {

@@ -141,11 +141,17 @@ def test_auto_keeps_aggregated_replicas_where_they_are_cheaper() -> None:
     assert [c["metadata"]["name"] for c in result.apply if c["kind"] == "Deployment"] == ["chat"]
 
 
-def test_auto_chooses_the_pools_where_they_are_cheaper() -> None:
-    result = deployed(spec("auto"))
+def test_auto_chooses_the_pools_where_they_are_cheaper_and_a_pd_router_reaches_them() -> None:
+    from kvscale.control.reconcile import PoolView
+
+    routed = spec("auto", routing={"inferencePool": {}})
+    result = deployed(routed, seen=Observed(POOLS, pool=PoolView(api_installed=True)))
     plan = result.status.plan
     assert plan is not None and plan.mode == "disaggregated"
     assert plan.reason.startswith("disaggregated: ")  # the planner's reason: why the pools won
+    # Behind a plain Service the decode pods would answer alone: auto keeps aggregated replicas.
+    plain = deployed(spec("auto")).status.plan
+    assert plain is not None and plain.mode is None
 
 
 def test_on_refuses_an_engine_without_a_kv_connector() -> None:
