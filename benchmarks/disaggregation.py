@@ -9,10 +9,11 @@
    the disaggregated plan costs as much or more, the choice must be aggregated.
 3. Simulated pools against the anchors: on bursty, heavy-tailed and trace traffic the pools
    policies kvscale / static / ratematch (Dynamo's average-rate matching), and the aggregated
-   kvscale policy on the same arrivals for reference; then under a GPU budget (65% of the GPUs
-   the unlimited kvscale pools held at their peak) kvscale's split against ratematch's
-   proportional clamp. The issue's aim: kvscale's pools meet the SLO with fewer GPUs than the
-   average-rate baseline, judged row by row.
+   kvscale policy on the same arrivals for reference, and ratematch over-provisioned by the least
+   factor that meets the SLO (a tuned baseline); then under GPU budgets (65% of the GPUs the
+   unlimited kvscale pools held at their peak, and the plan's pools' GPUs) kvscale's split
+   against ratematch's proportional clamp. The issue's aim: kvscale's pools meet the SLO with
+   fewer GPUs than the average-rate baseline, judged row by row.
 
 Prints markdown tables. Run: .venv/bin/python -m benchmarks.disaggregation [--quick] [--cases NAME,...]
 (`--quick`: the replays at a third of their length, for a smoke run).
@@ -218,6 +219,41 @@ def layouts() -> tuple[str, list[str], list[str]]:
         "loser not chosen",
     ]
     return _table(head, rows), reasons, problems
+
+
+def trend() -> str:
+    """InferenceX's disaggregated recipes (DeepSeek-V4, 8k/1k, GB300): the prefill share of the
+    GPUs rises from ~11% to ~83% as the decode batch per rank grows from 4 to 512. The closest
+    kvscale plans (DeepSeek-V3 fp8 on B200 and H200, 8000/1000, TTFT 4 s) over a sweep of TPOT
+    targets, which set the decode batch: the direction only (another model, GPU and engine, and
+    no data-parallel attention ranks in kvscale's pools, so the batch per GPU stays far below 512)."""
+    rows = []
+    for gpu in ("B200", "H200"):
+        for tpot in (0.015, 0.02, 0.03, 0.05, 0.08):
+            request = PlanRequest(
+                model=CAT.model("deepseek-v3"),
+                workload=Workload(8000, 1000, 20.0),
+                slo=Slo(4.0, tpot),
+                gpus=(gpu,),
+                precisions=("fp8",),
+            )
+            found = plan_layouts(CAT, request, "on").disaggregated
+            if found is None:
+                rows.append([gpu, f"{tpot * 1e3:g} ms", "no pools", "-", "-", "-"])
+                continue
+            per_gpu = found.decode.max_batch / found.decode.cfg.gpus
+            rows.append(
+                [
+                    gpu,
+                    f"{tpot * 1e3:g} ms",
+                    _dis_shape(found),
+                    str(found.decode.max_batch),
+                    f"{per_gpu:.1f}",
+                    f"{found.prefill.gpus / found.gpus_total:.0%}",
+                ]
+            )
+    head = ["GPU", "TPOT", "pools (prefill + decode)", "decode batch limit", "per GPU", "prefill share of GPUs"]
+    return _table(head, rows)
 
 
 # 3. Simulated pools against the anchors -------------------------------------------------------------
@@ -513,11 +549,18 @@ def main() -> None:
     print("\n".join(reasons))
     if problems:
         print("\nLAYOUT PROBLEMS:\n" + "\n".join(problems))
+    print(
+        "\n### 2b. The prefill share against the decode batch (InferenceX's trend: ~11% at 4 per rank to ~83% at "
+        "512; DeepSeek-V3 fp8, 8000/1000 at 20 req/s, TTFT 4 s; direction only)\n"
+    )
+    print(trend())
     wanted = {c for c in args.cases.split(",") if c}
     cases = [c for c in SIM_CASES if not wanted or c.name in wanted]
     print(
         f"\n### 3. Simulated pools (p95 SLO, behind the gateway, headroom 10%, max {MAX_REPLICAS} workers a pool; "
-        f"budget = {BUDGET_SHARE:.0%} of the GPUs the unlimited kvscale pools held at peak; 'after' = attainment "
+        f"budgets: {BUDGET_SHARE:.0%} of the GPUs the unlimited kvscale pools held at peak, and the plan's pools' GPUs; "
+        "ratematch xK: its counts x K, the least K of "
+        f"{', '.join(f'{k:g}' for k in OVERPROVISION)} that meets the SLO; 2nd half = attainment "
         "of the requests arriving in the second half of the run; prefill/decode max: the most workers the policy "
         "asked for; peak GPUs held: both pools' starting, serving and draining workers at the busiest tick, "
         "for the aggregated fleet its most replicas asked for)\n"
