@@ -72,7 +72,8 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def published() -> str:
-    """DeepSeek's production day and RTP-LLM's replay (../shared/reference/disaggregation.md)."""
+    """DeepSeek's production day (deepseek-ai/open-infra-index, 2025-02 "day 6") and RTP-LLM's
+    replay (alibaba/rtp-llm, its DeepSeek replay report)."""
     day = 86400.0
     ds_prefill = rate_matched_workers(608e9 / day, 73.7e3)  # input tokens/s over a prefill node's
     ds_decode = rate_matched_workers(168e9 / day, 14.8e3)  # output tokens/s over a decode node's
