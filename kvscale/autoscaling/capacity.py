@@ -12,8 +12,8 @@ from kvscale.sizing.load import ReplicaModel
 from kvscale.sizing.workload import Slo, Workload
 
 _LENGTH_BUCKET_TOKENS = 16  # observed means are rounded so the cache stays small
-_PERCENTILE_STEP = 0.5  # an SLO percentile no idle replica meets is lowered in these steps
-_LOWEST_PERCENTILE = 50.0
+PERCENTILE_STEP = 0.5  # an SLO percentile no idle replica meets is lowered in these steps
+LOWEST_PERCENTILE = 50.0
 REACHABLE_LOAD_SHARE = 0.5  # a lowered percentile must let a replica carry this share of its TTFT-free rate
 # Prompts that miss the TTFT target on an idle replica taking more than this share of the misses
 # the percentile allows leave queueing less than they take: the percentile is then checked as
@@ -104,9 +104,9 @@ class SizingCapacity:
         batch = min(self.max_batch, max(1, replica.kv_max_batch))
         percentile = self.slo.percentile
         first = True
-        while percentile > _LOWEST_PERCENTILE:
+        while percentile > LOWEST_PERCENTILE:
             if not first:
-                percentile = max(_LOWEST_PERCENTILE, percentile - _PERCENTILE_STEP)
+                percentile = max(LOWEST_PERCENTILE, percentile - PERCENTILE_STEP)
             first = False
             slo = replace(self.slo, percentile=percentile)
             idle = replica.zero_load(percentile)
@@ -115,7 +115,7 @@ class SizingCapacity:
             untimed = replica.max_rate_meeting(replace(slo, ttft_s=math.inf), batch)
             if replica.max_rate_meeting(slo, batch) >= REACHABLE_LOAD_SHARE * untimed:
                 return slo
-        return replace(self.slo, percentile=_LOWEST_PERCENTILE)
+        return replace(self.slo, percentile=LOWEST_PERCENTILE)
 
     def rate_per_replica(
         self,

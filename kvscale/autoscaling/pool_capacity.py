@@ -15,6 +15,7 @@ import math
 from functools import lru_cache
 
 from kvscale.autoscaling import tuning
+from kvscale.autoscaling.capacity import LOWEST_PERCENTILE, PERCENTILE_STEP, REACHABLE_LOAD_SHARE
 from kvscale.autoscaling.policy import PolicyConfig
 from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.disaggregation import UNBOUNDED_TPOT_S, DecodeWorker, PrefillWorker
@@ -54,7 +55,22 @@ class PrefillCapacity:
 
     def _rate_uncached(self, input_tokens: int, fleet_rate: float | None) -> float:
         worker = PrefillWorker(self.cfg, _workload(self.shape, input_tokens, 1, fleet_rate), least_loaded=True)
-        return worker.max_rate(self.share, self.slo.percentile)
+        rate = worker.max_rate(self.share, self.slo.percentile)
+        if rate > 0:
+            return rate
+        # The longest prompts of the mix miss the pool's share on their own prefill: no number of
+        # workers serves them in time (a capacity of 0 would scale the pool to its maximum for
+        # nothing). The rest are sized at the highest percentile still reachable, as an aggregated
+        # replica's are (kvscale.autoscaling.capacity.SizingCapacity.reachable_slo); where none
+        # is, a worker carries REACHABLE_LOAD_SHARE of its no-queue rate.
+        untimed = worker.capacity_rate_per_s()
+        percentile = self.slo.percentile
+        while percentile > LOWEST_PERCENTILE:
+            percentile = max(LOWEST_PERCENTILE, percentile - PERCENTILE_STEP)
+            rate = worker.max_rate(self.share, percentile)
+            if rate >= REACHABLE_LOAD_SHARE * untimed:
+                return rate
+        return max(rate, REACHABLE_LOAD_SHARE * untimed)
 
     def rate_per_replica(
         self, input_tokens: float, output_tokens: float, fleet_rate_per_s: float | None = None

@@ -136,3 +136,29 @@ def test_a_scaled_pool_is_not_reverted_as_drift_and_keeps_its_count_on_reapply()
     again = deployed(spec("on"), st, seen)
     bodies = {c["metadata"]["name"]: c for c in again.apply if c["kind"] == "Deployment"}
     assert bodies["chat-prefill"]["spec"]["replicas"] == grown
+
+
+def test_a_prefill_pool_whose_longest_prompts_miss_on_their_own_prefill_is_sized_not_maxed() -> None:
+    """Prompts whose prefill alone takes longer than the pool's TTFT share: no number of workers
+    serves them in time, so a capacity of 0 (the policy then scales to maxReplicas for nothing,
+    as the Mooncake replay showed) is replaced by the reachable percentile's, or half a worker's
+    no-queue rate."""
+    from kvscale.api.intent import pool_serving_config
+    from kvscale.autoscaling.pool_capacity import PrefillCapacity
+    from kvscale.sizing.disaggregation import PrefillWorker
+    from kvscale.sizing.workload import Workload
+
+    first, _ = _first()
+    plan = first.status.plan
+    assert plan is not None and plan.prefill is not None and plan.prefill.ttft_target_seconds is not None
+    intent = intent_of(spec("on"))
+    cfg = pool_serving_config(intent, plan, plan.prefill, CAT)
+    share = plan.prefill.ttft_target_seconds
+    capacity = PrefillCapacity(cfg, intent.slo, share, plan.prefill.max_batch, None)
+    long_prompt = 100_000
+    worker = PrefillWorker(cfg, Workload(long_prompt, 1, 1.0), least_loaded=True)
+    assert worker.idle_ttft_p_s(intent.slo.percentile) > share  # its own prefill misses the share
+    assert worker.max_rate(share, intent.slo.percentile) == 0.0  # the model alone: 0, an unbounded pool
+    rate = capacity.rate_per_replica(long_prompt, 1)
+    assert 0 < rate <= worker.capacity_rate_per_s() + 1e-9
+    assert capacity.rate_per_replica(4000, 1) > rate  # prompts that fit keep their own, larger figure
