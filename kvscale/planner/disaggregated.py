@@ -385,11 +385,15 @@ def _aggregated_wins(a: Feasible, d: DisaggregatedPlan) -> str:
         )
     else:
         versus = f"{_agg_summary(a)} vs {_dis_summary(d)} disaggregated"
+    agg_batch, dec_batch = a.prediction.max_batch, d.decode.max_batch
+    if dec_batch > agg_batch:
+        freed = f"decode-only batch {dec_batch} vs {agg_batch} aggregated"
+    else:  # prompt chunks do not hold the aggregated batch down: a decode-only worker frees nothing
+        freed = f"the aggregated replica already runs batch {agg_batch}, the decode-only worker's {dec_batch}"
     return (
         f"aggregated: {versus}; the KV transfer ({format_duration(d.kv_transfer_p_s)} at the "
         f"p{d.request.slo.percentile:g} prompt) and a second queue cost more than they free at "
-        f"{w.input_tokens}/{w.output_tokens} (decode-only batch {d.decode.max_batch} vs "
-        f"{a.prediction.max_batch} aggregated)"
+        f"{w.input_tokens}/{w.output_tokens} ({freed})"
     )
 
 
