@@ -100,6 +100,13 @@ def owner_uid(obj: Mapping[str, Any]) -> str:
     return next((str(r.get("uid", "")) for r in refs if r.get("controller")), "")
 
 
+def _created_by_us(meta: Mapping[str, Any]) -> bool:
+    """Whether kvscale's create left its fields as an Update (not yet its applied fields)."""
+    return any(
+        e.get("manager") == FIELD_MANAGER and e.get("operation") == "Update" for e in meta.get("managedFields") or []
+    )
+
+
 def as_applied(managed: list[dict[str, Any]], manager: str) -> list[dict[str, Any]]:
     """managedFields with `manager`'s Update entry (a create's) turned into its Apply entry, as
     kubectl does when it moves an object to server-side apply (k8s.io/client-go/util/csaupgrade):
@@ -218,6 +225,11 @@ class Kube:
                 view = ChildView.of(live, kind)
                 if not view.owned_by(owner_uid(obj)):
                     raise Foreign(view)
+                if _created_by_us(live["metadata"]):
+                    # Its create's fields were not made applied ones yet (a controller kept
+                    # writing its status meanwhile): now, before an apply that may leave one out.
+                    self._as_applied(kind, live)
+                    live = raw_json(self.api, "GET", kind.path(namespace, name))
                 return str(live["metadata"]["resourceVersion"])
             try:
                 created = raw_json(self.api, "POST", f"{kind.path(namespace)}?fieldManager={FIELD_MANAGER}", obj)
@@ -237,9 +249,7 @@ class Kube:
         meta = created["metadata"]
         path = kind.path(meta["namespace"], meta["name"])
         for _ in range(AS_APPLIED_TRIES):
-            if not any(
-                e.get("manager") == FIELD_MANAGER and e.get("operation") == "Update" for e in meta["managedFields"]
-            ):
+            if not _created_by_us(meta):
                 return
             patch = [
                 {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
