@@ -31,8 +31,14 @@ from typing import Any
 from kvscale.autoscaling.observation import Decision
 from kvscale.planner.disaggregated import DisaggregatedPlan, plan_layouts
 from kvscale.planner.search import Feasible, PlanRequest
-from kvscale.sim.disaggregated_fleet import DisaggregatedResult, PoolsPolicy, PoolsView, simulate_disaggregated
-from kvscale.sim.disaggregated_session import pools_policies, pools_row, run_pools_policies, setup_from_disaggregated
+from kvscale.sim.disaggregated_fleet import (
+    DisaggregatedResult,
+    PoolsPolicy,
+    PoolsView,
+    setup_from_disaggregated,
+    simulate_disaggregated,
+)
+from kvscale.sim.disaggregated_session import pools_policies, pools_row, run_pools_policies
 from kvscale.sim.fit import fit_trace
 from kvscale.sim.generators import generate, parse_load
 from kvscale.sim.pool_policies import ratematch_workers

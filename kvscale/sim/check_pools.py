@@ -21,19 +21,18 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from kvscale.autoscaling.observation import Decision, DecisionKind
 from kvscale.planner.disaggregated import DisaggregatedPlan
 from kvscale.sim.check import FAR, MAX_UP, Routing, search_replicas
 from kvscale.sim.disaggregated_fleet import (
     DisaggregatedResult,
     DisaggregatedSetup,
-    PoolsView,
+    StaticPools,
+    setup_from_disaggregated,
     simulate_disaggregated,
 )
 from kvscale.sim.report import attainment
-from kvscale.sim.run import SimSetup, Source
+from kvscale.sim.run import Source
 from kvscale.sim.trace import TraceRequest
-from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.disaggregation import DecodeWorker, PrefillWorker
 from kvscale.sizing.workload import Slo
 
@@ -125,41 +124,11 @@ def judge(result: DisaggregatedResult, slo: Slo, prefill: int, decode: int) -> P
     )
 
 
-@dataclass
-class FixedPools:
-    """kvscale.sim.pool_policies.StaticPools' decisions (the workers given, always), here so
-    that `plan` does not load the autoscaling policy that module imports (a check replays
-    fixed pools: tests/unit/test_cli_startup.py)."""
-
-    prefill_workers: int
-    decode_workers: int
-    name: str = "static"
-
-    def decide(self, view: PoolsView) -> tuple[Decision, Decision]:
-        del view
-        return (
-            Decision(self.prefill_workers, f"static: always {self.prefill_workers}", DecisionKind.STATIC),
-            Decision(self.decode_workers, f"static: always {self.decode_workers}", DecisionKind.STATIC),
-        )
-
-
 def pools_setup(plan: DisaggregatedPlan, routing: Routing, seed: int = 0) -> DisaggregatedSetup:
     """The plan's pools as `simulate --disaggregation` sets them up
-    (kvscale.sim.disaggregated_session.setup_from_disaggregated: each pool's configuration,
-    batch limit, workers and cold start; the decode pool's routing seeded apart) behind
-    `routing`, the plan's, as the aggregated check replays behind the plan's routing. A fixed
-    fleet scales nothing: no pool's TTFT target is needed."""
-    slo = plan.request.slo
-
-    def pool(cfg: ServingConfig, max_batch: int, workers: int, pool_seed: int) -> SimSetup:
-        return SimSetup(cfg, slo, max_batch, cfg.cold_start_s, workers, routing=routing, seed=pool_seed)
-
-    return DisaggregatedSetup(
-        prefill=pool(plan.prefill.cfg, plan.prefill.max_batch, plan.prefill.workers, seed),
-        decode=pool(plan.decode.cfg, plan.decode.max_batch, plan.decode.workers, seed + 7),
-        path=plan.path,
-        prefix_cache_hit_share=plan.request.workload.prefix_cache_hit_share,
-    )
+    (kvscale.sim.disaggregated_fleet.setup_from_disaggregated) behind `routing`, the plan's, as
+    the aggregated check replays behind the plan's routing."""
+    return setup_from_disaggregated(plan, seed=seed, routing=routing)
 
 
 def replay_pools(setup: DisaggregatedSetup, replay: list[TraceRequest], prefill: int, decode: int) -> PoolsReplay:
@@ -169,7 +138,7 @@ def replay_pools(setup: DisaggregatedSetup, replay: list[TraceRequest], prefill:
         prefill=replace(setup.prefill, initial_replicas=prefill),
         decode=replace(setup.decode, initial_replicas=decode),
     )
-    result = simulate_disaggregated(fixed, Source(replay), FixedPools(prefill, decode))
+    result = simulate_disaggregated(fixed, Source(replay), StaticPools(prefill, decode))
     return judge(result, setup.prefill.slo, prefill, decode)
 
 

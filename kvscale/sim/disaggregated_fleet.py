@@ -44,13 +44,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvscale.autoscaling.observation import Decision, Observation
+from kvscale.autoscaling.observation import Decision, DecisionKind, Observation
+from kvscale.planner.disaggregated import DisaggregatedPlan
 from kvscale.sim.engine import Replica, SimRequest, StepTimes
 from kvscale.sim.fleet import Fleet
 from kvscale.sim.run import SimResult, SimSetup, Source, TimelinePoint, _observe, _percentile, _Window
+from kvscale.sizing.config import ServingConfig
 from kvscale.sizing.disaggregation import KvTransferPath, kv_transfer_s
 
 ROLES = ("prefill", "decode")
+DECODE_SEED_OFFSET = 7  # the decode pool's routing is seeded apart from the prefill pool's
 
 
 class DecodeReplica(Replica):
@@ -189,6 +192,53 @@ class PoolsPolicy(Protocol):
     name: str
 
     def decide(self, view: PoolsView) -> tuple[Decision, Decision]: ...
+
+
+def setup_from_disaggregated(
+    plan: DisaggregatedPlan,
+    cold_start_s: float | None = None,
+    seed: int = 0,
+    gpu_limits: dict[str, int] | None = None,
+    path: KvTransferPath | None = None,
+    routing: str = "gateway",
+) -> DisaggregatedSetup:
+    """Both pools as planned (configuration, batch limit, workers), behind `routing` (the
+    gateway's least-loaded picker by default; `plan --trace` replays the plan's routing); each
+    pool's TTFT target is the plan's split: the prefill pool the share it was sized for (TTFT
+    less the transfer, the decode slot wait and first step), the decode pool what TTFT leaves
+    after the prefill pool at its planned load and the transfer. `path`: another transfer path
+    (the plan's by default). The decode pool's routing is seeded apart from the prefill's."""
+    slo = plan.request.slo
+
+    def pool(cfg: ServingConfig, max_batch: int, workers: int, pool_seed: int) -> SimSetup:
+        start_s = cold_start_s if cold_start_s is not None else cfg.cold_start_s
+        return SimSetup(cfg, slo, max_batch, start_s, workers, routing=routing, seed=pool_seed)
+
+    return DisaggregatedSetup(
+        prefill=pool(plan.prefill.cfg, plan.prefill.max_batch, plan.prefill.workers, seed),
+        decode=pool(plan.decode.cfg, plan.decode.max_batch, plan.decode.workers, seed + DECODE_SEED_OFFSET),
+        path=path if path is not None else plan.path,
+        prefix_cache_hit_share=plan.request.workload.prefix_cache_hit_share,
+        prefill_ttft_target_s=plan.prefill_ttft_target_s,
+        decode_ttft_target_s=plan.decode_ttft_target_s,
+        gpu_limits=gpu_limits,
+    )
+
+
+@dataclass
+class StaticPools:
+    """The workers given in each pool, always (the plan's pools fixed; `plan --trace`'s check)."""
+
+    prefill_workers: int
+    decode_workers: int
+    name: str = "static"
+
+    def decide(self, view: PoolsView) -> tuple[Decision, Decision]:
+        del view
+        return (
+            Decision(self.prefill_workers, f"static: always {self.prefill_workers}", DecisionKind.STATIC),
+            Decision(self.decode_workers, f"static: always {self.decode_workers}", DecisionKind.STATIC),
+        )
 
 
 @dataclass(frozen=True)

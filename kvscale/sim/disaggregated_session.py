@@ -5,55 +5,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from kvscale.planner.disaggregated import DisaggregatedPlan
-from kvscale.sim.disaggregated_fleet import DisaggregatedResult, DisaggregatedSetup, PoolsPolicy, simulate_disaggregated
+from kvscale.sim.disaggregated_fleet import (
+    DisaggregatedResult,
+    DisaggregatedSetup,
+    PoolsPolicy,
+    StaticPools,
+    setup_from_disaggregated,
+    simulate_disaggregated,
+)
 from kvscale.sim.engine import StepTimes
-from kvscale.sim.pool_policies import RateMatchPolicy, StaticPools, kvscale_pools
+from kvscale.sim.pool_policies import RateMatchPolicy, kvscale_pools
 from kvscale.sim.report import summary
-from kvscale.sim.run import SimSetup, Source
+from kvscale.sim.run import Source
 from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.workload import Workload
 
 POOLS_POLICY_NAMES = ("kvscale", "static", "ratematch")
-
-
-def setup_from_disaggregated(
-    plan: DisaggregatedPlan,
-    cold_start_s: float | None = None,
-    seed: int = 0,
-    gpu_limits: dict[str, int] | None = None,
-    path: Any = None,
-) -> DisaggregatedSetup:
-    """Both pools as planned (configuration, batch limit, workers), behind the gateway; each
-    pool's TTFT target is the plan's split: the prefill pool the share it was sized for (TTFT
-    less the transfer, the decode slot wait and first step), the decode pool what TTFT leaves
-    after the prefill pool at its planned load and the transfer. `path`: another transfer path
-    (the plan's by default)."""
-    slo = plan.request.slo
-
-    def pool(cfg: Any, max_batch: int, workers: int) -> SimSetup:
-        return SimSetup(
-            cfg=cfg,
-            slo=slo,
-            max_batch=max_batch,
-            cold_start_s=cold_start_s if cold_start_s is not None else cfg.cold_start_s,
-            initial_replicas=workers,
-            routing="gateway",
-            seed=seed,
-        )
-
-    return DisaggregatedSetup(
-        prefill=pool(plan.prefill.cfg, plan.prefill.max_batch, plan.prefill.workers),
-        decode=replace(pool(plan.decode.cfg, plan.decode.max_batch, plan.decode.workers), seed=seed + 7),
-        path=path if path is not None else plan.path,
-        prefix_cache_hit_share=plan.request.workload.prefix_cache_hit_share,
-        prefill_ttft_target_s=plan.prefill_ttft_target_s,
-        decode_ttft_target_s=plan.decode_ttft_target_s,
-        gpu_limits=gpu_limits,
-    )
 
 
 def pools_policies(

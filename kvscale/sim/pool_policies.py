@@ -143,20 +143,6 @@ def kvscale_pools(
     return pools
 
 
-@dataclass
-class StaticPools:
-    prefill_workers: int
-    decode_workers: int
-    name: str = "static"
-
-    def decide(self, view: PoolsView) -> tuple[Decision, Decision]:
-        del view
-        return (
-            Decision(self.prefill_workers, f"static: always {self.prefill_workers}", DecisionKind.STATIC),
-            Decision(self.decode_workers, f"static: always {self.decode_workers}", DecisionKind.STATIC),
-        )
-
-
 # -- Dynamo's rate matching ------------------------------------------------------------------
 
 

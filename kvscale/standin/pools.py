@@ -41,7 +41,7 @@ from typing import Literal
 
 from kvscale.api.intent import Intent, pool_serving_config
 from kvscale.api.models import PlanStatus, PoolPlanStatus
-from kvscale.sim.disaggregated_fleet import DecodeReplica, DisaggregatedSetup, PoolFleet
+from kvscale.sim.disaggregated_fleet import DECODE_SEED_OFFSET, DecodeReplica, DisaggregatedSetup, PoolFleet
 from kvscale.sim.engine import SimRequest
 from kvscale.sim.load_profile import Arrivals
 from kvscale.sim.run import SimSetup
@@ -51,7 +51,6 @@ from kvscale.standin.fleet import EngineFleet, PodStats
 
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, ...] = ("prefill", "decode")
-DECODE_SEED_OFFSET = 7  # the decode pool's seed, as kvscale.sim.disaggregated_session sets it
 
 
 class CountingDecodeReplica(DecodeReplica):

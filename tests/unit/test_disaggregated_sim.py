@@ -14,12 +14,17 @@ from kvscale.autoscaling.observation import Observation
 from kvscale.cli import app
 from kvscale.planner.disaggregated import DisaggregatedPlan, plan_disaggregated
 from kvscale.planner.search import PlanRequest
-from kvscale.sim.disaggregated_fleet import DecodeReplica, PoolsView, simulate_disaggregated
-from kvscale.sim.disaggregated_session import run_pools_policies, setup_from_disaggregated
+from kvscale.sim.disaggregated_fleet import (
+    DecodeReplica,
+    PoolsView,
+    StaticPools,
+    setup_from_disaggregated,
+    simulate_disaggregated,
+)
+from kvscale.sim.disaggregated_session import run_pools_policies
 from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.pool_policies import (
     RateMatchPolicy,
-    StaticPools,
     kvscale_pools,
     prefill_pass_s,
     proportional_clamp,
