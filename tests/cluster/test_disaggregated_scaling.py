@@ -32,23 +32,17 @@ from kvscale.standin.pools import PoolsPodFleet, pools_setup
 from tests.cluster.harness import Cluster, free_port, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.prometheus import Prometheus
+from tests.cluster.test_disaggregated_deploy import BODY as DEPLOYED
 from tests.cluster.test_multinode_operator import deployment
 from tests.cluster.test_operator import ROOT, create, get
 
 NAME = "pd-scale"
 LIMIT = 6  # H100s the phase-C budget allows both pools
+# The deploy test's service (long prompts, a tight TPOT: the pools), room to grow to 6 a pool.
 BODY: dict[str, Any] = {
-    "apiVersion": f"{GROUP}/{VERSION}",
-    "kind": "InferenceService",
+    **DEPLOYED,
     "metadata": {"name": NAME},
-    "spec": {
-        "model": {"name": "llama-3.1-8b"},
-        "workload": {"inputTokens": 4000, "outputTokens": 300, "requestsPerSecond": 8},
-        "slo": {"timeToFirstToken": "1500ms", "timePerOutputToken": "12ms"},
-        "hardware": {"gpuTypes": ["H100-SXM"]},
-        "serving": {"disaggregation": "on"},
-        "scaling": {"maxReplicas": 6},
-    },
+    "spec": {**DEPLOYED["spec"], "scaling": {"maxReplicas": 6}},
 }
 
 
