@@ -274,7 +274,12 @@ def layout_lines(found: LayoutPlan) -> list[str]:
     if check is not None:
         lines += check_lines(check, found.request.slo.percentile)
     if d is not None and found.mode == "disaggregated":
-        lines.append("The aggregated plan beside it:")
+        lines += [
+            "  deploy: the prefill pool serves only behind a P/D-aware router (llm-d's endpoint picker with its P/D "
+            "profile, spec.routing.inferencePool); behind a plain Service the decode pods answer alone, so the "
+            "operator's spec.serving.disaggregation auto keeps aggregated replicas there",
+            "The aggregated plan beside it:",
+        ]
     return lines
 
 
