@@ -7,9 +7,10 @@ the pools against the budget's other services as it weighs any service. What the
 together is then split between them by what the split serves, not in proportion to their wants
 (NVIDIA Dynamo's planner scales both pools down proportionally under a GPU budget): a request
 needs both pools, so the service carries min(P x prefill rate, D x decode rate) requests/s, and
-the split is the one that carries the most within the pools' GPUs (kvscale.autoscaling.pool_capacity.split_pools, the simulator's too), each pool
-within its want. That re-split applies where both pools are on one GPU type under one budget;
-pools on two types keep each type's grant.
+the split is the one that carries the most within the pools' GPUs, each pool within its want
+(kvscale.autoscaling.pool_capacity.split_pools, which the simulator's budget stage runs too).
+That re-split applies where both pools are on one GPU type under one budget; pools on two types
+keep each type's grant.
 
 Scale-ups go only into GPUs free now (as an aggregated service's), and a reconcile that deploys
 new pools starts them within the GPUs free then (`cap_pools`); with no room for one worker of
