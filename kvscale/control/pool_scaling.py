@@ -33,7 +33,7 @@ from kvscale.control import disaggregated as pd
 from kvscale.control.budget import BudgetBook
 from kvscale.control.pool_budget import PoolsGoverned, govern_pools
 from kvscale.control.reconcile import DEPLOYMENT, DeploymentView, Event, Resource, Result
-from kvscale.control.scaling import default_cold_start_s
+from kvscale.control.scaling import Gauges, decision_kind, default_cold_start_s
 from kvscale.control.settings import Settings
 from kvscale.control.status import condition, now_rfc3339, planned_workload, with_conditions
 from kvscale.planner.disaggregated import Role
@@ -121,6 +121,9 @@ class PoolsTick:
     memory: PoolsMemory
     decisions: Mapping[str, Decision]
     scaled: Mapping[str, int]  # the pools scaled this tick (Deployment name -> replicas)
+    # The operator's own metrics per pool, each as a service named after its Deployment
+    # (`<name>-prefill`, `<name>-decode`): the dashboards' per-service panels show each pool.
+    gauges: Mapping[str, Gauges] = field(default_factory=dict)
 
 
 def autoscaled(intent: Intent) -> bool:
@@ -271,4 +274,22 @@ def tick_pools(
         scale_named=tuple((DEPLOYMENT, name, n) for name, n in scaled.items()),
         events=(*events, *budget_events),
     )
-    return PoolsTick(result, memory, decisions, scaled)
+    targets = ttft_targets(intent, plan)
+    gauges = {
+        pd.pool_name(res.name, role): Gauges(
+            desired=done[role].replicas,
+            current=readings[role].view.replicas,
+            ready=readings[role].view.ready_replicas,
+            ttft_target_s=targets[role],
+            tpot_target_s=intent.slo.tpot_s,
+            ttft_predicted_s=targets[role],  # each pool is sized to its share of the target
+            tpot_predicted_s=plan.predicted_tpot_seconds or intent.slo.tpot_s,
+            ttft_observed_s=readings[role].obs.ttft_p_s,
+            tpot_observed_s=readings[role].obs.tpot_p_s if role == "decode" else None,
+            cost_usd_per_hour=readings[role].view.replicas * pools[role].cost_per_hour / max(pools[role].workers, 1),
+            metrics_available=readings[role].missing is None,
+            decision_kind=decision_kind(decisions[role]),
+        )
+        for role in roles
+    }
+    return PoolsTick(result, memory, decisions, scaled, gauges)

@@ -309,7 +309,8 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     async def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
         update(memo, lambda m: replace(m, deleted=True))  # a tick in flight exports nothing after this
         rt.budgets.forget(namespace or "", name)
-        telemetry.forget(namespace or "", name)
+        for series in (name, *(pool_name(name, role) for role in ROLES)):  # a disaggregated plan's pools too
+            telemetry.forget(namespace or "", series)
 
 
 def prometheus_clients(rt: Runtime, url: str) -> None:
@@ -515,6 +516,9 @@ async def scale_tick(rt: Runtime, call: Call) -> None:
     update(call.memo, lambda now: now.after_tick(scaled.memory, done.result.scale_to))
     if not memory(call.memo).deleted:
         telemetry.export(call.res.namespace, call.res.name, done.gauges)
+        for role in ROLES:  # an earlier disaggregated plan's pools' series
+            if telemetry.exported(call.res.namespace, pool_name(call.res.name, role)):
+                telemetry.forget(call.res.namespace, pool_name(call.res.name, role))
     synced = replace(done.result, status=mark_synced("autoscale", done.result.status, call.res.generation))
     await _drain_and_apply(rt, call, intent, workload, seen.pods, synced)
     telemetry.TICK_SECONDS.observe(time.monotonic() - started)
@@ -552,6 +556,10 @@ async def _scale_pools(rt: Runtime, call: Call) -> None:
             effects.timer_failed("autoscale", call.body, call.patch, call.before, call.res, exc)
         return
     update(call.memo, lambda now: now.pools_ticked(done.memory, done.scaled))
+    if not memory(call.memo).deleted:
+        for pool, gauges in done.gauges.items():
+            telemetry.export(call.res.namespace, pool, gauges)
+        telemetry.forget(call.res.namespace, call.res.name)  # an earlier aggregated plan's series
     synced = replace(done.result, status=mark_synced("autoscale", done.result.status, call.res.generation))
     await call.apply_async(rt, synced)
     telemetry.TICK_SECONDS.observe(time.monotonic() - started)

@@ -123,6 +123,11 @@ def export(namespace: str, name: str, g: Gauges) -> None:
     _kinds.setdefault(labels, set()).add(g.decision_kind)
 
 
+def exported(namespace: str, name: str) -> bool:
+    """Whether series of `name` were exported (and not forgotten since)."""
+    return (namespace, name) in _kinds
+
+
 def forget(namespace: str, name: str) -> None:
     """Remove every series of a deleted InferenceService."""
     labels = (namespace, name)

@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 from kubernetes import client
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvscale.api import GROUP, LLMD_ROLE, PLURAL, VERSION, selector
 from kvscale.api.intent import Intent, read_spec
@@ -124,6 +126,16 @@ def test_each_pool_scales_on_its_own_signal(
             assert obj["status"]["plan"]["prefill"]["replicas"] >= _replicas(api, namespace, "prefill") - 1
             events = client.CoreV1Api(api).list_namespaced_event(namespace).items
             assert any(e.reason == "Scaled" and "prefill pool" in (e.message or "") for e in events)
+            # The operator's own metrics carry each pool as a service of its own (the dashboards' panels).
+            metrics = httpx.get(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=10).text
+            desired = {
+                sample.labels.get("inferenceservice"): sample.value
+                for family in text_string_to_metric_families(metrics)
+                if family.name == "kvscale_desired_replicas"
+                for sample in family.samples
+                if sample.labels.get("namespace") == namespace
+            }
+            assert {f"{NAME}-prefill", f"{NAME}-decode"} <= set(desired), desired
 
             # Phase B: short prompts, long answers at ~3 decode workers' worth.
             with standin.lock:

@@ -91,6 +91,9 @@ def test_each_pool_scales_on_its_own_signal() -> None:
         e.reason == "Scaled" and e.message.startswith(f"Scaled prefill pool {p} -> {grown}") for e in done.result.events
     )
     assert set(done.memory.states) == {"prefill", "decode"}
+    gauges = done.gauges["chat-prefill"]
+    assert (gauges.desired, gauges.current) == (grown, p) and gauges.ttft_observed_s == 4 * targets["prefill"]
+    assert gauges.tpot_observed_s is None and done.gauges["chat-decode"].tpot_observed_s == 0.5 * intent.slo.tpot_s
 
 
 def test_a_pool_whose_metrics_are_missing_is_not_scaled_down() -> None:
