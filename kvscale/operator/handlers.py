@@ -309,8 +309,13 @@ def _lifecycle(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     async def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
         update(memo, lambda m: replace(m, deleted=True))  # a tick in flight exports nothing after this
         rt.budgets.forget(namespace or "", name)
-        for series in (name, *(pool_name(name, role) for role in ROLES)):  # a disaggregated plan's pools too
-            telemetry.forget(namespace or "", series)
+        forget_series(namespace or "", name)
+
+
+def forget_series(namespace: str, name: str) -> None:
+    """The operator's own series of a deleted service, its disaggregated plan's pools' too."""
+    for series in (name, *(pool_name(name, role) for role in ROLES)):
+        telemetry.forget(namespace, series)
 
 
 def prometheus_clients(rt: Runtime, url: str) -> None:
