@@ -135,8 +135,24 @@ def loop(
         for process in standins:
             process.stop()
         objects.delete_cluster_custom_object(GROUP, VERSION, "gpubudgets", BUDGET)
-        op.stop()
-        prom.stop()
+        # The next scenario creates a budget of the same name: wait until this one is gone while
+        # the operator still runs to release kopf's finalizer (stopped first, a loaded machine left
+        # it "being deleted" and the next create failed with AlreadyExists).
+        try:
+            wait_until(lambda: not _budget_exists(objects), 60, f"GPUBudget {BUDGET} deleted")
+        finally:
+            op.stop()
+            prom.stop()
+
+
+def _budget_exists(objects: client.CustomObjectsApi) -> bool:
+    try:
+        objects.get_cluster_custom_object(GROUP, VERSION, "gpubudgets", BUDGET)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
 
 
 def fleet(api: client.ApiClient, namespace: str, names: Iterable[str]) -> dict[str, int | None]:
