@@ -154,6 +154,7 @@ def cap_pools(
     priority: int,
     pools: Mapping[Role, PoolPlanStatus],
     planned: Mapping[Role, int],
+    now: dt.datetime,
 ) -> dict[Role, int] | None:
     """New pools' starting counts within the GPUs their budget has free now (the plan's counts
     where they fit; the split that serves the most otherwise), recorded in the book at once so
@@ -186,7 +187,7 @@ def cap_pools(
             if room < gpus[role]:
                 return None
             counts[role] = planned[role] if math.isinf(room) else min(planned[role], math.floor(room / gpus[role]))
-    now_s = dt.datetime.now(dt.UTC).timestamp()
+    now_s = now.timestamp()
     for role in ROLES:
         pool = pools[role]
         option = Option(pool.gpu_type, gpus[role], counts[role], max(pool.rate_per_worker, 0.0))

@@ -437,7 +437,7 @@ def _pools_under_budget(rt: Runtime, call: Call, result: Result, seen: Observed)
     planned = {role: pool.replicas for role, pool in pools.items()}
     intent = call.intent
     priority = 0 if isinstance(intent, SpecError) else intent.scaling.priority
-    counts = cap_pools(rt.budgets, call.res, labels, priority, pools, planned)
+    counts = cap_pools(rt.budgets, call.res, labels, priority, pools, planned, dt.datetime.now(dt.UTC))
     if counts is None:
         governed = rt.budgets.view().governors(
             call.res.namespace, labels, (plan.prefill.gpu_type, plan.decode.gpu_type)
