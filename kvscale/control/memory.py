@@ -44,6 +44,8 @@ class ServiceMemory:
     - `capacity`: the capacity the simulated search last confirmed (kvscale.control.capacity),
       which the policy acts on for that configuration.
     - `pools`: a disaggregated plan's pools' models and policy states (kvscale.control.pool_scaling).
+    - `status_written`: (resourceVersion of the body it was made from, monotonic seconds) of the
+      status tick's last status write: a body still at that version does not show the write yet.
     """
 
     children: Mapping[ChildKey, Mapping[str, Any]] = field(default_factory=dict)
@@ -56,6 +58,7 @@ class ServiceMemory:
     deleted: bool = False
     capacity: Confirmed | None = None
     pools: PoolsMemory = field(default_factory=PoolsMemory)
+    status_written: tuple[str, float] | None = None
 
     def applied_children(self) -> tuple[Mapping[str, Any], ...]:
         """The children kvscale last applied; the Deployment as `applied`, which the scale tick

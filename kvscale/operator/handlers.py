@@ -34,7 +34,7 @@ import kopf
 
 from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.api.intent import Intent, SpecError, read_spec
-from kvscale.api.models import InferenceServiceStatus, PlanStatus, PoolPlanStatus, parse_status
+from kvscale.api.models import InferenceServiceStatus, PlanStatus, PoolPlanStatus, parse_status, status_patch
 from kvscale.autoscaling.budget import Grant
 from kvscale.autoscaling.observation import Observation, ObservedWorkload
 from kvscale.control import children as owned
@@ -449,6 +449,8 @@ def _pools_under_budget(rt: Runtime, call: Call, result: Result, seen: Observed)
 async def status_tick(rt: Runtime, call: Call) -> None:
     """Readiness, scheduling, drift; a re-plan when the GPU type stays unschedulable. Pure and
     cheap in the loop; a re-plan (planner, API reads) in the workers."""
+    if unseen_write(call, time.monotonic()):
+        return
     try:
         now = dt.datetime.now(dt.UTC)
         seen = call.observed()
@@ -468,7 +470,24 @@ async def status_tick(rt: Runtime, call: Call) -> None:
         effects.timer_failed("refresh", call.body, call.patch, call.before, call.res, exc)
         return
     if result is not None:
-        await call.apply_async(rt, replace(result, status=mark_synced("refresh", result.status, call.res.generation)))
+        result = replace(result, status=mark_synced("refresh", result.status, call.res.generation))
+        await call.apply_async(rt, result)
+        if status_patch(call.before, result.status):
+            written = (str(call.body.get("metadata", {}).get("resourceVersion", "")), time.monotonic())
+            update(call.memo, lambda m: replace(m, status_written=written))
+
+
+UNSEEN_WRITE_S = 30.0  # a status patch kopf failed to apply is not waited for longer
+
+
+def unseen_write(call: Call, now_s: float) -> bool:
+    """Whether the status tick's last status write is not in this body yet. kopf hands a timer
+    the body its watch last delivered, which on a loaded API server can predate the previous
+    tick's patch; a tick on it repeats that tick's transition (a CI run posted
+    GPUTypeUnschedulable twice: a second re-plan away from the GPU type just left)."""
+    written = memory(call.memo).status_written
+    version = str(call.body.get("metadata", {}).get("resourceVersion", ""))
+    return written is not None and written[0] == version and now_s - written[1] < UNSEEN_WRITE_S
 
 
 def refusals(rt: Runtime, call: Call, result: Result | None, now: dt.datetime) -> Result | None:
