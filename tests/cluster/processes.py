@@ -7,10 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
-from tests.cluster.harness import Cluster, free_port
+import httpx
+
+from tests.cluster.harness import Cluster, free_port, wait_until
 
 
 class KvscaleProcess:
@@ -98,3 +101,20 @@ def standin(
     )
     process.start()
     return process
+
+
+def serving_since(process: KvscaleProcess, port: int, timeout_s: float = 120.0) -> float:
+    """When the stand-in started serving its metrics on `port` (time.monotonic()): its load's
+    clock starts as it opens the port, after its imports and the plan it waits for, which on a
+    loaded machine take seconds a test timing the load from the process's start would count."""
+
+    def answers() -> bool:
+        if process.process is not None and process.process.poll() is not None:
+            raise AssertionError(f"the stand-in exited ({process.process.returncode}):\n{process.tail()}")
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(answers, timeout_s, f"the stand-in serving on :{port}", interval_s=0.2)
+    return time.monotonic()

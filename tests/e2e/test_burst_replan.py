@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 
 from tests.cluster.harness import Cluster, free_port, wait_until
-from tests.cluster.processes import Operator, standin
+from tests.cluster.processes import Operator, serving_since, standin
 from tests.cluster.prometheus import Prometheus
 from tests.cluster.test_operator import SAMPLES, create, get
 from tests.e2e.test_workload_replan import replanned_events
@@ -60,7 +60,7 @@ def bursting(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: 
     create(api, namespace, body)
     wait_until(lambda: get(api, namespace, NAME).get("status", {}).get("phase") == "Ready", 60, "Ready")
     serving = standin(cluster, NAME, namespace, metrics_port, LOAD, "1s", tmp_path / "standin.log")
-    started = time.monotonic()
+    started = serving_since(serving, metrics_port)  # the load's clock starts as it serves
     try:
         yield {"namespace": namespace, "operator": op, "started": started}
     finally:
@@ -111,4 +111,9 @@ def test_the_operator_replans_when_arrivals_turn_bursty(bursting: dict[str, Any]
     assert planned_for["source"] == "observed" and planned_for["burstiness"]["windowSeconds"] == 2, planned_for
     # Batches of 12 read about 12 (the estimate from 15 windows is within a factor of ~2).
     assert planned_for["burstiness"]["indexOfDispersion"] >= 4, planned_for
-    assert abs(planned_for["inputTokens"] - 256) <= 0.25 * 256 and abs(planned_for["requestsPerSecond"] - 4) <= 1.5
+    assert abs(planned_for["inputTokens"] - 256) <= 0.25 * 256, planned_for
+    # The rate is the window's count: batches of 12 arrive as a Poisson process at 1/3 a second,
+    # 10 +- 3.2 in 30 s, so the observed rate is 4 +- 1.3 req/s (a CI run read 6.6: 16-17 batches).
+    # The band holds 2-21 batches (99.9% of windows); spec.workload says 4 too, so no rate tells
+    # the sources apart: `source` above does.
+    assert 0.5 <= planned_for["requestsPerSecond"] <= 9.0, planned_for

@@ -17,7 +17,7 @@ from kubernetes import client
 
 from tests.cluster.harness import Cluster, free_port, holds_for, wait_until
 from tests.cluster.monitors import Discovered, chart_monitors, scrape_config, scrape_config_sd
-from tests.cluster.processes import Operator, standin
+from tests.cluster.processes import Operator, serving_since, standin
 from tests.cluster.prometheus import Prometheus
 from tests.cluster.test_chart import KUBE_VERSION
 from tests.cluster.test_operator import SAMPLES, condition, create, get
@@ -85,7 +85,7 @@ def loop(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: Path
     serving = standin(
         cluster, "looped", namespace, metrics_port, LOAD, "3s", tmp_path / "standin.log", VLLM_0_2_AS_VLLM
     )
-    started = time.monotonic()
+    started = serving_since(serving, metrics_port)  # the load's clock starts as it serves
     try:
         yield {"prom": prom, "operator": op, "namespace": namespace, "started": started, "tmp": tmp_path}
     finally:

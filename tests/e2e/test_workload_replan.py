@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 
 from tests.cluster.harness import Cluster, free_port, wait_until
-from tests.cluster.processes import Operator, standin
+from tests.cluster.processes import Operator, serving_since, standin
 from tests.cluster.prometheus import Prometheus
 from tests.cluster.test_operator import SAMPLES, create, get
 from tests.unit.profiles import VLLM_0_2_AS_VLLM
@@ -65,7 +65,7 @@ def drifting(cluster: Cluster, api: client.ApiClient, namespace: str, tmp_path: 
     serving = standin(
         cluster, "drifting", namespace, metrics_port, LOAD, "1s", tmp_path / "standin.log", VLLM_0_2_AS_VLLM
     )
-    started = time.monotonic()
+    started = serving_since(serving, metrics_port)  # the load's clock starts as it serves
     try:
         yield {"namespace": namespace, "operator": op, "started": started}
     finally:
