@@ -289,6 +289,188 @@ class _Windows:
         return _observe(fleet, now_s, setup, self.arrivals, self.inputs, self.outputs, self.ttfts, self.tpots)
 
 
+class PoolsStepper:
+    """Both pools through one replay, stepped by its caller: `simulate_disaggregated`'s loop for
+    one service, kvscale.sim.budget_run's for a service among others under one GPU budget.
+    Between steps: `advance` to a time, then `arrive` (the source's next request) or a tick
+    (`view`, the caller scales the pools, `record`)."""
+
+    def __init__(self, setup: DisaggregatedSetup, source: Source) -> None:
+        if source.closed is not None:
+            raise ValueError("a disaggregated fleet replays open-loop arrivals (a trace or a generated load)")
+        self.setup, self.source = setup, source
+        ps, ds = setup.prefill, setup.decode
+        self.prefill, self.decode = PoolFleet(ps, "prefill"), PoolFleet(ds, "decode")
+        self.pw, self.dw = _Windows(ps.window_s), _Windows(ds.window_s)
+        self.requests: list[SimRequest] = []
+        self.proxies: dict[int, SimRequest] = {}  # prefill copy id -> the user's request
+        self.entered: dict[int, float] = {}  # request id -> when it reached the decode pool
+        self.transfers: list[float] = []
+        self.prefill_done: list[float] = []
+        self.in_transfer: list[tuple[float, int, SimRequest]] = []
+        self.p_finished: list[SimRequest] = []
+        self.d_finished: list[SimRequest] = []
+        self.arrived, self.input_total, self.output_total = 0, 0.0, 0.0
+        self.timeline: list[TimelinePoint] = []
+        self.pool_timeline: list[PoolPoint] = []
+        self.decisions: list[tuple[float, int, str]] = []
+        self.ttft_all, self.tpot_all = _Window(ps.window_s), _Window(ps.window_s)
+        self.done = 0
+
+    def start(self, prefill_workers: int, decode_workers: int) -> None:
+        """The pools at the start, warm."""
+        self.prefill.start(prefill_workers, 0.0, warm=True)
+        self.decode.start(decode_workers, 0.0, warm=True)
+
+    def next_arrival(self) -> float:
+        return self.source.next_time()
+
+    def outstanding(self) -> int:
+        return len(self.requests) - self.done
+
+    def _account_lost(self) -> int:
+        n = 0
+        for proxy in self.prefill.take_lost():
+            original = self.proxies[proxy.id]
+            original.lost = proxy.lost
+            n += 1
+        return n + len(self.decode.take_lost())
+
+    def advance(self, now_s: float) -> None:
+        # Prefill first: every prefill that ends by now_s is known (an entry at or before now_s
+        # comes from a prefill that ended before it), then the decode pool in order of entries.
+        self.prefill.advance_to(now_s, self.p_finished)
+        for proxy in self.p_finished:
+            original = self.proxies.pop(proxy.id)
+            self.pw.ttfts.add(proxy.first_token_s, proxy.ttft_s)
+            self.prefill_done[original.id] = proxy.finish_s
+            move_s = self.setup.transfer_s(original.input_tokens)
+            self.transfers[original.id] = move_s
+            heapq.heappush(self.in_transfer, (proxy.finish_s + move_s, original.id, original))
+        self.p_finished.clear()
+        while self.in_transfer and self.in_transfer[0][0] <= now_s:
+            at, _, original = heapq.heappop(self.in_transfer)
+            self.decode.advance_to(at, self.d_finished)
+            self.entered[original.id] = at
+            self.dw.arrive(at, original, original.output_tokens)
+            self.decode.route(original, at)
+        self.decode.advance_to(now_s, self.d_finished)
+        for r in self.d_finished:
+            self.dw.ttfts.add(r.first_token_s, r.first_token_s - self.entered[r.id])
+            self.ttft_all.add(r.first_token_s, r.ttft_s)
+            if r.output_tokens > 1:
+                self.dw.tpots.add(r.finish_s, r.tpot_s)
+                self.tpot_all.add(r.finish_s, r.tpot_s)
+        self.done += len(self.d_finished)
+        self.d_finished.clear()
+        self.done += self._account_lost()
+
+    def arrive(self, now_s: float) -> None:
+        """The source's next request (arriving at `now_s`) reaches the prefill pool."""
+        r = self.source.pop()
+        request = SimRequest(len(self.requests), r.arrival_s, r.input_tokens, r.output_tokens)
+        self.requests.append(request)
+        self.transfers.append(math.nan)
+        self.prefill_done.append(math.nan)
+        proxy = SimRequest(request.id, r.arrival_s, r.input_tokens, 1)
+        self.proxies[proxy.id] = request
+        self.arrived += 1
+        self.input_total += r.input_tokens
+        self.output_total += r.output_tokens
+        self.pw.arrive(now_s, proxy, 1)
+        self.prefill.route(proxy, now_s)
+
+    def view(self, now_s: float) -> PoolsView:
+        ps, ds = self.setup.prefill, self.setup.decode
+        return PoolsView(
+            now_s,
+            self.pw.observe(self.prefill, now_s, ps),
+            self.dw.observe(self.decode, now_s, ds),
+            self.arrived,
+            self.input_total,
+            self.output_total,
+        )
+
+    def decided(self, now_s: float, want_p: Decision, want_d: Decision) -> None:
+        """A tick's wants, kept where they change a pool."""
+        for role, want, fleet in (("prefill", want_p, self.prefill), ("decode", want_d, self.decode)):
+            if want.replicas != fleet.desired_size():
+                self.decisions.append((now_s, want.replicas, f"{role}: {want.reason}"))
+
+    def held(self) -> dict[str, int]:
+        """GPUs per type both pools hold now (starting, serving and draining replicas)."""
+        held: dict[str, int] = {}
+        for fleet, pool in ((self.prefill, self.setup.prefill), (self.decode, self.setup.decode)):
+            held[pool.cfg.gpu.name] = held.get(pool.cfg.gpu.name, 0) + fleet.held() * pool.cfg.gpus
+        return held
+
+    def record(self, now_s: float, view: PoolsView) -> None:
+        """The tick's point, after the pools were scaled."""
+        ps = self.setup.prefill
+        prefill, decode = self.prefill, self.decode
+        p_ready, d_ready = len(prefill.serving(now_s)), len(decode.serving(now_s))
+        self.pool_timeline.append(
+            PoolPoint(now_s, prefill.desired_size(), decode.desired_size(), p_ready, d_ready, self.held())
+        )
+        self.timeline.append(
+            TimelinePoint(
+                now_s,
+                view.prefill.arrival_rate_per_s or 0.0,
+                prefill.desired_size() + decode.desired_size(),
+                p_ready + d_ready,
+                _percentile(self.ttft_all.values(now_s), ps.slo.percentile),
+                _percentile(self.tpot_all.values(now_s), ps.slo.percentile),
+            )
+        )
+
+    def last_finish_s(self) -> float:
+        return max([r.finish_s for r in self.requests if r.done] + [0.0])
+
+    def cut(self, end_s: float) -> None:
+        """The run's end under a bound (kvscale.sim.budget_run): what a replica holds is cut,
+        what waits at either pool's gateway rejected, and a request still in transfer cut."""
+        self.advance(end_s)
+        self.prefill.end(end_s)
+        self.decode.end(end_s)
+        while self.in_transfer:
+            _, _, original = heapq.heappop(self.in_transfer)
+            original.lost = "cut"
+            self.done += 1
+        self.done += self._account_lost()
+
+    def result(self, policy: str, end_s: float) -> DisaggregatedResult:
+        setup, prefill, decode = self.setup, self.prefill, self.decode
+        prefill.stop_all(end_s)
+        decode.stop_all(end_s)
+        pools = {
+            "prefill": _stats("prefill", prefill, setup.prefill, self.pool_timeline),
+            "decode": _stats("decode", decode, setup.decode, self.pool_timeline),
+        }
+        spans = [
+            (r.started_s, r.stopped_s if r.stopped_s is not None else end_s)
+            for f in (prefill, decode)
+            for r in f.replicas
+        ]
+        return DisaggregatedResult(
+            policy=policy,
+            requests=self.requests,
+            gpu_hours=sum(p.gpu_hours for p in pools.values()),
+            cost_usd=sum(p.cost_usd for p in pools.values()),
+            scale_events=prefill.scale_events + decode.scale_events,
+            preemptions=sum(p.preemptions for p in pools.values()),
+            duration_s=end_s,
+            timeline=self.timeline,
+            decisions=self.decisions,
+            routing="gateway",
+            token_gaps=sum((r.token_gaps for r in decode.replicas), Counter()),
+            replica_spans=spans,
+            pools=pools,
+            pool_timeline=self.pool_timeline,
+            transfer_s=self.transfers,
+            prefill_done_s=self.prefill_done,
+        )
+
+
 def simulate_disaggregated(
     setup: DisaggregatedSetup,
     source: Source,
@@ -298,141 +480,27 @@ def simulate_disaggregated(
     """Replays an open-loop source through both pools under `policy` (ticks every
     setup.prefill.tick_s). Each tick both pools are scaled (at least one replica each);
     with gpu_limits a scale-up starts only the replicas whose GPUs are free."""
-    if source.closed is not None:
-        raise ValueError("a disaggregated fleet replays open-loop arrivals (a trace or a generated load)")
-    ps, ds = setup.prefill, setup.decode
-    prefill, decode = PoolFleet(ps, "prefill"), PoolFleet(ds, "decode")
-    prefill.start(ps.initial_replicas, 0.0, warm=True)
-    decode.start(ds.initial_replicas, 0.0, warm=True)
-    pw, dw = _Windows(ps.window_s), _Windows(ds.window_s)
-    requests: list[SimRequest] = []
-    proxies: dict[int, SimRequest] = {}  # prefill copy id -> the user's request
-    entered: dict[int, float] = {}  # request id -> when it reached the decode pool
-    transfers: list[float] = []
-    prefill_done: list[float] = []
-    in_transfer: list[tuple[float, int, SimRequest]] = []
-    p_finished: list[SimRequest] = []
-    d_finished: list[SimRequest] = []
-    arrived, input_total, output_total = 0, 0.0, 0.0
-    timeline: list[TimelinePoint] = []
-    pool_timeline: list[PoolPoint] = []
-    decisions: list[tuple[float, int, str]] = []
-    ttft_all, tpot_all = _Window(ps.window_s), _Window(ps.window_s)
-    done = 0
-    next_tick = ps.tick_s
-
-    def account_lost() -> int:
-        n = 0
-        for proxy in prefill.take_lost():
-            original = proxies[proxy.id]
-            original.lost = proxy.lost
-            n += 1
-        return n + len(decode.take_lost())
-
-    def advance(now_s: float) -> None:
-        nonlocal done
-        # Prefill first: every prefill that ends by now_s is known (an entry at or before now_s
-        # comes from a prefill that ended before it), then the decode pool in order of entries.
-        prefill.advance_to(now_s, p_finished)
-        for proxy in p_finished:
-            original = proxies.pop(proxy.id)
-            pw.ttfts.add(proxy.first_token_s, proxy.ttft_s)
-            prefill_done[original.id] = proxy.finish_s
-            move_s = setup.transfer_s(original.input_tokens)
-            transfers[original.id] = move_s
-            heapq.heappush(in_transfer, (proxy.finish_s + move_s, original.id, original))
-        p_finished.clear()
-        while in_transfer and in_transfer[0][0] <= now_s:
-            at, _, original = heapq.heappop(in_transfer)
-            decode.advance_to(at, d_finished)
-            entered[original.id] = at
-            dw.arrive(at, original, original.output_tokens)
-            decode.route(original, at)
-        decode.advance_to(now_s, d_finished)
-        for r in d_finished:
-            dw.ttfts.add(r.first_token_s, r.first_token_s - entered[r.id])
-            ttft_all.add(r.first_token_s, r.ttft_s)
-            if r.output_tokens > 1:
-                dw.tpots.add(r.finish_s, r.tpot_s)
-                tpot_all.add(r.finish_s, r.tpot_s)
-        done += len(d_finished)
-        d_finished.clear()
-        done += account_lost()
-
+    run = PoolsStepper(setup, source)
+    run.start(setup.prefill.initial_replicas, setup.decode.initial_replicas)
+    next_tick = setup.prefill.tick_s
     while True:
-        arrival_at = source.next_time()
-        if math.isinf(arrival_at) and len(requests) - done == 0:
+        arrival_at = run.next_arrival()
+        if math.isinf(arrival_at) and run.outstanding() == 0:
             break
         now = min(arrival_at, next_tick)
-        advance(now)
+        run.advance(now)
         if now == arrival_at:
-            r = source.pop()
-            request = SimRequest(len(requests), r.arrival_s, r.input_tokens, r.output_tokens)
-            requests.append(request)
-            transfers.append(math.nan)
-            prefill_done.append(math.nan)
-            proxy = SimRequest(request.id, r.arrival_s, r.input_tokens, 1)
-            proxies[proxy.id] = request
-            arrived += 1
-            input_total += r.input_tokens
-            output_total += r.output_tokens
-            pw.arrive(now, proxy, 1)
-            prefill.route(proxy, now)
+            run.arrive(now)
             continue
-        view = PoolsView(
-            now, pw.observe(prefill, now, ps), dw.observe(decode, now, ds), arrived, input_total, output_total
-        )
+        view = run.view(now)
         want_p, want_d = policy.decide(view)
-        for role, want, fleet in (("prefill", want_p, prefill), ("decode", want_d, decode)):
-            if want.replicas != fleet.desired_size():
-                decisions.append((now, want.replicas, f"{role}: {want.reason}"))
-        _scale(setup, prefill, decode, max(want_p.replicas, 1), max(want_d.replicas, 1), now)  # never to zero
-        p_ready, d_ready = len(prefill.serving(now)), len(decode.serving(now))
-        held: dict[str, int] = {}
-        for fleet, pool in ((prefill, ps), (decode, ds)):
-            held[pool.cfg.gpu.name] = held.get(pool.cfg.gpu.name, 0) + fleet.held() * pool.cfg.gpus
-        pool_timeline.append(PoolPoint(now, prefill.desired_size(), decode.desired_size(), p_ready, d_ready, held))
-        timeline.append(
-            TimelinePoint(
-                now,
-                view.prefill.arrival_rate_per_s or 0.0,
-                prefill.desired_size() + decode.desired_size(),
-                p_ready + d_ready,
-                _percentile(ttft_all.values(now), ps.slo.percentile),
-                _percentile(tpot_all.values(now), ps.slo.percentile),
-            )
-        )
-        next_tick += ps.tick_s
+        run.decided(now, want_p, want_d)
+        _scale(setup, run.prefill, run.decode, max(want_p.replicas, 1), max(want_d.replicas, 1), now)  # never to zero
+        run.record(now, view)
+        next_tick += setup.prefill.tick_s
         if progress is not None:
             progress(now)
-    end = max([r.finish_s for r in requests if r.done] + [0.0])
-    prefill.stop_all(end)
-    decode.stop_all(end)
-    pools = {
-        "prefill": _stats("prefill", prefill, ps, pool_timeline),
-        "decode": _stats("decode", decode, ds, pool_timeline),
-    }
-    spans = [
-        (r.started_s, r.stopped_s if r.stopped_s is not None else end) for f in (prefill, decode) for r in f.replicas
-    ]
-    return DisaggregatedResult(
-        policy=policy.name,
-        requests=requests,
-        gpu_hours=sum(p.gpu_hours for p in pools.values()),
-        cost_usd=sum(p.cost_usd for p in pools.values()),
-        scale_events=prefill.scale_events + decode.scale_events,
-        preemptions=sum(p.preemptions for p in pools.values()),
-        duration_s=end,
-        timeline=timeline,
-        decisions=decisions,
-        routing="gateway",
-        token_gaps=sum((r.token_gaps for r in decode.replicas), Counter()),
-        replica_spans=spans,
-        pools=pools,
-        pool_timeline=pool_timeline,
-        transfer_s=transfers,
-        prefill_done_s=prefill_done,
-    )
+    return run.result(policy.name, run.last_finish_s())
 
 
 def _scale(setup: DisaggregatedSetup, prefill: PoolFleet, decode: PoolFleet, p: int, d: int, now_s: float) -> None:

@@ -25,13 +25,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kvscale.autoscaling.budget import Budget, Grant
 from kvscale.autoscaling.observation import Decision, DecisionKind
 from kvscale.autoscaling.pool_capacity import DecodeCapacity, PrefillCapacity, pool_policy_config, split_pools
-from kvscale.autoscaling.tick import BudgetAnswer, Pooled, Seat, SeatOption, Want, tick_all
+from kvscale.autoscaling.tick import BudgetAnswer, Pooled, Seat, SeatOption, TickDecision, TickInput, Want, tick_all
 from kvscale.sim.disaggregated_fleet import DisaggregatedSetup, PoolsView
 from kvscale.sim.engine import StepTimes
 from kvscale.sim.policies import KvscalePolicy
@@ -66,23 +66,39 @@ def _pool_policy(
 
 class SplitPooled(Pooled):
     """The pools' budget stage in a replay, as the operator's (kvscale.control.pool_budget): the
-    allocator's grants over both pools' seats, and on one GPU type what they get together split
-    by what the two serve together (kvscale.autoscaling.pool_capacity.split_pools), not in
-    proportion."""
+    allocator's grants over every seat, and for each service's two pools on one GPU type the
+    budget limits, what they get together split by what the two serve together
+    (kvscale.autoscaling.pool_capacity.split_pools), not in proportion. `pairs`: the indices of
+    each service's (prefill, decode) wants among a tick's (default: the two wants of a tick of
+    one service's pools)."""
+
+    def __init__(
+        self, budget: Budget, previous: Mapping[str, Grant], pairs: Sequence[tuple[int, int]] | None = None
+    ) -> None:
+        super().__init__(budget, previous)
+        self.pairs = pairs
 
     def answer(self, wants: Sequence[Want]) -> list[BudgetAnswer]:
         answers = super().answer(wants)
+        pairs = self.pairs if self.pairs is not None else (((0, 1),) if len(answers) == 2 else ())
+        for i, j in pairs:
+            answers[i], answers[j] = self._split((wants[i], wants[j]), (answers[i], answers[j]))
+        return answers
+
+    def _split(
+        self, wants: tuple[Want, Want], answers: tuple[BudgetAnswer, BudgetAnswer]
+    ) -> tuple[BudgetAnswer, BudgetAnswer]:
         seats = [w.seat for w in wants]
-        if len(answers) != 2 or any(s is None for s in seats):
+        if any(s is None for s in seats):
             return answers
         options = [s.options[s.active] for s in seats if s is not None]
-        if options[0].gpu_type != options[1].gpu_type:
-            return answers
+        if options[0].gpu_type != options[1].gpu_type or options[0].gpu_type not in self.budget.limits:
+            return answers  # each keeps its grant: no one limit to share (as the operator's)
         gpus = (options[0].gpus_per_replica, options[1].gpus_per_replica)
         total = sum(a.replicas * g for a, g in zip(answers, gpus, strict=True))
         want = (max(wants[0].decision.replicas, 1), max(wants[1].decision.replicas, 1))
         p, d = split_pools(total, want, (options[0].rate_per_replica, options[1].rate_per_replica), gpus)
-        return [replace(answers[0], replicas=p), replace(answers[1], replicas=d)]
+        return replace(answers[0], replicas=p), replace(answers[1], replicas=d)
 
 
 @dataclass
@@ -96,22 +112,48 @@ class KvscalePools:
     name: str = "kvscale"
     previous: dict[str, Grant] = field(default_factory=dict)
 
-    def decide(self, view: PoolsView) -> tuple[Decision, Decision]:
-        seats = self.seats or (None, None)
-        inputs = [
-            self.prefill.tick_input(view.prefill, seat=seats[0]),
-            self.decode.tick_input(view.decode, seat=seats[1]),
-        ]
-        pooled = SplitPooled(self.budget, self.previous) if self.budget is not None and self.seats is not None else None
-        done_p, done_d = tick_all(inputs, pooled)
+    def tick_inputs(self, view: PoolsView, seats: tuple[Seat | None, Seat | None] | None = None) -> list[TickInput]:
+        """Both pools' inputs to the one tick (`seats`: each pool's seat in a budget; default its own)."""
+        s = seats or self.seats or (None, None)
+        return [self.prefill.tick_input(view.prefill, seat=s[0]), self.decode.tick_input(view.decode, seat=s[1])]
+
+    def ticked(self, done_p: TickDecision, done_d: TickDecision) -> tuple[Decision, Decision]:
+        """The tick's outcome: each pool's policy state, and what each pool runs."""
         self.prefill.ticked(done_p)
         self.decode.ticked(done_d)
-        if pooled is not None and pooled.allocation is not None:
-            self.previous = pooled.allocation.by_name
         return (
             replace(done_p.decision, replicas=done_p.replicas),
             replace(done_d.decision, replicas=done_d.replicas),
         )
+
+    def decide(self, view: PoolsView) -> tuple[Decision, Decision]:
+        pooled = SplitPooled(self.budget, self.previous) if self.budget is not None and self.seats is not None else None
+        done_p, done_d = tick_all(self.tick_inputs(view), pooled)
+        if pooled is not None and pooled.allocation is not None:
+            self.previous = pooled.allocation.by_name
+        return self.ticked(done_p, done_d)
+
+
+def pool_seats(
+    setup: DisaggregatedSetup,
+    pools: KvscalePools,
+    shape: Workload | None,
+    names: tuple[str, str] = ("prefill", "decode"),
+    priority: int = 0,
+    min_replicas: int = 1,
+    max_replicas: int = 100,
+) -> tuple[Seat, Seat]:
+    """Each pool's seat in a budget: its one GPU type (a pool is not moved), a worker's rate at
+    the shape's mean lengths (the split weighs the two by it), the service's priority and a
+    floor of at least one worker (as the operator's budget book seats them)."""
+    inp = shape.input_tokens if shape is not None else 512
+    out = shape.output_tokens if shape is not None else 256
+    seats = []
+    for name, pool, policy in zip(names, (setup.prefill, setup.decode), (pools.prefill, pools.decode), strict=True):
+        rate = max(policy.capacity.rate_per_replica(inp, out), 1e-9)
+        option = SeatOption(pool.cfg.gpu.name, pool.cfg.gpus, rate)
+        seats.append(Seat(name, (option,), 0, priority, max(1, min_replicas), max_replicas, pool.cfg.gpu.name))
+    return seats[0], seats[1]
 
 
 def kvscale_pools(
@@ -131,14 +173,7 @@ def kvscale_pools(
         _pool_policy(setup, "decode", decode_cap, max_replicas, headroom),
     )
     if setup.gpu_limits is not None:
-        inp = shape.input_tokens if shape is not None else 512
-        out = shape.output_tokens if shape is not None else 256
-        seats = []
-        for role, pool, cap in (("prefill", ps, prefill_cap), ("decode", ds, decode_cap)):
-            rate = max(cap.rate_per_replica(inp, out), 1e-9)
-            option = SeatOption(pool.cfg.gpu.name, pool.cfg.gpus, rate)
-            seats.append(Seat(role, (option,), 0, 0, 1, max_replicas, pool.cfg.gpu.name))
-        pools.seats = (seats[0], seats[1])
+        pools.seats = pool_seats(setup, pools, shape, max_replicas=max_replicas)
         pools.budget = Budget("pools", dict(setup.gpu_limits))
     return pools
 
