@@ -30,7 +30,7 @@ from rich.table import Table
 
 from kvscale.autoscaling.budget import Budget
 from kvscale.cli.simulate_fleet import fleet_services
-from kvscale.sim.budget_run import FleetResult, FleetService, ServiceResult, simulate_fleet
+from kvscale.sim.budget_run import FleetResult, FleetService, PoolsResult, ServiceResult, simulate_fleet
 from kvscale.sim.report import attainment
 from kvscale.sim.run import SimResult
 from kvscale.sizing.catalog import default_catalog
@@ -86,13 +86,19 @@ def _floors_below(svc: FleetService, services: list[FleetService]) -> int:
     )
 
 
+def _aggregated(r: ServiceResult | PoolsResult) -> ServiceResult:
+    assert isinstance(r, ServiceResult), "the contention fleets run aggregated services"
+    return r
+
+
 def run_file(path: Path) -> list[Row]:
     budget, services, _ = fleet_services(path, default_catalog())
     together: FleetResult = simulate_fleet(budget, services)
-    alone: dict[str, ServiceResult] = {s.name: simulate_fleet(budget, [s]).services[0] for s in services}
+    alone: dict[str, ServiceResult] = {s.name: _aggregated(simulate_fleet(budget, [s]).services[0]) for s in services}
     peak = {n: max((p.gpus for p in r.timeline), default=0) for n, r in alone.items()}
     rows = []
-    for r in together.services:
+    for result in together.services:
+        r = _aggregated(result)
         svc = r.service
         rows.append(
             Row(

@@ -52,7 +52,7 @@ from kvscale.cli.common import (
     slo as make_slo,
 )
 from kvscale.cli.root import app
-from kvscale.cli.simulate_pools import DISAGGREGATION_SIM_HELP
+from kvscale.cli.simulate_pools import DISAGGREGATION_SIM_HELP, GPU_LIMIT_HELP, parse_gpu_limits
 from kvscale.planner.search import DEFAULT_HEADROOM, PlanRequest, plan
 from kvscale.sizing.checkpoints import default_precision
 from kvscale.sizing.workload import Workload
@@ -148,6 +148,7 @@ def simulate(
         Path | None, typer.Option(help="Draw load, replicas and latency against time here (.png, .svg or .pdf).")
     ] = None,
     disaggregation: Annotated[str, typer.Option(help=DISAGGREGATION_SIM_HELP)] = "off",
+    gpu_limit: Annotated[str | None, typer.Option("--gpu-limit", help=GPU_LIMIT_HELP)] = None,
     engine: EngineOpt = None,
     engine_command: EngineCommandOpt = None,
     engine_version: EngineVersionOpt = None,
@@ -189,6 +190,11 @@ def simulate(
                 "--fleet FILE names each service's model and load: leave out --model, --trace, --load, "
                 "--concurrency, --engine-command, --engine, --engine-version"
             )
+        if gpu_limit is not None or disaggregation != "off":
+            fail(
+                "--fleet FILE has its budget and each service's disaggregation: leave out --gpu-limit and "
+                "--disaggregation (set budget: and a service's disaggregation: in the file)"
+            )
         run_fleet(fleet, cat, as_json, png)
         return
     command = (
@@ -215,6 +221,12 @@ def simulate(
         fail(f"--disaggregation must be auto, on or off, got {disaggregation!r}")
     if disaggregation == "on" and command is not None:
         fail("--engine-command runs that command's aggregated replicas: leave out --disaggregation on")
+    if gpu_limit is not None and (disaggregation == "off" or command is not None):
+        fail(
+            "--gpu-limit replays prefill and decode pools under a budget: give --disaggregation on or auto "
+            "(for aggregated services under a budget, --fleet FILE)"
+        )
+    limits = parse_gpu_limits(cat, gpu_limit) if gpu_limit is not None else None
     if replicas is not None:
         positive(replicas, "--replicas", MAX_REPLICAS)
     positive(max_replicas, "--max-replicas", MAX_REPLICAS)
@@ -302,7 +314,9 @@ def simulate(
                 arrivals.trace,
                 policy,
                 names,
-                PoolsArgs(headroom, max_replicas, cold_start_s, seed, percentile, as_json, png, load or str(trace)),
+                PoolsArgs(
+                    headroom, max_replicas, cold_start_s, seed, percentile, as_json, png, load or str(trace), limits
+                ),
             )
             if replayed:
                 return

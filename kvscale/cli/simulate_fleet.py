@@ -18,6 +18,16 @@ FILE (YAML):
         min_replicas: 1                       # optional (0 with idle_window: scale to zero)
         max_replicas: 20                      # optional
         idle_window: 5m                       # optional, with min_replicas 0
+        disaggregation: off                   # optional: off (default), on or auto, as an
+                                              # InferenceService's spec.serving.disaggregation
+
+A service with `disaggregation: on` (or `auto` where the planner chooses the pools and the
+fleet's routing is `gateway`, the P/D-aware picker the operator's auto requires) is planned as
+a prefill pool and a decode pool (`kvscale simulate --disaggregation`'s layout) and replayed
+as two pools: each is a want in the budget of its own (`NAME-prefill`, `NAME-decode`), and
+what the two get on one limited GPU type is split by what they serve together, as the
+operator's budget book splits them (kvscale.control.pool_budget). min_replicas is each pool's
+floor (at least one worker); max_replicas each pool's bound.
 """
 
 from __future__ import annotations
@@ -25,10 +35,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from rich.table import Table
 
 from kvscale.cli.common import EXIT_INFEASIBLE, console, fail, print_json, yaml_error
@@ -58,6 +68,13 @@ class _ServiceIn(BaseModel):
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=100, ge=1, le=1000)
     idle_window: str = "5m"
+    disaggregation: Literal["auto", "on", "off"] = "off"
+
+    @field_validator("disaggregation", mode="before")
+    @classmethod
+    def _yaml_switch(cls, value: Any) -> Any:
+        """YAML 1.1 reads a bare on/off as a boolean (as the InferenceService's quoted field is not)."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 class _FleetIn(BaseModel):
@@ -122,7 +139,7 @@ def fleet_services(path: Path, cat: Catalog) -> tuple[Any, list[Any], str]:
     services: list[FleetService] = []
     # Every service's model first: a typo in the last one is said before any planning.
     archs = [model(cat, s.model, f"--fleet {path}: services.{i}.model") for i, s in enumerate(spec.services)]
-    for s, arch in zip(spec.services, archs, strict=True):
+    for i, (s, arch) in enumerate(zip(spec.services, archs, strict=True)):
         slo = _slo(s, duration)
         trace = _arrivals(path, s, spec.seed)
         gpus = tuple(s.gpus) or tuple(limits)
@@ -130,6 +147,11 @@ def fleet_services(path: Path, cat: Catalog) -> tuple[Any, list[Any], str]:
             gpus = tuple(cat.gpu(g).name for g in gpus)
         except CatalogError as exc:
             fail(f"--fleet {path}: service {s.name}: gpus: {exc}")
+        if s.disaggregation != "off":
+            pools = _pools(cat, arch, slo, trace, gpus, s, f"--fleet {path}: services.{i} ({s.name})", spec)
+            if pools is not None:
+                services.append(pools)
+                continue
         options = _options(cat, arch, slo, trace, gpus, s, spec.routing, spec.seed)
         if not options:
             fail(f"--fleet {path}: service {s.name}: no plan on {', '.join(gpus)} meets its SLO", EXIT_INFEASIBLE)
@@ -144,7 +166,89 @@ def fleet_services(path: Path, cat: Catalog) -> tuple[Any, list[Any], str]:
                 idle_window_s=duration(s.idle_window, f"services[{s.name}].idle_window"),
             )
         )
+    seen: set[str] = set()
+    for service in services:
+        for name in _budget_names(service):
+            if name in seen:
+                fail(f"--fleet {path}: {name} is both a service's name and a disaggregated service's pool: rename one")
+            seen.add(name)
     return budget, services, spec.routing
+
+
+def _budget_names(service: Any) -> tuple[str, ...]:
+    """The names a service has in the budget: its own, or each of its pools'."""
+    from kvscale.sim.budget_run import PoolsService
+
+    if isinstance(service, PoolsService):
+        return (service.pool("prefill"), service.pool("decode"))
+    return (service.name,)
+
+
+def _workload(trace: list[Any]) -> Any:
+    """The mean lengths and rate a service's plan is made for."""
+    from kvscale.sim.trace import duration_s
+    from kvscale.sizing.workload import Workload
+
+    span = max(duration_s(trace), 1.0)
+    return Workload(
+        max(1, round(sum(r.input_tokens for r in trace) / len(trace))),
+        max(1, round(sum(r.output_tokens for r in trace) / len(trace))),
+        len(trace) / span,
+    )
+
+
+def _pools(
+    cat: Catalog,
+    arch: Any,
+    slo: Any,
+    trace: list[Any],
+    gpus: tuple[str, ...],
+    s: _ServiceIn,
+    where: str,
+    spec: _FleetIn,
+) -> Any:
+    """A service with disaggregation on or auto: its pools (a PoolsService) when the layout
+    chosen is disaggregated, as `simulate --disaggregation` chooses it (kvscale.cli.
+    simulate_pools.choose_layout: planned least-loaded, behind the P/D picker); None: it runs
+    aggregated (auto). `auto` keeps aggregated replicas unless the fleet's routing is `gateway`:
+    the operator's auto does not pick pools that no P/D-aware router reaches
+    (kvscale.control.planning.plan_layout)."""
+    from kvscale.cli.simulate_pools import choose_layout
+    from kvscale.planner.search import PlanRequest, plan
+    from kvscale.sim.budget_run import PoolsService
+    from kvscale.sim.disaggregated_fleet import setup_from_disaggregated
+
+    if s.disaggregation == "auto" and spec.routing != "gateway":
+        return None
+    request = PlanRequest(model=arch, workload=_workload(trace), slo=slo, gpus=gpus)
+    aggregated = plan(cat, request) if s.disaggregation == "auto" else None
+    found, pools = choose_layout(cat, request, aggregated, s.disaggregation)
+    if pools is None:
+        if s.disaggregation == "on":
+            why = found.reason if found is not None else ""
+            fail(
+                f"{where}: disaggregation on, but no prefill and decode pools on {', '.join(gpus)}: {why}",
+                EXIT_INFEASIBLE,
+            )
+        return None
+    if s.min_replicas == 0:
+        fail(
+            f"{where}: min_replicas 0 (scale to zero) is not replayed on prefill and decode pools: each pool keeps "
+            "at least one worker; set min_replicas: 1 or disaggregation: off"
+        )
+    setup = setup_from_disaggregated(pools, None, spec.seed)
+    return PoolsService(
+        s.name,
+        setup,
+        trace,
+        shape=pools.request.workload,
+        step_target_s=pools.request.step_target_s,
+        priority=s.priority,
+        min_replicas=s.min_replicas,
+        max_replicas=s.max_replicas,
+        layout=found.reason if found is not None else "",
+        planned_rates=(pools.prefill.rate_per_worker_max, pools.decode.rate_per_worker_max),
+    )
 
 
 def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None:
@@ -184,7 +288,12 @@ def run_fleet(path: Path, cat: Catalog, as_json: bool, png: Path | None) -> None
             ).services[0]
             for s in services
         }
-    rows = [_row(r, alone[r.service.name]) for r in result.services]
+    rows = [
+        _pools_row(r, alone[r.service.name])
+        if isinstance(r, budget_run.PoolsResult)
+        else _row(r, alone[r.service.name])
+        for r in result.services
+    ]
     out = {
         "budget": dict(limits),
         "routing": routing,
@@ -246,16 +355,8 @@ def _options(
     from kvscale.planner.search import PlanRequest, plan
     from kvscale.sim.budget_run import ServiceOption
     from kvscale.sim.session import setup_from_plan
-    from kvscale.sim.trace import duration_s
-    from kvscale.sizing.workload import Workload
 
-    span = max(duration_s(trace), 1.0)
-    workload = Workload(
-        max(1, round(sum(r.input_tokens for r in trace) / len(trace))),
-        max(1, round(sum(r.output_tokens for r in trace) / len(trace))),
-        len(trace) / span,
-    )
-    result = plan(cat, PlanRequest(model=arch, workload=workload, slo=slo, gpus=gpus))
+    result = plan(cat, PlanRequest(model=arch, workload=_workload(trace), slo=slo, gpus=gpus))
     options = []
     seen: set[str] = set()
     for c in (result.chosen, *result.alternatives) if result.chosen else ():
@@ -312,6 +413,108 @@ def _row(r: Any, alone: Any) -> dict[str, Any]:
     }
 
 
+def _pools_attainment(r: Any) -> float:
+    from kvscale.sim.report import attainment
+
+    return attainment(r.replay, r.service.setup.prefill.slo)
+
+
+def _pools_row(r: Any, alone: Any) -> dict[str, Any]:
+    """An aggregated service's columns over both pools together, and under `disaggregation`
+    each pool's GPUs and GPU-hours, and the splits the budget held the pools to."""
+    svc = r.service
+    pools: dict[str, Any] = {}
+    for i, role in enumerate(("prefill", "decode")):
+        stats = r.replay.pools[role]
+        pools[role] = {
+            "gpu": stats.gpu,
+            "tensor_parallel": stats.tensor_parallel,
+            "gpus_per_replica": stats.gpus_per_replica,
+            "planned_workers": stats.replicas_start,
+            "workers_max": max((p.granted[i] for p in r.pool_timeline), default=0),
+            "max_gpus": max((p.gpus[i] for p in r.pool_timeline), default=0),
+            "gpu_hours": round(stats.gpu_hours, 4),
+            "cost_usd": round(stats.cost_usd, 4),
+            "held_ticks": r.pool_held_ticks[role],
+            "rate_per_worker": round(r.rates[i], 3),
+        }
+    splits = sorted(r.splits.items(), key=lambda kv: (-kv[1], kv[0].prefill, kv[0].decode))
+    return {
+        "name": svc.name,
+        "priority": svc.priority,
+        "requests": len(r.requests),
+        "slo_attainment": round(_pools_attainment(r), 5),
+        "alone_slo_attainment": round(_pools_attainment(alone), 5),
+        "rejected": r.lost("rejected"),
+        "cut": r.lost("cut"),
+        "preemptions": r.preemptions,
+        "grant_wait_s": round(r.grant_wait_s, 1),
+        "gpu_hours": round(r.gpu_hours, 4),
+        "cost_usd": round(r.cost_usd, 4),
+        "gpu_types": sorted({svc.setup.prefill.cfg.gpu.name, svc.setup.decode.cfg.gpu.name}),
+        "held_ticks": r.held_ticks,
+        "ticks": len(r.timeline),
+        "moves": 0,
+        "max_gpus": max((p.gpus for p in r.timeline), default=0),
+        "scale_from_zero": 0,
+        "cold_start_s": None,
+        "first_request_ttft_ms": [],
+        "last_reason": r.reasons[-1][1] if r.reasons else "",
+        "disaggregation": {
+            "layout": svc.layout,
+            "budget_names": [svc.pool("prefill"), svc.pool("decode")],
+            "prefill": pools["prefill"],
+            "decode": pools["decode"],
+            # Each split the budget held the pools to (either pool below its want), and for how many ticks.
+            "held_to": [
+                {
+                    "prefill": k.prefill,
+                    "decode": k.decode,
+                    "wanted_prefill": k.wanted_prefill,
+                    "wanted_decode": k.wanted_decode,
+                    "gpus": k.gpus,
+                    "ticks": n,
+                }
+                for k, n in splits
+            ],
+            # GPUs each pool held after each tick (starting, serving and draining workers).
+            "gpus_over_time": [
+                {"time_s": round(p.time_s, 1), "prefill": p.gpus[0], "decode": p.gpus[1]} for p in r.pool_timeline
+            ],
+        },
+    }
+
+
+def _render_pools(row: dict[str, Any]) -> None:
+    d = row["disaggregation"]
+    parts = [
+        f"{role} {p['gpus_per_replica']} x {p['gpu']} per worker (planned {p['planned_workers']}), at most "
+        f"{p['workers_max']} workers / {p['max_gpus']} GPUs, {p['gpu_hours']:.2f} GPU-h"
+        for role, p in (("prefill", d["prefill"]), ("decode", d["decode"]))
+    ]
+    console.print(
+        f"{row['name']}: prefill and decode pools ({' and '.join(d['budget_names'])} in the budget): "
+        f"{'; '.join(parts)}; SLO met {row['slo_attainment']:.2%} (alone {row['alone_slo_attainment']:.2%})",
+        highlight=False,
+    )
+    if not d["held_to"]:
+        console.print(f"{row['name']}: the budget never held its pools below their wants", highlight=False)
+        return
+    splits = "; ".join(
+        f"{h['gpus']} GPUs to prefill {h['prefill']} + decode {h['decode']} (wanted {h['wanted_prefill']} + "
+        f"{h['wanted_decode']}) for {h['ticks']} ticks"
+        for h in d["held_to"][:3]
+    )
+    more = f"; {len(d['held_to']) - 3} other splits" if len(d["held_to"]) > 3 else ""
+    console.print(
+        f"{row['name']}: the budget held its pools for {row['held_ticks']} of {row['ticks']} ticks (prefill "
+        f"{d['prefill']['held_ticks']}, decode {d['decode']['held_ticks']}), split to serve the most requests/s "
+        f"(a prefill worker {d['prefill']['rate_per_worker']:.2f} req/s, a decode worker "
+        f"{d['decode']['rate_per_worker']:.2f}), not in proportion: {splits}{more}",
+        highlight=False,
+    )
+
+
 def _render(out: dict[str, Any]) -> None:
     budget = ", ".join(f"{g} {n}" for g, n in out["budget"].items())
     used = ", ".join(f"{g} {n}" for g, n in out["max_gpus_used"].items())
@@ -355,6 +558,9 @@ def _render(out: dict[str, Any]) -> None:
             row["last_reason"],
         )
     console.print(table)
+    for row in out["services"]:
+        if "disaggregation" in row:
+            _render_pools(row)
     for row in out["services"]:
         if row["cold_start_s"] is None:
             continue

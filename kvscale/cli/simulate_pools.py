@@ -29,6 +29,77 @@ DISAGGREGATION_SIM_HELP = (
 )
 
 
+GPU_LIMIT_HELP = (
+    "With --disaggregation: replay the pools under a GPU budget, TYPE=N,... GPUs per type both pools may hold at "
+    "once (a fleet file's budget: {TYPE: N}), e.g. --gpu-limit H100-SXM=8. kvscale's pools share it as the "
+    "operator's GPUBudget splits it (the split that serves the most, split_pools), ratematch clamps "
+    "proportionally; the pools start within it."
+)
+
+
+def parse_gpu_limits(cat: Catalog, text: str) -> dict[str, int]:
+    """--gpu-limit TYPE=N,...: GPUs per catalog type (N >= 0, as a fleet file's budget)."""
+    from kvscale.cli.common import split
+    from kvscale.sizing.catalog import CatalogError
+
+    limits: dict[str, int] = {}
+    for item in split(text):
+        kind, sep, value = item.partition("=")
+        if not sep or not kind.strip() or not value.strip().isdigit():
+            fail(f"--gpu-limit {item!r}: write TYPE=N (N GPUs, N >= 0), e.g. --gpu-limit H100-SXM=8")
+        try:
+            name = cat.gpu(kind.strip()).name
+        except CatalogError as exc:
+            fail(f"--gpu-limit: {exc}")
+        if name in limits:
+            fail(f"--gpu-limit names {name} twice")
+        limits[name] = int(value.strip())
+    if not limits:
+        fail("--gpu-limit: give at least one TYPE=N, e.g. --gpu-limit H100-SXM=8")
+    return limits
+
+
+def within_limits(plan: DisaggregatedPlan, limits: dict[str, int]) -> tuple[DisaggregatedPlan, str]:
+    """The plan's pools started within `limits` (the operator's rule for new pools under a
+    GPUBudget, kvscale.control.pool_budget.cap_pools): the plan's workers where they fit, else on
+    one GPU type the split that serves the most (split_pools, at the plan's rates per worker);
+    exits when not one worker of each fits. Returns the plan to start from and what changed."""
+    from kvscale.autoscaling.pool_capacity import split_pools
+
+    p, d = plan.prefill, plan.decode
+    gp, gd = p.cfg.gpu.name, d.cfg.gpu.name
+    if gp == gd:
+        if gp not in limits:
+            return plan, ""
+        limit = limits[gp]
+        if limit < p.cfg.gpus + d.cfg.gpus:
+            fail(
+                f"--gpu-limit {gp}={limit}: not one prefill worker ({p.cfg.gpus} GPUs) and one decode worker "
+                f"({d.cfg.gpus} GPUs) fit",
+                EXIT_INFEASIBLE,
+            )
+        if p.gpus + d.gpus <= limit:
+            return plan, ""
+        counts = split_pools(
+            limit, (p.workers, d.workers), (p.rate_per_worker_max, d.rate_per_worker_max), (p.cfg.gpus, d.cfg.gpus)
+        )
+    else:
+        fitted = []
+        for pool in (p, d):
+            cap = limits.get(pool.cfg.gpu.name)
+            if cap is not None and cap < pool.cfg.gpus:
+                fail(f"--gpu-limit {pool.cfg.gpu.name}={cap}: not one {pool.role} worker ({pool.cfg.gpus} GPUs) fits")
+            fitted.append(pool.workers if cap is None else min(pool.workers, cap // pool.cfg.gpus))
+        counts = (fitted[0], fitted[1])
+    if counts == (p.workers, d.workers):
+        return plan, ""
+    said = (
+        f"the GPU limit starts the pools at prefill {counts[0]} and decode {counts[1]} workers "
+        f"(the plan: {p.workers} and {d.workers})"
+    )
+    return replace(plan, prefill=replace(p, workers=counts[0]), decode=replace(d, workers=counts[1])), said
+
+
 def choose_layout(
     cat: Catalog, request: PlanRequest, aggregated: Plan | None, disaggregation: str
 ) -> tuple[LayoutPlan | None, DisaggregatedPlan | None]:
@@ -125,18 +196,26 @@ def run_pools_cli(
     shape: Any,
     percentile: float,
     as_json: bool,
+    gpu_limits: dict[str, int] | None = None,
 ) -> tuple[DisaggregatedSetup, list[Any]]:
     """Runs the pools policies and prints their rows (JSON or a table); returns the setup and
-    the results (for a picture)."""
+    the results (for a picture). `gpu_limits`: the budget both pools share (--gpu-limit)."""
     from kvscale.cli.common import print_json
     from kvscale.cli.simulate import _slo_percentile_keys
     from kvscale.sim.disaggregated_session import run_pools_policies
 
-    setup, results, rows = run_pools_policies(pools, trace, names, headroom, max_replicas, cold_start_s, seed, shape)
+    started, capped = within_limits(pools, gpu_limits) if gpu_limits is not None else (pools, "")
+    setup, results, rows = run_pools_policies(
+        started, trace, names, headroom, max_replicas, cold_start_s, seed, shape, gpu_limits=gpu_limits
+    )
     at_slo = _slo_percentile_keys(results, rows, percentile)
-    for row in rows:
+    for row, result in zip(rows, results, strict=True):
         row["engine_profile"] = setup.decode.cfg.engine.profile
         row["layout"] = {"disaggregation": found.disaggregation, "reason": found.reason}
+        if gpu_limits is not None:
+            row["gpu_limits"] = dict(gpu_limits)
+            row["max_gpus_used"] = _peak(result)
+            row["start"] = {"prefill": started.prefill.workers, "decode": started.decode.workers, "why": capped}
         row["predicted"] = {
             f"ttft_p{percentile:g}_ms".replace(".", "_"): round(pools.ttft_p_s * 1e3, 2),
             f"tpot_p{percentile:g}_ms".replace(".", "_"): round(pools.tpot_p_s * 1e3, 3),
@@ -145,7 +224,25 @@ def run_pools_cli(
         print_json(rows)
     else:
         render_pools(setup, pools, found.reason, rows, percentile, at_slo)
+        if gpu_limits is not None:
+            limits = ", ".join(f"{g} {n}" for g, n in gpu_limits.items())
+            peaks = "; ".join(
+                f"{row['policy']} at most " + ", ".join(f"{g} {n}" for g, n in row["max_gpus_used"].items())
+                for row in rows
+            )
+            console.print(f"GPU limit {limits}: {peaks}", highlight=False)
+            if capped:
+                console.print(capped[0].upper() + capped[1:], highlight=False)
     return setup, results
+
+
+def _peak(result: Any) -> dict[str, int]:
+    """GPUs per type both pools held at most, at any tick."""
+    peak: dict[str, int] = {}
+    for point in result.pool_timeline:
+        for gpu, n in point.gpus_held.items():
+            peak[gpu] = max(peak.get(gpu, 0), n)
+    return peak
 
 
 @dataclass(frozen=True)
@@ -158,6 +255,7 @@ class PoolsArgs:
     as_json: bool
     png: Path | None
     load_text: str
+    gpu_limits: dict[str, int] | None = None
 
 
 def replay_pools(
@@ -174,8 +272,8 @@ def replay_pools(
     False: the caller replays aggregated replicas. Fails when `on` finds no pools, on a closed
     loop under `on`, and on policies that do not fit the layout."""
     if trace is None:
-        if disaggregation == "on":
-            fail("--disaggregation on replays open-loop arrivals: give --trace or --load")
+        if disaggregation == "on" or args.gpu_limits is not None:
+            fail(f"--disaggregation {disaggregation} replays open-loop arrivals: give --trace or --load")
         return False
     found, pools = choose_layout(cat, request, aggregated, disaggregation)
     if found is None or pools is None:
@@ -183,6 +281,12 @@ def replay_pools(
             fail(f"no disaggregated plan: {found.reason if found is not None else ''}", EXIT_INFEASIBLE)
         if "ratematch" in names:
             fail("--policy ratematch sizes prefill and decode pools: it runs only on a disaggregated layout")
+        if args.gpu_limits is not None:
+            fail(
+                "--gpu-limit replays prefill and decode pools under a budget, and the layout chosen is aggregated "
+                f"({found.reason if found is not None else 'disaggregation off'}); for aggregated services under a "
+                "budget give --fleet FILE"
+            )
         return False
     run_names, other = pools_names(policy, names)
     if other or not run_names:
@@ -199,6 +303,7 @@ def replay_pools(
         request.workload,
         args.percentile,
         args.as_json,
+        args.gpu_limits,
     )
     if args.png is not None:
         from kvscale.cli.simulate_plot import draw_timeline, timeline_title

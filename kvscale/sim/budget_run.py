@@ -36,21 +36,26 @@ replica is ready, and the policy sees them queued and scales back.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kvscale.autoscaling.budget import Allocation, Budget, Demand, Grant, Option
 from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.drain import DEFAULT_PREEMPTION_GRACE_S
 from kvscale.autoscaling.observation import Observation
+from kvscale.autoscaling.pool_capacity import split_pools
 from kvscale.autoscaling.tick import Idle, Pooled, Seat, SeatOption, TickDecision, TickInput, grants, tick_all
 from kvscale.autoscaling.tuning import policy_config
+from kvscale.sim.disaggregated_fleet import DisaggregatedResult, DisaggregatedSetup, PoolsStepper, PoolsView
 from kvscale.sim.engine import SimRequest, StepTimes
 from kvscale.sim.fleet import Fleet
 from kvscale.sim.online_refresh import OnlineRefresh
 from kvscale.sim.policies import KvscalePolicy
+from kvscale.sim.pool_policies import SplitPooled, kvscale_pools, pool_seats
 from kvscale.sim.run import TICK_S, WINDOW_S, SimSetup, Source, _observe, _Window
 from kvscale.sim.trace import TraceRequest
+from kvscale.sizing.workload import Workload
 
 DRAIN_LIMIT_S = 300.0  # after the loads end, the run drains this long, then cuts and rejects the rest
 
@@ -81,6 +86,32 @@ class FleetService:
     max_replicas: int = 100
     headroom: float = 0.10
     idle_window_s: float = 300.0  # with min_replicas 0: no arrivals this long releases the last replica
+
+
+@dataclass(frozen=True)
+class PoolsService:
+    """A service replayed as a prefill pool and a decode pool (kvscale.sim.disaggregated_fleet,
+    its plan's layout), kvscale's policy on each through the one tick; in the budget each pool
+    is a want of its own (`<name>-prefill`, `<name>-decode`) with the service's priority and a
+    floor of one worker, and what the two get on one limited GPU type is split by what they
+    serve together (kvscale.sim.pool_policies.SplitPooled), as the operator's budget book
+    does (kvscale.control.pool_budget)."""
+
+    name: str
+    setup: DisaggregatedSetup  # both pools as planned (routing: the gateway's, by role)
+    trace: list[TraceRequest]
+    shape: Workload | None = None  # the workload the plan was made for (each pool's capacity)
+    step_target_s: float | None = None  # the decode step target the plan was sized for
+    priority: int = 0
+    min_replicas: int = 1  # each pool's floor (at least one worker: a pool at zero loses every request)
+    max_replicas: int = 100  # each pool's
+    headroom: float = 0.10
+    layout: str = ""  # why the planner chose the pools
+    planned_rates: tuple[float, float] | None = None  # the plan's requests/s per worker (the start's split)
+
+    def pool(self, role: str) -> str:
+        """The pool's name in the budget."""
+        return f"{self.name}-{role}"
 
 
 @dataclass(frozen=True)
@@ -117,10 +148,57 @@ class ServiceResult:
         return sum(1 for r in self.requests if r.lost == kind)
 
 
+@dataclass(frozen=True)
+class PoolSplit:
+    """A tick the budget held the pools below their wants: what each pool was held to."""
+
+    prefill: int
+    decode: int
+    wanted_prefill: int
+    wanted_decode: int
+    gpus: int  # what the allocator granted the two pools together, the GPUs the split shares
+
+
+@dataclass(frozen=True)
+class PoolsPoint:
+    time_s: float
+    granted: tuple[int, int]  # (prefill, decode) workers the budget's split gives
+    wanted: tuple[int, int]  # what each pool's policy wants
+    ready: tuple[int, int]
+    gpus: tuple[int, int]  # GPUs each pool holds (starting, serving, draining)
+
+
+@dataclass
+class PoolsResult:
+    """A pools service's run in the fleet: the totals ServiceResult reports for an aggregated
+    service, each pool's own (the replay's DisaggregatedResult) and the budget's splits."""
+
+    service: PoolsService
+    requests: list[SimRequest]
+    gpu_hours: float = 0.0
+    cost_usd: float = 0.0
+    timeline: list[ServicePoint] = field(default_factory=list)  # both pools together
+    pool_timeline: list[PoolsPoint] = field(default_factory=list)
+    held_ticks: int = 0  # ticks either pool was granted fewer workers than it wanted
+    pool_held_ticks: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0})
+    splits: Counter[PoolSplit] = field(default_factory=Counter)  # ticks held at each split
+    moves: int = 0  # always 0: a pool is not moved to another GPU type
+    reasons: list[tuple[float, str]] = field(default_factory=list)
+    cold_starts_from_zero: int = 0
+    first_request_ttfts_s: list[float] = field(default_factory=list)
+    preemptions: int = 0
+    grant_wait_s: float = 0.0
+    replay: DisaggregatedResult | None = None  # each pool's GPU-hours, replicas and the requests' latencies
+    rates: tuple[float, float] = (0.0, 0.0)  # requests/s a prefill and a decode worker carry (their seats')
+
+    def lost(self, kind: str) -> int:
+        return sum(1 for r in self.requests if r.lost == kind)
+
+
 @dataclass
 class FleetResult:
     budget: Budget
-    services: list[ServiceResult]
+    services: list[ServiceResult | PoolsResult]
     usage: list[tuple[float, dict[str, int]]]  # GPUs held per type at each tick, after it acted
     duration_s: float
 
@@ -176,6 +254,39 @@ class _ServiceRun:
         self.from_zero_at: float | None = None  # when the fleet last had no replica while requests came
         self._first: SimRequest | None = None  # the request that found no replica
         self.wanted = 0  # the policy's want at the latest tick
+
+    # -- as the fleet's loop steps every run (an aggregated service's or a pools service's) --
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.svc.name,)
+
+    def opening(self) -> list[Demand]:
+        """Its planned replicas at the start, as the budget allows."""
+        svc = self.svc
+        options = tuple(
+            Option(o.gpu_type, o.gpus_per_replica, max(svc.min_replicas, o.setup.initial_replicas)) for o in svc.options
+        )
+        return [Demand(svc.name, options, svc.priority, svc.min_replicas)]
+
+    def open(self, first: Allocation, budget: Budget) -> None:
+        del budget
+        grant = first.grant(self.svc.name)
+        self.act_on(self.index_of(grant.gpu_type))
+        self.lane(self.active).start(grant.replicas, 0.0, warm=True)
+
+    def tick_inputs(self, now_s: float) -> list[TickInput]:
+        return [self.tick_input(now_s)]
+
+    def take(self, dones: Sequence[TickDecision], now_s: float) -> None:
+        del now_s
+        self.ticked(dones[0])
+
+    def shrink_to(self, by_name: Mapping[str, Grant], now_s: float, grace_s: float) -> None:
+        self.shrink(by_name[self.svc.name], now_s, grace_s)
+
+    def record_at(self, now_s: float, by_name: Mapping[str, Grant]) -> None:
+        self.record(now_s, by_name[self.svc.name])
 
     # -- the fleet of each GPU type it ran on ---------------------------------------------
 
@@ -360,9 +471,192 @@ class _ServiceRun:
         self.result.gpu_hours, self.result.cost_usd = hours, cost
 
 
+class _PoolsRun:
+    """A pools service in the fleet's loop: its replay (kvscale.sim.disaggregated_fleet.
+    PoolsStepper), kvscale's policy on each pool (kvscale.sim.pool_policies.kvscale_pools), each
+    pool seated in the budget under its own name."""
+
+    def __init__(self, svc: PoolsService, tick_s: float, window_s: float) -> None:
+        self.svc = svc
+        self.tick_s = tick_s
+        pool = replace(svc.setup.prefill, tick_s=tick_s, window_s=window_s)
+        setup = replace(
+            svc.setup,
+            prefill=pool,
+            decode=replace(svc.setup.decode, tick_s=tick_s, window_s=window_s),
+            gpu_limits=None,  # the fleet's budget governs, not the setup's own
+        )
+        self.setup = setup
+        self.replay = PoolsStepper(setup, Source(svc.trace))
+        self.policy = kvscale_pools(setup, svc.shape, svc.max_replicas, svc.headroom, svc.step_target_s)
+        self.seats = pool_seats(
+            setup,
+            self.policy,
+            svc.shape,
+            (svc.pool("prefill"), svc.pool("decode")),
+            svc.priority,
+            svc.min_replicas,
+            svc.max_replicas,
+        )
+        self.fleets = (self.replay.prefill, self.replay.decode)
+        self.gpus = (setup.prefill.cfg.gpus, setup.decode.cfg.gpus)
+        self.result = PoolsResult(
+            svc,
+            self.replay.requests,
+            rates=(self.seats[0].options[0].rate_per_replica, self.seats[1].options[0].rate_per_replica),
+        )
+        self.wanted = (1, 1)
+        self.target = (1, 1)
+        self.view: PoolsView | None = None
+        self.previous_reason = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.svc.pool("prefill"), self.svc.pool("decode"))
+
+    @property
+    def requests(self) -> list[SimRequest]:
+        return self.replay.requests
+
+    def opening(self) -> list[Demand]:
+        floor = max(1, self.svc.min_replicas)
+        return [
+            Demand(
+                name, (Option(seat.options[0].gpu_type, gpus, max(floor, pool.initial_replicas)),), seat.priority, floor
+            )
+            for name, seat, gpus, pool in zip(
+                self.names, self.seats, self.gpus, (self.setup.prefill, self.setup.decode), strict=True
+            )
+        ]
+
+    def open(self, first: Allocation, budget: Budget) -> None:
+        """The planned pools where the budget holds them; else what it grants split by what they
+        serve together (kvscale.control.pool_budget.cap_pools' rule for new pools); with no room
+        for one worker of each they start with none and wait for GPUs."""
+        planned = (max(1, self.setup.prefill.initial_replicas), max(1, self.setup.decode.initial_replicas))
+        got = tuple(first.grant(name).replicas for name in self.names)
+        start = (got[0], got[1])
+        gpu = self.setup.prefill.cfg.gpu.name
+        if gpu == self.setup.decode.cfg.gpu.name and gpu in budget.limits and start != planned:
+            total = start[0] * self.gpus[0] + start[1] * self.gpus[1]
+            fits = total >= self.gpus[0] + self.gpus[1]
+            rates = self.svc.planned_rates or self.result.rates
+            start = split_pools(total, planned, rates, self.gpus) if fits else (0, 0)
+        self.replay.start(start[0], start[1])
+        self.target = (max(1, start[0]), max(1, start[1]))
+
+    def held_gpus(self) -> dict[str, int]:
+        return {gpu: n for gpu, n in self.replay.held().items() if n}
+
+    def next_arrival(self) -> float:
+        return self.replay.next_arrival()
+
+    def outstanding(self) -> int:
+        return self.replay.outstanding()
+
+    def advance_to(self, now_s: float) -> None:
+        self.replay.advance(now_s)
+
+    def arrive(self, now_s: float) -> None:
+        self.replay.arrive(now_s)
+
+    def tick_inputs(self, now_s: float) -> list[TickInput]:
+        self.view = self.replay.view(now_s)
+        return self.policy.tick_inputs(self.view, self.seats)
+
+    def take(self, dones: Sequence[TickDecision], now_s: float) -> None:
+        done_p, done_d = dones
+        cap = self.svc.max_replicas
+        self.wanted = (
+            max(1, min(cap, done_p.decision.replicas)),
+            max(1, min(cap, done_d.decision.replicas)),
+        )
+        want_p, want_d = self.policy.ticked(done_p, done_d)
+        self.replay.decided(now_s, want_p, want_d)
+        self.target = (max(1, want_p.replicas), max(1, want_d.replicas))  # a pool never goes to zero
+
+    def shrink_to(self, by_name: Mapping[str, Grant], now_s: float, grace_s: float) -> None:
+        """Scale-downs: a pool above its split count drains to it; below what its policy wants it is
+        a preemption (its replicas drain within `grace_s`)."""
+        del by_name
+        for fleet, target, wanted in zip(self.fleets, self.target, self.wanted, strict=True):
+            if fleet.desired_size() > target:
+                preempted = target < wanted
+                released = fleet.scale_to(target, now_s, grace_s if preempted else None)
+                if preempted:
+                    self.result.preemptions += released
+
+    def grow(self, grant: Grant, now_s: float, free: dict[str, float]) -> None:
+        """One pool's scale-up to its split count, only into GPUs the budget has free now."""
+        i = self.names.index(grant.name)
+        fleet, gpus = self.fleets[i], self.gpus[i]
+        more = self.target[i] - fleet.desired_size()
+        if more <= 0:
+            return
+        room = free.get(grant.gpu_type, math.inf)
+        fits = more if math.isinf(room) else min(more, int(room // gpus))
+        if fits > 0:
+            fleet.scale_to(fleet.desired_size() + fits, now_s)
+            if grant.gpu_type in free:
+                free[grant.gpu_type] -= fits * gpus
+
+    def record_at(self, now_s: float, by_name: Mapping[str, Grant]) -> None:
+        assert self.view is not None  # ticked
+        self.replay.record(now_s, self.view)
+        result = self.result
+        held = [t < w for t, w in zip(self.target, self.wanted, strict=True)]
+        for role, h in zip(("prefill", "decode"), held, strict=True):
+            result.pool_held_ticks[role] += int(h)
+        if any(held):
+            result.held_ticks += 1
+            granted = sum(by_name[name].replicas * g for name, g in zip(self.names, self.gpus, strict=True))
+            result.splits[PoolSplit(self.target[0], self.target[1], self.wanted[0], self.wanted[1], granted)] += 1
+        sizes = tuple(f.desired_size() for f in self.fleets)
+        if any(n < w for n, w in zip(sizes, self.wanted, strict=True)):
+            result.grant_wait_s += self.tick_s
+        grants = [by_name[name] for name in self.names]
+        reason = "; ".join(
+            f"{role}: {g.reason}" + (f", split to {t}" if t != g.replicas else "")
+            for role, g, t in zip(("prefill", "decode"), grants, self.target, strict=True)
+        )
+        if reason != self.previous_reason:
+            result.reasons.append((now_s, reason))
+            self.previous_reason = reason
+        ready = tuple(len(f.serving(now_s)) for f in self.fleets)
+        gpus = tuple(f.held() * g for f, g in zip(self.fleets, self.gpus, strict=True))
+        result.pool_timeline.append(
+            PoolsPoint(
+                now_s,
+                self.target,
+                self.wanted,
+                (ready[0], ready[1]),
+                (gpus[0], gpus[1]),
+            )
+        )
+        result.timeline.append(
+            ServicePoint(
+                now_s,
+                self.setup.decode.cfg.gpu.name,
+                sum(self.target),
+                sum(self.wanted),
+                sum(ready),
+                tuple(sorted(self.held_gpus().items())),
+            )
+        )
+
+    def finish(self, end_s: float) -> None:
+        self.replay.cut(end_s)
+        replay = self.replay.result("kvscale", end_s)
+        self.result.replay = replay
+        self.result.gpu_hours, self.result.cost_usd = replay.gpu_hours, replay.cost_usd
+
+
+_Run = _ServiceRun | _PoolsRun
+
+
 def simulate_fleet(
     budget: Budget,
-    services: list[FleetService],
+    services: Sequence[FleetService | PoolsService],
     tick_s: float = TICK_S,
     window_s: float = WINDOW_S,
     progress: Callable[[float], None] | None = None,
@@ -375,28 +669,15 @@ def simulate_fleet(
     `preemption_grace_s`: how long a replica the budget takes from a service drains. `online`:
     each service's policy runs the operator's capacity search on its own past window (as
     `kvscale simulate` does: kvscale.sim.compare.make_policies); off, it acts on the model's."""
-    runs = [_ServiceRun(s, tick_s, window_s, online) for s in services]
+    runs: list[_Run] = [
+        _PoolsRun(s, tick_s, window_s) if isinstance(s, PoolsService) else _ServiceRun(s, tick_s, window_s, online)
+        for s in services
+    ]
     last_arrival_s = max((r.arrival_s for s in services for r in s.trace), default=0.0)
-    # The start: each service's planned replicas, as the budget allows, warm.
-    first = grants(
-        budget,
-        [
-            Demand(
-                r.svc.name,
-                tuple(
-                    Option(o.gpu_type, o.gpus_per_replica, max(r.svc.min_replicas, o.setup.initial_replicas))
-                    for o in r.svc.options
-                ),
-                r.svc.priority,
-                r.svc.min_replicas,
-            )
-            for r in runs
-        ],
-    )
+    # The start: each service's planned replicas (each pools service's planned pools), as the budget allows, warm.
+    first = grants(budget, [d for r in runs for d in r.opening()])
     for run in runs:
-        grant = first.grant(run.svc.name)
-        run.act_on(run.index_of(grant.gpu_type))
-        run.lane(run.active).start(grant.replicas, 0.0, warm=True)
+        run.open(first, budget)
     usage: list[tuple[float, dict[str, int]]] = [(0.0, _held(runs))]
     previous: dict[str, Grant] = first.by_name
     next_tick = tick_s
@@ -430,7 +711,7 @@ def simulate_fleet(
     return FleetResult(budget, [r.result for r in runs], usage, end)
 
 
-def _held(runs: list[_ServiceRun]) -> dict[str, int]:
+def _held(runs: Sequence[_Run]) -> dict[str, int]:
     held: dict[str, int] = {}
     for run in runs:
         for gpu, n in run.held_gpus().items():
@@ -438,22 +719,29 @@ def _held(runs: list[_ServiceRun]) -> dict[str, int]:
     return held
 
 
-def _tick(
-    budget: Budget, runs: list[_ServiceRun], previous: dict[str, Grant], now: float, grace_s: float
-) -> Allocation:
-    pooled = Pooled(budget, previous)
-    for run, done in zip(runs, tick_all([r.tick_input(now) for r in runs], pooled), strict=True):
-        run.ticked(done)
+def _tick(budget: Budget, runs: Sequence[_Run], previous: dict[str, Grant], now: float, grace_s: float) -> Allocation:
+    inputs: list[TickInput] = []
+    spans: list[slice] = []
+    for run in runs:
+        mine = run.tick_inputs(now)
+        spans.append(slice(len(inputs), len(inputs) + len(mine)))
+        inputs += mine
+    # Each pools service's two wants are split by what they serve together (SplitPooled).
+    pairs = [(span.start, span.start + 1) for span in spans if span.stop - span.start == 2]
+    pooled = SplitPooled(budget, previous, pairs) if pairs else Pooled(budget, previous)
+    dones = tick_all(inputs, pooled)
+    for run, span in zip(runs, spans, strict=True):
+        run.take(dones[span], now)
     allocation = pooled.allocation
     assert allocation is not None  # answered above
     by_name = allocation.by_name
     for run in runs:
-        run.shrink(by_name[run.svc.name], now, grace_s)
+        run.shrink_to(by_name, now, grace_s)
     held = _held(runs)
     free: dict[str, float] = {gpu: limit - held.get(gpu, 0) for gpu, limit in budget.limits.items()}
+    owner = {name: run for run in runs for name in run.names}
     for grant in allocation.grants:  # in rank order: the first in line starts first
-        run = next(r for r in runs if r.svc.name == grant.name)
-        run.grow(grant, now, free)
+        owner[grant.name].grow(grant, now, free)
     for run in runs:
-        run.record(now, by_name[run.svc.name])
+        run.record_at(now, by_name)
     return allocation
