@@ -20,9 +20,20 @@ builders (kvscale.control.resources). Pure.
   API's status.podIP), unless spec.engine.env sets it.
 - Routing: the plain Service selects the decode pods. A decode pod with kv_both serves a request
   that comes without kv_transfer_params on its own (it prefills locally), so the Service works
-  without a P/D-aware router; the prefill pool takes work only behind one (llm-d's endpoint
-  picker with its P/D profile and routing sidecar, which kvscale does not deploy), which is why an
+  without a P/D-aware router; the prefill pool takes work only behind one, which is why an
   owned InferencePool selects both roles, as llm-d's P/D guides do.
+- Behind an InferencePool (spec.routing.inferencePool) each decode pod runs llm-d's routing
+  sidecar, as llm-d-inference-scheduler v0.4.0 lays out a P/D pod
+  (deploy/components/vllm-sim-pd/deployments.yaml): the endpoint picker's P/D profile picks a
+  decode pod and a prefill pod and names the prefill pod in the `x-prefiller-host-port` header
+  (pkg/common); the sidecar, on the port the pool targets, sends the prompt to that prefill pod
+  with do_remote_decode, then the request with the returned kv_transfer_params to the vLLM beside
+  it (pkg/sidecar/proxy, connector `nixlv2` for NixlConnector). So vLLM moves to the port + 200
+  (8000 -> 8200, the example's), keeping the port name `http`: the probes, Prometheus'
+  PodMonitor and the plain Service reach vLLM itself (the sidecar answers its own /health 200
+  whatever vLLM's state, cmd/pd-sidecar and proxy.go createRoutes), the InferencePool's
+  targetPorts the sidecar. `--secure-proxy=false`: the sidecar defaults to serving TLS with a
+  self-signed certificate, where vLLM and the pool speak plain HTTP.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ from kvscale.api import LLMD_ROLE, labels
 from kvscale.api.models import InferenceServiceSpec, PlannedWorkloadStatus, PlanStatus, PoolPlanStatus
 from kvscale.control.inventory import GpuPool
 from kvscale.control.pod_policy import DEFAULT_POLICY, PodPolicy
-from kvscale.control.resources import deployment
+from kvscale.control.resources import container_security, deployment
 from kvscale.engines.args import PlannedLaunch, requested_source
 from kvscale.planner.disaggregated import DisaggregatedPlan, Pool, Role, kv_transfer_config, pool_launch
 from kvscale.sizing.units import format_duration
@@ -44,6 +55,11 @@ SERVING_ROLE: Role = "decode"  # the pods the plain Service sends requests to
 SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 KV_TRANSFER_FLAG = "--kv-transfer-config"
 MAX_REASON = 500
+# llm-d's routing sidecar (llm-d-inference-scheduler v0.4.0: cmd/pd-sidecar, image name from its
+# Makefile's SIDECAR_IMAGE, ghcr.io/llm-d/llm-d-routing-sidecar; KVSCALE_ROUTING_SIDECAR_IMAGE).
+ROUTING_SIDECAR_IMAGE = "ghcr.io/llm-d/llm-d-routing-sidecar:v0.4.0"
+SIDECAR_ENGINE_PORT_OFFSET = 200  # vLLM's port behind the sidecar: the example's 8000 -> 8200
+SIDECAR_CONNECTOR = "nixlv2"  # the sidecar's protocol for vLLM's NixlConnector (proxy.ConnectorNIXLV2)
 
 
 def pool_name(name: str, role: Role) -> str:
@@ -60,6 +76,17 @@ def pools_of(plan: DisaggregatedPlan) -> dict[Role, Pool]:
     return {"prefill": plan.prefill, "decode": plan.decode}
 
 
+def routed(spec: InferenceServiceSpec) -> bool:
+    """Whether a P/D-aware router sends the requests (spec.routing.inferencePool): then each decode
+    pod runs the routing sidecar on the port and vLLM behind it (module doc)."""
+    return spec.routing is not None and spec.routing.inference_pool is not None
+
+
+def engine_port(spec: InferenceServiceSpec, role: Role, port: int) -> int:
+    """The port a pool's vLLM listens on: behind the routing sidecar, the port + 200."""
+    return port + SIDECAR_ENGINE_PORT_OFFSET if role == "decode" and routed(spec) else port
+
+
 def launches(spec: InferenceServiceSpec, plan: DisaggregatedPlan, port: int) -> dict[Role, PlannedLaunch]:
     """Each pool's engine launch, as the aggregated one is made (kvscale.control.resources.
     planned_launch): CheckpointError or ContextLimitError on a spec that cannot be deployed."""
@@ -70,10 +97,31 @@ def launches(spec: InferenceServiceSpec, plan: DisaggregatedPlan, port: int) -> 
             requested_source(spec.model.name, spec.model.source, pool.cfg.precision.name),
             w.max_context_tokens,
             w.input_tokens + w.output_tokens,
-            port,
+            engine_port(spec, role, port),
             cached=spec.model.cache is not None,
         )
         for role, pool in pools_of(plan).items()
+    }
+
+
+def routing_sidecar(image: str, port: int, vllm_port: int) -> dict[str, Any]:
+    """llm-d's routing sidecar as a native sidecar (an init container that keeps running, as the
+    llm-d example runs it), serving `port` in front of vLLM's `vllm_port`."""
+    return {
+        "name": "routing-sidecar",
+        "image": image,
+        "args": [
+            f"--port={port}",
+            f"--vllm-port={vllm_port}",
+            f"--connector={SIDECAR_CONNECTOR}",
+            "--secure-proxy=false",
+        ],
+        "ports": [{"name": "pd-http", "containerPort": port, "protocol": "TCP"}],
+        "restartPolicy": "Always",
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "pd-http"}, "periodSeconds": 5},
+        # A small Go proxy; requests only, so it never holds back the GPU pod's scheduling much.
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+        "securityContext": container_security(port),
     }
 
 
@@ -115,12 +163,15 @@ def pool_deployment(
     extra_tolerations: tuple[dict[str, str], ...] = (),
     pool_labels: Mapping[str, str] | None = None,
     policy: PodPolicy = DEFAULT_POLICY,
+    sidecar_image: str = ROUTING_SIDECAR_IMAGE,
 ) -> dict[str, Any]:
     """One pool's Deployment: the aggregated Deployment's body (kvscale.control.resources.
     deployment: image, probes, volumes, security, node affinity to the pool's GPU product) under
     the pool's name, selecting and labelling its role, with the KV connector's args and env
-    (EngineImageError, NotAllowed as the aggregated one)."""
+    (EngineImageError, NotAllowed as the aggregated one); a decode pod behind an InferencePool
+    with the routing sidecar on `port` and vLLM behind it (module doc)."""
     pool = pools_of(plan)[role]
+    vllm_port = engine_port(spec, role, port)
     body = deployment(
         name,
         owner_uid,
@@ -130,7 +181,7 @@ def pool_deployment(
         None,
         gpu_pool,
         replicas,
-        port,
+        vllm_port,
         extra_tolerations,
         pool_labels=pool_labels,
         policy=policy,
@@ -142,6 +193,9 @@ def pool_deployment(
     container = template["spec"]["containers"][0]
     container["args"] = pool_args(spec, launch, role)
     container["env"] = [*container["env"], *_side_channel_env(spec)]
+    if vllm_port != port:
+        pod = template["spec"]
+        pod["initContainers"] = [*pod.get("initContainers", []), routing_sidecar(sidecar_image, port, vllm_port)]
     body["metadata"] = {**body["metadata"], "name": pool_name(name, role)}
     body["spec"] = {**body["spec"], "selector": {"matchLabels": selected}}
     return body
@@ -159,6 +213,7 @@ def pool_deployments(
     extra_tolerations: tuple[dict[str, str], ...] = (),
     pool_labels: Mapping[str, str] | None = None,
     policy: PodPolicy = DEFAULT_POLICY,
+    sidecar_image: str = ROUTING_SIDECAR_IMAGE,
 ) -> tuple[dict[str, Any], ...]:
     """Both pools' Deployments, prefill first (the operator's and `kvscale manifests`')."""
     return tuple(
@@ -175,6 +230,7 @@ def pool_deployments(
             extra_tolerations,
             pool_labels,
             policy,
+            sidecar_image,
         )
         for role in ROLES
     )

@@ -1195,6 +1195,7 @@ def _deploy_pools(
             settings.extra_tolerations,
             pool_labels=joined,
             policy=settings.pod_policy,
+            sidecar_image=settings.routing_sidecar_image,
         )
     except EngineImageError as exc:
         return _failed(status, res, "NoEngineImage", str(exc), now=now)

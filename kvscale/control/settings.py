@@ -7,11 +7,13 @@ Each field documents its variable; docs/operator.md's settings table is generate
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kvscale.api.models import IMAGE_PATTERN  # the CRD's image reference pattern
 from kvscale.control.pod_policy import PodPolicy, parse_images, parse_prefixes
 from kvscale.sizing.units import UnitError, parse_duration_s
 
@@ -102,6 +104,12 @@ def _text(_: str, text: str) -> str:
     return text.strip()
 
 
+def _image(name: str, text: str) -> str:
+    if re.fullmatch(IMAGE_PATTERN, text.strip()) is None:
+        raise SettingsError(f"{name} must be an image reference (registry/name:tag or @sha256:...), got {text!r}")
+    return text.strip()
+
+
 def _optional(_: str, text: str) -> str | None:
     return text or None
 
@@ -170,6 +178,12 @@ class Settings:
         "KVSCALE_CATALOG", "", "Comma-separated catalog overlay YAML files (extra GPUs, prices).", _paths
     )
     engine_port: int = setting("KVSCALE_ENGINE_PORT", "8000", "Port the engine listens on.", _port)
+    routing_sidecar_image: str = setting(
+        "KVSCALE_ROUTING_SIDECAR_IMAGE",
+        "ghcr.io/llm-d/llm-d-routing-sidecar:v0.4.0",
+        "llm-d's routing sidecar, run in each decode pod of a disaggregated plan behind an InferencePool.",
+        _image,
+    )
     extra_tolerations: tuple[dict[str, str], ...] = setting(
         "KVSCALE_EXTRA_TOLERATIONS",
         "",

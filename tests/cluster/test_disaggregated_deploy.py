@@ -6,14 +6,17 @@ Deployment comes."""
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 from kubernetes import client
 
 from kvscale.api import GROUP, VERSION
-from tests.cluster.harness import wait_until
+from kvscale.control import inference_pool as ip
+from tests.cluster.harness import Cluster, wait_until
 from tests.cluster.processes import Operator
+from tests.cluster.test_inference_pool import install_crd, uninstall_crd
 from tests.cluster.test_multinode_operator import deployment, patch_spec
 from tests.cluster.test_operator import create, engine_pods, get, wait_phase
 
@@ -116,3 +119,40 @@ def test_pools_are_not_deployed_where_their_budget_has_no_room_for_one_of_each(
         assert all(deployment(api, namespace, f"{NAME}-{r}") is None for r in ("prefill", "decode"))
     finally:
         objects.delete_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget)
+
+
+def test_behind_an_inference_pool_decode_pods_run_the_routing_sidecar(
+    operator: Operator, cluster: Cluster, api: client.ApiClient, namespace: str
+) -> None:
+    """The real API server takes the native sidecar (an init container with restartPolicy Always,
+    llm-d's P/D layout); the pool kvscale owns targets the sidecar's port and selects both roles."""
+    install_crd(cluster)
+    try:
+        body = copy.deepcopy(BODY)
+        body["metadata"]["name"] = "pd-routed"
+        body["spec"]["routing"] = {"inferencePool": {}}
+        create(api, namespace, body)
+        obj = wait_phase(api, namespace, "pd-routed", "Ready", operator, timeout=90)
+        assert obj["status"]["plan"]["mode"] == "disaggregated"
+        decode = deployment(api, namespace, "pd-routed-decode")
+        assert decode is not None
+        [sidecar] = decode.spec.template.spec.init_containers
+        assert sidecar.name == "routing-sidecar" and sidecar.restart_policy == "Always"
+        assert "--connector=nixlv2" in sidecar.args and "--vllm-port=8200" in sidecar.args
+        assert [(p.name, p.container_port) for p in decode.spec.template.spec.containers[0].ports] == [("http", 8200)]
+        prefill = deployment(api, namespace, "pd-routed-prefill")
+        assert prefill is not None and not prefill.spec.template.spec.init_containers
+        pools = client.CustomObjectsApi(api)
+        pool = pools.get_namespaced_custom_object(ip.GROUP, ip.VERSION, namespace, ip.PLURAL, "pd-routed")
+        assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+        assert "llm-d.ai/role" not in pool["spec"]["selector"]["matchLabels"]
+        decode_pods = [
+            p for p in engine_pods(api, namespace, "pd-routed") if p.metadata.labels["llm-d.ai/role"] == "decode"
+        ]
+        assert decode_pods and all(p.spec.init_containers[0].name == "routing-sidecar" for p in decode_pods)
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, "inferenceservices", "pd-routed"
+        )
+        wait_until(lambda: deployment(api, namespace, "pd-routed-decode") is None, 60, "the pools gone")
+    finally:
+        uninstall_crd(cluster)

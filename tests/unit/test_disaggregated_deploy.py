@@ -347,3 +347,55 @@ def test_an_owned_inference_pool_selects_both_roles() -> None:
     for role in ("prefill", "decode"):
         labels = by_name(result)[f"Deployment/chat-{role}"]["spec"]["template"]["metadata"]["labels"]
         assert all(labels.get(k) == v for k, v in selected.items())
+
+
+def test_behind_an_inference_pool_each_decode_pod_runs_llm_d_routing_sidecar_in_front_of_vllm() -> None:
+    """llm-d-inference-scheduler v0.4.0's P/D layout (deploy/components/vllm-sim-pd): the endpoint
+    picker's header names the prefill pod, the decode pod's sidecar on the pool's port does the
+    two-step request, vLLM listens behind it. The probes, the PodMonitor's port `http` and the plain
+    Service reach vLLM itself (the sidecar answers /health 200 whatever vLLM's state)."""
+    from kvscale.control.reconcile import PoolView
+
+    routed = spec("on", routing={"inferencePool": {}})
+    settings = replace(SETTINGS, routing_sidecar_image="registry.example/llm-d-routing-sidecar:v0.4.0")
+    result = reconcile(
+        read_spec(routed),
+        RES,
+        InferenceServiceStatus(),
+        Observed(POOLS, pool=PoolView(api_installed=True)),
+        CAT,
+        settings,
+        now=NOW,
+    )
+    assert result.retry is None
+    children = by_name(result)
+    port = SETTINGS.engine_port
+    decode = children["Deployment/chat-decode"]["spec"]["template"]
+    [sidecar] = decode["spec"]["initContainers"]
+    assert sidecar["name"] == "routing-sidecar" and sidecar["restartPolicy"] == "Always"  # a native sidecar
+    assert sidecar["image"] == "registry.example/llm-d-routing-sidecar:v0.4.0"
+    assert sidecar["args"] == [
+        f"--port={port}",
+        f"--vllm-port={port + 200}",
+        "--connector=nixlv2",
+        "--secure-proxy=false",
+    ]
+    assert sidecar["ports"] == [{"name": "pd-http", "containerPort": port, "protocol": "TCP"}]
+    vllm = decode["spec"]["containers"][0]
+    assert vllm["args"][vllm["args"].index("--port") + 1] == str(port + 200)
+    assert vllm["ports"] == [{"name": "http", "containerPort": port + 200, "protocol": "TCP"}]
+    assert vllm["readinessProbe"]["httpGet"]["port"] == "http"
+    assert decode["metadata"]["annotations"]["prometheus.io/port"] == str(port + 200)
+    plan = result.status.plan
+    assert plan is not None and plan.decode is not None and "--port" in plan.decode.engine_args
+    # The prefill pods take the sidecar's requests on the pool's port themselves.
+    prefill = children["Deployment/chat-prefill"]["spec"]["template"]
+    assert "initContainers" not in prefill["spec"]
+    assert prefill["spec"]["containers"][0]["ports"][0]["containerPort"] == port
+    pool = next(c for c in result.apply if c["kind"] == "InferencePool")
+    assert pool["spec"]["targetPorts"] == [{"number": port}]  # the sidecar on decode pods, vLLM on prefill
+    assert LLMD_ROLE not in pool["spec"]["selector"]["matchLabels"]  # both roles
+    assert children["Service/chat"]["spec"]["ports"][0]["targetPort"] == "http"
+    # Behind a plain Service nothing routes by the header: no sidecar, vLLM on the port.
+    plain = by_name(deployed(spec("on")))["Deployment/chat-decode"]["spec"]["template"]["spec"]
+    assert "initContainers" not in plain and plain["containers"][0]["ports"][0]["containerPort"] == port
