@@ -272,6 +272,7 @@ def _pool_objects(
     routing = spec.routing.inference_pool if spec.routing else None
     if routing is not None:
         children.append(inference_pool(name, routing, labels(name), port))  # both roles, as llm-d's P/D
+        children.append(pd.picker_config_map(name))  # for the endpoint picker the user runs
     for child in children:
         if namespace:
             child["metadata"]["namespace"] = namespace

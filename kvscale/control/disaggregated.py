@@ -41,6 +41,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
+
 from kvscale.api import LLMD_ROLE, labels
 from kvscale.api.models import InferenceServiceSpec, PlannedWorkloadStatus, PlanStatus, PoolPlanStatus
 from kvscale.control.inventory import GpuPool
@@ -101,6 +103,48 @@ def launches(spec: InferenceServiceSpec, plan: DisaggregatedPlan, port: int) -> 
             cached=spec.model.cache is not None,
         )
         for role, pool in pools_of(plan).items()
+    }
+
+
+# llm-d-inference-scheduler v0.4.0's deploy/config/pd-epp-config.yaml, as data: the P/D profile
+# handler runs the decode profile, then the prefill profile (threshold 0: every request; plugin
+# types from pkg/plugins: prefill-header-handler sets x-prefiller-host-port, prefill-filter and
+# decode-filter select pods by llm-d.ai/role, decode also taking role "both").
+PICKER_CONFIG: dict[str, Any] = {
+    "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+    "kind": "EndpointPickerConfig",
+    "plugins": [
+        {"type": "prefill-header-handler"},
+        {"type": "prefix-cache-scorer"},
+        {"type": "prefill-filter"},
+        {"type": "decode-filter"},
+        {"type": "max-score-picker"},
+        {"type": "pd-profile-handler"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": role,
+            "plugins": [
+                {"pluginRef": f"{role}-filter"},
+                {"pluginRef": "max-score-picker"},
+                {"pluginRef": "prefix-cache-scorer", "weight": 2},
+            ],
+        }
+        for role in ("prefill", "decode")
+    ],
+}
+PICKER_CONFIG_KEY = "pd-epp-config.yaml"
+
+
+def picker_config_map(name: str) -> dict[str, Any]:
+    """The endpoint picker's P/D configuration as a ConfigMap `<name>-epp-pd`, for the picker the
+    user runs (`kvscale manifests`; mounted and passed as its `--config-file`): kvscale owns the
+    pool, not the picker (docs/gateway.md)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{name}-epp-pd", "labels": labels(name)},
+        "data": {PICKER_CONFIG_KEY: yaml.safe_dump(PICKER_CONFIG, sort_keys=False)},
     }
 
 

@@ -399,3 +399,32 @@ def test_behind_an_inference_pool_each_decode_pod_runs_llm_d_routing_sidecar_in_
     # Behind a plain Service nothing routes by the header: no sidecar, vLLM on the port.
     plain = by_name(deployed(spec("on")))["Deployment/chat-decode"]["spec"]["template"]["spec"]
     assert "initContainers" not in plain and plain["containers"][0]["ports"][0]["containerPort"] == port
+
+
+def test_manifests_behind_an_inference_pool_give_the_pickers_pd_configuration(tmp_path: Path) -> None:
+    """kvscale owns the pool, the user runs the picker: `manifests` prints llm-d's P/D
+    EndpointPickerConfig (v0.4.0's deploy/config/pd-epp-config.yaml) for its --config-file, with
+    the same Deployments (sidecar included) the operator applies."""
+    from typer.testing import CliRunner
+
+    from kvscale.cli import app
+
+    doc = {"apiVersion": "kvscale.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "chat"}}
+    path = tmp_path / "pd.yaml"
+    path.write_text(yaml.safe_dump({**doc, "spec": spec("on", routing={"inferencePool": {}})}))
+    out = CliRunner().invoke(app, ["manifests", "-f", str(path), "--gpus", "H100-SXM=16"])
+    assert out.exit_code == 0, out.output
+    printed = {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(out.output) if d}
+    config = yaml.safe_load(printed["ConfigMap/chat-epp-pd"]["data"]["pd-epp-config.yaml"])
+    assert config["kind"] == "EndpointPickerConfig"
+    types = {p["type"] for p in config["plugins"]}
+    assert {"pd-profile-handler", "prefill-header-handler", "prefill-filter", "decode-filter"} <= types
+    profiles = {p["name"]: [r["pluginRef"] for r in p["plugins"]] for p in config["schedulingProfiles"]}
+    assert profiles["prefill"][0] == "prefill-filter" and profiles["decode"][0] == "decode-filter"
+    assert all(ref in types for refs in profiles.values() for ref in refs)  # every reference is declared
+    sidecars = printed["Deployment/chat-decode"]["spec"]["template"]["spec"]["initContainers"]
+    assert [c["name"] for c in sidecars] == ["routing-sidecar"]
+    # Behind a plain Service no picker reads it: not printed.
+    path.write_text(yaml.safe_dump({**doc, "spec": spec("on")}))
+    plain = CliRunner().invoke(app, ["manifests", "-f", str(path), "--gpus", "H100-SXM=16"])
+    assert "EndpointPickerConfig" not in plain.output
