@@ -52,7 +52,7 @@ async def capacity_tick(rt: Runtime, call: Call) -> None:
     if plan is None or not planned(call.before) or call.before.phase == "Recommended" or rt.workload_reader is None:
         return
     if plan.mode == "disaggregated":
-        return  # a replica's capacity is an aggregated one's; the pools are not autoscaled yet
+        return  # a replica's capacity is an aggregated one's; each pool's is the model's (pool_capacity)
     try:
         intent = call.valid()
         s = rt.settings

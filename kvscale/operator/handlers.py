@@ -42,7 +42,7 @@ from kvscale.control import pool_scaling
 from kvscale.control.autoscale import Autoscaled, Governor, Readings, autoscale
 from kvscale.control.autoscale import moved as moved_tick
 from kvscale.control.budget import BudgetBook, cap_deploy, govern_pin, moved
-from kvscale.control.disaggregated import ROLES, pool_name
+from kvscale.control.disaggregated import ROLES, SERVING_ROLE, pool_name
 from kvscale.control.drain import preemption_grace_s
 from kvscale.control.inventory import pools
 from kvscale.control.memory import MEMO_KEY, ServiceMemory
@@ -646,16 +646,20 @@ async def _gateway_queue(rt: Runtime, res: Resource, intent: Intent) -> float | 
 
 async def read_workload(rt: Runtime, call: Call, engine: str) -> tuple[ObservedWorkload | None, str | None]:
     """The service's observed workload over the operator's workload window (and why not, when
-    it could not be read): what the workload timer and the capacity search both start from."""
+    it could not be read): what the workload timer and the capacity search both start from. A
+    disaggregated plan's is its decode pool's: every request ends there, with its prompt and its
+    whole output (behind a P/D router the prefill pool counts each request too, with one output
+    token; behind a plain Service only the decode pods serve)."""
     reader = rt.workload_reader
     if reader is None:  # the callers return before this without one
         return None, "no Prometheus to read the workload from"
     s = rt.settings
+    name = pool_name(call.res.name, SERVING_ROLE) if disaggregated(call.before) else call.res.name
     return await observe_workload_batched(
         reader,
         engine,
         call.res.namespace,
-        call.res.name,
+        name,
         time.time(),
         s.workload_window,
         s.metrics_window,
@@ -669,8 +673,6 @@ async def observe_workload(rt: Runtime, call: Call) -> None:
     planner and the API reads in the workers)."""
     if not planned(call.before) or call.before.phase == "Recommended" or rt.workload_reader is None:
         return  # nothing runs in recommend mode: no engine to read
-    if disaggregated(call.before):
-        return  # behind a P/D router both pools count each request (prefill with one output token): not read yet
     if predates(memory(call.memo).replanned, call.before, call.res.generation):
         return  # the status handed in is older than this operator's own re-plan: wait for the watch
     try:
