@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -127,8 +128,12 @@ class Replica:
         self.token_budget = token_budget
         self.started_s = started_s
         self.ready_s = ready_s
-        self.stopped_s: float | None = None
-        self.draining = False
+        self._stopped_s: float | None = None
+        self._draining = False
+        # Set while a fleet has parked this replica idle (kvscale.sim.fleet.Fleet: it is not
+        # stepped at each event then, its clock caught up when it is next needed): a request
+        # enqueued here wakes it first.
+        self.waker: Callable[[Replica], None] | None = None
         self.drain_deadline_s = math.inf  # while draining: in-flight requests left at this time are cut
         self.clock = ready_s
         self.waiting: deque[SimRequest] = deque()
@@ -154,6 +159,28 @@ class Replica:
 
     # -- state -------------------------------------------------------------------------
 
+    # Bumped whenever any replica stops or starts or ends a drain: a fleet's cached list of the
+    # replicas serving (kvscale.sim.fleet.Fleet.serving) is out of date then.
+    changes = 0
+
+    @property
+    def stopped_s(self) -> float | None:
+        return self._stopped_s
+
+    @stopped_s.setter
+    def stopped_s(self, value: float | None) -> None:
+        self._stopped_s = value
+        Replica.changes += 1
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._draining = value
+        Replica.changes += 1
+
     @property
     def kv_used(self) -> int:
         return self._held_base + len(self.running) * self.step - self._start_sum
@@ -176,6 +203,8 @@ class Replica:
     # -- requests ----------------------------------------------------------------------
 
     def enqueue(self, request: SimRequest) -> None:
+        if self.waker is not None:
+            self.waker(self)
         request.replica = self.id
         self.waiting.append(request)
 
@@ -261,7 +290,7 @@ class Replica:
         With stop_after_finish it returns right after the step in which a request finished,
         its clock at that step's end, so a closed loop can release the next request then.
         """
-        if self.stopped_s is not None:
+        if self._stopped_s is not None:
             return
         done_before = len(finished)
         while self.clock < until_s:

@@ -13,6 +13,7 @@ Routing modes:
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections import deque
@@ -73,26 +74,61 @@ class Fleet:
         self._jitter_rng = random.Random(spec.seed + 1)
         self._turn = 0
         self._now = 0.0
+        # Stepping only replicas with something to do: a replica idle and serving, its clock at
+        # or past every time the fleet was advanced to, is parked (its id in _parked, sorted):
+        # advancing it would only set its clock to each event's time, so it is skipped, and its
+        # clock is set to the latest such time (_advanced_s) when it is next needed (a request
+        # enqueued on it wakes it, a scale or the run's end wakes all). _active: the replicas
+        # stepped, in id order (the order they report finishes in); stopped ones leave it.
+        self._active: list[Replica] = []
+        self._parked: list[int] = []
+        self._advanced_s = -math.inf
+        # serving()'s last answer: (Replica.changes, replicas, valid from, valid until, the list)
+        self._serving: tuple[int, int, float, float, list[Replica]] | None = None
 
     # -- views -------------------------------------------------------------------------
 
     def serving(self, now_s: float) -> list[Replica]:
-        # Replica.is_ready inlined: the simulator asks this on every arrival.
-        return [r for r in self.replicas if r.stopped_s is None and r.ready_s <= now_s and not r.draining]
+        return list(self._serving_now(now_s))
+
+    def _serving_now(self, now_s: float) -> list[Replica]:
+        """The replicas serving at now_s, in id order (not to be changed: it is kept). The
+        simulator asks on every arrival; the answer changes only when a replica starts,
+        stops, starts or ends a drain (Replica.changes) or becomes ready, so it is kept with
+        the times between which no replica becomes ready."""
+        kept = self._serving
+        if (
+            kept is not None
+            and kept[0] == Replica.changes
+            and kept[1] == len(self.replicas)
+            and kept[2] <= now_s < kept[3]
+        ):
+            return kept[4]
+        serving: list[Replica] = []
+        since, until = -math.inf, math.inf
+        for r in self.replicas:
+            if r._stopped_s is None and not r._draining:
+                if r.ready_s <= now_s:
+                    serving.append(r)
+                    since = max(since, r.ready_s)
+                else:
+                    until = min(until, r.ready_s)
+        self._serving = (Replica.changes, len(self.replicas), since, until, serving)
+        return serving
 
     def starting(self, now_s: float) -> list[Replica]:
-        return [r for r in self.replicas if r.stopped_s is None and not r.draining and r.ready_s > now_s]
+        return [r for r in self.replicas if r._stopped_s is None and not r._draining and r.ready_s > now_s]
 
     def desired_size(self) -> int:
-        return sum(1 for r in self.replicas if r.stopped_s is None and not r.draining)
+        return sum(1 for r in self.replicas if r._stopped_s is None and not r._draining)
 
     def waiting(self, now_s: float) -> int:
         """Requests not yet admitted: on replica queues, at the gateway, or with no replica."""
-        return sum(len(r.waiting) for r in self.serving(now_s)) + len(self.unrouted)
+        return sum(len(r.waiting) for r in self._serving_now(now_s)) + len(self.unrouted)
 
     def waiting_max(self, now_s: float) -> int:
         """The longest queue of one serving replica (the gateway's queue excluded)."""
-        return max((len(r.waiting) for r in self.serving(now_s)), default=0)
+        return max((len(r.waiting) for r in self._serving_now(now_s)), default=0)
 
     def became_ready(self, since_s: float, now_s: float) -> tuple[float, ...]:
         """Start-to-ready seconds of replicas that became ready in (since_s, now_s]."""
@@ -117,7 +153,28 @@ class Fleet:
             ready_s=now_s + cold_start_s,
         )
         self.replicas.append(replica)
+        self._active.append(replica)  # the highest id: _active stays in id order
         return replica
+
+    def _wake(self, replica: Replica) -> None:
+        """A parked replica back among those stepped, its clock where stepping it at every
+        advance would have left it."""
+        replica.waker = None
+        if replica.clock < self._advanced_s:
+            replica.clock = self._advanced_s
+        del self._parked[bisect.bisect_left(self._parked, replica.id)]
+        bisect.insort(self._active, replica, key=_replica_id)
+
+    def _wake_all(self) -> None:
+        if not self._parked:
+            return
+        woken = [self.replicas[i] for i in self._parked]
+        for replica in woken:
+            replica.waker = None
+            if replica.stopped_s is None and replica.clock < self._advanced_s:
+                replica.clock = self._advanced_s
+        self._parked = []
+        self._active = sorted([*self._active, *woken], key=_replica_id)
 
     def start(self, count: int, now_s: float, warm: bool = False) -> None:
         for _ in range(count):
@@ -135,6 +192,7 @@ class Fleet:
         current = self.desired_size()
         if desired == current:
             return 0
+        self._wake_all()
         self.scale_events += 1
         if desired > current:
             needed = desired - current
@@ -171,6 +229,7 @@ class Fleet:
     def end(self, now_s: float) -> None:
         """The run's end: what a replica still holds is cut, what waits at the gateway (or for
         any replica) is rejected (the gateway answers 429), and every replica stops."""
+        self._wake_all()
         for replica in self.replicas:
             if replica.stopped_s is None and not replica.idle:
                 self._cut(replica, max(now_s, replica.clock))
@@ -192,12 +251,35 @@ class Fleet:
         kv -= sum(r.input_tokens + r.generated + 1 for r in replica.waiting)
         return slots, kv
 
+    def _spare(self, now_s: float, seen: dict[int, Replica]) -> Replica | None:
+        """The parked replica serving at now_s with the lowest id, of those not in `seen`."""
+        for i in self._parked:
+            replica = self.replicas[i]
+            if i not in seen and replica._stopped_s is None and replica.ready_s <= now_s and not replica._draining:
+                return replica
+        return None
+
     def _gateway_send(self, now_s: float) -> None:
         """The endpoint picker: the oldest request at the gateway goes to the least-loaded
-        replica that could admit it now (a free batch slot and the KV cache for its prompt)."""
-        rooms = {r.id: self._room(r) for r in self.serving(now_s)}
-        by_id = {r.id: r for r in self.serving(now_s)}
-        while self.unrouted and rooms:
+        replica that could admit it now (a free batch slot and the KV cache for its prompt).
+
+        The parked replicas (idle: no load, an empty cache, the same room each) are one
+        candidate, the lowest id of them: the others tie with it on load and room and lose on
+        the id, so only the stepped replicas and that one are looked at."""
+        if not self.unrouted:
+            return
+        serving = [r for r in self._active if r._stopped_s is None and r.ready_s <= now_s and not r._draining]
+        rooms = {r.id: self._room(r) for r in serving}
+        by_id = {r.id: r for r in serving}
+        spare: Replica | None = None  # the parked replica among rooms, not sent a request yet
+        while self.unrouted:
+            if spare is None:
+                spare = self._spare(now_s, by_id)
+                if spare is not None:
+                    rooms[spare.id] = self._room(spare)
+                    by_id[spare.id] = spare
+            if not rooms:
+                return
             request = self.unrouted[0]
             need = request.input_tokens + request.generated + 1
             fits = [i for i, (slots, kv) in rooms.items() if slots > 0 and kv >= need]
@@ -206,9 +288,11 @@ class Fleet:
                 idle = [i for i in rooms if by_id[i].idle]
                 if not idle:
                     return
-                fits = idle[:1]
+                fits = [min(idle)]
             chosen = min(fits, key=lambda i: (by_id[i].load, -rooms[i][1], i))
             by_id[chosen].enqueue(self.unrouted.popleft())
+            if spare is not None and chosen == spare.id:
+                spare = None  # woken by the request: the next parked one is the candidate
             slots, kv = rooms[chosen]
             rooms[chosen] = (slots - 1, kv - need)
 
@@ -217,7 +301,7 @@ class Fleet:
             self.unrouted.append(request)  # first come, first served at the gateway
             self._gateway_send(now_s)
             return
-        candidates = self.serving(now_s)
+        candidates = self._serving_now(now_s)
         if not candidates:
             self.unrouted.append(request)
             return
@@ -233,14 +317,21 @@ class Fleet:
             return
         if self.spec.routing == "gateway":
             self._gateway_send(now_s)
-        elif self.serving(now_s):
+        elif self._serving_now(now_s):
             pending, self.unrouted = self.unrouted, deque()
             for request in pending:
                 self.route(request, now_s)
 
     def _advance_replicas(self, now_s: float, finished: list[SimRequest], stop_after_finish: bool = False) -> None:
-        for replica in self.replicas:
-            if replica.stopped_s is not None or replica.ready_s > now_s:
+        if now_s > self._advanced_s:
+            self._advanced_s = now_s
+        latest = self._advanced_s
+        left = False  # whether a replica left _active (stopped or parked)
+        for replica in self._active:
+            if replica._stopped_s is not None:
+                left = True  # stopped for good: never stepped again
+                continue
+            if replica.ready_s > now_s:
                 continue
             until = min(now_s, replica.drain_deadline_s)
             if replica.clock < until:  # else the step in flight already ends past it
@@ -248,10 +339,19 @@ class Fleet:
                     replica.advance_to(until, finished, stop_after_finish)
                 else:
                     replica.clock = until  # idle (Replica.advance_to's first test, inlined)
-            if replica.draining and replica.idle:
-                replica.stopped_s = max(replica.clock, until)
-            elif replica.draining and replica.clock >= replica.drain_deadline_s:
-                self._cut(replica, replica.drain_deadline_s)  # the grace period ended: the pod is killed
+            if replica._draining:
+                if replica.idle:
+                    replica.stopped_s = max(replica.clock, until)
+                    left = True
+                elif replica.clock >= replica.drain_deadline_s:
+                    self._cut(replica, replica.drain_deadline_s)  # the grace period ended: the pod is killed
+                    left = True
+            elif not replica.running and not replica.waiting and replica.clock >= latest:
+                replica.waker = self._wake  # parked until a request reaches it
+                bisect.insort(self._parked, replica.id)
+                left = True
+        if left:
+            self._active = [r for r in self._active if r._stopped_s is None and r.waker is None]
 
     def advance_to(self, now_s: float, finished: list[SimRequest], stop_after_finish: bool = False) -> None:
         """Advances every replica to now_s; with stop_after_finish, a replica in which a
@@ -270,10 +370,16 @@ class Fleet:
         self._now = max(self._now, now_s)
 
     def stop_all(self, now_s: float) -> None:
+        self._wake_all()
         for replica in self.replicas:
             if replica.stopped_s is None:
                 replica.stopped_s = max(now_s, replica.clock)
 
     def gpu_hours(self) -> float:
+        self._wake_all()
         seconds = sum((r.stopped_s if r.stopped_s is not None else r.clock) - r.started_s for r in self.replicas)
         return seconds * self.spec.gpus_per_replica / 3600.0
+
+
+def _replica_id(replica: Replica) -> int:
+    return replica.id
