@@ -489,7 +489,8 @@ def _render_pools(row: dict[str, Any]) -> None:
     d = row["disaggregation"]
     parts = [
         f"{role} {p['gpus_per_replica']} x {p['gpu']} per worker (planned {p['planned_workers']}), at most "
-        f"{p['workers_max']} workers / {p['max_gpus']} GPUs, {p['gpu_hours']:.2f} GPU-h"
+        f"{p['workers_max']} worker{'s' if p['workers_max'] != 1 else ''} / {p['max_gpus']} GPUs, "
+        f"{p['gpu_hours']:.2f} GPU-h"
         for role, p in (("prefill", d["prefill"]), ("decode", d["decode"]))
     ]
     console.print(

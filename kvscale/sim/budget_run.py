@@ -31,6 +31,14 @@ search on it confirms more.
 Scale to zero: a service with min_replicas 0 releases its last replica after `idle_window_s`
 without arrivals; requests that arrive while it has none wait at the gateway (held) until a
 replica is ready, and the policy sees them queued and scales back.
+
+Disaggregated services (PoolsService): a prefill pool and a decode pool
+(kvscale.sim.disaggregated_fleet.PoolsStepper) stepped in the same loop, kvscale's policy on
+each pool; in the tick each pool is a seat of its own (`<name>-prefill`, `<name>-decode`, the
+operator's budget book's names), and what the two are granted on one limited GPU type is split
+by what they serve together (kvscale.sim.pool_policies.SplitPooled), as
+kvscale.control.pool_budget does. A pool never goes below one worker; the start is the plan's
+pools, or within the budget the split that serves the most (cap_pools' rule).
 """
 
 from __future__ import annotations
@@ -614,11 +622,15 @@ class _PoolsRun:
         sizes = tuple(f.desired_size() for f in self.fleets)
         if any(n < w for n, w in zip(sizes, self.wanted, strict=True)):
             result.grant_wait_s += self.tick_s
+        # The operator's HeldByBudget message for pools (kvscale.control.pool_budget.govern_pools)
         grants = [by_name[name] for name in self.names]
         reason = "; ".join(
-            f"{role}: {g.reason}" + (f", split to {t}" if t != g.replicas else "")
-            for role, g, t in zip(("prefill", "decode"), grants, self.target, strict=True)
+            f"{role} wanted {w}, gets {t} on {g.gpu_type} x{g.gpus_per_replica}"
+            for role, w, t, g in zip(("prefill", "decode"), self.wanted, self.target, grants, strict=True)
         )
+        if any(t != g.replicas for t, g in zip(self.target, grants, strict=True)):
+            total = sum(g.replicas * g.gpus_per_replica for g in grants)
+            reason += f"; the {total} GPUs split to serve the most requests/s, not in proportion"
         if reason != self.previous_reason:
             result.reasons.append((now_s, reason))
             self.previous_reason = reason
