@@ -233,17 +233,17 @@ def plan_cmd(
     result = plan(cat, request)
     # Both routers by the analytic model alike (the simulated check sizes only the chosen one).
     gateway = gateway_advice(cat, result)
-    replay = None
+    replay, replays = None, None
     if fitted is not None:
-        from kvscale.sim.check import sample
+        from kvscale.sim.check import Replays, sample
 
-        replay = sample(fitted.trace, workload.requests_per_s)
-    analytic, result = result, _checked(result, replay, routing)
+        replay, replays = sample(fitted.trace, workload.requests_per_s), Replays()
+    analytic, result = result, _checked(result, replay, routing, replays=replays)
     if result.chosen is not None and analytic.chosen is not None and result.chosen.config != analytic.chosen.config:
         # The check chose another candidate: the gateway advice is for it (its analytic figures).
         twin = next((a for a in analytic.alternatives if a.config == result.chosen.config), None)
         gateway = gateway_advice(cat, replace(analytic, chosen=twin)) if twin is not None else None
-    unpinned = _unpinned(cat, result, replay, routing) if not result.feasible else None
+    unpinned = _unpinned(cat, result, replay, routing, replays) if not result.feasible else None
     if unpinned is not None:
         result = replace(result, suggestions=(*result.suggestions, unpinned[0]))
     fp8 = _fp8_beside(cat, request, result, served, source)
@@ -314,26 +314,31 @@ def plan_cmd(
         raise typer.Exit(EXIT_INFEASIBLE)
 
 
-def _checked(result: Plan, replay: list[Any] | None, routing: str, advise: bool = True) -> Plan:
+def _checked(result: Plan, replay: list[Any] | None, routing: str, advise: bool = True, replays: Any = None) -> Plan:
     """The plan sized and ranked by the simulated check on `replay` (None: no trace, as planned);
-    `advise`: with what would make an infeasible check feasible."""
+    `advise`: with what would make an infeasible check feasible; `replays`: the replays of an
+    earlier check of this command (kvscale.sim.check.Replays), read rather than run again."""
     if replay is None or result.chosen is None:
         return result
     from kvscale.sim.check import check_and_size
 
     # The analytic count proposes; the simulator's replay of the trace's busiest stretch
     # (the same routing) sizes the plan, below or above that count.
-    return check_and_size(result, replay, routing, advise)  # type: ignore[arg-type]
+    return check_and_size(result, replay, routing, advise, replays)  # type: ignore[arg-type]
 
 
-def _unpinned(cat: Catalog, result: Plan, replay: list[Any] | None, routing: str) -> tuple[str, dict[str, Any]] | None:
+def _unpinned(
+    cat: Catalog, result: Plan, replay: list[Any] | None, routing: str, replays: Any = None
+) -> tuple[str, dict[str, Any]] | None:
     """An infeasible plan under a pinned tensor-parallel degree: the plan without the pin (the
     same GPU types, checked the same way), as a suggestion line and its JSON, when it meets
     the SLO; None when nothing is pinned or it does not."""
     r = result.request
     if len(r.tensor_parallel) != 1:
         return None
-    free = _checked(plan(cat, replace(r, tensor_parallel=TENSOR_PARALLEL_DEGREES)), replay, routing, advise=False)
+    free = _checked(
+        plan(cat, replace(r, tensor_parallel=TENSOR_PARALLEL_DEGREES)), replay, routing, advise=False, replays=replays
+    )
     c = free.chosen
     if c is None or not free.feasible:
         return None

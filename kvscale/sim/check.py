@@ -212,6 +212,26 @@ def service_attainment(setup: SimSetup, replay: list[TraceRequest], replicas: in
     return met / len(replay) if replay else 1.0
 
 
+class Replays:
+    """The attainments of the full replays one command has run. A configuration replayed at n
+    warm replicas behind a routing on one sample gives one answer (the routing is seeded), so
+    a second check of the same candidate reads it instead of replaying it: plan --trace's
+    unpinned alternative to an infeasible --tp pin checks the pinned configuration again."""
+
+    def __init__(self) -> None:
+        self._known: list[tuple[SimSetup, list[TraceRequest], dict[int, float]]] = []
+
+    def of(self, setup: SimSetup, replay: list[TraceRequest]) -> dict[int, float]:
+        """Replicas -> attainment of `setup` (its initial_replicas aside) on this `replay`."""
+        setup = replace(setup, initial_replicas=0)
+        for known_setup, known_replay, known in self._known:
+            if known_replay is replay and known_setup == setup:
+                return known
+        runs: dict[int, float] = {}
+        self._known.append((setup, replay, runs))
+        return runs
+
+
 class _TooManyMisses(Exception):
     """A replay has missed more requests than the percentile allows: it cannot meet it."""
 
@@ -238,6 +258,7 @@ def check_plan(
     routing: Routing = "service",
     most: int | None = None,
     workload: Workload | None = None,
+    replays: Replays | None = None,
 ) -> SimulatedSizing:
     """Replays `replay` on the chosen configuration with fixed fleets of warm replicas and
     returns the fewest that meet the SLO percentile (search_replicas), beside the analytic
@@ -246,7 +267,8 @@ def check_plan(
     With the planned `workload`, a search whose analytic count is more than FAR times the
     fewest replicas the replay's rate needs (its no-queueing capacity) starts at FAR times
     that instead (a replay's cost grows with the fleet: thousands of replicas take seconds
-    each); the analytic count is then replayed only if the search reaches it."""
+    each); the analytic count is then replayed only if the search reaches it. `replays`: the
+    attainments of full replays an earlier check in the same command ran (this one adds to them)."""
     analytic = chosen.prediction.replicas
     setup = SimSetup(chosen.config, slo, chosen.prediction.max_batch, 0.0, analytic, routing=routing)
     target = slo.percentile / 100.0
@@ -263,11 +285,16 @@ def check_plan(
     # One standard error of the attainment share over the sample: gains below it are noise.
     noise = math.sqrt(target * (1.0 - target) / max(1, len(replay))) if replay else 0.0
 
+    known = (replays if replays is not None else Replays()).of(setup, replay)
+
     def attain(n: int) -> float:
-        if routing == "service":
-            return service_attainment(setup, replay, n, steps)
-        result = simulate(replace(setup, initial_replicas=n), Source(replay), StaticPolicy(n), steps=steps)
-        return attainment(result, slo)
+        if n not in known:
+            if routing == "service":
+                known[n] = service_attainment(setup, replay, n, steps)
+            else:
+                result = simulate(replace(setup, initial_replicas=n), Source(replay), StaticPolicy(n), steps=steps)
+                known[n] = attainment(result, slo)
+        return known[n]
 
     def meets(n: int) -> bool:
         if routing == "service":  # a full replay costs no more than the run stopped early
@@ -279,7 +306,7 @@ def check_plan(
             )
         except _TooManyMisses:
             return False
-        runs[n] = attainment(result, slo)  # replayed in full: its attainment is known
+        runs[n] = known[n] = attainment(result, slo)  # replayed in full: its attainment is known
         return runs[n] >= target
 
     replicas, met = search_replicas(attain, analytic, target, runs, meets, most, start, noise)
@@ -370,7 +397,11 @@ def _fewer_cost(best_usd_per_hour: float, price_usd_per_hour: float) -> int:
 
 
 def check_and_size(
-    planned: Plan, replay: list[TraceRequest], routing: Routing = "service", advise: bool = True
+    planned: Plan,
+    replay: list[TraceRequest],
+    routing: Routing = "service",
+    advise: bool = True,
+    replays: Replays | None = None,
 ) -> Plan:
     """`planned` sized and ranked by the simulated check: the first CHECKED_CANDIDATES of the
     analytic ranking are replayed in turn, each (once one has passed) only up to the replicas
@@ -381,7 +412,7 @@ def check_and_size(
     what would make it feasible: a lower percentile (the closest fleet's attainment), the
     gateway (its attainment there, when behind a Service), another GPU (the analytic
     runner-up on another type); `advise` False leaves those out (they cost a replay behind
-    the gateway)."""
+    the gateway). `replays`: kept across the checks of one command (Replays)."""
     chosen = planned.chosen
     if chosen is None or not replay:
         return planned
@@ -401,7 +432,7 @@ def check_and_size(
                 checks.append(None)
                 continue
             limit = cheaper if limit is None else min(limit, cheaper)
-        check = check_plan(candidate, slo, replay, routing, limit, request.workload)
+        check = check_plan(candidate, slo, replay, routing, limit, request.workload, replays)
         checks.append(check)
         if check.met:
             best_usd_per_hour = min(best_usd_per_hour, check.replicas * candidate.config.price_usd_per_hour)
