@@ -84,6 +84,9 @@ def test_each_pool_scales_on_its_own_signal(
                     "KVSCALE_SCALE_INTERVAL": "2s",
                     "KVSCALE_METRICS_WINDOW": "20s",
                     "KVSCALE_CALIBRATION_INTERVAL": "off",
+                    "KVSCALE_WORKLOAD_INTERVAL": "3s",
+                    "KVSCALE_WORKLOAD_WINDOW": "20s",
+                    "KVSCALE_REPLAN_DRIFT": "off",  # the phases' lengths are not the plan's: no re-plan here
                 }
             )
             op.start()
@@ -136,6 +139,23 @@ def test_each_pool_scales_on_its_own_signal(
                 if sample.labels.get("namespace") == namespace
             }
             assert {f"{NAME}-prefill", f"{NAME}-decode"} <= set(desired), desired
+            # The service's observed workload is the decode pool's: 16-token answers (the prefill
+            # pool's engines count each request with one output token).
+
+            def observed() -> dict[str, Any]:
+                return dict(get(api, namespace, NAME)["status"].get("observedWorkload") or {})
+
+            def answers_of_16() -> bool:
+                w = observed()
+                return abs(((w.get("outputTokens") or {}).get("mean") or 0) - 16) <= 2 and bool(
+                    w.get("requestsPerSecond")
+                )
+
+            try:
+                wait_until(answers_of_16, 60, "the decode pool's 16-token answers in status.observedWorkload")
+            except TimeoutError as exc:
+                raise AssertionError(f"{exc}: {observed()}\n{op.tail()}") from exc
+            assert abs(observed()["inputTokens"]["mean"] - 4000) <= 400, observed()
 
             # Phase B: short prompts, long answers at ~3 decode workers' worth.
             with standin.lock:
