@@ -40,6 +40,15 @@ def _port(name: str, text: str) -> int:
     return int(text)
 
 
+def _engine_port(name: str, text: str) -> int:
+    port = _port(name, text)
+    # Behind an InferencePool a decode pod's vLLM listens 200 above it, the routing sidecar on it
+    # (kvscale.control.disaggregated.SIDECAR_ENGINE_PORT_OFFSET).
+    if not 1 <= port <= 65535 - 200:
+        raise SettingsError(f"{name} must be 1-65335 (a decode pod's vLLM listens on it + 200), got {text!r}")
+    return port
+
+
 def _level(name: str, text: str) -> str:
     if text.lower() not in ("debug", "info", "warning", "error"):
         raise SettingsError(f"{name} must be debug, info, warning or error, got {text!r}")
@@ -177,7 +186,7 @@ class Settings:
     catalog_overlays: tuple[Path, ...] = setting(
         "KVSCALE_CATALOG", "", "Comma-separated catalog overlay YAML files (extra GPUs, prices).", _paths
     )
-    engine_port: int = setting("KVSCALE_ENGINE_PORT", "8000", "Port the engine listens on.", _port)
+    engine_port: int = setting("KVSCALE_ENGINE_PORT", "8000", "Port the engine listens on.", _engine_port)
     routing_sidecar_image: str = setting(
         "KVSCALE_ROUTING_SIDECAR_IMAGE",
         "ghcr.io/llm-d/llm-d-routing-sidecar:v0.4.0",

@@ -37,6 +37,9 @@ def test_defaults_and_overrides() -> None:
         ("KVSCALE_STATUS_INTERVAL", "0s"),
         ("KVSCALE_STATUS_INTERVAL", "soon"),
         ("KVSCALE_ENGINE_PORT", "70000"),
+        ("KVSCALE_ENGINE_PORT", "65400"),  # a decode pod's vLLM behind the routing sidecar: + 200
+        ("KVSCALE_ENGINE_PORT", "0"),
+        ("KVSCALE_ROUTING_SIDECAR_IMAGE", "not an image!"),
         ("KVSCALE_METRICS_WINDOW", "1.5m"),
         ("KVSCALE_LOG_LEVEL", "loud"),
         ("KVSCALE_EXTRA_TOLERATIONS", "broken"),
