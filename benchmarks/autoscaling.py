@@ -34,7 +34,7 @@ from kvscale.sim.generators import generate, parse_load
 from kvscale.sim.policies import KvscalePolicy
 from kvscale.sim.report import attainment_from, gpu_hours_from, summary
 from kvscale.sim.run import SimResult, SimSetup, Source, simulate
-from kvscale.sim.session import SimulationError, setup_from_plan
+from kvscale.sim.session import SimulationError, setup_from_plan, starting_fleet
 from kvscale.sim.trace import TraceRequest, rate_scale, read_trace
 from kvscale.sizing.catalog import default_catalog
 from kvscale.sizing.workload import Slo
@@ -279,6 +279,8 @@ def build_setup(case: Case, trace: list[TraceRequest], routing: str) -> SimSetup
     )
     setup = setup_from_plan(catalog, plan(catalog, request), None, None)
     cold_start_s = default_cold_start_s(setup.cfg, case.weights_cached)
+    # every policy starts from the plan within maxReplicas, as the operator runs it
+    setup = starting_fleet(setup, MAX_REPLICAS)
     return replace(
         setup, cold_start_s=cold_start_s, routing=routing, seed=case.seed, cold_start_jitter=COLD_START_JITTER
     )

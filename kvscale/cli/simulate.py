@@ -125,8 +125,8 @@ def simulate(
         typer.Option(
             help="Replicas of the static policy, and every policy's starting fleet (default: the static policy "
             "runs the busiest minute's rate, plus --headroom, over one replica's modelled capacity, and the "
-            "others start from the plan's replicas; not the `peak` yardstick, which simulates fleet sizes for the "
-            "smallest that meets the SLO)."
+            "others start from the plan's replicas, at most --max-replicas; not the `peak` yardstick, which "
+            "simulates fleet sizes for the smallest that meets the SLO)."
         ),
     ] = None,
     max_replicas: Annotated[int, typer.Option("--max-replicas", help="Upper bound for every autoscaler.")] = 100,

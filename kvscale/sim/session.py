@@ -59,6 +59,18 @@ def setup_from_plan(catalog: Catalog, plan: Plan, cold_start_s: float | None, re
     )
 
 
+def starting_fleet(setup: SimSetup, max_replicas: int) -> SimSetup:
+    """The fleet the policies start from, within their bound: the plan's replicas, at most
+    `max_replicas`. The operator never runs a plan above spec.scaling.maxReplicas (it plans
+    within it, and scales a running plan down to a lowered one at once: kvscale.control.
+    reconcile._within_bounds). A simulated fleet started above it stays there under every
+    policy that holds while the SLO is missed: on Mooncake x2 behind a Service (70B, TP4, p99
+    TTFT 10 s) the analytic plan asks for 1,752 replicas, no fleet within maxReplicas 64
+    meets p99, and kvscale's policy and `saturation` held all 1,752 for the whole run (27x the
+    best fixed fleet within the bound)."""
+    return replace(setup, initial_replicas=max(1, min(setup.initial_replicas, max_replicas)))
+
+
 def confirmed_capacity(
     setup: SimSetup,
     trace: list[TraceRequest],
@@ -133,7 +145,10 @@ def run_policies(
     for) is what the capacity model of kvscale and the oracle assumes. With a trace,
     kvscale's policy acts on the capacity the simulated sizing search confirms on it
     (`confirmed_capacity`), as the plan does, where that is above the model's
-    (`policy_capacity`); the oracle and the baselines keep the model's."""
+    (`policy_capacity`); the oracle and the baselines keep the model's. Without `replicas`
+    every policy starts from the plan's replicas within `max_replicas` (`starting_fleet`)."""
+    if replicas is None:  # the plan's replicas, within the bound (an explicit --replicas is the fleet asked for)
+        setup = starting_fleet(setup, max_replicas)
     capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch, shape, least_loaded=setup.routing == "gateway")
     confirmed = (
         confirmed_capacity(setup, load.trace, capacity, shape, max_replicas)

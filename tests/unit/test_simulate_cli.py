@@ -82,3 +82,34 @@ def test_the_fleet_starts_from_the_plan_made_behind_its_router() -> None:
         expected = f"max batch {chosen.prediction.max_batch}, chunk budget {chosen.config.max_num_batched_tokens},"
         assert expected in headers[routing] and f"routing {routing}" in headers[routing]
     assert headers["service"].split("routing")[0] != headers["gateway"].split("routing")[0]
+
+
+def test_every_policy_starts_within_max_replicas() -> None:
+    # A plan above --max-replicas (the analytic count of a heavy-tailed load behind a Service:
+    # 1,752 TP4 replicas on Mooncake x2 with a bound of 64) is not a fleet any policy may hold:
+    # kvscale's policy and saturation hold while the SLO is missed, and held it all run.
+    from dataclasses import replace
+
+    from kvscale.planner.search import PlanRequest, plan
+    from kvscale.sim.fit import fit_trace
+    from kvscale.sim.load_profile import load_requests
+    from kvscale.sim.session import Load, run_policies, setup_from_plan, starting_fleet
+    from kvscale.sizing.catalog import default_catalog
+    from kvscale.sizing.workload import Slo
+
+    trace = load_requests("poisson:rate=2,input=300,output=50,duration=2m", 512, 256, 0, 120.0)
+    cat = default_catalog()
+    request = PlanRequest(
+        model=cat.model("llama-3.1-8b"),
+        workload=fit_trace(trace).workload.at_rate(2.0),
+        slo=Slo(1.0, 0.06, 99.0),
+        gpus=("L4",),
+    )
+    setup = replace(setup_from_plan(cat, plan(cat, request), None, None), initial_replicas=40)
+    assert starting_fleet(setup, 3).initial_replicas == 3 and starting_fleet(setup, 64).initial_replicas == 40
+    results, _ = run_policies(setup, Load(trace=trace), ("kvscale", "saturation"), 0.1, None, 3)
+    assert [r.policy for r in results] == ["kvscale", "saturation"]
+    assert all(max(p.ready for p in r.timeline) <= 3 for r in results)
+    # an explicit --replicas is the fleet asked for
+    (static,), _ = run_policies(setup, Load(trace=trace), ("static",), 0.1, 40, 3)
+    assert static.timeline[0].ready == 40
