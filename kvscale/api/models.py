@@ -793,6 +793,44 @@ class CapacityStatus(_Status):
     message: str = Field(default="", description="Why this source: the search's outcome, or why it has not run.")
 
 
+class HoldingCandidateStatus(_Status):
+    """One candidate setting of the burst holding, as the replay of the service's history scored it."""
+
+    name: str = Field(description="configured, lean, thin, reserve or trailing.")
+    settings: str = Field(description="Its settings: the quantile of recent need held, for how long, the headroom.")
+    attainment: float = Field(description="Share of the replayed requests (after its warm-up) that met the SLO.")
+    gpu_hours: float = Field(description="GPU-hours the replay spent (after its warm-up), for the whole traffic.")
+
+
+class HoldingStatus(_Status):
+    """The burst-holding settings the scale tick runs when the operator tunes them
+    (KVSCALE_HOLDING=tuned): chosen by replaying the service's observed history through the
+    simulator with a handful of candidates, the cheapest that met the SLO with a margin."""
+
+    settings: str = Field(description="The settings the tick runs: configured, lean, thin, reserve or trailing.")
+    burst_quantile: float = Field(description="Quantile of the recent need the policy holds.")
+    burst_hold_seconds: float = Field(description="How long a peak counts in full.")
+    headroom: float = Field(description="Headroom over the need.")
+    trailing_margin: float = Field(
+        default=0.0, description="The trailing floor: this times the largest recent per-minute need (0: none)."
+    )
+    source: Literal["tuned", "kept", "beforeHistory"] = Field(
+        description=(
+            "tuned: chosen on the last replay; kept: the last choice stays (too little history now); "
+            "beforeHistory: the causal trailing rule, nothing replayed yet."
+        )
+    )
+    chosen_at: str | None = Field(default=None, description="When the settings were chosen (RFC 3339).")
+    replayed_at: str | None = Field(default=None, description="When the history was last read (RFC 3339).")
+    requests: int = Field(default=0, description="Observed requests in the history the choice replayed.")
+    replayed_requests: int = Field(default=0, description="Of them, the requests replayed (thinned to bound the CPU).")
+    history_seconds: float = Field(default=0.0, description="The span of history replayed (from its first request).")
+    message: str = Field(default="", description="Why these settings run.")
+    candidates: list[HoldingCandidateStatus] = Field(
+        default_factory=list, description="The candidates the choice replayed, with their attainment and cost."
+    )
+
+
 class InferenceServiceStatus(_Status):
     observed_generation: int | None = Field(default=None, description="Spec generation the status describes.")
     phase: Literal["Pending", "Planned", "Deploying", "Ready", "Recommended", "Failed"] | None = Field(
@@ -820,6 +858,10 @@ class InferenceServiceStatus(_Status):
     )
     capacity: CapacityStatus | None = Field(
         default=None, description="Requests/s per replica the policy and the budget use, and where it comes from."
+    )
+    holding: HoldingStatus | None = Field(
+        default=None,
+        description="The burst-holding settings tuned on the service's history (KVSCALE_HOLDING=tuned), and why.",
     )
     last_scale_time: str | None = Field(default=None, description="When replicas last changed.")
     last_scale_reason: str | None = Field(default=None, description="Why replicas last changed.")

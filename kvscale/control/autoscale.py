@@ -29,6 +29,7 @@ from kvscale.autoscaling.observation import Observation
 from kvscale.autoscaling.tick import BudgetAnswer, Idle, TickInput, Want, tick
 from kvscale.control.budget import BudgetBook, govern, moving_to
 from kvscale.control.capacity import acted_on
+from kvscale.control.holding import holding_config
 from kvscale.control.inventory import EnginePod
 from kvscale.control.memory import ServiceMemory
 from kvscale.control.reconcile import Resource, Result
@@ -140,6 +141,7 @@ def autoscale(
     memory = replace(memory, ready_pods=counted)
     model, config, scaler = prepared(intent, start.plan, memory.scaler, catalog, settings, read.learned)
     acting = acted_on(model, memory.capacity, intent, start.plan)  # status.capacity's figure (control.capacity)
+    config = holding_config(config, settings.holding, memory.holding, intent, start.plan)  # status.holding's
     idle, active = idle_view(intent, res, start, read.obs, read.queue, memory.last_active_s, scaler.cold_start_s, now)
     book = _Book(intent, res, before, start, read, memory, scaler, idle, governor, now)
     decided = tick(TickInput(read.obs, acting, config, scaler.state, idle), book)

@@ -17,6 +17,7 @@ from kvscale.api.models import PlannedWorkloadStatus
 from kvscale.control import children as owned
 from kvscale.control import inference_pool
 from kvscale.control.capacity import Confirmed
+from kvscale.control.holding import Held
 from kvscale.control.pool_scaling import PoolsMemory
 from kvscale.control.reconcile import DEPLOYMENT, Result
 from kvscale.control.scaling import ScalerMemory
@@ -43,6 +44,8 @@ class ServiceMemory:
     - `deleted`: the object is being deleted: a tick in flight exports no gauges after this.
     - `capacity`: the capacity the simulated search last confirmed (kvscale.control.capacity),
       which the policy acts on for that configuration.
+    - `holding`: the burst-holding settings the last tune chose (kvscale.control.holding), which
+      the tick runs for that configuration with KVSCALE_HOLDING=tuned.
     - `pools`: a disaggregated plan's pools' models and policy states (kvscale.control.pool_scaling).
     - `status_written`: (resourceVersion of the body it was made from, monotonic seconds) of the
       status tick's last status write: a body still at that version does not show the write yet.
@@ -57,6 +60,7 @@ class ServiceMemory:
     last_active_s: float | None = None
     deleted: bool = False
     capacity: Confirmed | None = None
+    holding: Held | None = None
     pools: PoolsMemory = field(default_factory=PoolsMemory)
     status_written: tuple[str, float] | None = None
 

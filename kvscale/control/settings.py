@@ -109,6 +109,12 @@ def _count(name: str, text: str) -> int:
     return int(text)
 
 
+def _holding(name: str, text: str) -> str:
+    if text.strip().lower() not in ("configured", "tuned"):
+        raise SettingsError(f"{name} must be configured or tuned, got {text!r}")
+    return text.strip().lower()
+
+
 def _text(_: str, text: str) -> str:
     return text.strip()
 
@@ -262,6 +268,22 @@ class Settings:
         "Requests the observed workload window must hold before the simulated capacity replaces the model's.",
         _count,
     )
+    holding: str = setting(
+        "KVSCALE_HOLDING",
+        "configured",
+        "The burst-holding settings the autoscaling policy runs: configured (its defaults), or tuned: re-chosen "
+        "with each capacity search (KVSCALE_CAPACITY_INTERVAL) by replaying the service's observed history "
+        "through the simulator with five candidates, the cheapest that met the SLO with a margin (status.holding; "
+        "before enough history, a trailing floor). Opt-in: about neutral on the benchmarks' held-out traces.",
+        _holding,
+    )
+    holding_history: str = setting(
+        "KVSCALE_HOLDING_HISTORY",
+        "30m",
+        "How far back the arrivals the holding tuner replays are read (per KVSCALE_BURST_WINDOW); at least 15m of "
+        "traffic in it before a choice.",
+        _window,
+    )
     calibration_window: str = setting(
         "KVSCALE_CALIBRATION_WINDOW",
         "1m",
@@ -345,6 +367,10 @@ class Settings:
     @property
     def workload_window_s(self) -> float:
         return _duration("KVSCALE_WORKLOAD_WINDOW", self.workload_window)
+
+    @property
+    def holding_history_s(self) -> float:
+        return _duration("KVSCALE_HOLDING_HISTORY", self.holding_history)
 
     @property
     def burst_window_s(self) -> float:

@@ -7,7 +7,8 @@ The search is CPU-bound: it runs in one thread of its own (`SEARCH`), so however
 search, they take at most one core between them, one at a time; each service's timer starts at
 its own phase of the interval (handlers.spread), so the searches are spread over it. One search
 replays at most kvscale.sim.online.MAX_REPLAY_REQUESTS requests (its CPU time is exported as
-kvscale_capacity_search_cpu_seconds)."""
+kvscale_capacity_search_cpu_seconds). With KVSCALE_HOLDING=tuned the holding tuner runs after
+it in the same worker (kvscale.operator.holding: status.holding)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import kopf
 
 from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.control.capacity import Measured, measure, with_capacity
+from kvscale.control.holding import TUNED, with_holding
 from kvscale.control.reconcile import Result
 from kvscale.control.scaling import planned
 from kvscale.control.status import mark_synced
@@ -30,6 +32,7 @@ from kvscale.metrics.arrivals import arrival_counts
 from kvscale.metrics.engines import ENGINES
 from kvscale.operator import effects, telemetry
 from kvscale.operator.calibration import planning_catalog_of
+from kvscale.operator.holding import holding_tick
 
 if TYPE_CHECKING:
     from kvscale.operator.handlers import Call, Runtime
@@ -89,11 +92,17 @@ async def capacity_tick(rt: Runtime, call: Call) -> None:
             telemetry.CAPACITY_SEARCH_CPU_SECONDS.observe(cpu_s)
         update(call.memo, lambda m: replace(m, capacity=measured.confirmed))
         status = mark_synced("capacity", with_capacity(call.before, measured.status), call.res.generation)
+        tuned = await holding_tick(rt, call, intent, plan, workload, catalog, measured.confirmed)
     except Exception as exc:  # counted and shown in status; the timer runs again
         if not rt.stopping:
             effects.timer_failed("capacity", call.body, call.patch, call.before, call.res, exc)
         return
-    await call.apply_async(rt, Result(status=status))
+    if tuned is None:  # status.holding as it was (none with KVSCALE_HOLDING=configured)
+        status = status if rt.settings.holding == TUNED else with_holding(status, None)
+        await call.apply_async(rt, Result(status=status))
+        return
+    events = (tuned.event,) if tuned.event is not None else ()
+    await call.apply_async(rt, Result(status=with_holding(status, tuned.status), events=events))
 
 
 def capacity_handlers(registry: kopf.OperatorRegistry, rt: Runtime, spread: Callable[[float], Any]) -> None:

@@ -44,6 +44,12 @@ CAPACITY_SEARCH_CPU_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
     registry=REGISTRY,
 )
+HOLDING_TUNE_CPU_SECONDS = Histogram(
+    "kvscale_holding_tune_cpu_seconds",
+    "CPU seconds of one service's holding tune: its candidates' replays (status.holding, KVSCALE_HOLDING=tuned)",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0),
+    registry=REGISTRY,
+)
 
 _PER_RESOURCE = (
     DESIRED,

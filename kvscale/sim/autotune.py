@@ -11,11 +11,12 @@ bounded: candidates x replay_s of simulated time per re-tune.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field, replace
 
-from kvscale.autoscaling.autotune import Choice, HoldingSettings, before_history, candidates, tune
+from kvscale.autoscaling.autotune import Choice, HoldingSettings, Replay, before_history, candidates, tune
 from kvscale.autoscaling.observation import Decision, Observation
-from kvscale.autoscaling.policy import PolicyConfig
+from kvscale.autoscaling.policy import Capacity, PolicyConfig
 from kvscale.sim.engine import StepTimes
 from kvscale.sim.policies import KvscalePolicy
 from kvscale.sim.report import attainment_from, gpu_hours_from
@@ -87,18 +88,39 @@ class TunedKvscalePolicy(KvscalePolicy):
             self._steps = StepTimes(setup.cfg)
         goal = setup.slo.percentile / 100
         warmup_s = min(self.replay_warmup_s, (now_s - start_s) / 2)
-        steps = self._steps
-
-        def replay(config: PolicyConfig) -> tuple[float, float]:
-            result = simulate(setup, Source(past), KvscalePolicy(self.capacity, config), steps=steps)
-            return (
-                attainment_from(result, setup.slo, warmup_s),
-                gpu_hours_from(result, setup.cfg.gpus, warmup_s),
-            )
-
+        replay = replayer(setup, past, self.capacity, warmup_s, self._steps)
         self.choice = tune(self.base, replay, goal, tried=candidates(self.base))
         self.choices.append((now_s, self.choice))
         self.config = self.choice.settings.apply(self.base)
+
+
+def replayer(
+    setup: SimSetup,
+    past: list[TraceRequest],
+    capacity: Capacity,
+    warmup_s: float,
+    steps: StepTimes | None = None,
+    share: float = 1.0,
+) -> Replay:
+    """The tuner's replay (kvscale.autoscaling.autotune.Replay) of `past` (arrival times from
+    0): a setting's config -> (attainment, GPU-hours) of the deployed tick (KvscalePolicy) on
+    it through the simulator, scored after `warmup_s`. `share`: the part of the traffic `past`
+    kept (the operator's replay is thinned at random to bound its CPU,
+    kvscale.control.holding): the fleet is that share of the service's (maxReplicas with it),
+    and its GPU-hours are scaled back to the whole."""
+    steps = steps if steps is not None else StepTimes(setup.cfg)
+
+    def replay(config: PolicyConfig) -> tuple[float, float]:
+        if share < 1.0:
+            most = max(config.min_replicas, 1, math.ceil(config.max_replicas * share))
+            config = replace(config, max_replicas=most)
+        result = simulate(setup, Source(past), KvscalePolicy(capacity, config), steps=steps)
+        return (
+            attainment_from(result, setup.slo, warmup_s),
+            gpu_hours_from(result, setup.cfg.gpus, warmup_s) / share,
+        )
+
+    return replay
 
 
 def settings_run(policy: TunedKvscalePolicy) -> list[tuple[float, HoldingSettings]]:
