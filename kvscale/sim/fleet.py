@@ -265,31 +265,44 @@ class Fleet:
 
         The parked replicas (idle: no load, an empty cache, the same room each) are one
         candidate, the lowest id of them: the others tie with it on load and room and lose on
-        the id, so only the stepped replicas and that one are looked at."""
+        the id, so only the stepped replicas and that one are looked at. The least-loaded
+        replica that fits is among the least-loaded replicas where any fits: a replica's room is
+        read only when its load is the lowest left to try."""
         if not self.unrouted:
             return
         serving = [r for r in self._active if r._stopped_s is None and r.ready_s <= now_s and not r._draining]
-        rooms = {r.id: self._room(r) for r in serving}
         by_id = {r.id: r for r in serving}
-        spare: Replica | None = None  # the parked replica among rooms, not sent a request yet
+        rooms: dict[int, tuple[int, float]] = {}  # read once per call, then kept by what is sent
+        spare: Replica | None = None  # the parked replica among by_id, not sent a request yet
         while self.unrouted:
             if spare is None:
                 spare = self._spare(now_s, by_id)
                 if spare is not None:
-                    rooms[spare.id] = self._room(spare)
                     by_id[spare.id] = spare
-            if not rooms:
+            if not by_id:
                 return
             request = self.unrouted[0]
             need = request.input_tokens + request.generated + 1
-            fits = [i for i, (slots, kv) in rooms.items() if slots > 0 and kv >= need]
-            if not fits:
+            levels: dict[int, list[int]] = {}  # load -> replicas
+            for i, r in by_id.items():
+                levels.setdefault(len(r.running) + len(r.waiting), []).append(i)
+            for load in sorted(levels):
+                fits = []
+                for i in levels[load]:
+                    room = rooms.get(i)
+                    if room is None:
+                        room = rooms[i] = self._room(by_id[i])
+                    if room[0] > 0 and room[1] >= need:
+                        fits.append(i)
+                if fits:
+                    chosen = min(fits, key=lambda i: (-rooms[i][1], i))
+                    break
+            else:
                 # A prompt larger than any free cache still goes to an idle replica, served alone.
-                idle = [i for i in rooms if by_id[i].idle]
+                idle = levels.get(0)
                 if not idle:
                     return
-                fits = [min(idle)]
-            chosen = min(fits, key=lambda i: (by_id[i].load, -rooms[i][1], i))
+                chosen = min(idle)
             by_id[chosen].enqueue(self.unrouted.popleft())
             if spare is not None and chosen == spare.id:
                 spare = None  # woken by the request: the next parked one is the candidate
