@@ -5,7 +5,7 @@ counted per 30 s (KVSCALE_HOLDING_HISTORY, KVSCALE_BURST_WINDOW), arrivals synth
 with lengths from the engines' histograms and thinned at random to MAX_HOLDING_REQUESTS, then
 five candidate settings replayed through the deployed tick. Timed in thread CPU seconds (the
 best of REPEATS: the machine is shared), behind a Service and behind a gateway, at loads from
-2 to 150 requests/s, steady and in bursts (a batch of 20 x the mean rate for one 30 s step
+2 to 150 requests/s, steady and in bursts (a batch of 8 x the mean rate for one 30 s step
 every 5 min). The last lines say what 300 services tuning every KVSCALE_CAPACITY_INTERVAL cost
 the operator's one search thread (a replay at most every kvscale.control.holding.RETUNE_S).
 
@@ -30,16 +30,16 @@ from kvscale.sizing.catalog import default_catalog
 REPEATS = 2
 STEP_S = 30.0
 STEPS = 60  # 30 minutes
+CASES = [(rate, False) for rate in (2.0, 4.0, 20.0, 150.0)] + [(rate, True) for rate in (2.0, 4.0, 20.0)]
 
 
 def history(rate: float, bursty: bool) -> list[float]:
-    counts = [rate * STEP_S] * STEPS
-    if bursty:  # the same mean: quieter steps between batches
-        batch = 20 * rate * STEP_S
-        every = 10
-        quiet = (rate * STEP_S * every - batch) / (every - 1)
-        counts = [batch if i % every == every - 1 else max(0.0, quiet) for i in range(STEPS)]
-    return counts
+    """Arrivals per step, `rate` on average: steady, or a batch of 8 x the mean every 10 steps."""
+    if not bursty:
+        return [rate * STEP_S] * STEPS
+    batch, every = 8 * rate * STEP_S, 10
+    quiet = (rate * STEP_S * every - batch) / (every - 1)
+    return [batch if i % every == every - 1 else quiet for i in range(STEPS)]
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
     for gateway in (False, True):
         it = dataclasses.replace(intent, routing=dataclasses.replace(intent.routing, inference_pool=gateway))
         model, config, _ = prepared(it, plan, ServiceMemory().scaler, catalog, settings)
-        for rate, bursty in ((2.0, False), (20.0, False), (150.0, False), (2.0, True), (5.0, True), (20.0, True)):
+        for rate, bursty in CASES:
             confirmed = measure(it, plan, window(rate, bursty), None, None, catalog, 200, NOW).confirmed
             acting = acted_on(model, confirmed, it, plan)
             counts = history(rate, bursty)

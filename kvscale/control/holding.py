@@ -12,7 +12,7 @@ capacity the tick acts on, warm at the count the service runs, scoring what foll
 REPLAY_WARMUP_S; the cheapest setting that met the SLO's percentile with a margin runs until
 the next search (none met: the closest).
 
-Before there is history (fewer than MIN_HISTORY_S of traffic in it, fewer than
+Before there is history (traffic over less than half of it, fewer than
 KVSCALE_CAPACITY_MIN_REQUESTS requests, the lengths or the arrivals not read), a choice made
 earlier for the same configuration stays; with none, the causal trailing rule runs (the
 configured holding with a floor at 1.3x the largest recent per-minute need), as in the
@@ -45,7 +45,7 @@ from kvscale.sim.online import synthesize
 from kvscale.sim.run import SimSetup
 from kvscale.sizing.catalog import Catalog
 
-MIN_HISTORY_S = SIM_RETUNE_S  # the simulator's tuner too needs 15 min of past before its first choice
+HISTORY_S = 1800.0  # KVSCALE_HOLDING_HISTORY's default (the simulator's REPLAY_S)
 MAX_HOLDING_REQUESTS = 8000  # requests one candidate's replay holds at most (the CPU bound)
 # A thinned replay is a smaller fleet: below this many replicas at its peak (by the capacity the
 # tick acts on) the candidates differ by rounding more than by their settings, and nothing is chosen.
@@ -110,7 +110,7 @@ def _settings_status(settings: HoldingSettings, source: str, message: str, **kw:
 def _changed(before: HoldingSettings, after: HoldingSettings, why: str) -> Event | None:
     if before == after:
         return None
-    return Event("Normal", "HoldingTuned", f"Holding {after.describe()} replaces {before.name}: {why}"[:1000])
+    return Event("Normal", "HoldingTuned", f"Holding settings {before.name} -> {after.name}: {why}"[:1000])
 
 
 def _untuned(config: PolicyConfig, kept: Held | None, ran: HoldingSettings, why: str, when: str) -> Tuned:
@@ -139,13 +139,16 @@ def tune_holding(
     previous: Held | None,
     min_requests: int,
     now: dt.datetime,
+    history_s: float = HISTORY_S,
     seed: int = 0,
     max_requests: int = MAX_HOLDING_REQUESTS,
 ) -> Tuned:
     """status.holding after one tune on the history (`counts`: requests per `counts_step_s`,
     oldest first; None: not read), and the settings the tick runs next. `config`: the tick's
     configured policy configuration (the candidates vary it); `capacity`: what the tick acts on;
-    `replicas`: the count the service runs. CPU-bound: at most five replays of `max_requests`."""
+    `replicas`: the count the service runs; `history_s`: how far back `counts` go (at least half
+    of it must hold traffic: 15 min of the default 30, when the simulator's tuner first chooses).
+    CPU-bound: at most five replays of `max_requests`."""
     key = configuration_key(intent, plan)
     kept = previous if previous is not None and previous.key == key else None
     ran = kept.settings if kept is not None else before_history(config)  # what the tick ran (`running`)
@@ -155,10 +158,10 @@ def tune_holding(
     span_s = (len(counts) - first) * counts_step_s if counts is not None and first is not None else 0.0
     if counts is None or workload is None:
         return _untuned(config, kept, ran, "the service's arrivals or lengths were not read", when)
-    if total < min_requests or span_s < MIN_HISTORY_S:
+    if total < min_requests or span_s < history_s / 2:
         why = (
-            f"{total:.0f} request(s) over {span_s / 60:.0f} min of history, fewer than the {min_requests} "
-            f"over {MIN_HISTORY_S / 60:.0f} min a replay needs"
+            f"{total:.0f} request(s) over {span_s / 60:.3g} min of history, fewer than the {min_requests} "
+            f"over {history_s / 120:.3g} min a replay needs"
         )
         return _untuned(config, kept, ran, why, when)
     past = synthesize(workload, plan.max_context_tokens, seed, max_requests, counts, counts_step_s)
@@ -199,8 +202,8 @@ def tune_holding(
         for t in choice.trials
     ]
     message = (
-        f"{choice.reason}; replayed the last {span_s / 60:.0f} min ({total:.0f} requests, {len(past)} replayed, "
-        f"the first {warmup_s / 60:.0f} min unscored)"
+        f"{choice.reason}; replayed the last {span_s / 60:.3g} min ({total:.0f} requests, {len(past)} replayed, "
+        f"the first {warmup_s / 60:.3g} min unscored)"
     )
     status = _settings_status(
         choice.settings,

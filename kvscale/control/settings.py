@@ -280,8 +280,8 @@ class Settings:
     holding_history: str = setting(
         "KVSCALE_HOLDING_HISTORY",
         "30m",
-        "How far back the arrivals the holding tuner replays are read (per KVSCALE_BURST_WINDOW); at least 15m of "
-        "traffic in it before a choice.",
+        "How far back the arrivals the holding tuner replays are read (per KVSCALE_BURST_WINDOW); traffic over at least "
+        "half of it before a choice.",
         _window,
     )
     calibration_window: str = setting(

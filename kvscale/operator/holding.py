@@ -69,7 +69,7 @@ async def holding_tick(
     acting = acted_on(model, confirmed, intent, plan)  # the capacity the tick acts on
     replicas = call.before.replicas or plan.replicas
     args = (intent, plan, catalog, config, acting, workload, counts, s.burst_window_s, replicas)
-    tuning = partial(tune_holding, *args, mine.holding, s.capacity_min_requests, now)
+    tuning = partial(tune_holding, *args, mine.holding, s.capacity_min_requests, now, s.holding_history_s)
     tuned, cpu_s = await rt.io(_cpu_timed, tuning, pool=SEARCH)
     if tuned.status.replayed_requests and tuned.status.source == "tuned":
         telemetry.HOLDING_TUNE_CPU_SECONDS.observe(cpu_s)

@@ -6,7 +6,12 @@ under steady Poisson traffic (played SPEED times faster than the wall clock) its
 figure, on at least KVSCALE_CAPACITY_MIN_REQUESTS observed requests, lands within 15% of the
 stand-in replica's true capacity, closer than the model's figure (and is acted on where above
 it): the highest Poisson rate one replica serves within
-the SLO percentile at the load's lengths, found here by bisection on the simulator."""
+the SLO percentile at the load's lengths, found here by bisection on the simulator.
+
+The operator runs with KVSCALE_HOLDING=tuned (issue 35, part 2) over a one-minute history: before
+traffic status.holding says the trailing rule runs (no history); once half the history holds
+traffic, the same worker replays it with the five candidate settings and status.holding shows
+the choice, on how many requests, why, and each candidate's replayed attainment and GPU-hours."""
 
 from __future__ import annotations
 
@@ -61,6 +66,10 @@ def _capacity(api: client.ApiClient, namespace: str) -> dict[str, Any]:
     return dict(get(api, namespace, NAME).get("status", {}).get("capacity") or {})
 
 
+def _holding(api: client.ApiClient, namespace: str) -> dict[str, Any]:
+    return dict(get(api, namespace, NAME).get("status", {}).get("holding") or {})
+
+
 def true_capacity(setup: SimSetup, steps: StepTimes, requests: int = 1500) -> float:
     """The highest Poisson rate (fixed lengths, the load's) one replica serves within the SLO
     percentile, bisected to 2%."""
@@ -103,6 +112,8 @@ def test_status_capacity_moves_from_the_model_to_the_stand_ins_true_capacity(
                     "KVSCALE_WORKLOAD_INTERVAL": "4s",
                     "KVSCALE_WORKLOAD_WINDOW": "1m",
                     "KVSCALE_BURST_WINDOW": "5s",
+                    "KVSCALE_HOLDING": "tuned",
+                    "KVSCALE_HOLDING_HISTORY": "1m",
                 }
             )
             op.start()
@@ -120,6 +131,11 @@ def test_status_capacity_moves_from_the_model_to_the_stand_ins_true_capacity(
             before = _capacity(api, namespace)
             assert before["requestsPerSecondPerReplica"] == before["analytic"] > 0, before
             assert before.get("requests", 0) == 0 and "not read" in before["message"], before
+            # no history yet: the trailing rule runs, and status.holding says so
+            wait_until(lambda: _holding(api, namespace).get("source") == "beforeHistory", 60, "status.holding")
+            untuned = _holding(api, namespace)
+            assert untuned["settings"] == "trailing" and untuned["trailingMargin"] == 1.3, untuned
+            assert "until there is history to replay" in untuned["message"], untuned
 
             clock = {"t": 0.0}
             standin = PodFleet(
@@ -152,6 +168,10 @@ def test_status_capacity_moves_from_the_model_to_the_stand_ins_true_capacity(
                 )
 
             wait_until(simulated, 150, "a simulated capacity after a minute of traffic", 0.5)
+            wait_until(lambda: _holding(api, namespace).get("source") == "tuned", 60, "a tuned status.holding", 0.5)
+            holding = _holding(api, namespace)
+            events = client.CoreV1Api(api).list_namespaced_event(namespace).items
+            tuned_events = [e.message for e in events if e.reason == "HoldingTuned"]
     except BaseException:
         print(op.tail())
         raise
@@ -160,6 +180,13 @@ def test_status_capacity_moves_from_the_model_to_the_stand_ins_true_capacity(
         if server is not None:
             server.shutdown()
         op.stop()
+    print(f"status.holding {holding}; Events {tuned_events}")
+    assert holding["requests"] >= 200 and holding["replayedRequests"] >= 200, holding
+    assert [c["name"] for c in holding["candidates"]] == ["configured", "lean", "thin", "reserve", "trailing"]
+    assert holding["settings"] in {c["name"] for c in holding["candidates"]}, holding
+    assert "on the replayed past" in holding["message"] and holding["chosenAt"], holding
+    # an Event when the settings changed from the trailing rule that ran before the history
+    assert bool(tuned_events) == (holding["settings"] != "trailing"), (holding, tuned_events)
     after = _capacity(api, namespace)
     assert after["requests"] >= 200 and after["replicas"] >= 1, after
     assert after["analytic"] > 0, after

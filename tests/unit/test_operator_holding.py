@@ -17,7 +17,6 @@ from kvscale.autoscaling.capacity import SizingCapacity
 from kvscale.autoscaling.policy import PolicyConfig
 from kvscale.control.holding import (
     CONFIGURED,
-    MIN_HISTORY_S,
     RETUNE_S,
     TUNED,
     Held,
@@ -88,9 +87,7 @@ def test_a_missing_or_short_history_runs_the_trailing_rule_and_says_so(planned: 
     # ten minutes of traffic (after twenty quiet ones): less than the fifteen a replay needs
     short = tune_holding(*args, window(), [0.0] * 40 + [60.0] * 20, STEP_S, 2, None, 200, NOW)
     assert short.status.source == "beforeHistory" and short.status.replayed_requests == 0
-    assert f"1200 request(s) over 10 min of history, fewer than the 200 over {MIN_HISTORY_S / 60:.0f} min" in (
-        short.status.message
-    )
+    assert "1200 request(s) over 10 min of history, fewer than the 200 over 15 min" in (short.status.message)
     few = tune_holding(*args, window(), [1.0] * 60, STEP_S, 2, None, 200, NOW)
     assert few.status.source == "beforeHistory" and "60 request(s) over 30 min" in few.status.message
 
@@ -141,7 +138,7 @@ def test_the_history_is_replayed_with_each_candidate_and_the_choice_runs(planned
         assert tuned.event is None and s.chosen_at == "2026-11-23T11:00:00Z"  # the same settings since then
     else:
         assert tuned.event is not None and tuned.event.reason == "HoldingTuned"
-        assert tuned.event.message.startswith(f"Holding {best.name} (") and "replaces configured" in tuned.event.message
+        assert tuned.event.message.startswith(f"Holding settings configured -> {best.name}: {best.name} (")
         assert s.chosen_at == "2026-11-23T12:00:00Z"
 
 
@@ -164,3 +161,32 @@ def test_status_holding_round_trips_in_camel_case(planned: Planned) -> None:
     assert set(wire["candidates"][0]) == {"name", "settings", "attainment", "gpuHours"}
     assert parse_status(status_dict(status)) == status
     assert status_dict(with_holding(status, None)).get("holding") is None
+
+
+def test_the_scale_tick_runs_the_held_settings_with_the_switch_on(planned: Planned) -> None:
+    from kvscale.autoscaling.observation import Observation
+    from kvscale.control.autoscale import Governor, Readings, autoscale
+    from kvscale.control.budget import BudgetBook
+    from kvscale.control.reconcile import DeploymentView
+    from kvscale.control.scaling import Fleet, fleet
+    from tests.unit.test_reconcile import RES
+
+    intent, plan, _, config = planned
+    status = deployed().status
+    start = fleet(intent, status, DeploymentView(1, 1, plan.gpu_type))
+    assert isinstance(start, Fleet)
+    obs = Observation(NOW.timestamp(), 1, 0, 30.0, 420.0, 100.0, running=1.0, waiting=0.0)
+    read = Readings(obs, None, None, (), ())
+    thin, reserve = candidates(config)[2], candidates(config)[3]
+
+    def desired(mode: str, settings: object) -> int:
+        shown = HoldingStatus(settings="x", burst_quantile=1, burst_hold_seconds=1, headroom=0, source="tuned")
+        held = Held(configuration_key(intent, plan), settings, shown)  # type: ignore[arg-type]
+        memory = dataclasses.replace(ServiceMemory(), holding=held)
+        done = autoscale(intent, RES, status, start, read, memory, Governor(BudgetBook(), {}, 45.0), CAT,
+                         dataclasses.replace(SETTINGS, holding=mode), NOW)  # fmt: skip
+        return done.tick.decision.replicas
+
+    # configured: the choice in memory is not run; tuned: it is (25% headroom over none asks for more)
+    assert desired(CONFIGURED, thin) == desired(CONFIGURED, reserve)
+    assert desired(TUNED, reserve) > desired(TUNED, thin)
