@@ -215,6 +215,10 @@ def status_lines(
             f"Capacity: {_num(capacity.requests_per_second_per_replica)} req/s per replica ({where}; {beside})"
             + (f": {capacity.message}" if capacity.message else "")
         )
+    holding = status.holding  # only with KVSCALE_HOLDING=tuned
+    if holding is not None:
+        since = f", since {holding.chosen_at}" if holding.chosen_at else ""
+        lines.append(f"Holding:  {holding.settings} ({holding.source}{since}): {holding.message}")
     lines.append(
         f"Decision: replicas {_num(status.replicas)} (ready {_num(status.ready_replicas)}), desired "
         f"{_num(status.desired_replicas)}; last scaled {status.last_scale_time or 'never'}"

@@ -190,3 +190,14 @@ def test_the_scale_tick_runs_the_held_settings_with_the_switch_on(planned: Plann
     # configured: the choice in memory is not run; tuned: it is (25% headroom over none asks for more)
     assert desired(CONFIGURED, thin) == desired(CONFIGURED, reserve)
     assert desired(TUNED, reserve) > desired(TUNED, thin)
+
+
+def test_kvscale_status_shows_the_holding_settings_when_tuned() -> None:
+    from kvscale.cli.status import status_lines
+
+    holding = {"settings": "lean", "burstQuantile": 0.9, "burstHoldSeconds": 600, "headroom": 0.05,
+               "source": "tuned", "chosenAt": "2026-11-29T16:31:41Z", "message": "lean (p90 held 600s): the cheapest"}  # fmt: skip
+    obj = {"metadata": {"name": "chat", "namespace": "ns"}, "spec": {}, "status": {"holding": holding}}
+    (line,) = [line for line in status_lines(obj, []) if line.startswith("Holding:")]
+    assert line == "Holding:  lean (tuned, since 2026-11-29T16:31:41Z): lean (p90 held 600s): the cheapest"
+    assert not any(line.startswith("Holding:") for line in status_lines({**obj, "status": {}}, []))
