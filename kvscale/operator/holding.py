@@ -9,6 +9,7 @@ kvscale_holding_tune_cpu_seconds."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from dataclasses import replace
 from functools import partial
@@ -28,6 +29,8 @@ from kvscale.sizing.catalog import Catalog
 if TYPE_CHECKING:
     from kvscale.operator.handlers import Call, Runtime
 
+log = logging.getLogger("kvscale.operator")
+
 
 def _cpu_timed(tuning: partial[Tuned]) -> tuple[Tuned, float]:
     """In the search thread: the tune, and the CPU seconds it took (this thread's)."""
@@ -45,7 +48,8 @@ async def holding_tick(
     confirmed: Confirmed | None,
 ) -> Tuned | None:
     """One service's holding tune, its choice stored in the service's memory for the scale tick;
-    None when nothing ran (KVSCALE_HOLDING=configured, or the last replay is recent)."""
+    None when nothing ran (KVSCALE_HOLDING=configured, the last replay is recent, or the tune
+    failed: counted in kvscale_errors{stage="holding"} and logged, status.holding as it was)."""
     from kvscale.operator.capacity import SEARCH  # capacity imports this module
     from kvscale.operator.handlers import memory, update
 
@@ -56,21 +60,26 @@ async def holding_tick(
         return None
     if mine.holding is not None and not mine.holding.due(now, configuration_key(intent, plan)):
         return None  # replayed less than RETUNE_S ago: the choice and status.holding stand
-    counts = await arrival_counts(
-        rt.workload_prometheus,
-        ENGINES[intent.engine],
-        call.res.namespace,
-        call.res.name,
-        time.time(),
-        s.holding_history_s,
-        s.burst_window_s,
-    )
-    model, config, _ = prepared(intent, plan, mine.scaler, catalog, s)
-    acting = acted_on(model, confirmed, intent, plan)  # the capacity the tick acts on
-    replicas = call.before.replicas or plan.replicas
-    args = (intent, plan, catalog, config, acting, workload, counts, s.burst_window_s, replicas)
-    tuning = partial(tune_holding, *args, mine.holding, s.capacity_min_requests, now, s.holding_history_s)
-    tuned, cpu_s = await rt.io(_cpu_timed, tuning, pool=SEARCH)
+    try:
+        counts = await arrival_counts(
+            rt.workload_prometheus,
+            ENGINES[intent.engine],
+            call.res.namespace,
+            call.res.name,
+            time.time(),
+            s.holding_history_s,
+            s.burst_window_s,
+        )
+        model, config, _ = prepared(intent, plan, mine.scaler, catalog, s)
+        acting = acted_on(model, confirmed, intent, plan)  # the capacity the tick acts on
+        replicas = call.before.replicas or plan.replicas
+        args = (intent, plan, catalog, config, acting, workload, counts, s.burst_window_s, replicas)
+        tuning = partial(tune_holding, *args, mine.holding, s.capacity_min_requests, now, s.holding_history_s)
+        tuned, cpu_s = await rt.io(_cpu_timed, tuning, pool=SEARCH)
+    except Exception as exc:  # counted and logged; the capacity search's status is written all the same
+        telemetry.ERRORS.labels("holding").inc()
+        log.warning("Holding tune failed for %s/%s: %s: %s", call.res.namespace, call.res.name, type(exc).__name__, exc)
+        return None
     if tuned.status.replayed_requests and tuned.status.source == "tuned":
         telemetry.HOLDING_TUNE_CPU_SECONDS.observe(cpu_s)
     update(call.memo, lambda m: replace(m, holding=tuned.held))
