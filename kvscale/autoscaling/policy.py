@@ -369,6 +369,12 @@ def decide(
     """One tick: the replica count, the term that set it (its kind) and why, and the new
     state; with the replicas its forecast asks for one lead further (Decision.lead_replicas)."""
     decision, state = _decide(obs, state, capacity, config)
+    if decision.replicas > config.max_replicas:
+        # A fleet above maxReplicas (the bound lowered, a start above it): the bound is the spec's,
+        # not a reading, so neither a hold on missing metrics nor one on a missed SLO keeps it there.
+        bounded = config.max_replicas
+        why = f"maxReplicas {bounded}: scale down {obs.current_replicas} -> {bounded} ({decision.reason})"
+        decision = replace(decision, replicas=bounded, reason=why, kind=DecisionKind.BOUNDS)
     if decision.capacity_per_replica:
         decision = replace(decision, lead_replicas=replicas_ahead(decision, state, config, obs.time_s))
     return decision, state

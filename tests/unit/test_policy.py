@@ -373,3 +373,21 @@ def test_the_operators_policy_reads_its_rates_lag_from_the_metrics_window() -> N
 
     config = policy_config(parse_intent(spec()), 90.0, 15.0, 120.0)
     assert config.rate_window_s == 120.0 and config.feedback_cooldown_s == 135.0
+
+
+def test_a_fleet_above_max_replicas_comes_down_to_it_whatever_holds() -> None:
+    """A hold (missing metrics, a missed SLO, the stabilization window) never keeps a fleet above
+    maxReplicas: the bound is the spec's, not a reading (a simulated start above it held 1,752
+    replicas for a whole replay where maxReplicas was 64)."""
+    capped = replace(CONFIG, max_replicas=4)
+    cases = [
+        obs(15, None, 10),  # metrics missing
+        obs(15, 50.0, 10, ttft_p_s=5.0),  # the load needs more and the SLO is missed
+        obs(15, 1.0, 10, waiting=400.0),  # a queue, metrics complete
+    ]
+    for o in cases:
+        decision, _ = decide(o, PolicyState(), FixedCapacity(), capped)
+        assert decision.replicas == 4 and decision.kind == DecisionKind.BOUNDS, decision
+        assert "maxReplicas 4" in decision.reason
+    within, _ = decide(obs(15, None, 3), PolicyState(), FixedCapacity(), capped)
+    assert within.replicas == 3  # within the bound, missing metrics still hold
