@@ -77,10 +77,21 @@ def _runtime(settings: Settings) -> handlers.Runtime:
     return handlers.Runtime(settings, CAT, _Kube())  # type: ignore[arg-type]
 
 
-def _call(rt: handlers.Runtime, status: InferenceServiceStatus, memo: dict[str, Any]) -> handlers.Call:
-    meta = {"uid": "uid-1", "generation": 1}
-    body = {"metadata": {"name": "chat", "namespace": "ns", **meta}, "spec": SPEC}
-    kw = {"meta": meta, "namespace": "ns", "name": "chat", "body": body, "spec": SPEC, "patch": None, "memo": memo}
+def _call(
+    rt: handlers.Runtime,
+    status: InferenceServiceStatus,
+    memo: dict[str, Any],
+    spec: dict[str, Any] | None = None,
+    version: str | None = None,
+) -> handlers.Call:
+    """A handler call as kopf makes it for ns/chat (`spec`: SPEC; `version`: the body's
+    metadata.resourceVersion, none by default)."""
+    spec = SPEC if spec is None else spec
+    meta: dict[str, Any] = {"uid": "uid-1", "generation": 1}
+    if version is not None:
+        meta["resourceVersion"] = version
+    body = {"metadata": {"name": "chat", "namespace": "ns", **meta}, "spec": spec}
+    kw = {"meta": meta, "namespace": "ns", "name": "chat", "body": body, "spec": spec, "patch": None, "memo": memo}
     return handlers.Call.of(rt, {**kw, "status": status_dict(status)})
 
 

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from kvscale.api.models import InferenceServiceStatus, status_dict
+from kvscale.api.models import InferenceServiceStatus
 from kvscale.autoscaling.observation import ObservedWorkload
 from kvscale.control.reconcile import Observed, Result
 from kvscale.control.settings import Settings
 from kvscale.operator import handlers
 from tests.unit.test_parse_once import POOLS, _runtime
+from tests.unit.test_parse_once import _call as call_of
 
 SPEC: dict[str, Any] = {  # docs/disaggregation.md's steady case, deployed as pools
     "model": {"name": "llama-3.1-8b"},
@@ -27,10 +28,7 @@ SPEC: dict[str, Any] = {  # docs/disaggregation.md's steady case, deployed as po
 
 
 def _call(rt: handlers.Runtime, status: InferenceServiceStatus, memo: dict[str, Any]) -> handlers.Call:
-    meta = {"uid": "uid-1", "generation": 1}
-    body = {"metadata": {"name": "chat", "namespace": "ns", **meta}, "spec": SPEC}
-    kw = {"meta": meta, "namespace": "ns", "name": "chat", "body": body, "spec": SPEC, "patch": None, "memo": memo}
-    return handlers.Call.of(rt, {**kw, "status": status_dict(status)})
+    return call_of(rt, status, memo, spec=SPEC)
 
 
 def test_the_decode_pools_workload_is_read_and_a_drift_replans_the_pools(monkeypatch: pytest.MonkeyPatch) -> None:

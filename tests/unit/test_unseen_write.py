@@ -11,18 +11,16 @@ from typing import Any
 
 import pytest
 
-from kvscale.api.models import InferenceServiceStatus, status_dict, status_patch
+from kvscale.api.models import InferenceServiceStatus, status_patch
 from kvscale.control.reconcile import DeploymentView, Result
 from kvscale.control.settings import Settings
 from kvscale.operator import handlers
-from tests.unit.test_parse_once import SPEC, _runtime, _seen
+from tests.unit.test_parse_once import _call as call_of
+from tests.unit.test_parse_once import _runtime, _seen
 
 
 def _call(rt: handlers.Runtime, status: InferenceServiceStatus, memo: dict[str, Any], version: str) -> handlers.Call:
-    meta = {"uid": "uid-1", "generation": 1, "resourceVersion": version}
-    body = {"metadata": {"name": "chat", "namespace": "ns", **meta}, "spec": SPEC}
-    kw = {"meta": meta, "namespace": "ns", "name": "chat", "body": body, "spec": SPEC, "patch": None, "memo": memo}
-    return handlers.Call.of(rt, {**kw, "status": status_dict(status)})
+    return call_of(rt, status, memo, version=version)
 
 
 def test_a_tick_on_a_body_older_than_its_last_write_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
