@@ -382,15 +382,14 @@ def _attainment(r: Any) -> float:
     return attainment(SimResult(svc.name, r.requests, r.gpu_hours, r.cost_usd, 0, 0, 0.0), svc.options[0].setup.slo)
 
 
-def _row(r: Any, alone: Any) -> dict[str, Any]:
-    svc = r.service
-    ttfts = [x for x in r.first_request_ttfts_s if not math.isnan(x)]
+def _shared(r: Any, attained: float, attained_alone: float) -> dict[str, Any]:
+    """The columns an aggregated service and a pools service share (the budget's and the run's)."""
     return {
-        "name": svc.name,
-        "priority": svc.priority,
+        "name": r.service.name,
+        "priority": r.service.priority,
         "requests": len(r.requests),
-        "slo_attainment": round(_attainment(r), 5),
-        "alone_slo_attainment": round(_attainment(alone), 5),
+        "slo_attainment": round(attained, 5),
+        "alone_slo_attainment": round(attained_alone, 5),
         # Requests lost: rejected at the gateway (HTTP 429; never reached a replica) and cut
         # (on a replica at a drain's bound or at the run's end).
         "rejected": r.lost("rejected"),
@@ -399,6 +398,14 @@ def _row(r: Any, alone: Any) -> dict[str, Any]:
         "grant_wait_s": round(r.grant_wait_s, 1),
         "gpu_hours": round(r.gpu_hours, 4),
         "cost_usd": round(r.cost_usd, 4),
+    }
+
+
+def _row(r: Any, alone: Any) -> dict[str, Any]:
+    svc = r.service
+    ttfts = [x for x in r.first_request_ttfts_s if not math.isnan(x)]
+    return {
+        **_shared(r, _attainment(r), _attainment(alone)),
         "gpu_types": [o.gpu_type for o in svc.options],
         "held_ticks": r.held_ticks,
         "ticks": len(r.timeline),
@@ -440,17 +447,7 @@ def _pools_row(r: Any, alone: Any) -> dict[str, Any]:
         }
     splits = sorted(r.splits.items(), key=lambda kv: (-kv[1], kv[0].prefill, kv[0].decode))
     return {
-        "name": svc.name,
-        "priority": svc.priority,
-        "requests": len(r.requests),
-        "slo_attainment": round(_pools_attainment(r), 5),
-        "alone_slo_attainment": round(_pools_attainment(alone), 5),
-        "rejected": r.lost("rejected"),
-        "cut": r.lost("cut"),
-        "preemptions": r.preemptions,
-        "grant_wait_s": round(r.grant_wait_s, 1),
-        "gpu_hours": round(r.gpu_hours, 4),
-        "cost_usd": round(r.cost_usd, 4),
+        **_shared(r, _pools_attainment(r), _pools_attainment(alone)),
         "gpu_types": sorted({svc.setup.prefill.cfg.gpu.name, svc.setup.decode.cfg.gpu.name}),
         "held_ticks": r.held_ticks,
         "ticks": len(r.timeline),
