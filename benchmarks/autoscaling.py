@@ -300,7 +300,7 @@ def run_unit(case: Case, routing: str, name: str) -> tuple[str, str, str, dict[s
     capacity = SizingCapacity(setup.cfg, setup.slo, setup.max_batch, shape, least_loaded=routing == "gateway")
     policy: object = None
     if name == "oracle":
-        result = run_oracle(setup, trace, capacity)
+        result = run_oracle(setup, trace, capacity, MAX_REPLICAS)
     elif name == "bound":
         result = run_bound(setup, trace, MAX_REPLICAS)
     elif name == "peak":

@@ -169,10 +169,12 @@ def run_policies(
         results.append(simulate(setup, load.source(), policy, tick))
     hours: dict[str, float] = {}
     if load.trace is not None:
+        # peak first: the oracle weighs its fleet among its schedules (run_oracle), run once.
+        peak = run_peak(setup, load.trace, max_replicas) if "peak" in references else None
         runners = {
-            "oracle": lambda trace: run_oracle(setup, trace, capacity),
+            "oracle": lambda trace: run_oracle(setup, trace, capacity, max_replicas, peak),
             "bound": lambda trace: run_bound(setup, trace, max_replicas),
-            "peak": lambda trace: run_peak(setup, trace, max_replicas),
+            "peak": lambda trace: peak if peak is not None else run_peak(setup, trace, max_replicas),
         }
         for name in references:
             result = runners[name](load.trace)

@@ -98,3 +98,28 @@ def test_oracle_sizes_each_bucket_for_its_own_lengths() -> None:
     schedule = oracle_schedule(trace, SizingCapacity(CFG, SLO, 64), cold_start_s=0.0, headroom=0.0, bucket_s=30.0)
     first, second = [n for t, n in schedule if t < 90], [n for t, n in schedule if t >= 150]
     assert max(second) > max(first)
+
+
+def test_the_oracle_never_costs_more_than_the_peak_fleet_and_keeps_max_replicas() -> None:
+    """A fixed fleet is a clairvoyant schedule too: where the model's per-bucket counts cost more
+    than `peak` (steady heavy-tailed traffic: 18x on the long-prompt trace), the oracle is the
+    peak fleet; and its schedules stay within maxReplicas, as every other policy does (issue 35)."""
+    from kvscale.sim.compare import run_peak
+
+    rng = random.Random(3)
+    t, steady = 0.0, []
+    while t < 600:  # steady 2 req/s, one prompt in twenty 4x the others
+        t += rng.expovariate(2.0)
+        steady.append(TraceRequest(t, 2000 if rng.random() < 0.05 else 500, 80))
+    setup = SimSetup(CFG, SLO, 64, cold_start_s=60.0, initial_replicas=1)
+    # A capacity model more pessimistic than the engine (a 400 ms TTFT target for 1.5 s): its
+    # first schedule meeting the goal (headroom 20%, up to 19 replicas) costs 2.36 GPU-h, the
+    # peak fleet of 12 2.05.
+    pessimistic = SizingCapacity(CFG, Slo(0.4, 0.08, 99.0), 64)
+    peak = run_peak(setup, steady, max_replicas=50)
+    oracle = run_oracle(setup, steady, pessimistic, max_replicas=50, peak=peak)
+    assert oracle.policy == "oracle"
+    assert attainment(peak, SLO) >= ATTAINMENT_GOAL
+    assert attainment(oracle, SLO) >= ATTAINMENT_GOAL and oracle.gpu_hours <= peak.gpu_hours
+    capped = run_oracle(setup, step_trace(), pessimistic, max_replicas=3)
+    assert max(p.desired for p in capped.timeline) <= 3
