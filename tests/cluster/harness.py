@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -43,10 +44,29 @@ class ComponentDied(ClusterError):
     """A component process exited: waiting longer cannot help."""
 
 
+# Ports handed to processes that bind them later (an operator, a stand-in, Prometheus): drawn
+# below the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by default), where
+# a port kvscale picked and released is not handed out again by bind(0) or a client's connect
+# before its process binds it (a CI run lost a stand-in's port that way: EADDRINUSE).
+PORTS = range(20000, 32000)
+_picked: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port no one listens on now, not given out before by this process."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.choice(PORTS)
+        if port in _picked:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _picked.add(port)
+        return port
+    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1} after 200 tries")
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2) -> None:

@@ -31,7 +31,7 @@ from kvscale.sim.load_profile import Arrivals
 from kvscale.sizing.catalog import default_catalog
 from kvscale.standin.exposition import EngineCollector, serve_metrics
 from kvscale.standin.pools import PoolsPodFleet, pools_setup
-from tests.cluster.harness import Cluster, free_port, wait_until
+from tests.cluster.harness import Cluster, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.prometheus import Prometheus
 from tests.cluster.test_disaggregated_deploy import BODY as DEPLOYED
@@ -68,14 +68,17 @@ def test_each_pool_scales_on_its_own_signal(
 ) -> None:
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-    port = free_port()
     objects = client.CustomObjectsApi(api)
     budget = f"pools-{namespace}"
     registry = CollectorRegistry()
     running = threading.Event()
     running.set()
     op = Operator(cluster, tmp_path)
-    server = None
+    # Bound now, on a port the kernel picks: a port chosen here and bound only once the stand-in
+    # starts (minutes later) was taken meanwhile by another process in a CI run (EADDRINUSE). Until
+    # the stand-in's collector is registered it serves an empty page.
+    server = serve_metrics(registry, 0)
+    port = server.server_address[1]
     try:
         with Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{port}"]) as prom:
             op.env.update(
@@ -109,7 +112,6 @@ def test_each_pool_scales_on_its_own_signal(
                 clock=lambda: time.monotonic() - start,
             )
             registry.register(EngineCollector(standin, namespace, "meta-llama/Llama-3.1-8B-Instruct"))
-            server = serve_metrics(registry, port)
 
             def advance() -> None:
                 synced = 0.0
@@ -200,6 +202,5 @@ def test_each_pool_scales_on_its_own_signal(
         with contextlib.suppress(client.ApiException):  # not created: an earlier phase failed
             objects.delete_cluster_custom_object(GROUP, VERSION, "gpubudgets", budget)
         running.clear()
-        if server is not None:
-            server.shutdown()
+        server.shutdown()
         op.stop()

@@ -36,7 +36,7 @@ from kvscale.sim.trace import TraceRequest
 from kvscale.sizing.catalog import default_catalog
 from kvscale.standin.exposition import EngineCollector, serve_metrics
 from kvscale.standin.fleet import PodFleet
-from tests.cluster.harness import Cluster, free_port, wait_until
+from tests.cluster.harness import Cluster, wait_until
 from tests.cluster.processes import Operator
 from tests.cluster.prometheus import Prometheus
 from tests.cluster.test_operator import ROOT, create, get
@@ -96,12 +96,15 @@ def test_status_capacity_moves_from_the_model_to_the_stand_ins_true_capacity(
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.kvscale.io", "--timeout=60s")
     catalog = default_catalog()
-    port = free_port()
     registry = CollectorRegistry()
     running = threading.Event()
     running.set()
     op = Operator(cluster, tmp_path)
-    server = None
+    # Bound now, on a port the kernel picks: a port chosen here and bound only once the stand-in
+    # starts (minutes later) was taken meanwhile by another process in a CI run (EADDRINUSE). Until
+    # the stand-in's collector is registered it serves an empty page.
+    server = serve_metrics(registry, 0)
+    port = server.server_address[1]
     try:
         with Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{port}"]) as prom:
             op.env.update(
@@ -146,7 +149,6 @@ def test_status_capacity_moves_from_the_model_to_the_stand_ins_true_capacity(
             )
             standin.sync_pods([f"{NAME}-abc12-x1y2z", f"{NAME}-abc12-q8r9s"])
             registry.register(EngineCollector(standin, namespace, "meta-llama/Llama-3.1-8B-Instruct"))
-            server = serve_metrics(registry, port)
 
             def advance() -> None:
                 start = time.monotonic()
@@ -177,8 +179,7 @@ def test_status_capacity_moves_from_the_model_to_the_stand_ins_true_capacity(
         raise
     finally:
         running.clear()
-        if server is not None:
-            server.shutdown()
+        server.shutdown()
         op.stop()
     print(f"status.holding {holding}; Events {tuned_events}")
     assert holding["requests"] >= 200 and holding["replayedRequests"] >= 200, holding
