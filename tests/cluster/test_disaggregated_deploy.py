@@ -12,7 +12,7 @@ from typing import Any
 
 from kubernetes import client
 
-from kvscale.api import GROUP, VERSION
+from kvscale.api import GROUP, PLURAL, VERSION
 from kvscale.control import inference_pool as ip
 from tests.cluster.harness import Cluster, wait_until
 from tests.cluster.processes import Operator
@@ -142,17 +142,15 @@ def test_behind_an_inference_pool_decode_pods_run_the_routing_sidecar(
         assert [(p.name, p.container_port) for p in decode.spec.template.spec.containers[0].ports] == [("http", 8200)]
         prefill = deployment(api, namespace, "pd-routed-prefill")
         assert prefill is not None and not prefill.spec.template.spec.init_containers
-        pools = client.CustomObjectsApi(api)
-        pool = pools.get_namespaced_custom_object(ip.GROUP, ip.VERSION, namespace, ip.PLURAL, "pd-routed")
+        objects = client.CustomObjectsApi(api)
+        pool = objects.get_namespaced_custom_object(ip.GROUP, ip.VERSION, namespace, ip.PLURAL, "pd-routed")
         assert pool["spec"]["targetPorts"] == [{"number": 8000}]
         assert "llm-d.ai/role" not in pool["spec"]["selector"]["matchLabels"]
         decode_pods = [
             p for p in engine_pods(api, namespace, "pd-routed") if p.metadata.labels["llm-d.ai/role"] == "decode"
         ]
         assert decode_pods and all(p.spec.init_containers[0].name == "routing-sidecar" for p in decode_pods)
-        client.CustomObjectsApi(api).delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, "inferenceservices", "pd-routed"
-        )
+        objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pd-routed")
         wait_until(lambda: deployment(api, namespace, "pd-routed-decode") is None, 60, "the pools gone")
     finally:
         uninstall_crd(cluster)
